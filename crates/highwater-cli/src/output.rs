@@ -1,0 +1,276 @@
+//! Human and JSON output, and progress on stderr.
+
+use highwater_core::plan::StagePlan;
+use highwater_files::engine::{AdoptReport, RunReport, StageReport};
+use highwater_files::{Progress, VerifyItem, VerifyOutcome};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde_json::json;
+use std::io::{self, IsTerminal, Write};
+use std::sync::Mutex;
+
+fn reasons_line(counts: impl Iterator<Item = (String, usize)>) -> String {
+    counts
+        .map(|(r, n)| format!("{r} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The seed's summary: `discovered 900, 4 changed (896 unchanged, 0 new)`.
+fn summary(
+    discovered: usize,
+    changed: usize,
+    unchanged: usize,
+    new: usize,
+    deleted: usize,
+) -> String {
+    let mut s =
+        format!("discovered {discovered}, {changed} changed ({unchanged} unchanged, {new} new)");
+    if deleted > 0 {
+        s.push_str(&format!(", {deleted} deleted"));
+    }
+    s
+}
+
+pub fn plan(out: &mut impl Write, plans: &[StagePlan], as_json: bool) -> io::Result<()> {
+    if as_json {
+        let stages: Vec<_> = plans
+            .iter()
+            .map(|p| {
+                json!({
+                    "name": p.stage,
+                    "total": p.total,
+                    "unchanged": p.unchanged,
+                    "counts": p.counts().iter().map(|(r, n)| (r.as_str(), *n)).collect::<std::collections::BTreeMap<_, _>>(),
+                    "changed": p.changed.iter().map(|c| json!({
+                        "input": c.item, "reason": c.reason, "output": c.output,
+                    })).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        return writeln!(out, "{}", json!({ "stages": stages }));
+    }
+    for p in plans {
+        let deleted = p.count(highwater_core::Reason::Deleted);
+        writeln!(
+            out,
+            "{}: {}",
+            p.stage,
+            summary(
+                p.total,
+                p.changed.len() - deleted,
+                p.unchanged,
+                p.count(highwater_core::Reason::New),
+                deleted
+            )
+        )?;
+        for c in &p.changed {
+            writeln!(out, "  {:<8} {}", c.reason.as_str(), c.item)?;
+        }
+        if !p.changed.is_empty() {
+            writeln!(
+                out,
+                "  reasons: {}",
+                reasons_line(
+                    p.counts()
+                        .into_iter()
+                        .map(|(r, n)| (r.as_str().to_string(), n))
+                )
+            )?;
+        }
+    }
+    Ok(())
+}
+
+fn stage_lines(out: &mut impl Write, s: &StageReport) -> io::Result<()> {
+    writeln!(
+        out,
+        "{}: {}",
+        s.name,
+        summary(s.discovered, s.changed, s.unchanged, s.new, s.deleted)
+    )?;
+    if !s.reasons.is_empty() {
+        writeln!(
+            out,
+            "  reasons: {}",
+            reasons_line(s.reasons.clone().into_iter())
+        )?;
+    }
+    writeln!(
+        out,
+        "{}: {} processed, {} skipped, {} deleted, {} failed in {:.1}s",
+        s.name,
+        s.processed,
+        s.unchanged,
+        s.deleted,
+        s.failed.len(),
+        s.duration_ms as f64 / 1000.0
+    )?;
+    for f in &s.failed {
+        writeln!(
+            out,
+            "  failed {}: {}",
+            f.input,
+            f.error.replace('\n', "\n    ")
+        )?;
+    }
+    Ok(())
+}
+
+pub fn run(out: &mut impl Write, r: &RunReport, as_json: bool) -> io::Result<()> {
+    if as_json {
+        return writeln!(
+            out,
+            "{}",
+            serde_json::to_string(r).map_err(io::Error::other)?
+        );
+    }
+    for s in &r.stages {
+        stage_lines(out, s)?;
+    }
+    Ok(())
+}
+
+pub fn adopt(out: &mut impl Write, r: &AdoptReport, as_json: bool) -> io::Result<()> {
+    if as_json {
+        return writeln!(
+            out,
+            "{}",
+            serde_json::to_string(r).map_err(io::Error::other)?
+        );
+    }
+    for s in &r.stages {
+        writeln!(
+            out,
+            "{}: adopted {}, refused {}",
+            s.name,
+            s.adopted,
+            s.refused.len()
+        )?;
+        for c in &s.refused {
+            writeln!(
+                out,
+                "  refused {}: output {} is missing; `highwater run` will make it",
+                c.input, c.output
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Prints verify results; returns how many items differ or failed.
+pub fn verify(out: &mut impl Write, items: &[VerifyItem], as_json: bool) -> io::Result<usize> {
+    let bad = items
+        .iter()
+        .filter(|i| i.outcome != VerifyOutcome::Same)
+        .count();
+    if as_json {
+        writeln!(
+            out,
+            "{}",
+            json!({"checked": items.len(), "differ": bad, "items": items})
+        )?;
+        return Ok(bad);
+    }
+    for i in items {
+        match &i.outcome {
+            VerifyOutcome::Same => {}
+            VerifyOutcome::Differs { first_difference_at } => writeln!(
+                out,
+                "{}: {} -> {} differs from a fresh run at byte {first_difference_at}: the transform is not deterministic or the recipe misses a dependency",
+                i.stage, i.input, i.output
+            )?,
+            VerifyOutcome::Failed { error } => {
+                writeln!(out, "{}: {} could not be re-made: {error}", i.stage, i.input)?
+            }
+        }
+    }
+    writeln!(
+        out,
+        "verified {} items: {} same, {} differ",
+        items.len(),
+        items.len() - bad,
+        bad
+    )?;
+    Ok(bad)
+}
+
+pub fn status(out: &mut impl Write, v: &serde_json::Value, as_json: bool) -> io::Result<()> {
+    if as_json {
+        return writeln!(out, "{v}");
+    }
+    for s in v["stages"].as_array().into_iter().flatten() {
+        let last = match &s["last_run"] {
+            serde_json::Value::Null => "never run".to_string(),
+            r => format!(
+                "last run {} (exit {}), {}",
+                r["started_at"].as_str().unwrap_or("?"),
+                r["exit_code"],
+                r["summary"]
+            ),
+        };
+        writeln!(
+            out,
+            "{}: {} entries, {} failed; recipe {}; {}",
+            s["name"].as_str().unwrap_or("?"),
+            s["entries"],
+            s["failed"].as_array().map_or(0, Vec::len),
+            s["recipe"].as_str().unwrap_or("?"),
+            last
+        )?;
+        for f in s["failed"].as_array().into_iter().flatten() {
+            writeln!(
+                out,
+                "  failed {}: {}",
+                f["input"].as_str().unwrap_or("?"),
+                f["error"].as_str().unwrap_or("")
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// A progress bar on a terminal, plain lines on stderr otherwise.
+pub struct Bars {
+    bar: Mutex<Option<ProgressBar>>,
+    tty: bool,
+}
+
+impl Bars {
+    pub fn new() -> Bars {
+        Bars {
+            bar: Mutex::new(None),
+            tty: io::stderr().is_terminal(),
+        }
+    }
+}
+
+impl Progress for Bars {
+    fn stage_start(&self, stage: &str, items: usize) {
+        if !self.tty {
+            eprintln!("{stage}: processing {items} items");
+            return;
+        }
+        let bar = ProgressBar::with_draw_target(Some(items as u64), ProgressDrawTarget::stderr());
+        if let Ok(style) =
+            ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {elapsed} eta {eta}")
+        {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        bar.set_prefix(stage.to_string());
+        *self.bar.lock().unwrap_or_else(|e| e.into_inner()) = Some(bar);
+    }
+
+    fn item_done(&self, _stage: &str, _item: &str, _ok: bool) {
+        if let Some(b) = self.bar.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            b.inc(1);
+        }
+    }
+
+    fn stage_done(&self, stage: &str) {
+        if let Some(b) = self.bar.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            b.finish_and_clear();
+        } else if !self.tty {
+            eprintln!("{stage}: done");
+        }
+    }
+}

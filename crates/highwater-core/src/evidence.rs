@@ -1,0 +1,138 @@
+//! Evidence: what proves that an item changed.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// The stat fields that the stat cache compares. They are git's index fields:
+/// if all of them match the recorded ones, and the record is not racy, the
+/// recorded digest is reused without reading the file again.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stat {
+    pub size: u64,
+    pub mtime_ns: i64,
+    /// ctime is in the comparison because `touch -d` and `cp -p` can restore
+    /// an mtime, but nothing outside the kernel can set a ctime.
+    pub ctime_ns: i64,
+    pub ino: u64,
+    pub dev: u64,
+}
+
+/// How a stage decides that an input changed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Signal {
+    /// A BLAKE3 hash of every byte: the authority, and the default.
+    #[default]
+    Hash,
+    /// Size and mtime against the recorded ones, with a margin for coarse
+    /// timestamps. Errs towards extra work: a `touch` re-runs the item.
+    Mtime,
+    /// Only whether the item was processed before. Valid only for immutable
+    /// inputs (dated deliveries, content-addressed names): an edit in place
+    /// is never seen.
+    Exists,
+    /// Size plus a hash of the first and last MiB. Honestly named: an edit
+    /// in the middle of a large file is missed.
+    Fingerprint,
+}
+
+impl Signal {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Signal::Hash => "hash",
+            Signal::Mtime => "mtime",
+            Signal::Exists => "exists",
+            Signal::Fingerprint => "fingerprint",
+        }
+    }
+
+    /// The digest algorithm a new manifest entry gets under this signal,
+    /// or `None` when the signal reads no bytes.
+    pub fn algo(self) -> Option<Algo> {
+        match self {
+            Signal::Hash => Some(Algo::Blake3),
+            Signal::Fingerprint => Some(Algo::Fingerprint1),
+            Signal::Mtime | Signal::Exists => None,
+        }
+    }
+}
+
+/// A digest format. Each recorded digest names its format, so that a later
+/// highwater with a new default can still compute the old one and compare:
+/// a new hash format never shows up as "everything changed".
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Algo {
+    /// BLAKE3 of the whole content, 256 bits.
+    Blake3,
+    /// BLAKE3 of the size, the first MiB and the last MiB.
+    Fingerprint1,
+    /// BLAKE3 over a sorted set of (path, member evidence): the evidence of
+    /// an aggregate item.
+    Set1,
+}
+
+impl Algo {
+    pub fn prefix(self) -> &'static str {
+        match self {
+            Algo::Blake3 => "b3",
+            Algo::Fingerprint1 => "fp1",
+            Algo::Set1 => "set1",
+        }
+    }
+
+    pub fn from_prefix(prefix: &str) -> Option<Algo> {
+        match prefix {
+            "b3" => Some(Algo::Blake3),
+            "fp1" => Some(Algo::Fingerprint1),
+            "set1" => Some(Algo::Set1),
+            _ => None,
+        }
+    }
+}
+
+/// A recorded digest, `algo:hex`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Digest(String);
+
+impl Digest {
+    pub fn new(algo: Algo, hash: &blake3::Hash) -> Digest {
+        Digest(format!("{}:{}", algo.prefix(), hash.to_hex()))
+    }
+
+    /// Parses a stored digest; `None` for a format this version does not
+    /// know (the item is then treated as changed, which is the safe side).
+    pub fn parse(s: &str) -> Option<Digest> {
+        let (prefix, hex) = s.split_once(':')?;
+        Algo::from_prefix(prefix)?;
+        if hex.is_empty() || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        Some(Digest(s.to_string()))
+    }
+
+    pub fn algo(&self) -> Algo {
+        let prefix = self.0.split_once(':').map_or("", |(p, _)| p);
+        // Construction goes through `new` or `parse`, so the prefix is known.
+        Algo::from_prefix(prefix).expect("digest prefix was validated at construction")
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// True when a record cannot be trusted to describe the file's content by its
+/// stat alone: the file was modified within `granularity_ns` of the moment it
+/// was observed, so a second write in the same timestamp tick would leave the
+/// stat unchanged. This is git's racy-git rule. A racy record is re-read on
+/// the next run, and the refreshed record is then no longer racy.
+pub fn is_racy(recorded_mtime_ns: i64, observed_at_ns: i64, granularity_ns: i64) -> bool {
+    recorded_mtime_ns.saturating_add(granularity_ns) >= observed_at_ns
+}

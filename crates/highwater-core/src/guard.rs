@@ -1,0 +1,100 @@
+//! The guard against suspicious mass rebuilds.
+//!
+//! A sudden full rebuild is usually a bug in change detection (a lost
+//! manifest, a recipe id with a timestamp in it) rather than a real change.
+//! When more than a threshold share of a stage's items look changed while
+//! outputs already exist, the run is refused until the user says `--force`.
+
+use crate::plan::{Reason, StagePlan};
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// Why a stage was refused.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Refusal {
+    pub stage: String,
+    pub changed: usize,
+    pub total: usize,
+    pub share: f64,
+    pub threshold: f64,
+    pub counts: BTreeMap<Reason, usize>,
+}
+
+impl Refusal {
+    /// The most likely cause, named from the dominant reason.
+    pub fn likely_cause(&self) -> &'static str {
+        let top = self
+            .counts
+            .iter()
+            .max_by_key(|(r, n)| (**n, std::cmp::Reverse(**r)))
+            .map(|(r, _)| *r);
+        match top {
+            Some(Reason::Recipe) => {
+                "the recipe was bumped (version, config, code files or tool versions changed)"
+            }
+            Some(Reason::New) => {
+                "the manifest was lost or the state store moved, while outputs already exist"
+            }
+            Some(Reason::Missing) => "the outputs were deleted or moved",
+            Some(Reason::Deleted) => {
+                "most inputs disappeared (an empty or unmounted input folder?)"
+            }
+            Some(Reason::Failed) => "most items failed last time",
+            Some(Reason::Size | Reason::Content | Reason::Mtime) | None => {
+                "a mass re-delivery of the inputs (or a copy that changed every mtime)"
+            }
+        }
+    }
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let counts: Vec<String> = self
+            .counts
+            .iter()
+            .map(|(r, n)| format!("{} {}", r.as_str(), n))
+            .collect();
+        write!(
+            f,
+            "stage `{}`: {}/{} items ({:.0}%) look changed, above the guard of {:.0}% ({}). \
+             Likely cause: {}. Nothing was touched. Check the manifest and the recipe, \
+             then re-run with --force if this really is a full rebuild.",
+            self.stage,
+            self.changed,
+            self.total,
+            self.share * 100.0,
+            self.threshold * 100.0,
+            counts.join(", "),
+            self.likely_cause()
+        )
+    }
+}
+
+/// Checks a stage plan against the guard. `outputs_exist` is whether the
+/// output root already holds any file: a genuine first run into an empty
+/// output location always proceeds.
+pub fn check(
+    plan: &StagePlan,
+    threshold: f64,
+    outputs_exist: bool,
+    force: bool,
+) -> Result<(), Refusal> {
+    let changed = plan.changed.len();
+    let deleted = plan.count(Reason::Deleted);
+    let total = plan.total + deleted;
+    if force || !outputs_exist || total == 0 || changed == 0 {
+        return Ok(());
+    }
+    let share = changed as f64 / total as f64;
+    if share > threshold {
+        return Err(Refusal {
+            stage: plan.stage.clone(),
+            changed,
+            total,
+            share,
+            threshold,
+            counts: plan.counts(),
+        });
+    }
+    Ok(())
+}

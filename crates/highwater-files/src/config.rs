@@ -1,0 +1,206 @@
+//! `highwater.toml` into a [`PipelineSpec`]. Paths in the config are relative
+//! to the config file's folder. Unknown keys are errors, so that a typo such
+//! as `on_delet` is reported instead of silently ignored.
+
+use crate::error::FilesError;
+use crate::spec::{OnDelete, PipelineSpec, RecipeSpec, StageSpec, Transform};
+use highwater_core::Signal;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    state: Option<RawState>,
+    #[serde(default)]
+    stages: BTreeMap<String, RawStage>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawState {
+    store: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStage {
+    inputs: Vec<String>,
+    output: String,
+    command: Vec<String>,
+    signal: Option<Signal>,
+    guard: Option<f64>,
+    on_delete: Option<RawOnDelete>,
+    rehash: Option<bool>,
+    mtime_margin_ms: Option<u64>,
+    recipe: Option<RawRecipe>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum RawOnDelete {
+    Remove,
+    Keep,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRecipe {
+    version: Option<String>,
+    #[serde(default)]
+    files: Vec<String>,
+    #[serde(default)]
+    tools: Vec<String>,
+    config: Option<toml::Value>,
+}
+
+/// Reads and validates a config file.
+pub fn load(path: &Path) -> Result<PipelineSpec, FilesError> {
+    let text = std::fs::read_to_string(path).map_err(|e| FilesError::Config {
+        path: path.to_path_buf(),
+        message: format!(
+            "cannot read the config: {e}. Pass --config PATH or create highwater.toml"
+        ),
+    })?;
+    let root = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    parse(&text, path, &root)
+}
+
+/// Parses config text. `path` is only used in messages.
+pub fn parse(text: &str, path: &Path, root: &Path) -> Result<PipelineSpec, FilesError> {
+    let bad = |message: String| FilesError::Config {
+        path: path.to_path_buf(),
+        message,
+    };
+    let raw: RawConfig = toml::from_str(text).map_err(|e| bad(format!("invalid config: {e}")))?;
+    let mut spec = PipelineSpec::new(root);
+    if let Some(store) = raw.state.and_then(|s| s.store) {
+        match store.split_once(':') {
+            Some(("sqlite", p)) if !p.is_empty() => spec.state = PathBuf::from(p),
+            Some(("postgres" | "postgresql", _)) => {
+                return Err(bad(
+                    "[state] store: a PostgreSQL state store is not available in this version; use `sqlite:PATH`".into(),
+                ))
+            }
+            _ => {
+                return Err(bad(format!(
+                    "[state] store = {store:?} is not understood; use `sqlite:.highwater/state.db`"
+                )))
+            }
+        }
+    }
+    if raw.stages.is_empty() {
+        return Err(bad(
+            "no stages: add a [stages.NAME] table with inputs, output and command".into(),
+        ));
+    }
+    for (name, s) in raw.stages {
+        if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
+            return Err(bad(format!(
+                "stage name {name:?}: use only letters, digits, `_` and `-`"
+            )));
+        }
+        if s.inputs.is_empty() {
+            return Err(bad(format!(
+                "[stages.{name}] inputs is empty; give at least one glob"
+            )));
+        }
+        if s.command.is_empty() || s.command[0].is_empty() {
+            return Err(bad(format!(
+                "[stages.{name}] command is empty; give an argv such as [\"cp\", \"{{input}}\", \"{{output}}\"]"
+            )));
+        }
+        let guard = s.guard.unwrap_or(0.5);
+        if !(guard > 0.0 && guard <= 1.0) {
+            return Err(bad(format!(
+                "[stages.{name}] guard = {guard} must be above 0 and at most 1 (the share of changed items that needs --force)"
+            )));
+        }
+        let recipe = match s.recipe {
+            Some(r) => RecipeSpec {
+                version: r.version.unwrap_or_default(),
+                files: r.files,
+                tools: r.tools,
+                config: match r.config {
+                    Some(v) => serde_json::to_value(v)
+                        .map_err(|e| bad(format!("[stages.{name}.recipe] config: {e}")))?,
+                    None => serde_json::Value::Null,
+                },
+            },
+            None => RecipeSpec::default(),
+        };
+        let mut stage = StageSpec::new(&name, &[], &s.output, Transform::Command(s.command));
+        stage.inputs = s.inputs;
+        stage.signal = s.signal.unwrap_or_default();
+        stage.guard = guard;
+        stage.on_delete = match s.on_delete {
+            Some(RawOnDelete::Keep) => OnDelete::Keep,
+            Some(RawOnDelete::Remove) | None => OnDelete::Remove,
+        };
+        stage.rehash = s.rehash.unwrap_or(false);
+        stage.mtime_margin_ms = s.mtime_margin_ms.unwrap_or(1000);
+        stage.recipe = recipe;
+        spec.stages.push(stage);
+    }
+    Ok(spec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_readme_example() {
+        let text = r#"
+[state]
+store = "sqlite:.highwater/state.db"
+
+[stages.upper]
+inputs = ["data/**/*.txt"]
+output = "out/{relpath}.upper"
+command = ["sh", "-c", "tr a-z A-Z < \"$1\" > \"$2\"", "_", "{input}", "{output}"]
+signal = "hash"
+guard = 0.5
+on_delete = "remove"
+[stages.upper.recipe]
+version = "1"
+files = ["transform.sh"]
+tools = ["sh --version"]
+config = { crs = "EPSG:3857" }
+"#;
+        let spec = parse(text, Path::new("highwater.toml"), Path::new(".")).unwrap();
+        assert_eq!(spec.stages.len(), 1);
+        let s = &spec.stages[0];
+        assert_eq!(s.recipe.config, serde_json::json!({"crs": "EPSG:3857"}));
+        assert_eq!(s.signal, Signal::Hash);
+    }
+
+    #[test]
+    fn errors_name_the_file_and_line() {
+        let err = parse(
+            "[stages.x]\ninputs = [\n",
+            Path::new("cfg.toml"),
+            Path::new("."),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.starts_with("cfg.toml: invalid config"), "{err}");
+        assert!(err.contains("line"), "{err}");
+        let err = parse(
+            "[stages.x]\ninputs=['a']\noutput='o/{name}'\ncommand=['cp']\non_delet='keep'\n",
+            Path::new("cfg.toml"),
+            Path::new("."),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("on_delet"), "{err}");
+    }
+}

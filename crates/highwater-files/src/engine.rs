@@ -1,0 +1,971 @@
+//! The engine: plan, run, adopt, verify, export and status over a pipeline.
+//!
+//! A run of one stage has named, bounded stages joined by a bounded channel:
+//! discovery and evidence (rayon, bounded by its pool), `jobs` worker
+//! threads, and one committer (the calling thread), which alone writes the
+//! state store, in batched transactions, after each output is durable.
+
+use crate::discover::{self, Found, OutputListing};
+use crate::error::FilesError;
+use crate::exec::{self, Job};
+use crate::hash::digest_file;
+use crate::now_ns;
+use crate::recipe::stage_recipe_id;
+use crate::spec::{OnDelete, PipelineSpec, StageSpec, Transform};
+use highwater_core::guard::{self, Refusal};
+use highwater_core::plan::{
+    self, digest_needed, plan_aggregate, plan_items, reuse_cached_digest, Change, Observation,
+    PlanSettings, Reason, StagePlan,
+};
+use highwater_core::template::{normalize_lexically, ArgTemplate, OutputTemplate};
+use highwater_core::{time, Entry, EntryKind, Stat, Status};
+use highwater_store::{Batch, SqliteStore, StageEntries, StateStore};
+use rayon::prelude::*;
+use serde::Serialize;
+use serde_json::json;
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// The committer writes a transaction at least every this many results...
+pub const COMMIT_BATCH_ITEMS_MAX: usize = 512;
+/// ...or when this much time has passed since the last one, so that a crash
+/// loses little finished work.
+pub const COMMIT_INTERVAL_MS: u64 = 200;
+/// Results waiting for the committer, per worker. Bounds memory when the
+/// store is slower than the workers.
+pub const RESULTS_QUEUE_PER_WORKER: usize = 4;
+/// Workers per run, whatever `--jobs` asks for.
+pub const JOBS_MAX: usize = 1024;
+
+/// Receives progress. Every method has a no-op default.
+pub trait Progress: Sync {
+    fn stage_start(&self, _stage: &str, _items: usize) {}
+    fn item_done(&self, _stage: &str, _item: &str, _ok: bool) {}
+    fn stage_done(&self, _stage: &str) {}
+}
+
+/// A progress sink that ignores everything.
+pub struct NoProgress;
+impl Progress for NoProgress {}
+
+/// Options of `run`.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// Run only this stage.
+    pub stage: Option<String>,
+    pub jobs: usize,
+    /// Run even when the guard would refuse.
+    pub force: bool,
+    /// Read every byte, ignoring the stat cache.
+    pub rehash: bool,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            stage: None,
+            jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            force: false,
+            rehash: false,
+        }
+    }
+}
+
+/// What one stage's run did.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct StageReport {
+    pub name: String,
+    pub discovered: usize,
+    pub unchanged: usize,
+    /// Changed items that still exist (deleted ones are counted apart).
+    pub changed: usize,
+    pub new: usize,
+    pub processed: usize,
+    pub deleted: usize,
+    pub failed: Vec<FailedItem>,
+    pub reasons: BTreeMap<String, usize>,
+    pub changes: Vec<ChangeRow>,
+    pub duration_ms: u64,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct FailedItem {
+    pub input: String,
+    pub error: String,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct ChangeRow {
+    pub input: String,
+    pub reason: Reason,
+    pub output: String,
+}
+
+impl StageReport {
+    fn from_plan(plan: &StagePlan) -> StageReport {
+        let deleted = plan.count(Reason::Deleted);
+        StageReport {
+            name: plan.stage.clone(),
+            discovered: plan.total,
+            unchanged: plan.unchanged,
+            changed: plan.changed.len() - deleted,
+            new: plan.count(Reason::New),
+            reasons: plan
+                .counts()
+                .into_iter()
+                .map(|(r, n)| (r.as_str().to_string(), n))
+                .collect(),
+            changes: plan
+                .changed
+                .iter()
+                .map(|c| ChangeRow {
+                    input: c.item.clone(),
+                    reason: c.reason,
+                    output: c.output.clone(),
+                })
+                .collect(),
+            ..StageReport::default()
+        }
+    }
+}
+
+/// What a run did, stage by stage.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RunReport {
+    pub stages: Vec<StageReport>,
+}
+
+impl RunReport {
+    pub fn failed(&self) -> usize {
+        self.stages.iter().map(|s| s.failed.len()).sum()
+    }
+}
+
+/// What `adopt` recorded and refused.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct AdoptReport {
+    pub stages: Vec<AdoptStage>,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct AdoptStage {
+    pub name: String,
+    pub adopted: usize,
+    /// Items whose output is missing: not adopted; a run will make them.
+    pub refused: Vec<ChangeRow>,
+}
+
+/// The result of re-making one unchanged item in a scratch place.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct VerifyItem {
+    pub stage: String,
+    pub input: String,
+    pub output: String,
+    pub outcome: VerifyOutcome,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+#[serde(rename_all = "lowercase", tag = "result")]
+pub enum VerifyOutcome {
+    Same,
+    /// The bytes differ: a non-deterministic transform, or a recipe that
+    /// misses a dependency.
+    Differs {
+        first_difference_at: u64,
+    },
+    Failed {
+        error: String,
+    },
+}
+
+struct Stage {
+    spec: StageSpec,
+    template: OutputTemplate,
+    args: Vec<ArgTemplate>,
+    settings: PlanSettings,
+}
+
+/// What discovery and evidence found for a stage, with its plan.
+struct Observed {
+    plan: StagePlan,
+    listing: OutputListing,
+    relpaths: HashMap<String, String>,
+    /// All inputs, for an aggregate's `{inputs}`.
+    inputs: Vec<String>,
+}
+
+/// A validated pipeline, ready to plan and run.
+pub struct Pipeline {
+    root: PathBuf,
+    state_path: PathBuf,
+    stages: Vec<Stage>,
+}
+
+fn absolute(p: &Path) -> Result<PathBuf, FilesError> {
+    std::path::absolute(p).map_err(|e| FilesError::io("resolving", p, e))
+}
+
+/// True when `inner` is `outer` or lies under it, comparing components.
+fn is_within(inner: &str, outer: &str) -> bool {
+    outer.is_empty()
+        || inner == outer
+        || (inner.starts_with(outer) && inner.as_bytes().get(outer.len()) == Some(&b'/'))
+        || outer.starts_with('/') && inner.starts_with(outer) && outer.ends_with('/')
+}
+
+impl Pipeline {
+    /// Reads `highwater.toml` and validates it.
+    pub fn from_config(path: &Path) -> Result<Pipeline, FilesError> {
+        Pipeline::open(crate::config::load(path)?)
+    }
+
+    /// Validates a pipeline: templates, globs, programs, the state location,
+    /// recipe ids and the stage order. Touches nothing on disk.
+    pub fn open(spec: PipelineSpec) -> Result<Pipeline, FilesError> {
+        let root = absolute(&spec.root)?;
+        let state_path = PathBuf::from(normalize_lexically(
+            &absolute(&root.join(&spec.state))?.to_string_lossy(),
+        ));
+        let mut stages = Vec::new();
+        for s in spec.stages {
+            let tpl_err = |source| FilesError::Template {
+                stage: s.name.clone(),
+                source,
+            };
+            let template = OutputTemplate::parse(&s.output).map_err(tpl_err)?;
+            discover::validate_globs(&s.name, &s.inputs)?;
+            let args = match &s.transform {
+                Transform::Command(argv) => {
+                    let program = &argv[0];
+                    exec::find_program(&root, program).map_err(|looked| {
+                        FilesError::CommandNotFound {
+                            stage: s.name.clone(),
+                            program: program.clone(),
+                            looked,
+                        }
+                    })?;
+                    argv.iter()
+                        .map(|a| ArgTemplate::parse(a))
+                        .collect::<Result<Vec<_>, _>>()
+                        .map_err(tpl_err)?
+                }
+                Transform::Closure(_) => Vec::new(),
+            };
+            let out_root_abs = normalize_lexically(&root.join(template.root()).to_string_lossy());
+            if is_within(&state_path.to_string_lossy(), &out_root_abs) {
+                return Err(FilesError::StateInsideOutput {
+                    state: state_path.clone(),
+                    stage: s.name.clone(),
+                    root: template.root().to_string(),
+                });
+            }
+            let recipe = stage_recipe_id(&root, &s)?;
+            let settings = PlanSettings {
+                signal: s.signal,
+                recipe,
+                granularity_ns: (s.mtime_margin_ms as i64).saturating_mul(1_000_000),
+                rehash: s.rehash,
+            };
+            stages.push(Stage {
+                spec: s,
+                template,
+                args,
+                settings,
+            });
+        }
+        let stages = topo_order(stages)?;
+        Ok(Pipeline {
+            root,
+            state_path,
+            stages,
+        })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn state_path(&self) -> &Path {
+        &self.state_path
+    }
+
+    /// Stage names in run order.
+    pub fn stage_names(&self) -> Vec<&str> {
+        self.stages.iter().map(|s| s.spec.name.as_str()).collect()
+    }
+
+    /// The recipe id of a stage.
+    pub fn recipe_id(&self, stage: &str) -> Option<&str> {
+        self.stages
+            .iter()
+            .find(|s| s.spec.name == stage)
+            .map(|s| s.settings.recipe.as_str())
+    }
+
+    fn state_dir(&self) -> PathBuf {
+        self.state_path
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| self.root.clone())
+    }
+
+    /// Opens the state store (creating it on first use).
+    pub fn open_store(&self) -> Result<SqliteStore, FilesError> {
+        Ok(SqliteStore::open(&self.state_path)?)
+    }
+
+    /// Takes the single-writer lock: one run (or adopt) per state store.
+    fn lock(&self) -> Result<File, FilesError> {
+        let dir = self.state_dir();
+        std::fs::create_dir_all(&dir).map_err(|e| FilesError::io("creating", &dir, e))?;
+        let path = dir.join("lock");
+        let f = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| FilesError::io("opening", &path, e))?;
+        match f.try_lock() {
+            Ok(()) => Ok(f),
+            Err(std::fs::TryLockError::WouldBlock) => Err(FilesError::Locked { path }),
+            Err(std::fs::TryLockError::Error(e)) => Err(FilesError::io("locking", &path, e)),
+        }
+    }
+
+    fn select(&self, only: Option<&str>) -> Result<Vec<&Stage>, FilesError> {
+        match only {
+            None => Ok(self.stages.iter().collect()),
+            Some(name) => self
+                .stages
+                .iter()
+                .find(|s| s.spec.name == name)
+                .map(|s| vec![s])
+                .ok_or_else(|| FilesError::UnknownStage {
+                    name: name.to_string(),
+                    known: self.stage_names().join(", "),
+                }),
+        }
+    }
+
+    fn observe_one(
+        &self,
+        st: &Stage,
+        f: &Found,
+        prev: Option<&Entry>,
+        settings: &PlanSettings,
+        output: String,
+        output_exists: bool,
+    ) -> Result<Observation, FilesError> {
+        let unreadable = |source| FilesError::InputUnreadable {
+            stage: st.spec.name.clone(),
+            path: f.abs.clone(),
+            source,
+        };
+        // Taken before the stat and the read, so that a write during the
+        // read makes the record racy rather than trusted.
+        let observed_at_ns = now_ns();
+        let m = std::fs::metadata(&f.abs).map_err(unreadable)?;
+        if !m.is_file() {
+            return Err(unreadable(std::io::Error::other("not a regular file")));
+        }
+        let stat = Stat {
+            size: m.len(),
+            mtime_ns: m
+                .mtime()
+                .saturating_mul(1_000_000_000)
+                .saturating_add(m.mtime_nsec()),
+            ctime_ns: m
+                .ctime()
+                .saturating_mul(1_000_000_000)
+                .saturating_add(m.ctime_nsec()),
+            ino: m.ino(),
+            dev: m.dev(),
+        };
+        let mut digests = Vec::new();
+        for algo in digest_needed(prev, &stat, settings) {
+            digests.push(digest_file(&f.abs, algo).map_err(unreadable)?);
+        }
+        let mut obs = Observation {
+            item: f.item.clone(),
+            stat,
+            digests,
+            observed_at_ns,
+            output,
+            output_exists,
+        };
+        reuse_cached_digest(prev, &mut obs);
+        Ok(obs)
+    }
+
+    /// Discovery, evidence and the plan of one stage. Reads files; writes
+    /// nothing.
+    fn observe(
+        &self,
+        st: &Stage,
+        prev: &StageEntries,
+        rehash: bool,
+    ) -> Result<Observed, FilesError> {
+        let name = &st.spec.name;
+        let found = discover::find_inputs(&self.root, name, &st.spec.inputs, &self.state_dir())?;
+        let listing = discover::list_outputs(&self.root, st.template.root())?;
+        let mut settings = st.settings.clone();
+        settings.rehash |= rehash;
+        let tpl_err = |source| FilesError::Template {
+            stage: name.clone(),
+            source,
+        };
+        let relpaths: HashMap<String, String> = found
+            .iter()
+            .map(|f| (f.item.clone(), f.relpath.clone()))
+            .collect();
+        let inputs: Vec<String> = found.iter().map(|f| f.item.clone()).collect();
+        let plan = if st.template.is_aggregate() {
+            let output = st.template.render("").map_err(tpl_err)?;
+            let members = found
+                .par_iter()
+                .map(|f| {
+                    self.observe_one(
+                        st,
+                        f,
+                        prev.members.get(&f.item),
+                        &settings,
+                        String::new(),
+                        true,
+                    )
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let exists = listing.files.contains(&output);
+            plan_aggregate(
+                name,
+                prev.items.get(plan::AGGREGATE_ITEM),
+                &prev.members,
+                members,
+                &output,
+                exists,
+                &settings,
+            )
+        } else {
+            let mut outputs = Vec::with_capacity(found.len());
+            let mut seen: HashMap<String, &str> = HashMap::with_capacity(found.len());
+            for f in &found {
+                let out = st.template.render(&f.relpath).map_err(tpl_err)?;
+                if let Some(first) = seen.insert(out.clone(), &f.item) {
+                    return Err(FilesError::OutputCollision {
+                        stage: name.clone(),
+                        output: out,
+                        first: first.to_string(),
+                        second: f.item.clone(),
+                    });
+                }
+                outputs.push(out);
+            }
+            let observations = found
+                .par_iter()
+                .zip(outputs.into_par_iter())
+                .map(|(f, out)| {
+                    let exists = listing.files.contains(&out);
+                    self.observe_one(st, f, prev.items.get(&f.item), &settings, out, exists)
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            plan_items(name, &prev.items, observations, &settings)
+        };
+        Ok(Observed {
+            plan,
+            listing,
+            relpaths,
+            inputs,
+        })
+    }
+
+    /// Plans every (or one) stage. Read-only: the store is not written, no
+    /// output is touched. A stage downstream of a changed stage is planned
+    /// against the files as they are now, before upstream runs.
+    pub fn plan(&self, only: Option<&str>, rehash: bool) -> Result<Vec<StagePlan>, FilesError> {
+        let store = self.open_store()?;
+        let mut plans = Vec::new();
+        for st in self.select(only)? {
+            let prev = store.load(&st.spec.name)?;
+            plans.push(self.observe(st, &prev, rehash)?.plan);
+        }
+        Ok(plans)
+    }
+
+    /// Runs every (or one) stage in dependency order.
+    pub fn run(&self, opts: &RunOptions, progress: &dyn Progress) -> Result<RunReport, FilesError> {
+        let _lock = self.lock()?;
+        let mut store = self.open_store()?;
+        let selected = self.select(opts.stage.as_deref())?;
+        // Every stage is planned and guarded before anything is touched.
+        let mut observed = Vec::with_capacity(selected.len());
+        let mut refusals: Vec<Refusal> = Vec::new();
+        for st in &selected {
+            let prev = store.load(&st.spec.name)?;
+            let o = self.observe(st, &prev, opts.rehash)?;
+            if let Err(r) = guard::check(
+                &o.plan,
+                st.spec.guard,
+                !o.listing.files.is_empty(),
+                opts.force,
+            ) {
+                refusals.push(r);
+            }
+            observed.push(Some(o));
+        }
+        if !refusals.is_empty() {
+            return Err(FilesError::Guard { refusals });
+        }
+        let mut report = RunReport::default();
+        let mut upstream_worked = false;
+        for (i, st) in selected.iter().enumerate() {
+            // Upstream work changed this stage's inputs: look again. The
+            // guard is not applied again, since these changes are real ones
+            // that a guarded (or forced) upstream run made.
+            let o = if upstream_worked {
+                let prev = store.load(&st.spec.name)?;
+                self.observe(st, &prev, opts.rehash)?
+            } else {
+                observed[i].take().expect("observed once per stage")
+            };
+            let r = self.run_stage(&mut store, st, o, opts, progress)?;
+            upstream_worked |= r.processed > 0 || r.deleted > 0 || !r.failed.is_empty();
+            report.stages.push(r);
+        }
+        Ok(report)
+    }
+
+    fn remove_output(&self, st: &Stage, output: &str) -> Result<(), String> {
+        let path = self.root.join(output);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(format!("cannot remove output {}: {e}", path.display())),
+        }
+        let _ = exec::sync_parent(&path);
+        // Remove folders the deletion left empty, up to the output root.
+        let stop = self.root.join(st.template.root());
+        let mut dir = path.parent();
+        while let Some(d) = dir {
+            if d == stop || !d.starts_with(&stop) || std::fs::remove_dir(d).is_err() {
+                break;
+            }
+            dir = d.parent();
+        }
+        Ok(())
+    }
+
+    fn run_stage(
+        &self,
+        store: &mut SqliteStore,
+        st: &Stage,
+        o: Observed,
+        opts: &RunOptions,
+        progress: &dyn Progress,
+    ) -> Result<StageReport, FilesError> {
+        let started = Instant::now();
+        let name = st.spec.name.clone();
+        let run_id = store.begin_run(&name, now_ns())?;
+        let mut report = StageReport::from_plan(&o.plan);
+        // Temp outputs are only left by a run that died; we hold the lock,
+        // so none of them belongs to a live run.
+        for t in &o.listing.temps {
+            let _ = std::fs::remove_file(t);
+        }
+        // Deletions, refreshed evidence and pruned members: one transaction,
+        // after the outputs are gone.
+        let mut batch = Batch::default();
+        for e in &o.plan.refresh {
+            batch.upserts.push((name.clone(), e.clone()));
+        }
+        for m in &o.plan.prune_members {
+            batch
+                .deletes
+                .push((name.clone(), EntryKind::Member, m.clone()));
+        }
+        for c in o
+            .plan
+            .changed
+            .iter()
+            .filter(|c| c.reason == Reason::Deleted)
+        {
+            let removed = match st.spec.on_delete {
+                OnDelete::Remove => self.remove_output(st, &c.output),
+                OnDelete::Keep => Ok(()),
+            };
+            match removed {
+                Ok(()) => {
+                    batch
+                        .deletes
+                        .push((name.clone(), EntryKind::Item, c.item.clone()));
+                    report.deleted += 1;
+                }
+                Err(error) => report.failed.push(FailedItem {
+                    input: c.item.clone(),
+                    error,
+                }),
+            }
+        }
+        store.commit(&batch)?;
+
+        let work: Vec<&Change> = o
+            .plan
+            .changed
+            .iter()
+            .filter(|c| c.reason != Reason::Deleted)
+            .collect();
+        progress.stage_start(&name, work.len());
+        let jobs = opts.jobs.clamp(1, JOBS_MAX).min(work.len().max(1));
+        let next = AtomicUsize::new(0);
+        let abort = AtomicBool::new(false);
+        let (tx, rx) =
+            mpsc::sync_channel::<(usize, Result<(), String>, u64)>(jobs * RESULTS_QUEUE_PER_WORKER);
+        let commit_result: Result<(), FilesError> = std::thread::scope(|scope| {
+            for _ in 0..jobs {
+                let tx = tx.clone();
+                let (work, next, abort, o) = (&work, &next, &abort, &o);
+                scope.spawn(move || loop {
+                    if abort.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(c) = work.get(i) else { break };
+                    let t0 = Instant::now();
+                    let r = self.make_item(st, c, o);
+                    let ms = t0.elapsed().as_millis() as u64;
+                    if tx.send((i, r, ms)).is_err() {
+                        break;
+                    }
+                });
+            }
+            drop(tx);
+            // The committer: the only writer of the state store.
+            let mut pending = Batch::default();
+            let mut last = Instant::now();
+            for (i, r, ms) in rx.iter() {
+                let c = work[i];
+                let obs = c
+                    .observation
+                    .as_ref()
+                    .expect("only deletions lack an observation");
+                let (status, error) = match &r {
+                    Ok(()) => (Status::Ok, None),
+                    Err(e) => (Status::Failed, Some(e.clone())),
+                };
+                let entry = if st.template.is_aggregate() {
+                    plan::aggregate_entry(obs, &st.settings, status, error, now_ns(), ms)
+                } else {
+                    plan::entry_for(obs, &st.settings, status, error, now_ns(), ms)
+                };
+                pending.upserts.push((name.clone(), entry));
+                match r {
+                    Ok(()) => report.processed += 1,
+                    Err(error) => report.failed.push(FailedItem {
+                        input: c.item.clone(),
+                        error,
+                    }),
+                }
+                progress.item_done(&name, &c.item, status == Status::Ok);
+                if pending.len() >= COMMIT_BATCH_ITEMS_MAX
+                    || last.elapsed() >= Duration::from_millis(COMMIT_INTERVAL_MS)
+                {
+                    if let Err(e) = store.commit(&pending) {
+                        abort.store(true, Ordering::Relaxed);
+                        return Err(e.into());
+                    }
+                    pending = Batch::default();
+                    last = Instant::now();
+                }
+            }
+            store.commit(&pending)?;
+            Ok(())
+        });
+        commit_result?;
+        progress.stage_done(&name);
+        report.duration_ms = started.elapsed().as_millis() as u64;
+        report.failed.sort_by(|a, b| a.input.cmp(&b.input));
+        let summary = json!({
+            "discovered": report.discovered,
+            "changed": report.changed,
+            "unchanged": report.unchanged,
+            "new": report.new,
+            "processed": report.processed,
+            "deleted": report.deleted,
+            "failed": report.failed.len(),
+            "reasons": report.reasons,
+        });
+        let exit = if report.failed.is_empty() { 0 } else { 1 };
+        store.finish_run(run_id, now_ns(), &summary, exit)?;
+        Ok(report)
+    }
+
+    fn job<'a>(&'a self, st: &'a Stage, item: &'a str, o: &'a Observed) -> Job<'a> {
+        let aggregate = st.template.is_aggregate();
+        Job {
+            root: &self.root,
+            transform: &st.spec.transform,
+            args: &st.args,
+            input: if aggregate { None } else { Some(item) },
+            // A per-item job's `{inputs}` is its one input (see `exec`).
+            inputs: if aggregate { &o.inputs } else { &[] },
+            relpath: o.relpaths.get(item).map_or("", String::as_str),
+        }
+    }
+
+    /// Makes one item's output durable and visible, or says why not.
+    fn make_item(&self, st: &Stage, c: &Change, o: &Observed) -> Result<(), String> {
+        let final_path = self.root.join(&c.output);
+        let temp = exec::temp_path_for(&final_path);
+        exec::run_transform(&self.job(st, &c.item, o), &temp)?;
+        exec::publish(&temp, &final_path).map_err(|e| {
+            let _ = std::fs::remove_file(&temp);
+            format!("cannot publish {}: {e}", final_path.display())
+        })
+    }
+
+    /// Records the current inputs and their existing outputs as done,
+    /// without running anything. Items whose output is missing are refused.
+    pub fn adopt(&self, only: Option<&str>) -> Result<AdoptReport, FilesError> {
+        let _lock = self.lock()?;
+        let mut store = self.open_store()?;
+        let mut report = AdoptReport::default();
+        let mut batch = Batch::default();
+        for st in self.select(only)? {
+            let name = &st.spec.name;
+            // An empty previous state: every digest is computed afresh.
+            let o = self.observe(st, &StageEntries::default(), true)?;
+            let mut a = AdoptStage {
+                name: name.clone(),
+                ..AdoptStage::default()
+            };
+            for e in &o.plan.refresh {
+                batch.upserts.push((name.clone(), e.clone()));
+            }
+            for c in &o.plan.changed {
+                let Some(obs) = &c.observation else { continue };
+                if !obs.output_exists {
+                    a.refused.push(ChangeRow {
+                        input: c.item.clone(),
+                        reason: Reason::Missing,
+                        output: c.output.clone(),
+                    });
+                    continue;
+                }
+                let entry = if st.template.is_aggregate() {
+                    plan::aggregate_entry(obs, &st.settings, Status::Ok, None, now_ns(), 0)
+                } else {
+                    plan::entry_for(obs, &st.settings, Status::Ok, None, now_ns(), 0)
+                };
+                batch.upserts.push((name.clone(), entry));
+                a.adopted += 1;
+            }
+            report.stages.push(a);
+        }
+        store.commit(&batch)?;
+        Ok(report)
+    }
+
+    /// Re-makes a sample of unchanged items in a scratch folder and compares
+    /// them byte for byte with the published outputs. `sample == 0` means all.
+    pub fn verify(&self, only: Option<&str>, sample: usize) -> Result<Vec<VerifyItem>, FilesError> {
+        let store = self.open_store()?;
+        let mut out = Vec::new();
+        for st in self.select(only)? {
+            let name = &st.spec.name;
+            let prev = store.load(name)?;
+            let o = self.observe(st, &prev, false)?;
+            let changed: std::collections::HashSet<&str> =
+                o.plan.changed.iter().map(|c| c.item.as_str()).collect();
+            let mut candidates: Vec<&Entry> = prev
+                .items
+                .values()
+                .filter(|e| e.status == Status::Ok && !changed.contains(e.item.as_str()))
+                .collect();
+            // A deterministic spread over the items, not the first N by name.
+            candidates.sort_by_cached_key(|e| blake3::hash(e.item.as_bytes()).to_hex().to_string());
+            if sample > 0 {
+                candidates.truncate(sample);
+            }
+            let scratch = self.state_dir().join("verify").join(name);
+            std::fs::create_dir_all(&scratch)
+                .map_err(|e| FilesError::io("creating", &scratch, e))?;
+            let items: Vec<VerifyItem> = candidates
+                .par_iter()
+                .enumerate()
+                .map(|(n, e)| {
+                    let temp = scratch.join(format!("item-{n}"));
+                    let outcome = match exec::run_transform(&self.job(st, &e.item, &o), &temp) {
+                        Err(error) => VerifyOutcome::Failed { error },
+                        Ok(()) => compare_files(&temp, &self.root.join(&e.output)),
+                    };
+                    let _ = std::fs::remove_file(&temp);
+                    VerifyItem {
+                        stage: name.clone(),
+                        input: e.item.clone(),
+                        output: e.output.clone(),
+                        outcome,
+                    }
+                })
+                .collect();
+            let _ = std::fs::remove_dir_all(&scratch);
+            out.extend(items);
+        }
+        Ok(out)
+    }
+
+    /// The whole manifest as JSON.
+    pub fn export(&self) -> Result<serde_json::Value, FilesError> {
+        let store = self.open_store()?;
+        let entries: Vec<serde_json::Value> = store
+            .export()?
+            .into_iter()
+            .map(|(stage, e)| {
+                json!({
+                    "stage": stage,
+                    "kind": e.kind,
+                    "input": e.item,
+                    "digest": e.digest,
+                    "size": e.stat.size,
+                    "mtime_ns": e.stat.mtime_ns,
+                    "ctime_ns": e.stat.ctime_ns,
+                    "ino": e.stat.ino,
+                    "dev": e.stat.dev,
+                    "observed_at_ns": e.observed_at_ns,
+                    "recipe": e.recipe,
+                    "output": e.output,
+                    "status": e.status,
+                    "error": e.error,
+                    "processed_at": time::rfc3339_utc(e.processed_at_ns),
+                    "duration_ms": e.duration_ms,
+                })
+            })
+            .collect();
+        Ok(json!({
+            "schema_version": store.schema_version()?,
+            "entries": entries,
+        }))
+    }
+
+    /// Per stage: the last run, the entry counts, the failures.
+    pub fn status(&self) -> Result<serde_json::Value, FilesError> {
+        let store = self.open_store()?;
+        let runs = store.last_runs()?;
+        let mut stages = Vec::new();
+        for st in &self.stages {
+            let name = &st.spec.name;
+            let entries = store.load(name)?;
+            let failed: Vec<serde_json::Value> = entries
+                .items
+                .values()
+                .filter(|e| e.status == Status::Failed)
+                .map(|e| json!({"input": e.item, "error": e.error}))
+                .collect();
+            let last = runs.iter().find(|r| &r.stage == name).map(|r| {
+                json!({
+                    "started_at": time::rfc3339_utc(r.started_at_ns),
+                    "finished_at": r.finished_at_ns.map(time::rfc3339_utc),
+                    "exit_code": r.exit_code,
+                    "summary": r.summary,
+                })
+            });
+            stages.push(json!({
+                "name": name,
+                "recipe": st.settings.recipe,
+                "entries": entries.items.len(),
+                "ok": entries.items.len() - failed.len(),
+                "failed": failed,
+                "last_run": last,
+            }));
+        }
+        Ok(json!({ "stages": stages }))
+    }
+}
+
+fn compare_files(a: &Path, b: &Path) -> VerifyOutcome {
+    let (x, y) = match (std::fs::read(a), std::fs::read(b)) {
+        (Ok(x), Ok(y)) => (x, y),
+        (_, Err(e)) => {
+            return VerifyOutcome::Failed {
+                error: format!("cannot read published output {}: {e}", b.display()),
+            }
+        }
+        (Err(e), _) => {
+            return VerifyOutcome::Failed {
+                error: format!("cannot read scratch output: {e}"),
+            }
+        }
+    };
+    match x.iter().zip(y.iter()).position(|(p, q)| p != q) {
+        Some(i) => VerifyOutcome::Differs {
+            first_difference_at: i as u64,
+        },
+        None if x.len() != y.len() => VerifyOutcome::Differs {
+            first_difference_at: x.len().min(y.len()) as u64,
+        },
+        None => VerifyOutcome::Same,
+    }
+}
+
+/// Orders stages so that a stage whose inputs lie under another stage's
+/// output root runs after it. Ties are broken by name, so the order is
+/// deterministic.
+fn topo_order(stages: Vec<Stage>) -> Result<Vec<Stage>, FilesError> {
+    let n = stages.len();
+    let bases: Vec<Vec<String>> = stages
+        .iter()
+        .map(|s| s.spec.inputs.iter().map(|g| glob_literal_dir(g)).collect())
+        .collect();
+    // deps[b] holds a when b reads what a writes.
+    let mut deps: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for (a, sa) in stages.iter().enumerate() {
+        let out_root = sa.template.root();
+        for b in 0..n {
+            if a != b
+                && bases[b]
+                    .iter()
+                    .any(|base| is_within(base, out_root) || is_within(out_root, base))
+            {
+                deps[b].push(a);
+            }
+        }
+    }
+    let mut order = Vec::with_capacity(n);
+    let mut done = vec![false; n];
+    while order.len() < n {
+        let mut ready: Vec<usize> = (0..n)
+            .filter(|&i| !done[i] && deps[i].iter().all(|&d| done[d]))
+            .collect();
+        if ready.is_empty() {
+            let stuck: Vec<&str> = (0..n)
+                .filter(|&i| !done[i])
+                .map(|i| stages[i].spec.name.as_str())
+                .collect();
+            return Err(FilesError::Cycle {
+                stages: stuck.join(" -> "),
+            });
+        }
+        ready.sort_by(|&x, &y| stages[x].spec.name.cmp(&stages[y].spec.name));
+        let pick = ready[0];
+        done[pick] = true;
+        order.push(pick);
+    }
+    let mut slots: Vec<Option<Stage>> = stages.into_iter().map(Some).collect();
+    Ok(order
+        .into_iter()
+        .map(|i| slots[i].take().expect("each stage ordered once"))
+        .collect())
+}
+
+/// The literal folder of a glob (before its first wildcard).
+fn glob_literal_dir(g: &str) -> String {
+    let norm = normalize_lexically(g);
+    let cut = norm.find(['*', '?', '[', '{']).unwrap_or(norm.len());
+    let lit = &norm[..cut];
+    match lit.rfind('/') {
+        Some(i) => lit[..i].to_string(),
+        None => String::new(),
+    }
+}

@@ -1,0 +1,46 @@
+//! File stages: the part of highwater that turns files into outputs, and only
+//! the files whose evidence says they changed.
+//!
+//! A [`Pipeline`] is a set of stages (read from `highwater.toml` by
+//! [`config`], or declared from Rust with [`StageSpec`] and a closure). Each
+//! run goes through the same named stages:
+//!
+//! ```text
+//! discover (walk + stat) -> evidence (hash on N threads) -> plan (pure, in highwater-core)
+//!   -> workers (N threads, write temp, fsync, rename) -> committer (one thread, batched transactions)
+//! ```
+//!
+//! Layout:
+//! - [`config`]: `highwater.toml` into [`PipelineSpec`], with errors that name the file.
+//! - [`spec`]: the declarations: stages, transforms, recipes.
+//! - [`discover`]: glob walking and stat, and the output-root listing.
+//! - [`hash`]: BLAKE3 digests and fingerprints of files.
+//! - [`recipe`]: gathers recipe parts (code files, tool versions).
+//! - [`exec`]: runs one item into a temp file and publishes it atomically.
+//! - [`engine`]: plan, run, adopt, verify, export, status.
+//! - [`error`]: the error type.
+
+pub mod config;
+pub mod discover;
+pub mod engine;
+pub mod error;
+pub mod exec;
+pub mod hash;
+pub mod recipe;
+pub mod spec;
+
+pub use engine::{
+    AdoptReport, NoProgress, Pipeline, Progress, RunOptions, RunReport, StageReport, VerifyItem,
+    VerifyOutcome,
+};
+pub use error::FilesError;
+pub use spec::{ItemContext, OnDelete, PipelineSpec, RecipeSpec, StageSpec, Transform};
+
+/// Nanoseconds since the Unix epoch, from the wall clock. The only clock read
+/// in the file stages; the planner receives instants, never reads them.
+pub fn now_ns() -> i64 {
+    match std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        Ok(d) => d.as_nanos().min(i64::MAX as u128) as i64,
+        Err(_) => 0,
+    }
+}

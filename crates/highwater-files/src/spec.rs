@@ -1,0 +1,136 @@
+//! Declarations: what a pipeline is made of, independent of where it was read
+//! from. `highwater.toml` is parsed into these, and a Rust program can build
+//! them directly with a closure as the transform.
+
+use highwater_core::Signal;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// A closure transform: writes `ctx.output` from `ctx.input`, or says why not.
+pub type ClosureFn = dyn Fn(&ItemContext<'_>) -> Result<(), String> + Send + Sync;
+
+/// What a stage does to an item.
+#[derive(Clone)]
+pub enum Transform {
+    /// An argv; placeholders are expanded per argument and no shell is
+    /// involved, so file names can hold spaces, quotes, `;` or newlines.
+    Command(Vec<String>),
+    /// A Rust closure. Its code is not hashed: bump `recipe.version` when it
+    /// changes, or the outputs go stale.
+    Closure(Arc<ClosureFn>),
+}
+
+impl fmt::Debug for Transform {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Transform::Command(argv) => f.debug_tuple("Command").field(argv).finish(),
+            Transform::Closure(_) => f.write_str("Closure(..)"),
+        }
+    }
+}
+
+/// What a closure transform is given for one item.
+pub struct ItemContext<'a> {
+    /// The input, absolute. `None` for an aggregate.
+    pub input: Option<&'a Path>,
+    /// All inputs of an aggregate, absolute and sorted; the one input otherwise.
+    pub inputs: &'a [PathBuf],
+    /// Where to write: a temp path that highwater renames into place on success.
+    pub output: &'a Path,
+    /// The input's path relative to its glob's base folder.
+    pub relpath: &'a str,
+}
+
+/// What happens to an output when its input disappears.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnDelete {
+    #[default]
+    Remove,
+    Keep,
+}
+
+/// Everything but the input that shapes the output.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RecipeSpec {
+    pub version: String,
+    /// Code files, relative to the config folder; their contents are hashed.
+    pub files: Vec<String>,
+    /// Tool-version commands (split on whitespace, no shell); their output
+    /// is hashed.
+    pub tools: Vec<String>,
+    pub config: serde_json::Value,
+}
+
+/// One stage.
+#[derive(Clone, Debug)]
+pub struct StageSpec {
+    pub name: String,
+    /// Globs relative to the config folder.
+    pub inputs: Vec<String>,
+    /// The output template.
+    pub output: String,
+    pub transform: Transform,
+    pub signal: Signal,
+    /// The share of changed items above which a run needs `--force`.
+    pub guard: f64,
+    pub on_delete: OnDelete,
+    /// Always read every byte, never trust the stat cache (network filesystems).
+    pub rehash: bool,
+    /// Timestamps within this many milliseconds of the moment they were
+    /// observed are not trusted (coarse filesystems, racy records).
+    pub mtime_margin_ms: u64,
+    pub recipe: RecipeSpec,
+}
+
+impl StageSpec {
+    /// A stage with defaults: hash signal, guard 0.5, outputs removed with
+    /// their inputs.
+    pub fn new(name: &str, inputs: &[&str], output: &str, transform: Transform) -> StageSpec {
+        StageSpec {
+            name: name.to_string(),
+            inputs: inputs.iter().map(|s| s.to_string()).collect(),
+            output: output.to_string(),
+            transform,
+            signal: Signal::Hash,
+            guard: 0.5,
+            on_delete: OnDelete::Remove,
+            rehash: false,
+            mtime_margin_ms: 1000,
+            recipe: RecipeSpec::default(),
+        }
+    }
+
+    /// A stage whose transform is a closure.
+    pub fn closure<F>(name: &str, inputs: &[&str], output: &str, f: F) -> StageSpec
+    where
+        F: Fn(&ItemContext<'_>) -> Result<(), String> + Send + Sync + 'static,
+    {
+        StageSpec::new(name, inputs, output, Transform::Closure(Arc::new(f)))
+    }
+}
+
+/// A whole pipeline: where it lives, where its state goes, its stages.
+#[derive(Clone, Debug)]
+pub struct PipelineSpec {
+    /// The folder that relative paths are relative to (the config's folder).
+    pub root: PathBuf,
+    /// The SQLite state file, relative to `root` unless absolute.
+    pub state: PathBuf,
+    pub stages: Vec<StageSpec>,
+}
+
+impl PipelineSpec {
+    pub fn new(root: impl Into<PathBuf>) -> PipelineSpec {
+        PipelineSpec {
+            root: root.into(),
+            state: PathBuf::from(".highwater/state.db"),
+            stages: Vec::new(),
+        }
+    }
+
+    pub fn stage(mut self, s: StageSpec) -> PipelineSpec {
+        self.stages.push(s);
+        self
+    }
+}

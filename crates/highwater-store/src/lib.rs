@@ -1,0 +1,111 @@
+//! The highwater state store.
+//!
+//! State lives behind the [`StateStore`] trait so that the planner and the
+//! committer never see SQL, and a shared PostgreSQL backend can be added
+//! without touching either. [`SqliteStore`] is the embedded default: bundled
+//! SQLite in WAL mode, every write in one `BEGIN IMMEDIATE` transaction.
+//!
+//! Layout:
+//! - this file: the trait, the batch and run types, the error type.
+//! - [`sqlite`]: the SQLite implementation and its forward-only migrations.
+//!
+//! Invariants: only this crate knows SQL for state; a store refuses to open a
+//! database whose schema is newer than it understands rather than guess.
+
+pub mod sqlite;
+
+use highwater_core::{Entry, EntryKind};
+use serde::Serialize;
+use std::path::PathBuf;
+use thiserror::Error;
+
+pub use sqlite::SqliteStore;
+
+#[derive(Debug, Error)]
+pub enum StoreError {
+    #[error("state store {path}: {source}. Check that the folder is writable and not on a filesystem without locking")]
+    Sqlite {
+        path: PathBuf,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("state store {path} has schema version {found}, newer than this highwater understands ({known}); upgrade highwater")]
+    TooNew {
+        path: PathBuf,
+        found: u32,
+        known: u32,
+    },
+    #[error("state store {path}: row ({stage}, {item}) is corrupt: {what}. Export with `highwater state export`, fix or remove the row, or delete the store to start over (the guard will then ask for --force)")]
+    Corrupt {
+        path: PathBuf,
+        stage: String,
+        item: String,
+        what: String,
+    },
+    #[error("cannot create the state folder {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Manifest entries of one stage, split by kind.
+#[derive(Clone, Debug, Default)]
+pub struct StageEntries {
+    pub items: std::collections::BTreeMap<String, Entry>,
+    pub members: std::collections::BTreeMap<String, Entry>,
+}
+
+/// One atomic change to the manifest.
+#[derive(Clone, Debug, Default)]
+pub struct Batch {
+    pub upserts: Vec<(String, Entry)>,
+    pub deletes: Vec<(String, EntryKind, String)>,
+}
+
+impl Batch {
+    pub fn is_empty(&self) -> bool {
+        self.upserts.is_empty() && self.deletes.is_empty()
+    }
+    pub fn len(&self) -> usize {
+        self.upserts.len() + self.deletes.len()
+    }
+}
+
+/// The record of one run of one stage.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct RunRecord {
+    pub id: i64,
+    pub stage: String,
+    pub started_at_ns: i64,
+    pub finished_at_ns: Option<i64>,
+    pub summary: serde_json::Value,
+    pub exit_code: Option<i32>,
+}
+
+/// The state store interface. Every method that writes is one transaction.
+pub trait StateStore: Send {
+    /// All entries of a stage.
+    fn load(&self, stage: &str) -> Result<StageEntries, StoreError>;
+    /// Applies upserts and deletes in one transaction.
+    fn commit(&mut self, batch: &Batch) -> Result<(), StoreError>;
+    /// Records the start of a run; returns its id.
+    fn begin_run(&mut self, stage: &str, started_at_ns: i64) -> Result<i64, StoreError>;
+    /// Records the end of a run.
+    fn finish_run(
+        &mut self,
+        run: i64,
+        finished_at_ns: i64,
+        summary: &serde_json::Value,
+        exit_code: i32,
+    ) -> Result<(), StoreError>;
+    /// The latest run of each stage.
+    fn last_runs(&self) -> Result<Vec<RunRecord>, StoreError>;
+    /// Runs that began and never finished (the process died), newest first.
+    fn unfinished_runs(&self) -> Result<Vec<RunRecord>, StoreError>;
+    /// Every entry of every stage, ordered by stage, kind and item.
+    fn export(&self) -> Result<Vec<(String, Entry)>, StoreError>;
+    /// The schema version after migrations.
+    fn schema_version(&self) -> Result<u32, StoreError>;
+}

@@ -1,0 +1,450 @@
+//! The SQLite state store: bundled SQLite, WAL, forward-only migrations.
+
+use crate::{Batch, RunRecord, StageEntries, StateStore, StoreError};
+use highwater_core::evidence::Digest;
+use highwater_core::{Entry, EntryKind, Stat, Status};
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use std::path::{Path, PathBuf};
+
+/// The migrations, in order. Migration `i` takes the schema from version `i`
+/// to `i + 1`. They only ever move forward, and a new one never changes what
+/// an existing entry means: an upgrade must never look like change.
+const MIGRATIONS: &[&str] = &[
+    // 0 -> 1: the manifest.
+    "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+     CREATE TABLE entries(
+        stage TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        item TEXT NOT NULL,
+        digest TEXT,
+        size INTEGER NOT NULL,
+        mtime_ns INTEGER NOT NULL,
+        ctime_ns INTEGER NOT NULL,
+        ino INTEGER NOT NULL,
+        dev INTEGER NOT NULL,
+        observed_at_ns INTEGER NOT NULL,
+        recipe TEXT NOT NULL,
+        output TEXT NOT NULL,
+        status TEXT NOT NULL,
+        error TEXT,
+        processed_at_ns INTEGER NOT NULL,
+        PRIMARY KEY(stage, kind, item)
+     ) WITHOUT ROWID;",
+    // 1 -> 2: item durations and the run log.
+    "ALTER TABLE entries ADD COLUMN duration_ms INTEGER NOT NULL DEFAULT 0;
+     CREATE TABLE runs(
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        stage TEXT NOT NULL,
+        started_at_ns INTEGER NOT NULL,
+        finished_at_ns INTEGER,
+        summary TEXT NOT NULL DEFAULT '{}',
+        exit_code INTEGER
+     );
+     CREATE INDEX runs_stage ON runs(stage, id);",
+];
+
+/// The schema version this highwater writes.
+pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
+
+pub struct SqliteStore {
+    conn: Connection,
+    path: PathBuf,
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the store at `path` and migrates it forward.
+    pub fn open(path: &Path) -> Result<SqliteStore, StoreError> {
+        Self::open_at(path, SCHEMA_VERSION)
+    }
+
+    /// Opens and migrates only up to `version`. Exists so that tests can
+    /// build a store as an older highwater left it.
+    #[doc(hidden)]
+    pub fn open_at(path: &Path, version: u32) -> Result<SqliteStore, StoreError> {
+        assert!(version <= SCHEMA_VERSION);
+        if let Some(parent) = path.parent() {
+            if !parent.as_os_str().is_empty() {
+                std::fs::create_dir_all(parent).map_err(|source| StoreError::Io {
+                    path: parent.to_path_buf(),
+                    source,
+                })?;
+            }
+        }
+        let err = |source| StoreError::Sqlite {
+            path: path.to_path_buf(),
+            source,
+        };
+        let conn = Connection::open(path).map_err(err)?;
+        conn.busy_timeout(std::time::Duration::from_secs(30))
+            .map_err(err)?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(err)?;
+        // FULL: a commit is durable before we report it, as the outputs are.
+        conn.pragma_update(None, "synchronous", "FULL")
+            .map_err(err)?;
+        let mut store = SqliteStore {
+            conn,
+            path: path.to_path_buf(),
+        };
+        store.migrate(version)?;
+        Ok(store)
+    }
+
+    fn err(&self, source: rusqlite::Error) -> StoreError {
+        StoreError::Sqlite {
+            path: self.path.clone(),
+            source,
+        }
+    }
+
+    fn current_version(&self) -> Result<u32, StoreError> {
+        let has_meta: bool = self
+            .conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE type='table' AND name='meta'",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
+            .map_err(|e| self.err(e))?
+            > 0;
+        if !has_meta {
+            return Ok(0);
+        }
+        let v: Option<String> = self
+            .conn
+            .query_row(
+                "SELECT value FROM meta WHERE key='schema_version'",
+                [],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| self.err(e))?;
+        Ok(v.and_then(|s| s.parse().ok()).unwrap_or(0))
+    }
+
+    fn migrate(&mut self, target: u32) -> Result<(), StoreError> {
+        let found = self.current_version()?;
+        if found > SCHEMA_VERSION {
+            return Err(StoreError::TooNew {
+                path: self.path.clone(),
+                found,
+                known: SCHEMA_VERSION,
+            });
+        }
+        for v in found..target {
+            let path = self.path.clone();
+            let err = |source| StoreError::Sqlite {
+                path: path.clone(),
+                source,
+            };
+            let tx = self
+                .conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(err)?;
+            tx.execute_batch(MIGRATIONS[v as usize]).map_err(err)?;
+            tx.execute(
+                "INSERT INTO meta(key, value) VALUES('schema_version', ?1)
+                 ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                params![(v + 1).to_string()],
+            )
+            .map_err(err)?;
+            tx.commit().map_err(err)?;
+        }
+        Ok(())
+    }
+
+    fn row_to_entry(&self, stage: &str, row: &rusqlite::Row<'_>) -> Result<Entry, StoreError> {
+        let get = |e| self.err(e);
+        let kind: String = row.get(0).map_err(get)?;
+        let item: String = row.get(1).map_err(get)?;
+        let corrupt = |what: String| StoreError::Corrupt {
+            path: self.path.clone(),
+            stage: stage.to_string(),
+            item: item.clone(),
+            what,
+        };
+        let kind = match kind.as_str() {
+            "item" => EntryKind::Item,
+            "member" => EntryKind::Member,
+            other => return Err(corrupt(format!("unknown kind `{other}`"))),
+        };
+        let digest: Option<String> = row.get(2).map_err(get)?;
+        let status: String = row.get(12).map_err(get)?;
+        let status = match status.as_str() {
+            "ok" => Status::Ok,
+            "failed" => Status::Failed,
+            other => return Err(corrupt(format!("unknown status `{other}`"))),
+        };
+        let size: i64 = row.get(3).map_err(get)?;
+        if size < 0 {
+            return Err(corrupt(format!("negative size {size}")));
+        }
+        let duration: i64 = row.get(15).map_err(get)?;
+        Ok(Entry {
+            kind,
+            item: item.clone(),
+            // A digest in a format this version does not know is dropped:
+            // the item then counts as changed, which is the safe side.
+            digest: digest.as_deref().and_then(Digest::parse),
+            stat: Stat {
+                size: size as u64,
+                mtime_ns: row.get(4).map_err(get)?,
+                ctime_ns: row.get(5).map_err(get)?,
+                ino: row.get::<_, i64>(6).map_err(get)? as u64,
+                dev: row.get::<_, i64>(7).map_err(get)? as u64,
+            },
+            observed_at_ns: row.get(8).map_err(get)?,
+            recipe: row.get(9).map_err(get)?,
+            output: row.get(10).map_err(get)?,
+            error: row.get(11).map_err(get)?,
+            status,
+            processed_at_ns: row.get(13).map_err(get)?,
+            duration_ms: duration.max(0) as u64,
+        })
+    }
+
+    fn select(
+        &self,
+        where_clause: &str,
+        args: &[&dyn rusqlite::ToSql],
+    ) -> Result<Vec<(String, Entry)>, StoreError> {
+        let sql = format!(
+            "SELECT kind, item, digest, size, mtime_ns, ctime_ns, ino, dev, observed_at_ns,
+                    recipe, output, error, status, processed_at_ns, stage, duration_ms
+             FROM entries {where_clause} ORDER BY stage, kind, item"
+        );
+        let mut stmt = self.conn.prepare_cached(&sql).map_err(|e| self.err(e))?;
+        let mut rows = stmt.query(args).map_err(|e| self.err(e))?;
+        let mut out = Vec::new();
+        while let Some(row) = rows.next().map_err(|e| self.err(e))? {
+            let stage: String = row.get(14).map_err(|e| self.err(e))?;
+            let entry = self.row_to_entry(&stage, row)?;
+            out.push((stage, entry));
+        }
+        Ok(out)
+    }
+}
+
+impl StateStore for SqliteStore {
+    fn load(&self, stage: &str) -> Result<StageEntries, StoreError> {
+        let mut out = StageEntries::default();
+        for (_, e) in self.select("WHERE stage = ?1", &[&stage])? {
+            match e.kind {
+                EntryKind::Item => out.items.insert(e.item.clone(), e),
+                EntryKind::Member => out.members.insert(e.item.clone(), e),
+            };
+        }
+        Ok(out)
+    }
+
+    fn commit(&mut self, batch: &Batch) -> Result<(), StoreError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let path = self.path.clone();
+        let err = |source| StoreError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(err)?;
+        {
+            let mut del = tx
+                .prepare_cached("DELETE FROM entries WHERE stage = ?1 AND kind = ?2 AND item = ?3")
+                .map_err(err)?;
+            for (stage, kind, item) in &batch.deletes {
+                del.execute(params![stage, kind.as_str(), item])
+                    .map_err(err)?;
+            }
+            let mut up = tx
+                .prepare_cached(
+                    "INSERT OR REPLACE INTO entries(stage, kind, item, digest, size, mtime_ns,
+                        ctime_ns, ino, dev, observed_at_ns, recipe, output, status, error,
+                        processed_at_ns, duration_ms)
+                     VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+                )
+                .map_err(err)?;
+            for (stage, e) in &batch.upserts {
+                // Our own invariants, checked before they are written.
+                assert!(!e.item.is_empty(), "empty item name in stage {stage}");
+                assert!(e.status == Status::Failed || e.error.is_none());
+                up.execute(params![
+                    stage,
+                    e.kind.as_str(),
+                    e.item,
+                    e.digest.as_ref().map(|d| d.as_str()),
+                    e.stat.size as i64,
+                    e.stat.mtime_ns,
+                    e.stat.ctime_ns,
+                    e.stat.ino as i64,
+                    e.stat.dev as i64,
+                    e.observed_at_ns,
+                    e.recipe,
+                    e.output,
+                    e.status.as_str(),
+                    e.error,
+                    e.processed_at_ns,
+                    e.duration_ms as i64,
+                ])
+                .map_err(err)?;
+            }
+        }
+        tx.commit().map_err(err)
+    }
+
+    fn begin_run(&mut self, stage: &str, started_at_ns: i64) -> Result<i64, StoreError> {
+        self.conn
+            .execute(
+                "INSERT INTO runs(stage, started_at_ns) VALUES(?1, ?2)",
+                params![stage, started_at_ns],
+            )
+            .map_err(|e| self.err(e))?;
+        Ok(self.conn.last_insert_rowid())
+    }
+
+    fn finish_run(
+        &mut self,
+        run: i64,
+        finished_at_ns: i64,
+        summary: &serde_json::Value,
+        exit_code: i32,
+    ) -> Result<(), StoreError> {
+        let n = self
+            .conn
+            .execute(
+                "UPDATE runs SET finished_at_ns = ?2, summary = ?3, exit_code = ?4 WHERE id = ?1",
+                params![run, finished_at_ns, summary.to_string(), exit_code],
+            )
+            .map_err(|e| self.err(e))?;
+        assert_eq!(n, 1, "run {run} was begun by this store");
+        Ok(())
+    }
+
+    fn last_runs(&self) -> Result<Vec<RunRecord>, StoreError> {
+        self.runs_where("WHERE id IN (SELECT max(id) FROM runs GROUP BY stage) ORDER BY stage")
+    }
+
+    fn unfinished_runs(&self) -> Result<Vec<RunRecord>, StoreError> {
+        self.runs_where("WHERE finished_at_ns IS NULL ORDER BY id DESC")
+    }
+
+    fn export(&self) -> Result<Vec<(String, Entry)>, StoreError> {
+        self.select("", &[])
+    }
+
+    fn schema_version(&self) -> Result<u32, StoreError> {
+        self.current_version()
+    }
+}
+
+impl SqliteStore {
+    fn runs_where(&self, clause: &str) -> Result<Vec<RunRecord>, StoreError> {
+        let sql = format!(
+            "SELECT id, stage, started_at_ns, finished_at_ns, summary, exit_code FROM runs {clause}"
+        );
+        let mut stmt = self.conn.prepare(&sql).map_err(|e| self.err(e))?;
+        let rows = stmt
+            .query_map([], |r| {
+                let summary: String = r.get(4)?;
+                Ok(RunRecord {
+                    id: r.get(0)?,
+                    stage: r.get(1)?,
+                    started_at_ns: r.get(2)?,
+                    finished_at_ns: r.get(3)?,
+                    summary: serde_json::from_str(&summary).unwrap_or(serde_json::Value::Null),
+                    exit_code: r.get(5)?,
+                })
+            })
+            .map_err(|e| self.err(e))?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(|e| self.err(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(item: &str) -> Entry {
+        Entry {
+            kind: EntryKind::Item,
+            item: item.to_string(),
+            digest: Digest::parse("b3:00ff"),
+            stat: Stat {
+                size: 3,
+                mtime_ns: 10,
+                ctime_ns: 11,
+                ino: u64::MAX,
+                dev: 7,
+            },
+            observed_at_ns: 99,
+            recipe: "r1:ab".into(),
+            output: format!("out/{item}"),
+            status: Status::Ok,
+            error: None,
+            processed_at_ns: 100,
+            duration_ms: 5,
+        }
+    }
+
+    #[test]
+    fn round_trips_and_deletes() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = SqliteStore::open(&dir.path().join("s.db")).unwrap();
+        assert_eq!(s.schema_version().unwrap(), SCHEMA_VERSION);
+        let batch = Batch {
+            upserts: vec![("st".into(), entry("a")), ("st".into(), entry("b"))],
+            deletes: vec![],
+        };
+        s.commit(&batch).unwrap();
+        let got = s.load("st").unwrap();
+        assert_eq!(got.items["a"], entry("a"));
+        s.commit(&Batch {
+            upserts: vec![],
+            deletes: vec![("st".into(), EntryKind::Item, "a".into())],
+        })
+        .unwrap();
+        let got = s.load("st").unwrap();
+        assert_eq!(got.items.keys().collect::<Vec<_>>(), ["b"]);
+    }
+
+    #[test]
+    fn migrates_forward_keeping_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        {
+            let s = SqliteStore::open_at(&path, 1).unwrap();
+            assert_eq!(s.schema_version().unwrap(), 1);
+            s.conn
+                .execute(
+                    "INSERT INTO entries VALUES('st','item','a','b3:00ff',3,10,11,-1,7,99,'r1:ab','out/a','ok',NULL,100)",
+                    [],
+                )
+                .unwrap();
+        }
+        let s = SqliteStore::open(&path).unwrap();
+        assert_eq!(s.schema_version().unwrap(), SCHEMA_VERSION);
+        let mut want = entry("a");
+        want.duration_ms = 0;
+        assert_eq!(s.load("st").unwrap().items["a"], want);
+    }
+
+    #[test]
+    fn refuses_a_newer_schema() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let s = SqliteStore::open(&path).unwrap();
+        s.conn
+            .execute(
+                "UPDATE meta SET value = '999' WHERE key = 'schema_version'",
+                [],
+            )
+            .unwrap();
+        drop(s);
+        assert!(matches!(
+            SqliteStore::open(&path),
+            Err(StoreError::TooNew { found: 999, .. })
+        ));
+    }
+}
