@@ -73,27 +73,46 @@ impl fmt::Display for Refusal {
 /// Checks a stage plan against the guard. `outputs_exist` is whether the
 /// output root already holds any file: a genuine first run into an empty
 /// output location always proceeds.
+///
+/// Only changes that would redo or remove an existing output count: a
+/// changed item whose output exists, and a deleted input. New items with no
+/// output yet (a fresh delivery, or the rest of a run that crashed) are new
+/// work, not a rebuild, and never trip the guard. Fewer than `items_min`
+/// redone items never trip it either: one edited file in a stage of two is
+/// not a suspicious mass rebuild.
 pub fn check(
     plan: &StagePlan,
     threshold: f64,
+    items_min: usize,
     outputs_exist: bool,
     force: bool,
 ) -> Result<(), Refusal> {
-    let changed = plan.changed.len();
     let deleted = plan.count(Reason::Deleted);
     let total = plan.total + deleted;
-    if force || !outputs_exist || total == 0 || changed == 0 {
+    let redo: Vec<_> = plan
+        .changed
+        .iter()
+        .filter(|c| match &c.observation {
+            None => true,
+            Some(o) => o.output_exists,
+        })
+        .collect();
+    if force || !outputs_exist || total == 0 || redo.is_empty() || redo.len() < items_min {
         return Ok(());
     }
-    let share = changed as f64 / total as f64;
+    let share = redo.len() as f64 / total as f64;
     if share > threshold {
+        let mut counts = BTreeMap::new();
+        for c in &redo {
+            *counts.entry(c.reason).or_insert(0) += 1;
+        }
         return Err(Refusal {
             stage: plan.stage.clone(),
-            changed,
+            changed: redo.len(),
             total,
             share,
             threshold,
-            counts: plan.counts(),
+            counts,
         });
     }
     Ok(())

@@ -31,6 +31,7 @@ struct RawStage {
     command: Vec<String>,
     signal: Option<Signal>,
     guard: Option<f64>,
+    guard_items_min: Option<usize>,
     on_delete: Option<RawOnDelete>,
     rehash: Option<bool>,
     mtime_margin_ms: Option<u64>,
@@ -141,6 +142,7 @@ pub fn parse(text: &str, path: &Path, root: &Path) -> Result<PipelineSpec, Files
         stage.inputs = s.inputs;
         stage.signal = s.signal.unwrap_or_default();
         stage.guard = guard;
+        stage.guard_items_min = s.guard_items_min.unwrap_or(10);
         stage.on_delete = match s.on_delete {
             Some(RawOnDelete::Keep) => OnDelete::Keep,
             Some(RawOnDelete::Remove) | None => OnDelete::Remove,

@@ -7,8 +7,14 @@ use highwater_core::template::normalize_lexically;
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 
-/// Temp outputs are named `.NAME.hw-tmp-PID-SEQ`, beside their final path.
+/// Temp outputs live in private folders named `.NAME.hw-tmp-PID-SEQ`,
+/// beside their final path.
 pub const TEMP_MARK: &str = ".hw-tmp-";
+
+fn is_temp(e: &walkdir::DirEntry) -> bool {
+    let name = e.file_name().to_string_lossy();
+    name.starts_with('.') && name.contains(TEMP_MARK)
+}
 
 /// One input found by a glob.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -93,7 +99,7 @@ pub fn find_inputs(
         let walker = walkdir::WalkDir::new(&walk_root)
             .follow_links(false)
             .into_iter()
-            .filter_entry(|e| !e.path().starts_with(exclude));
+            .filter_entry(|e| !e.path().starts_with(exclude) && !is_temp(e));
         for entry in walker {
             let entry = entry.map_err(|e| {
                 let path = e.path().map(Path::to_path_buf).unwrap_or(walk_root.clone());
@@ -118,10 +124,6 @@ pub fn find_inputs(
                     path: entry.path().to_path_buf(),
                 });
             };
-            let name = entry.file_name().to_string_lossy();
-            if name.starts_with('.') && name.contains(TEMP_MARK) {
-                continue;
-            }
             let item = if g.base.is_empty() {
                 rel.to_string()
             } else {
@@ -145,7 +147,7 @@ pub fn find_inputs(
 pub struct OutputListing {
     /// Paths as templates render them (relative to the config folder).
     pub files: HashSet<String>,
-    /// Temp outputs left by a run that died.
+    /// Temp folders (or files) left by a run that died.
     pub temps: Vec<PathBuf>,
 }
 
@@ -160,7 +162,10 @@ pub fn list_outputs(root: &Path, output_root: &str) -> Result<OutputListing, Fil
     if !walk_root.exists() {
         return Ok(out);
     }
-    for entry in walkdir::WalkDir::new(&walk_root).follow_links(false) {
+    let mut walker = walkdir::WalkDir::new(&walk_root)
+        .follow_links(false)
+        .into_iter();
+    while let Some(entry) = walker.next() {
         let entry = entry.map_err(|e| {
             FilesError::io(
                 "listing output root",
@@ -169,12 +174,14 @@ pub fn list_outputs(root: &Path, output_root: &str) -> Result<OutputListing, Fil
                     .unwrap_or_else(|| std::io::Error::other("walk error")),
             )
         })?;
-        if entry.file_type().is_dir() {
+        if is_temp(&entry) {
+            out.temps.push(entry.path().to_path_buf());
+            if entry.file_type().is_dir() {
+                walker.skip_current_dir();
+            }
             continue;
         }
-        let name = entry.file_name().to_string_lossy();
-        if name.starts_with('.') && name.contains(TEMP_MARK) {
-            out.temps.push(entry.path().to_path_buf());
+        if entry.file_type().is_dir() {
             continue;
         }
         let rel = entry

@@ -166,6 +166,7 @@ pub struct VerifyItem {
     pub stage: String,
     pub input: String,
     pub output: String,
+    #[serde(flatten)]
     pub outcome: VerifyOutcome,
 }
 
@@ -509,6 +510,7 @@ impl Pipeline {
             if let Err(r) = guard::check(
                 &o.plan,
                 st.spec.guard,
+                st.spec.guard_items_min,
                 !o.listing.files.is_empty(),
                 opts.force,
             ) {
@@ -573,7 +575,7 @@ impl Pipeline {
         // Temp outputs are only left by a run that died; we hold the lock,
         // so none of them belongs to a live run.
         for t in &o.listing.temps {
-            let _ = std::fs::remove_file(t);
+            let _ = std::fs::remove_dir_all(t);
         }
         // Deletions, refreshed evidence and pruned members: one transaction,
         // after the outputs are gone.
@@ -721,7 +723,7 @@ impl Pipeline {
         let temp = exec::temp_path_for(&final_path);
         exec::run_transform(&self.job(st, &c.item, o), &temp)?;
         exec::publish(&temp, &final_path).map_err(|e| {
-            let _ = std::fs::remove_file(&temp);
+            exec::remove_temp(&temp);
             format!("cannot publish {}: {e}", final_path.display())
         })
     }
@@ -796,12 +798,14 @@ impl Pipeline {
                 .par_iter()
                 .enumerate()
                 .map(|(n, e)| {
-                    let temp = scratch.join(format!("item-{n}"));
+                    let temp = scratch
+                        .join(format!("item-{n}"))
+                        .join(Path::new(&e.output).file_name().unwrap_or_default());
                     let outcome = match exec::run_transform(&self.job(st, &e.item, &o), &temp) {
                         Err(error) => VerifyOutcome::Failed { error },
                         Ok(()) => compare_files(&temp, &self.root.join(&e.output)),
                     };
-                    let _ = std::fs::remove_file(&temp);
+                    exec::remove_temp(&temp);
                     VerifyItem {
                         stage: name.clone(),
                         input: e.item.clone(),
@@ -813,6 +817,8 @@ impl Pipeline {
             let _ = std::fs::remove_dir_all(&scratch);
             out.extend(items);
         }
+        // Gone when empty, so that verify leaves no trace behind.
+        let _ = std::fs::remove_dir(self.state_dir().join("verify"));
         Ok(out)
     }
 

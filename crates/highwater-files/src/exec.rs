@@ -16,14 +16,29 @@ pub const ERROR_MESSAGE_MAX_BYTES: usize = 4096;
 
 static TEMP_SEQ: AtomicU64 = AtomicU64::new(0);
 
-/// A fresh temp path beside `final_path`.
+/// A fresh temp path for `final_path`: a file with the same name inside a
+/// private folder `.NAME.hw-tmp-PID-SEQ` beside it.
+///
+/// The folder matters for crashes: a command orphaned by a SIGKILLed run may
+/// still be about to create its output. Once the next run has swept the
+/// folder, that late create fails instead of leaving a stray file. Keeping
+/// the final name also keeps the extension, which some tools read.
 pub fn temp_path_for(final_path: &Path) -> PathBuf {
-    let name = final_path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let name = final_path.file_name().unwrap_or_default();
     let seq = TEMP_SEQ.fetch_add(1, Ordering::Relaxed);
-    final_path.with_file_name(format!(".{name}{TEMP_MARK}{}-{seq}", std::process::id()))
+    let dir = final_path.with_file_name(format!(
+        ".{}{TEMP_MARK}{}-{seq}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    dir.join(name)
+}
+
+/// Removes the private folder of a temp path, whatever is left in it.
+pub fn remove_temp(temp: &Path) {
+    if let Some(dir) = temp.parent() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }
 
 /// What the transform of one item is given.
@@ -60,6 +75,14 @@ pub fn run_transform(job: &Job<'_>, out: &Path) -> Result<(), String> {
         std::fs::create_dir_all(parent)
             .map_err(|e| format!("cannot create output folder {}: {e}", parent.display()))?;
     }
+    let result = run_transform_inner(job, out);
+    if result.is_err() {
+        remove_temp(out);
+    }
+    result
+}
+
+fn run_transform_inner(job: &Job<'_>, out: &Path) -> Result<(), String> {
     let result = match job.transform {
         Transform::Command(_) => run_command(job, out),
         Transform::Closure(f) => {
@@ -97,9 +120,6 @@ pub fn run_transform(job: &Job<'_>, out: &Path) -> Result<(), String> {
             out.display()
         )),
     });
-    if result.is_err() {
-        let _ = std::fs::remove_file(out);
-    }
     result
 }
 
@@ -123,10 +143,10 @@ fn run_command(job: &Job<'_>, out: &Path) -> Result<(), String> {
     let (program, args) = argv
         .split_first()
         .expect("command is non-empty (config check)");
-    let output = Command::new(program)
-        .args(args)
-        .current_dir(job.root)
-        .stdin(Stdio::null())
+    let mut cmd = Command::new(program);
+    cmd.args(args).current_dir(job.root).stdin(Stdio::null());
+    die_with_parent(&mut cmd);
+    let output = cmd
         .output()
         .map_err(|e| format!("cannot start `{program}`: {e}"))?;
     if output.status.success() {
@@ -148,12 +168,40 @@ fn run_command(job: &Job<'_>, out: &Path) -> Result<(), String> {
     Err(msg)
 }
 
+/// Makes the command die when highwater dies. Without this, a SIGKILLed run
+/// leaves its commands running, and they go on writing temp files after the
+/// next run has swept them (the crash test saw exactly that).
+fn die_with_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: the closure runs between fork and exec and calls only
+    // async-signal-safe functions (prctl, getppid, _exit), touching no
+    // memory shared with the parent.
+    unsafe {
+        cmd.pre_exec(move || {
+            #[cfg(target_os = "linux")]
+            {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            // The parent may have died before prctl took effect.
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Makes a finished temp output durable and visible: fsync the file, rename
 /// it over the final path, fsync the folder.
 pub fn publish(temp: &Path, final_path: &Path) -> std::io::Result<()> {
     File::open(temp)?.sync_all()?;
     std::fs::rename(temp, final_path)?;
-    sync_parent(final_path)
+    sync_parent(final_path)?;
+    remove_temp(temp);
+    Ok(())
 }
 
 /// fsyncs the folder that holds `path`, so that a rename or unlink in it is

@@ -74,6 +74,9 @@ pub struct StageSpec {
     pub signal: Signal,
     /// The share of changed items above which a run needs `--force`.
     pub guard: f64,
+    /// The guard never fires for fewer redone items than this: it protects
+    /// against mass rebuilds, and a handful of items is not one.
+    pub guard_items_min: usize,
     pub on_delete: OnDelete,
     /// Always read every byte, never trust the stat cache (network filesystems).
     pub rehash: bool,
@@ -94,6 +97,7 @@ impl StageSpec {
             transform,
             signal: Signal::Hash,
             guard: 0.5,
+            guard_items_min: 10,
             on_delete: OnDelete::Remove,
             rehash: false,
             mtime_margin_ms: 1000,
