@@ -339,7 +339,7 @@ fn guard_ignores_a_handful_of_items() {
     let s = settings(Signal::Hash);
     let mut prevs = BTreeMap::new();
     let e = entry("a", "x", 10, 50);
-    let obs = vec![observe(Some(&e), "a", "y", stat(1, 10), &s)];
+    let obs = vec![observe(Some(&e), "a", "y", stat(1, 20), &s)];
     prevs.insert("a".to_string(), e);
     let plan = plan_items("s", &prevs, obs, &s);
     assert!(
