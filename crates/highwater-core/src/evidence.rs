@@ -60,7 +60,7 @@ impl Signal {
 /// A digest format. Each recorded digest names its format, so that a later
 /// highwater with a new default can still compute the old one and compare:
 /// a new hash format never shows up as "everything changed".
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Algo {
     /// BLAKE3 of the whole content, 256 bits.
     Blake3,
@@ -90,41 +90,79 @@ impl Algo {
     }
 }
 
-/// A recorded digest, `algo:hex`.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct Digest(String);
+/// A recorded digest: its format and 256 bits. Stored and shown as
+/// `algo:hex`. Fixed-size and `Copy`, so that comparing and carrying the
+/// digests of a hundred thousand unchanged files allocates nothing.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Digest {
+    algo: Algo,
+    bytes: [u8; 32],
+}
 
 impl Digest {
     pub fn new(algo: Algo, hash: &blake3::Hash) -> Digest {
-        Digest(format!("{}:{}", algo.prefix(), hash.to_hex()))
+        Digest {
+            algo,
+            bytes: *hash.as_bytes(),
+        }
     }
 
     /// Parses a stored digest; `None` for a format this version does not
-    /// know (the item is then treated as changed, which is the safe side).
+    /// know or text that is not 64 hex digits (the item is then treated as
+    /// changed, which is the safe side).
     pub fn parse(s: &str) -> Option<Digest> {
         let (prefix, hex) = s.split_once(':')?;
-        Algo::from_prefix(prefix)?;
-        if hex.is_empty() || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        let algo = Algo::from_prefix(prefix)?;
+        let hex = hex.as_bytes();
+        if hex.len() != 64 {
             return None;
         }
-        Some(Digest(s.to_string()))
+        let nibble = |c: u8| -> Option<u8> {
+            match c {
+                b'0'..=b'9' => Some(c - b'0'),
+                b'a'..=b'f' => Some(c - b'a' + 10),
+                _ => None,
+            }
+        };
+        let mut bytes = [0u8; 32];
+        for (i, b) in bytes.iter_mut().enumerate() {
+            *b = (nibble(hex[2 * i])? << 4) | nibble(hex[2 * i + 1])?;
+        }
+        Some(Digest { algo, bytes })
     }
 
     pub fn algo(&self) -> Algo {
-        let prefix = self.0.split_once(':').map_or("", |(p, _)| p);
-        // Construction goes through `new` or `parse`, so the prefix is known.
-        Algo::from_prefix(prefix).expect("digest prefix was validated at construction")
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
+        self.algo
     }
 }
 
 impl fmt::Display for Digest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(self.algo.prefix())?;
+        f.write_str(":")?;
+        for b in self.bytes {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl Serialize for Digest {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Digest {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Digest, D::Error> {
+        let s = String::deserialize(d)?;
+        Digest::parse(&s).ok_or_else(|| serde::de::Error::custom("not a digest"))
     }
 }
 

@@ -127,7 +127,7 @@ pub fn digest_needed(prev: Option<&Entry>, stat: &Stat, s: &PlanSettings) -> Vec
 pub fn reuse_cached_digest(prev: Option<&Entry>, obs: &mut Observation) {
     if let Some(d) = prev.and_then(|e| e.digest.as_ref()) {
         if obs.digest(d.algo()).is_none() {
-            obs.digests.push(d.clone());
+            obs.digests.push(*d);
         }
     }
 }
@@ -267,7 +267,7 @@ fn needs_refresh(prev: &Entry, obs: &Observation, s: &PlanSettings) -> bool {
 pub fn plan_items(
     stage: &str,
     prev: &BTreeMap<String, Entry>,
-    observations: Vec<Observation>,
+    mut observations: Vec<Observation>,
     s: &PlanSettings,
 ) -> StagePlan {
     let mut plan = StagePlan {
@@ -275,11 +275,26 @@ pub fn plan_items(
         total: observations.len(),
         ..StagePlan::default()
     };
-    let mut seen = HashSet::with_capacity(observations.len());
+    // Observations and entries are both sorted by item, so one merge pass
+    // pairs them and finds deletions without a hash set.
+    observations.sort_unstable_by(|a, b| a.item.cmp(&b.item));
+    let mut prev_iter = prev.iter().peekable();
+    let deleted = |plan: &mut StagePlan, item: &String, e: &Entry| {
+        plan.changed.push(Change {
+            item: item.clone(),
+            reason: Reason::Deleted,
+            output: e.output.clone(),
+            observation: None,
+        })
+    };
     for obs in observations {
-        let p = prev.get(&obs.item);
+        while let Some((item, e)) = prev_iter.next_if(|(k, _)| k.as_str() < obs.item.as_str()) {
+            deleted(&mut plan, item, e);
+        }
+        let p = prev_iter
+            .next_if(|(k, _)| k.as_str() == obs.item.as_str())
+            .map(|(_, e)| e);
         debug_assert!(p.is_none_or(|e| e.kind == EntryKind::Item));
-        seen.insert(obs.item.clone());
         match classify(p, &obs, s) {
             Some(reason) => plan.changed.push(Change {
                 item: obs.item.clone(),
@@ -300,15 +315,8 @@ pub fn plan_items(
             }
         }
     }
-    for (item, e) in prev {
-        if !seen.contains(item) {
-            plan.changed.push(Change {
-                item: item.clone(),
-                reason: Reason::Deleted,
-                output: e.output.clone(),
-                observation: None,
-            });
-        }
+    for (item, e) in prev_iter {
+        deleted(&mut plan, item, e);
     }
     plan.changed.sort_by(|a, b| a.item.cmp(&b.item));
     plan
@@ -323,7 +331,7 @@ fn member_evidence(obs: &Observation, s: &PlanSettings) -> String {
         Signal::Exists => String::new(),
         Signal::Mtime => format!("{}:{}", obs.stat.size, obs.stat.mtime_ns),
         Signal::Hash | Signal::Fingerprint => recorded_digest(obs, s)
-            .map(|d| d.as_str().to_string())
+            .map(|d| d.to_string())
             .unwrap_or_default(),
     }
 }

@@ -238,6 +238,19 @@ impl OutputTemplate {
 /// Folds `.` components and repeated or trailing slashes. It keeps `..`
 /// components so that the escape check sees them.
 pub fn normalize_lexically(path: &str) -> String {
+    // The common case is already normal; render runs once per item.
+    let b = path.as_bytes();
+    if !path.is_empty()
+        && !path.contains("//")
+        && !path.starts_with("./")
+        && !path.contains("/./")
+        && !path.ends_with('/')
+        && !path.ends_with("/.")
+        && path != "."
+    {
+        let _ = b;
+        return path.to_string();
+    }
     let absolute = path.starts_with('/');
     let comps: Vec<&str> = path
         .split('/')

@@ -3,7 +3,9 @@
 
 use crate::error::FilesError;
 use globset::{GlobBuilder, GlobMatcher};
+use highwater_core::evidence::is_racy;
 use highwater_core::template::normalize_lexically;
+use highwater_store::DirRecord;
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 
@@ -23,8 +25,6 @@ pub struct Found {
     pub item: String,
     /// Path relative to the glob's base folder, for `{relpath}`.
     pub relpath: String,
-    /// The path to open.
-    pub abs: PathBuf,
 }
 
 /// The literal folder before a glob's first wildcard.
@@ -85,7 +85,8 @@ pub fn find_inputs(
     patterns: &[String],
     exclude: &Path,
 ) -> Result<Vec<Found>, FilesError> {
-    let mut found: BTreeMap<String, Found> = BTreeMap::new();
+    use std::os::unix::ffi::OsStrExt;
+    let mut found: Vec<Found> = Vec::new();
     for pattern in patterns {
         let g = compile(stage, pattern)?;
         let walk_root = if g.base.is_empty() {
@@ -96,6 +97,7 @@ pub fn find_inputs(
         if !walk_root.exists() {
             continue;
         }
+        let skip = walk_root.as_os_str().len() + 1;
         let walker = walkdir::WalkDir::new(&walk_root)
             .follow_links(false)
             .into_iter()
@@ -114,11 +116,10 @@ pub fn find_inputs(
             if entry.file_type().is_dir() {
                 continue;
             }
-            let rel = entry
-                .path()
-                .strip_prefix(&walk_root)
-                .expect("walkdir yields paths under its root");
-            let Some(rel) = rel.to_str() else {
+            // The path below the walk root, by slicing rather than by
+            // component-wise strip_prefix: this loop runs once per file.
+            let bytes = entry.path().as_os_str().as_bytes();
+            let Ok(rel) = std::str::from_utf8(&bytes[skip.min(bytes.len())..]) else {
                 return Err(FilesError::NonUtf8Path {
                     stage: stage.to_string(),
                     path: entry.path().to_path_buf(),
@@ -127,77 +128,177 @@ pub fn find_inputs(
             let item = if g.base.is_empty() {
                 rel.to_string()
             } else {
-                format!("{}/{}", g.base, rel)
+                let mut s = String::with_capacity(g.base.len() + 1 + rel.len());
+                s.push_str(&g.base);
+                s.push('/');
+                s.push_str(rel);
+                s
             };
             if !g.matcher.is_match(&item) {
                 continue;
             }
-            found.entry(item.clone()).or_insert_with(|| Found {
-                item,
+            found.push(Found {
                 relpath: rel.to_string(),
-                abs: entry.path().to_path_buf(),
+                item,
             });
         }
     }
-    Ok(found.into_values().collect())
+    // A file matched by two globs is listed once, with the first glob's
+    // relpath (the sort is stable).
+    found.sort_by(|a, b| a.item.cmp(&b.item));
+    found.dedup_by(|b, a| a.item == b.item);
+    Ok(found)
 }
 
-/// What an output root holds now.
+/// What the output folders hold now, as far as a plan needs to know.
 #[derive(Debug, Default)]
-pub struct OutputListing {
-    /// Paths as templates render them (relative to the config folder).
+pub struct OutputScan {
+    /// Files found in the folders that had to be listed, as templates
+    /// render them (relative to the config folder).
     pub files: HashSet<String>,
+    /// Folders whose record still holds: every output recorded in them
+    /// exists, and they were not listed.
+    pub trusted: HashSet<String>,
     /// Temp folders (or files) left by a run that died.
     pub temps: Vec<PathBuf>,
 }
 
-/// Lists the files under an output root without a stat per file.
-pub fn list_outputs(root: &Path, output_root: &str) -> Result<OutputListing, FilesError> {
-    let mut out = OutputListing::default();
-    let walk_root = if output_root.is_empty() {
-        root.to_path_buf()
-    } else {
-        root.join(output_root)
-    };
-    if !walk_root.exists() {
-        return Ok(out);
+impl OutputScan {
+    /// Whether an output exists: listed, or recorded in a trusted folder.
+    pub fn exists(&self, output: &str, recorded: bool) -> bool {
+        (recorded && self.trusted.contains(crate::stat::split_parent(output).0))
+            || self.files.contains(output)
     }
-    let mut walker = walkdir::WalkDir::new(&walk_root)
-        .follow_links(false)
-        .into_iter();
-    while let Some(entry) = walker.next() {
-        let entry = entry.map_err(|e| {
-            FilesError::io(
-                "listing output root",
-                walk_root.clone(),
-                e.into_io_error()
-                    .unwrap_or_else(|| std::io::Error::other("walk error")),
-            )
-        })?;
-        if is_temp(&entry) {
-            out.temps.push(entry.path().to_path_buf());
-            if entry.file_type().is_dir() {
-                walker.skip_current_dir();
-            }
-            continue;
-        }
-        if entry.file_type().is_dir() {
-            continue;
-        }
-        let rel = entry
-            .path()
-            .strip_prefix(&walk_root)
-            .expect("walkdir yields paths under its root");
-        if let Some(rel) = rel.to_str() {
-            let p = if output_root.is_empty() {
-                rel.to_string()
+
+    /// Whether any output exists at all (for the guard).
+    pub fn any(&self) -> bool {
+        !self.files.is_empty() || !self.trusted.is_empty()
+    }
+}
+
+/// Looks at the folders that hold (or will hold) a stage's outputs. A folder
+/// whose mtime and inode match its record, and whose record is not racy, is
+/// trusted without listing; any other folder is listed (one readdir, no stat
+/// per file). Folders are handled in parallel.
+pub fn scan_output_dirs(
+    root: &Path,
+    dirs: &[String],
+    recorded: &BTreeMap<String, DirRecord>,
+    granularity_ns: i64,
+) -> Result<OutputScan, FilesError> {
+    use rayon::prelude::*;
+    use std::os::unix::fs::MetadataExt;
+    enum One {
+        Trusted(String),
+        Listed(Vec<String>, Vec<PathBuf>),
+    }
+    let per_dir = dirs
+        .par_iter()
+        .map(|dir| -> Result<One, FilesError> {
+            let path = if dir.is_empty() {
+                root.to_path_buf()
             } else {
-                format!("{output_root}/{rel}")
+                root.join(dir)
             };
-            out.files.insert(p);
+            let m = match std::fs::metadata(&path) {
+                Ok(m) => m,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return Ok(One::Listed(Vec::new(), Vec::new()))
+                }
+                Err(e) => return Err(FilesError::io("reading output folder", path, e)),
+            };
+            let mtime_ns = m
+                .mtime()
+                .saturating_mul(1_000_000_000)
+                .saturating_add(m.mtime_nsec());
+            let ctime_ns = m
+                .ctime()
+                .saturating_mul(1_000_000_000)
+                .saturating_add(m.ctime_nsec());
+            if let Some(r) = recorded.get(dir) {
+                if r.mtime_ns == mtime_ns
+                    && r.ctime_ns == ctime_ns
+                    && r.ino == m.ino()
+                    && !is_racy(r.mtime_ns, r.observed_at_ns, granularity_ns)
+                {
+                    return Ok(One::Trusted(dir.clone()));
+                }
+            }
+            let mut files = Vec::new();
+            let mut temps = Vec::new();
+            let rd = std::fs::read_dir(&path)
+                .map_err(|e| FilesError::io("listing output folder", &path, e))?;
+            for e in rd {
+                let e = e.map_err(|e| FilesError::io("listing output folder", &path, e))?;
+                let name = e.file_name();
+                let Some(name) = name.to_str() else { continue };
+                if name.starts_with('.') && name.contains(TEMP_MARK) {
+                    temps.push(e.path());
+                    continue;
+                }
+                if e.file_type().is_ok_and(|t| !t.is_dir()) {
+                    files.push(if dir.is_empty() {
+                        name.to_string()
+                    } else {
+                        format!("{dir}/{name}")
+                    });
+                }
+            }
+            Ok(One::Listed(files, temps))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut scan = OutputScan::default();
+    for one in per_dir {
+        match one {
+            One::Trusted(d) => {
+                scan.trusted.insert(d);
+            }
+            One::Listed(files, temps) => {
+                scan.files.extend(files);
+                scan.temps.extend(temps);
+            }
         }
     }
-    Ok(out)
+    Ok(scan)
+}
+
+/// Stats output folders to record them after a run. The instant is taken
+/// before the stat, so a folder changed in the same tick stays racy.
+pub fn record_output_dirs(root: &Path, dirs: &[String]) -> Vec<DirRecord> {
+    use rayon::prelude::*;
+    use std::os::unix::fs::MetadataExt;
+    dirs.par_iter()
+        .filter_map(|dir| {
+            let observed_at_ns = crate::now_ns();
+            let path = if dir.is_empty() {
+                root.to_path_buf()
+            } else {
+                root.join(dir)
+            };
+            let m = std::fs::metadata(path).ok()?;
+            Some(DirRecord {
+                dir: dir.clone(),
+                mtime_ns: m
+                    .mtime()
+                    .saturating_mul(1_000_000_000)
+                    .saturating_add(m.mtime_nsec()),
+                ctime_ns: m
+                    .ctime()
+                    .saturating_mul(1_000_000_000)
+                    .saturating_add(m.ctime_nsec()),
+                ino: m.ino(),
+                observed_at_ns,
+            })
+        })
+        .collect()
+}
+
+/// The distinct folders of a set of output paths, sorted.
+pub fn output_dirs<'a>(outputs: impl Iterator<Item = &'a str>) -> Vec<String> {
+    let mut dirs: Vec<&str> = outputs.map(|o| crate::stat::split_parent(o).0).collect();
+    dirs.sort_unstable();
+    dirs.dedup();
+    dirs.into_iter().map(str::to_string).collect()
 }
 
 #[cfg(test)]

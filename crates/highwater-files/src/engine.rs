@@ -5,7 +5,7 @@
 //! threads, and one committer (the calling thread), which alone writes the
 //! state store, in batched transactions, after each output is durable.
 
-use crate::discover::{self, Found, OutputListing};
+use crate::discover::{self, Found, OutputScan};
 use crate::error::FilesError;
 use crate::exec::{self, Job};
 use crate::hash::digest_file;
@@ -18,14 +18,13 @@ use highwater_core::plan::{
     PlanSettings, Reason, StagePlan,
 };
 use highwater_core::template::{normalize_lexically, ArgTemplate, OutputTemplate};
-use highwater_core::{time, Entry, EntryKind, Stat, Status};
+use highwater_core::{time, Entry, EntryKind, Status};
 use highwater_store::{Batch, SqliteStore, StageEntries, StateStore};
 use rayon::prelude::*;
 use serde::Serialize;
 use serde_json::json;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fs::File;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
@@ -194,9 +193,14 @@ struct Stage {
 /// What discovery and evidence found for a stage, with its plan.
 struct Observed {
     plan: StagePlan,
-    listing: OutputListing,
-    relpaths: HashMap<String, String>,
-    /// All inputs, for an aggregate's `{inputs}`.
+    listing: OutputScan,
+    /// The folders of the stage's current outputs, for the folder cache.
+    output_dirs: Vec<String>,
+    /// The entries the plan was made against.
+    prev: StageEntries,
+    /// The inputs found, sorted by item.
+    found: Vec<Found>,
+    /// All inputs, for an aggregate's `{inputs}` (empty otherwise).
     inputs: Vec<String>,
 }
 
@@ -353,10 +357,13 @@ impl Pipeline {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn observe_one(
         &self,
         st: &Stage,
         f: &Found,
+        statted: crate::stat::Statted,
+        observed_at_ns: i64,
         prev: Option<&Entry>,
         settings: &PlanSettings,
         output: String,
@@ -364,32 +371,17 @@ impl Pipeline {
     ) -> Result<Observation, FilesError> {
         let unreadable = |source| FilesError::InputUnreadable {
             stage: st.spec.name.clone(),
-            path: f.abs.clone(),
+            path: self.root.join(&f.item),
             source,
         };
-        // Taken before the stat and the read, so that a write during the
-        // read makes the record racy rather than trusted.
-        let observed_at_ns = now_ns();
-        let m = std::fs::metadata(&f.abs).map_err(unreadable)?;
-        if !m.is_file() {
+        let (stat, is_file) = statted.map_err(unreadable)?;
+        if !is_file {
             return Err(unreadable(std::io::Error::other("not a regular file")));
         }
-        let stat = Stat {
-            size: m.len(),
-            mtime_ns: m
-                .mtime()
-                .saturating_mul(1_000_000_000)
-                .saturating_add(m.mtime_nsec()),
-            ctime_ns: m
-                .ctime()
-                .saturating_mul(1_000_000_000)
-                .saturating_add(m.ctime_nsec()),
-            ino: m.ino(),
-            dev: m.dev(),
-        };
+        let abs = || self.root.join(&f.item);
         let mut digests = Vec::new();
         for algo in digest_needed(prev, &stat, settings) {
-            digests.push(digest_file(&f.abs, algo).map_err(unreadable)?);
+            digests.push(digest_file(&abs(), algo).map_err(unreadable)?);
         }
         let mut obs = Observation {
             item: f.item.clone(),
@@ -403,36 +395,97 @@ impl Pipeline {
         Ok(obs)
     }
 
+    /// Stats every input, one open folder per run of inputs sharing a
+    /// folder, the runs spread over threads. Each result comes with the
+    /// instant taken just before it: a write during or after the stat then
+    /// makes the record racy rather than trusted.
+    fn stat_all(&self, found: &[Found]) -> Vec<(crate::stat::Statted, i64)> {
+        let mut runs: Vec<(usize, usize)> = Vec::new();
+        let mut start = 0;
+        for i in 1..=found.len() {
+            if i == found.len()
+                || crate::stat::split_parent(&found[i].item).0
+                    != crate::stat::split_parent(&found[start].item).0
+            {
+                runs.push((start, i));
+                start = i;
+            }
+        }
+        let per_run: Vec<Vec<(crate::stat::Statted, i64)>> = runs
+            .par_iter()
+            .map(|&(a, b)| {
+                let at = now_ns();
+                let dir_path = self.root.join(crate::stat::split_parent(&found[a].item).0);
+                match crate::stat::Dir::open(&dir_path) {
+                    Ok(dir) => found[a..b]
+                        .iter()
+                        .map(|f| (dir.stat(crate::stat::split_parent(&f.item).1), at))
+                        .collect(),
+                    Err(e) => found[a..b]
+                        .iter()
+                        .map(|_| (Err(std::io::Error::new(e.kind(), e.to_string())), at))
+                        .collect(),
+                }
+            })
+            .collect();
+        per_run.into_iter().flatten().collect()
+    }
+
     /// Discovery, evidence and the plan of one stage. Reads files; writes
-    /// nothing.
+    /// nothing. The three listings (entries, inputs, outputs) are taken
+    /// concurrently; the entries through a read connection of their own, so
+    /// `prev = None` is safe while the caller holds the writing store.
     fn observe(
         &self,
         st: &Stage,
-        prev: &StageEntries,
         rehash: bool,
+        prev: Option<StageEntries>,
     ) -> Result<Observed, FilesError> {
         let name = &st.spec.name;
-        let found = discover::find_inputs(&self.root, name, &st.spec.inputs, &self.state_dir())?;
-        let listing = discover::list_outputs(&self.root, st.template.root())?;
+        let load = || -> Result<StageEntries, FilesError> {
+            match prev {
+                Some(p) => Ok(p),
+                None => Ok(SqliteStore::open(&self.state_path)?.load(name)?),
+            }
+        };
+        // The stats do not depend on the entries, so they run while the
+        // manifest loads: on two cores this is most of a no-change plan.
+        let (prev, found_stats) = rayon::join(load, || -> Result<_, FilesError> {
+            let found =
+                discover::find_inputs(&self.root, name, &st.spec.inputs, &self.state_dir())?;
+            let stats = self.stat_all(&found);
+            Ok((found, stats))
+        });
+        let (prev, (found, stats)) = (prev?, found_stats?);
         let mut settings = st.settings.clone();
         settings.rehash |= rehash;
         let tpl_err = |source| FilesError::Template {
             stage: name.clone(),
             source,
         };
-        let relpaths: HashMap<String, String> = found
-            .iter()
-            .map(|f| (f.item.clone(), f.relpath.clone()))
-            .collect();
-        let inputs: Vec<String> = found.iter().map(|f| f.item.clone()).collect();
-        let plan = if st.template.is_aggregate() {
+        let inputs: Vec<String> = if st.template.is_aggregate() {
+            found.iter().map(|f| f.item.clone()).collect()
+        } else {
+            Vec::new()
+        };
+        let (plan, listing, output_dirs) = if st.template.is_aggregate() {
             let output = st.template.render("").map_err(tpl_err)?;
+            let output_dirs = discover::output_dirs(std::iter::once(output.as_str()));
+            let listing = discover::scan_output_dirs(
+                &self.root,
+                &output_dirs,
+                &prev.dirs,
+                settings.granularity_ns,
+            )?;
             let members = found
                 .par_iter()
-                .map(|f| {
+                .zip(stats.into_par_iter())
+                .map(|(f, (statted, at))| {
                     self.observe_one(
                         st,
                         f,
+                        statted,
+                        at,
                         prev.members.get(&f.item),
                         &settings,
                         String::new(),
@@ -440,8 +493,12 @@ impl Pipeline {
                     )
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            let exists = listing.files.contains(&output);
-            plan_aggregate(
+            let recorded = prev
+                .items
+                .get(plan::AGGREGATE_ITEM)
+                .is_some_and(|e| e.output == output);
+            let exists = listing.exists(&output, recorded);
+            let plan = plan_aggregate(
                 name,
                 prev.items.get(plan::AGGREGATE_ITEM),
                 &prev.members,
@@ -449,36 +506,54 @@ impl Pipeline {
                 &output,
                 exists,
                 &settings,
-            )
+            );
+            (plan, listing, output_dirs)
         } else {
-            let mut outputs = Vec::with_capacity(found.len());
-            let mut seen: HashMap<String, &str> = HashMap::with_capacity(found.len());
-            for f in &found {
-                let out = st.template.render(&f.relpath).map_err(tpl_err)?;
-                if let Some(first) = seen.insert(out.clone(), &f.item) {
-                    return Err(FilesError::OutputCollision {
-                        stage: name.clone(),
-                        output: out,
-                        first: first.to_string(),
-                        second: f.item.clone(),
-                    });
-                }
-                outputs.push(out);
+            let outputs = found
+                .iter()
+                .map(|f| st.template.render(&f.relpath).map_err(tpl_err))
+                .collect::<Result<Vec<_>, _>>()?;
+            // Two inputs rendering to one output would overwrite each other.
+            let mut order: Vec<usize> = (0..outputs.len()).collect();
+            order.sort_unstable_by(|&a, &b| outputs[a].cmp(&outputs[b]));
+            if let Some(w) = order.windows(2).find(|w| outputs[w[0]] == outputs[w[1]]) {
+                let (a, b) = (w[0].min(w[1]), w[0].max(w[1]));
+                return Err(FilesError::OutputCollision {
+                    stage: name.clone(),
+                    output: outputs[a].clone(),
+                    first: found[a].item.clone(),
+                    second: found[b].item.clone(),
+                });
             }
+            let output_dirs = discover::output_dirs(outputs.iter().map(String::as_str));
+            let listing = discover::scan_output_dirs(
+                &self.root,
+                &output_dirs,
+                &prev.dirs,
+                settings.granularity_ns,
+            )?;
             let observations = found
                 .par_iter()
                 .zip(outputs.into_par_iter())
-                .map(|(f, out)| {
-                    let exists = listing.files.contains(&out);
-                    self.observe_one(st, f, prev.items.get(&f.item), &settings, out, exists)
+                .zip(stats.into_par_iter())
+                .map(|((f, out), (statted, at))| {
+                    let prev_item = prev.items.get(&f.item);
+                    let exists = listing.exists(&out, prev_item.is_some_and(|e| e.output == out));
+                    self.observe_one(st, f, statted, at, prev_item, &settings, out, exists)
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            plan_items(name, &prev.items, observations, &settings)
+            (
+                plan_items(name, &prev.items, observations, &settings),
+                listing,
+                output_dirs,
+            )
         };
         Ok(Observed {
             plan,
             listing,
-            relpaths,
+            output_dirs,
+            prev,
+            found,
             inputs,
         })
     }
@@ -487,11 +562,11 @@ impl Pipeline {
     /// output is touched. A stage downstream of a changed stage is planned
     /// against the files as they are now, before upstream runs.
     pub fn plan(&self, only: Option<&str>, rehash: bool) -> Result<Vec<StagePlan>, FilesError> {
-        let store = self.open_store()?;
+        // Opened once so that a first plan creates and migrates the store.
+        drop(self.open_store()?);
         let mut plans = Vec::new();
         for st in self.select(only)? {
-            let prev = store.load(&st.spec.name)?;
-            plans.push(self.observe(st, &prev, rehash)?.plan);
+            plans.push(self.observe(st, rehash, None)?.plan);
         }
         Ok(plans)
     }
@@ -505,13 +580,12 @@ impl Pipeline {
         let mut observed = Vec::with_capacity(selected.len());
         let mut refusals: Vec<Refusal> = Vec::new();
         for st in &selected {
-            let prev = store.load(&st.spec.name)?;
-            let o = self.observe(st, &prev, opts.rehash)?;
+            let o = self.observe(st, opts.rehash, None)?;
             if let Err(r) = guard::check(
                 &o.plan,
                 st.spec.guard,
                 st.spec.guard_items_min,
-                !o.listing.files.is_empty(),
+                o.listing.any(),
                 opts.force,
             ) {
                 refusals.push(r);
@@ -528,8 +602,7 @@ impl Pipeline {
             // guard is not applied again, since these changes are real ones
             // that a guarded (or forced) upstream run made.
             let o = if upstream_worked {
-                let prev = store.load(&st.spec.name)?;
-                self.observe(st, &prev, opts.rehash)?
+                self.observe(st, opts.rehash, None)?
             } else {
                 observed[i].take().expect("observed once per stage")
             };
@@ -575,7 +648,9 @@ impl Pipeline {
         // Temp outputs are only left by a run that died; we hold the lock,
         // so none of them belongs to a live run.
         for t in &o.listing.temps {
-            let _ = std::fs::remove_dir_all(t);
+            if std::fs::remove_dir_all(t).is_err() {
+                let _ = std::fs::remove_file(t);
+            }
         }
         // Deletions, refreshed evidence and pruned members: one transaction,
         // after the outputs are gone.
@@ -686,6 +761,14 @@ impl Pipeline {
             Ok(())
         });
         commit_result?;
+        // Every output is in place: record its folders for the next plan.
+        store.commit(&Batch {
+            dirs: vec![(
+                name.clone(),
+                discover::record_output_dirs(&self.root, &o.output_dirs),
+            )],
+            ..Batch::default()
+        })?;
         progress.stage_done(&name);
         report.duration_ms = started.elapsed().as_millis() as u64;
         report.failed.sort_by(|a, b| a.input.cmp(&b.input));
@@ -713,7 +796,10 @@ impl Pipeline {
             input: if aggregate { None } else { Some(item) },
             // A per-item job's `{inputs}` is its one input (see `exec`).
             inputs: if aggregate { &o.inputs } else { &[] },
-            relpath: o.relpaths.get(item).map_or("", String::as_str),
+            relpath: o
+                .found
+                .binary_search_by(|f| f.item.as_str().cmp(item))
+                .map_or("", |i| o.found[i].relpath.as_str()),
         }
     }
 
@@ -738,7 +824,7 @@ impl Pipeline {
         for st in self.select(only)? {
             let name = &st.spec.name;
             // An empty previous state: every digest is computed afresh.
-            let o = self.observe(st, &StageEntries::default(), true)?;
+            let o = self.observe(st, true, Some(StageEntries::default()))?;
             let mut a = AdoptStage {
                 name: name.clone(),
                 ..AdoptStage::default()
@@ -764,6 +850,10 @@ impl Pipeline {
                 batch.upserts.push((name.clone(), entry));
                 a.adopted += 1;
             }
+            batch.dirs.push((
+                name.clone(),
+                discover::record_output_dirs(&self.root, &o.output_dirs),
+            ));
             report.stages.push(a);
         }
         store.commit(&batch)?;
@@ -773,12 +863,12 @@ impl Pipeline {
     /// Re-makes a sample of unchanged items in a scratch folder and compares
     /// them byte for byte with the published outputs. `sample == 0` means all.
     pub fn verify(&self, only: Option<&str>, sample: usize) -> Result<Vec<VerifyItem>, FilesError> {
-        let store = self.open_store()?;
+        drop(self.open_store()?);
         let mut out = Vec::new();
         for st in self.select(only)? {
             let name = &st.spec.name;
-            let prev = store.load(name)?;
-            let o = self.observe(st, &prev, false)?;
+            let o = self.observe(st, false, None)?;
+            let prev = &o.prev;
             let changed: std::collections::HashSet<&str> =
                 o.plan.changed.iter().map(|c| c.item.as_str()).collect();
             let mut candidates: Vec<&Entry> = prev

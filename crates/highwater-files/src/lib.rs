@@ -15,6 +15,7 @@
 //! - [`spec`]: the declarations: stages, transforms, recipes.
 //! - [`discover`]: glob walking and stat, and the output-root listing.
 //! - [`hash`]: BLAKE3 digests and fingerprints of files.
+//! - [`stat`]: many stats, fast, one open folder at a time (`fstatat`).
 //! - [`recipe`]: gathers recipe parts (code files, tool versions).
 //! - [`exec`]: runs one item into a temp file and publishes it atomically.
 //! - [`engine`]: plan, run, adopt, verify, export, status.
@@ -28,6 +29,7 @@ pub mod exec;
 pub mod hash;
 pub mod recipe;
 pub mod spec;
+pub mod stat;
 
 pub use engine::{
     AdoptReport, NoProgress, Pipeline, Progress, RunOptions, RunReport, StageReport, VerifyItem,

@@ -55,6 +55,23 @@ pub enum StoreError {
 pub struct StageEntries {
     pub items: std::collections::BTreeMap<String, Entry>,
     pub members: std::collections::BTreeMap<String, Entry>,
+    /// The output folders' stats as last recorded, by folder.
+    pub dirs: std::collections::BTreeMap<String, DirRecord>,
+}
+
+/// The recorded stat of one output folder. While a folder's mtime is
+/// unchanged (and the record is not racy), no name in it was added, removed
+/// or renamed, so the outputs recorded in it still exist without listing it.
+/// This is git's untracked cache, applied to outputs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirRecord {
+    pub dir: String,
+    pub mtime_ns: i64,
+    /// Compared too: `touch -d` can restore a folder's mtime after a file
+    /// in it was deleted, but nothing outside the kernel sets a ctime.
+    pub ctime_ns: i64,
+    pub ino: u64,
+    pub observed_at_ns: i64,
 }
 
 /// One atomic change to the manifest.
@@ -62,14 +79,16 @@ pub struct StageEntries {
 pub struct Batch {
     pub upserts: Vec<(String, Entry)>,
     pub deletes: Vec<(String, EntryKind, String)>,
+    /// Replaces every folder record of these stages.
+    pub dirs: Vec<(String, Vec<DirRecord>)>,
 }
 
 impl Batch {
     pub fn is_empty(&self) -> bool {
-        self.upserts.is_empty() && self.deletes.is_empty()
+        self.upserts.is_empty() && self.deletes.is_empty() && self.dirs.is_empty()
     }
     pub fn len(&self) -> usize {
-        self.upserts.len() + self.deletes.len()
+        self.upserts.len() + self.deletes.len() + self.dirs.len()
     }
 }
 

@@ -1,6 +1,6 @@
 //! The SQLite state store: bundled SQLite, WAL, forward-only migrations.
 
-use crate::{Batch, RunRecord, StageEntries, StateStore, StoreError};
+use crate::{Batch, DirRecord, RunRecord, StageEntries, StateStore, StoreError};
 use highwater_core::evidence::Digest;
 use highwater_core::{Entry, EntryKind, Stat, Status};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
@@ -41,7 +41,21 @@ const MIGRATIONS: &[&str] = &[
         exit_code INTEGER
      );
      CREATE INDEX runs_stage ON runs(stage, id);",
+    // 2 -> 3: the output-folder cache.
+    "CREATE TABLE output_dirs(
+        stage TEXT NOT NULL,
+        dir TEXT NOT NULL,
+        mtime_ns INTEGER NOT NULL,
+        ctime_ns INTEGER NOT NULL,
+        ino INTEGER NOT NULL,
+        observed_at_ns INTEGER NOT NULL,
+        PRIMARY KEY(stage, dir)
+     ) WITHOUT ROWID;",
 ];
+
+/// How much of the database file SQLite may map into memory for reads.
+/// Bounds address space, not memory: pages are the page cache's.
+pub const MMAP_SIZE_BYTES: i64 = 1 << 30;
 
 /// The schema version this highwater writes.
 pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
@@ -153,9 +167,11 @@ impl SqliteStore {
         Ok(())
     }
 
+    /// Decodes one manifest row, checking it as it goes. This runs once per
+    /// entry on every plan, so text columns that are only compared (kind,
+    /// status, digest) are read borrowed, without an allocation.
     fn row_to_entry(&self, stage: &str, row: &rusqlite::Row<'_>) -> Result<Entry, StoreError> {
         let get = |e| self.err(e);
-        let kind: String = row.get(0).map_err(get)?;
         let item: String = row.get(1).map_err(get)?;
         let corrupt = |what: String| StoreError::Corrupt {
             path: self.path.clone(),
@@ -163,42 +179,56 @@ impl SqliteStore {
             item: item.clone(),
             what,
         };
-        let kind = match kind.as_str() {
-            "item" => EntryKind::Item,
-            "member" => EntryKind::Member,
-            other => return Err(corrupt(format!("unknown kind `{other}`"))),
+        let text = |i: usize| -> Result<Option<&str>, StoreError> {
+            match row.get_ref(i).map_err(get)? {
+                rusqlite::types::ValueRef::Null => Ok(None),
+                v => v
+                    .as_str()
+                    .map(Some)
+                    .map_err(|e| corrupt(format!("column {i}: {e}"))),
+            }
         };
-        let digest: Option<String> = row.get(2).map_err(get)?;
-        let status: String = row.get(12).map_err(get)?;
-        let status = match status.as_str() {
-            "ok" => Status::Ok,
-            "failed" => Status::Failed,
-            other => return Err(corrupt(format!("unknown status `{other}`"))),
+        let kind = match text(0)? {
+            Some("item") => EntryKind::Item,
+            Some("member") => EntryKind::Member,
+            other => return Err(corrupt(format!("unknown kind {other:?}"))),
         };
+        let status = match text(12)? {
+            Some("ok") => Status::Ok,
+            Some("failed") => Status::Failed,
+            other => return Err(corrupt(format!("unknown status {other:?}"))),
+        };
+        // A digest in a format this version does not know is dropped: the
+        // item then counts as changed, which is the safe side.
+        let digest = text(2)?.and_then(Digest::parse);
         let size: i64 = row.get(3).map_err(get)?;
         if size < 0 {
             return Err(corrupt(format!("negative size {size}")));
         }
         let duration: i64 = row.get(15).map_err(get)?;
+        let stat = Stat {
+            size: size as u64,
+            mtime_ns: row.get(4).map_err(get)?,
+            ctime_ns: row.get(5).map_err(get)?,
+            ino: row.get::<_, i64>(6).map_err(get)? as u64,
+            dev: row.get::<_, i64>(7).map_err(get)? as u64,
+        };
+        let observed_at_ns = row.get(8).map_err(get)?;
+        let recipe = row.get(9).map_err(get)?;
+        let output = row.get(10).map_err(get)?;
+        let error = row.get(11).map_err(get)?;
+        let processed_at_ns = row.get(13).map_err(get)?;
         Ok(Entry {
             kind,
-            item: item.clone(),
-            // A digest in a format this version does not know is dropped:
-            // the item then counts as changed, which is the safe side.
-            digest: digest.as_deref().and_then(Digest::parse),
-            stat: Stat {
-                size: size as u64,
-                mtime_ns: row.get(4).map_err(get)?,
-                ctime_ns: row.get(5).map_err(get)?,
-                ino: row.get::<_, i64>(6).map_err(get)? as u64,
-                dev: row.get::<_, i64>(7).map_err(get)? as u64,
-            },
-            observed_at_ns: row.get(8).map_err(get)?,
-            recipe: row.get(9).map_err(get)?,
-            output: row.get(10).map_err(get)?,
-            error: row.get(11).map_err(get)?,
+            item,
+            digest,
+            stat,
+            observed_at_ns,
+            recipe,
+            output,
+            error,
             status,
-            processed_at_ns: row.get(13).map_err(get)?,
+            processed_at_ns,
             duration_ms: duration.max(0) as u64,
         })
     }
@@ -227,14 +257,41 @@ impl SqliteStore {
 
 impl StateStore for SqliteStore {
     fn load(&self, stage: &str) -> Result<StageEntries, StoreError> {
-        let mut out = StageEntries::default();
+        // Rows arrive sorted by (kind, item), so collecting them into the
+        // maps is a bulk build, not a sequence of searching inserts.
+        let mut items = Vec::new();
+        let mut members = Vec::new();
         for (_, e) in self.select("WHERE stage = ?1", &[&stage])? {
             match e.kind {
-                EntryKind::Item => out.items.insert(e.item.clone(), e),
-                EntryKind::Member => out.members.insert(e.item.clone(), e),
+                EntryKind::Item => items.push((e.item.clone(), e)),
+                EntryKind::Member => members.push((e.item.clone(), e)),
             };
         }
-        Ok(out)
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT dir, mtime_ns, ctime_ns, ino, observed_at_ns FROM output_dirs WHERE stage = ?1",
+            )
+            .map_err(|e| self.err(e))?;
+        let dirs = stmt
+            .query_map([stage], |r| {
+                Ok(DirRecord {
+                    dir: r.get(0)?,
+                    mtime_ns: r.get(1)?,
+                    ctime_ns: r.get(2)?,
+                    ino: r.get::<_, i64>(3)? as u64,
+                    observed_at_ns: r.get(4)?,
+                })
+            })
+            .map_err(|e| self.err(e))?
+            .map(|r| r.map(|d| (d.dir.clone(), d)))
+            .collect::<Result<_, _>>()
+            .map_err(|e| self.err(e))?;
+        Ok(StageEntries {
+            items: items.into_iter().collect(),
+            members: members.into_iter().collect(),
+            dirs,
+        })
     }
 
     fn commit(&mut self, batch: &Batch) -> Result<(), StoreError> {
@@ -274,7 +331,7 @@ impl StateStore for SqliteStore {
                     stage,
                     e.kind.as_str(),
                     e.item,
-                    e.digest.as_ref().map(|d| d.as_str()),
+                    e.digest.as_ref().map(|d| d.to_string()),
                     e.stat.size as i64,
                     e.stat.mtime_ns,
                     e.stat.ctime_ns,
@@ -289,6 +346,27 @@ impl StateStore for SqliteStore {
                     e.duration_ms as i64,
                 ])
                 .map_err(err)?;
+            }
+            for (stage, dirs) in &batch.dirs {
+                tx.execute("DELETE FROM output_dirs WHERE stage = ?1", [stage])
+                    .map_err(err)?;
+                let mut ins = tx
+                    .prepare_cached(
+                        "INSERT INTO output_dirs(stage, dir, mtime_ns, ctime_ns, ino, observed_at_ns)
+                         VALUES(?1, ?2, ?3, ?4, ?5, ?6)",
+                    )
+                    .map_err(err)?;
+                for d in dirs {
+                    ins.execute(params![
+                        stage,
+                        d.dir,
+                        d.mtime_ns,
+                        d.ctime_ns,
+                        d.ino as i64,
+                        d.observed_at_ns
+                    ])
+                    .map_err(err)?;
+                }
             }
         }
         tx.commit().map_err(err)
@@ -370,7 +448,7 @@ mod tests {
         Entry {
             kind: EntryKind::Item,
             item: item.to_string(),
-            digest: Digest::parse("b3:00ff"),
+            digest: Digest::parse(&format!("b3:{}", "0f".repeat(32))),
             stat: Stat {
                 size: 3,
                 mtime_ns: 10,
@@ -395,14 +473,14 @@ mod tests {
         assert_eq!(s.schema_version().unwrap(), SCHEMA_VERSION);
         let batch = Batch {
             upserts: vec![("st".into(), entry("a")), ("st".into(), entry("b"))],
-            deletes: vec![],
+            ..Batch::default()
         };
         s.commit(&batch).unwrap();
         let got = s.load("st").unwrap();
         assert_eq!(got.items["a"], entry("a"));
         s.commit(&Batch {
-            upserts: vec![],
             deletes: vec![("st".into(), EntryKind::Item, "a".into())],
+            ..Batch::default()
         })
         .unwrap();
         let got = s.load("st").unwrap();
@@ -418,7 +496,7 @@ mod tests {
             assert_eq!(s.schema_version().unwrap(), 1);
             s.conn
                 .execute(
-                    "INSERT INTO entries VALUES('st','item','a','b3:00ff',3,10,11,-1,7,99,'r1:ab','out/a','ok',NULL,100)",
+                    "INSERT INTO entries VALUES('st','item','a','b3:0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f',3,10,11,-1,7,99,'r1:ab','out/a','ok',NULL,100)",
                     [],
                 )
                 .unwrap();

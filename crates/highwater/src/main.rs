@@ -1,6 +1,9 @@
 //! The `highwater` binary: everything lives in `highwater-cli`; this file only
 //! hands over the exit code.
 
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     std::process::exit(highwater_cli::main());
 }

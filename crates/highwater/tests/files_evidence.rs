@@ -201,3 +201,28 @@ fn rehash_reads_every_byte_and_agrees() {
     let r = p.run_json(&["--rehash"], 0);
     assert_eq!(stage(&r, "upper")["processed"], 0);
 }
+
+/// The output-folder cache trusts a folder only while its mtime and ctime are
+/// unchanged: a deleted output is noticed even when the folder is not racy,
+/// and even when the folder's mtime is put back.
+#[test]
+fn a_deleted_output_in_a_settled_folder_is_noticed() {
+    let p = Project::new(&upper_config("mtime_margin_ms = 0"));
+    for n in ["a", "b", "c"] {
+        p.write(&format!("data/sub/{n}.txt"), n);
+    }
+    p.run_json(&[], 0);
+    let r = p.run_json(&[], 0);
+    assert_eq!(stage(&r, "upper")["processed"], 0);
+    let dir = p.path("out/sub");
+    let mtime = std::fs::metadata(&dir).unwrap().modified().unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    std::fs::remove_file(p.path("out/sub/b.txt.upper")).unwrap();
+    std::fs::File::open(&dir)
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+    let r = p.run_json(&[], 0);
+    assert_eq!(stage(&r, "upper")["reasons"]["missing"], 1, "{r}");
+    assert_eq!(p.read("out/sub/b.txt.upper"), "B");
+}
