@@ -12,12 +12,12 @@
 # 3. per-item overhead of `run` with a trivial command (cp), items per
 #    second, beside the bare spawn rate of the same command under xargs.
 #
-# Timings are the best of REPEAT (5) runs, wall clock. Work files go to
+# Timings are the best of REPEAT (7) runs, wall clock. Work files go to
 # BENCH_DIR (default /tmp/highwater-bench) and are left for inspection.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N_FILES=${N_FILES:-100000}
-REPEAT=${REPEAT:-5}
+REPEAT=${REPEAT:-7}
 BENCH_DIR=${BENCH_DIR:-/tmp/highwater-bench}
 RUN_ITEMS=${RUN_ITEMS:-3000}
 
@@ -81,6 +81,10 @@ changed=$(cd "$P" && "$HW" plan --json | python3 -c 'import json,sys; print(len(
 [ "$changed" = 0 ] || { echo "plan sees $changed changes; expected none" >&2; exit 1; }
 dirty=$(cd "$P" && git status --porcelain | wc -l)
 [ "$dirty" = 0 ] || { echo "git status sees $dirty changes; expected none" >&2; exit 1; }
+# Let writeback of the freshly made tree finish, so that it does not
+# compete with either tool, then warm both up once.
+sync
+(cd "$P" && "$HW" plan >/dev/null && git status --porcelain >/dev/null)
 t_hw=$(cd "$P" && best "$HW" plan)
 t_git=$(cd "$P" && best git status --porcelain)
 echo "## plan over $N_FILES unchanged files (warm cache)"
