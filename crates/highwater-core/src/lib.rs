@@ -15,6 +15,7 @@
 //! - [`recipe`]: the recipe id, a hash of everything but the input.
 //! - [`template`]: output path templates and their escape checks.
 //! - [`time`]: formatting of UTC timestamps without a clock.
+//! - [`window`]: durations, RFC 3339, half-open windows and their grid.
 
 pub mod entry;
 pub mod evidence;
@@ -23,6 +24,7 @@ pub mod plan;
 pub mod recipe;
 pub mod template;
 pub mod time;
+pub mod window;
 
 pub use entry::{Entry, EntryKind, Status};
 pub use evidence::{Digest, Signal, Stat};
