@@ -103,6 +103,98 @@ pub struct RunRecord {
     pub exit_code: Option<i32>,
 }
 
+/// The end of the last contiguous published window of a source, and for
+/// sources that track arrival order (commit_order, append_id) the horizon:
+/// the transaction id or row id below which everything has been seen.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Bookmark {
+    pub source: String,
+    pub last_end_us: i64,
+    pub horizon: Option<i64>,
+}
+
+/// Where a window stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WindowStatus {
+    /// Being extracted or published by the lease holder named in the token.
+    Running,
+    Published,
+    Failed,
+}
+
+impl WindowStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WindowStatus::Running => "running",
+            WindowStatus::Published => "published",
+            WindowStatus::Failed => "failed",
+        }
+    }
+}
+
+/// The record of one window of one source.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct WindowRecord {
+    pub source: String,
+    pub start_us: i64,
+    pub end_us: i64,
+    pub status: WindowStatus,
+    pub rows: i64,
+    /// The published files (as in `_manifest.json`).
+    pub files: serde_json::Value,
+    pub duration_ms: i64,
+    /// The idempotency token of the attempt, also written into the window's
+    /// `_manifest.json`: a crash between publish and record resolves by
+    /// comparing the two.
+    pub token: String,
+    pub recipe: String,
+    pub updated_at_ns: i64,
+    pub error: Option<String>,
+    /// Mode-specific facts, e.g. the id range of an append_id window.
+    pub extra: serde_json::Value,
+}
+
+/// A lease: a lock with an owner, an expiry and a fencing token. The token
+/// grows on every takeover, and every write made under the lease checks it,
+/// so an owner that lost its lease can no longer publish or move a bookmark.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Lease {
+    pub name: String,
+    pub owner: String,
+    pub host: String,
+    pub pid: i64,
+    pub acquired_at_ns: i64,
+    pub expires_at_ns: i64,
+    pub token: i64,
+}
+
+/// The proof of holding a lease, carried by every fenced write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fence {
+    pub name: String,
+    pub token: i64,
+}
+
+/// What `acquire_lease` found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LeaseOutcome {
+    /// Ours now: new, renewed, or taken over from an expired owner.
+    Acquired(Lease),
+    /// Someone else holds it and it has not expired.
+    Held(Lease),
+}
+
+/// What a fenced window commit did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WindowCommit {
+    Done,
+    /// The lease was taken over: nothing was written.
+    Fenced,
+    /// The bookmark was not at the expected value: nothing was written.
+    BookmarkMoved,
+}
+
 /// The state store interface. Every method that writes is one transaction.
 pub trait StateStore: Send {
     /// All entries of a stage.
@@ -127,4 +219,38 @@ pub trait StateStore: Send {
     fn export(&self) -> Result<Vec<(String, Entry)>, StoreError>;
     /// The schema version after migrations.
     fn schema_version(&self) -> Result<u32, StoreError>;
+
+    /// The bookmark of a source, if it has one.
+    fn bookmark(&self, source: &str) -> Result<Option<Bookmark>, StoreError>;
+    /// Every window record of a source, by start.
+    fn windows(&self, source: &str) -> Result<Vec<WindowRecord>, StoreError>;
+    /// In one transaction, if the fence still holds: writes the window
+    /// record, and when `advance` is given, moves the bookmark from the
+    /// expected end (`None`: no bookmark yet) to the new one by
+    /// compare-and-set.
+    fn commit_window(
+        &mut self,
+        record: &WindowRecord,
+        advance: Option<(Option<i64>, &Bookmark)>,
+        fence: &Fence,
+    ) -> Result<WindowCommit, StoreError>;
+    /// Takes the lease `name` if it is free, ours, or expired.
+    fn acquire_lease(
+        &mut self,
+        name: &str,
+        owner: &str,
+        host: &str,
+        pid: i64,
+        now_ns: i64,
+        duration_ns: i64,
+    ) -> Result<LeaseOutcome, StoreError>;
+    /// Extends a lease we hold; false when it was taken over.
+    fn renew_lease(
+        &mut self,
+        fence: &Fence,
+        now_ns: i64,
+        duration_ns: i64,
+    ) -> Result<bool, StoreError>;
+    /// Gives a lease up (only if still ours).
+    fn release_lease(&mut self, fence: &Fence) -> Result<(), StoreError>;
 }

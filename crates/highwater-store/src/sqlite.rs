@@ -1,6 +1,9 @@
 //! The SQLite state store: bundled SQLite, WAL, forward-only migrations.
 
-use crate::{Batch, DirRecord, RunRecord, StageEntries, StateStore, StoreError};
+use crate::{
+    Batch, Bookmark, DirRecord, Fence, Lease, LeaseOutcome, RunRecord, StageEntries, StateStore,
+    StoreError, WindowCommit, WindowRecord, WindowStatus,
+};
 use highwater_core::evidence::Digest;
 use highwater_core::{Entry, EntryKind, Stat, Status};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
@@ -51,6 +54,36 @@ const MIGRATIONS: &[&str] = &[
         observed_at_ns INTEGER NOT NULL,
         PRIMARY KEY(stage, dir)
      ) WITHOUT ROWID;",
+    // 3 -> 4: ingestion: bookmarks, windows, leases.
+    "CREATE TABLE bookmarks(
+        source TEXT PRIMARY KEY,
+        last_end_us INTEGER NOT NULL,
+        horizon INTEGER
+     );
+     CREATE TABLE windows(
+        source TEXT NOT NULL,
+        start_us INTEGER NOT NULL,
+        end_us INTEGER NOT NULL,
+        status TEXT NOT NULL,
+        rows INTEGER NOT NULL,
+        files TEXT NOT NULL,
+        duration_ms INTEGER NOT NULL,
+        token TEXT NOT NULL,
+        recipe TEXT NOT NULL,
+        updated_at_ns INTEGER NOT NULL,
+        error TEXT,
+        extra TEXT NOT NULL,
+        PRIMARY KEY(source, start_us)
+     ) WITHOUT ROWID;
+     CREATE TABLE leases(
+        name TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        host TEXT NOT NULL,
+        pid INTEGER NOT NULL,
+        acquired_at_ns INTEGER NOT NULL,
+        expires_at_ns INTEGER NOT NULL,
+        token INTEGER NOT NULL
+     );",
 ];
 
 /// How much of the database file SQLite may map into memory for reads.
@@ -415,6 +448,273 @@ impl StateStore for SqliteStore {
     fn schema_version(&self) -> Result<u32, StoreError> {
         self.current_version()
     }
+
+    fn bookmark(&self, source: &str) -> Result<Option<Bookmark>, StoreError> {
+        self.conn
+            .query_row(
+                "SELECT last_end_us, horizon FROM bookmarks WHERE source = ?1",
+                [source],
+                |r| {
+                    Ok(Bookmark {
+                        source: source.to_string(),
+                        last_end_us: r.get(0)?,
+                        horizon: r.get(1)?,
+                    })
+                },
+            )
+            .optional()
+            .map_err(|e| self.err(e))
+    }
+
+    fn windows(&self, source: &str) -> Result<Vec<WindowRecord>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT start_us, end_us, status, rows, files, duration_ms, token, recipe,
+                        updated_at_ns, error, extra
+                 FROM windows WHERE source = ?1 ORDER BY start_us",
+            )
+            .map_err(|e| self.err(e))?;
+        let rows = stmt
+            .query_map([source], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, i64>(3)?,
+                    r.get::<_, String>(4)?,
+                    r.get::<_, i64>(5)?,
+                    r.get::<_, String>(6)?,
+                    r.get::<_, String>(7)?,
+                    r.get::<_, i64>(8)?,
+                    r.get::<_, Option<String>>(9)?,
+                    r.get::<_, String>(10)?,
+                ))
+            })
+            .map_err(|e| self.err(e))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (
+                start_us,
+                end_us,
+                status,
+                nrows,
+                files,
+                duration_ms,
+                token,
+                recipe,
+                updated,
+                error,
+                extra,
+            ) = row.map_err(|e| self.err(e))?;
+            let corrupt = |what: String| StoreError::Corrupt {
+                path: self.path.clone(),
+                stage: source.to_string(),
+                item: format!("window starting {start_us}"),
+                what,
+            };
+            let status = match status.as_str() {
+                "running" => WindowStatus::Running,
+                "published" => WindowStatus::Published,
+                "failed" => WindowStatus::Failed,
+                other => return Err(corrupt(format!("unknown window status `{other}`"))),
+            };
+            if end_us <= start_us {
+                return Err(corrupt("window end is not after its start".into()));
+            }
+            out.push(WindowRecord {
+                source: source.to_string(),
+                start_us,
+                end_us,
+                status,
+                rows: nrows,
+                files: serde_json::from_str(&files).map_err(|e| corrupt(e.to_string()))?,
+                duration_ms,
+                token,
+                recipe,
+                updated_at_ns: updated,
+                error,
+                extra: serde_json::from_str(&extra).map_err(|e| corrupt(e.to_string()))?,
+            });
+        }
+        Ok(out)
+    }
+
+    fn commit_window(
+        &mut self,
+        record: &WindowRecord,
+        advance: Option<(Option<i64>, &Bookmark)>,
+        fence: &Fence,
+    ) -> Result<WindowCommit, StoreError> {
+        assert!(record.end_us > record.start_us, "window bounds are ours");
+        let path = self.path.clone();
+        let err = |source| StoreError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(err)?;
+        let held: Option<i64> = tx
+            .query_row(
+                "SELECT token FROM leases WHERE name = ?1",
+                [&fence.name],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(err)?;
+        if held != Some(fence.token) {
+            return Ok(WindowCommit::Fenced);
+        }
+        if let Some((expected, new)) = advance {
+            assert_eq!(new.source, record.source);
+            let changed = match expected {
+                Some(prev) => tx
+                    .execute(
+                        "UPDATE bookmarks SET last_end_us = ?2, horizon = ?3
+                         WHERE source = ?1 AND last_end_us = ?4",
+                        params![new.source, new.last_end_us, new.horizon, prev],
+                    )
+                    .map_err(err)?,
+                None => tx
+                    .execute(
+                        "INSERT INTO bookmarks(source, last_end_us, horizon) VALUES(?1, ?2, ?3)
+                         ON CONFLICT(source) DO NOTHING",
+                        params![new.source, new.last_end_us, new.horizon],
+                    )
+                    .map_err(err)?,
+            };
+            if changed != 1 {
+                return Ok(WindowCommit::BookmarkMoved);
+            }
+        }
+        tx.execute(
+            "INSERT OR REPLACE INTO windows(source, start_us, end_us, status, rows, files,
+                duration_ms, token, recipe, updated_at_ns, error, extra)
+             VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+            params![
+                record.source,
+                record.start_us,
+                record.end_us,
+                record.status.as_str(),
+                record.rows,
+                record.files.to_string(),
+                record.duration_ms,
+                record.token,
+                record.recipe,
+                record.updated_at_ns,
+                record.error,
+                record.extra.to_string(),
+            ],
+        )
+        .map_err(err)?;
+        tx.commit().map_err(err)?;
+        Ok(WindowCommit::Done)
+    }
+
+    fn acquire_lease(
+        &mut self,
+        name: &str,
+        owner: &str,
+        host: &str,
+        pid: i64,
+        now_ns: i64,
+        duration_ns: i64,
+    ) -> Result<LeaseOutcome, StoreError> {
+        assert!(duration_ns > 0);
+        let path = self.path.clone();
+        let err = |source| StoreError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(err)?;
+        let current: Option<Lease> = tx
+            .query_row(
+                "SELECT owner, host, pid, acquired_at_ns, expires_at_ns, token FROM leases WHERE name = ?1",
+                [name],
+                |r| {
+                    Ok(Lease {
+                        name: name.to_string(),
+                        owner: r.get(0)?,
+                        host: r.get(1)?,
+                        pid: r.get(2)?,
+                        acquired_at_ns: r.get(3)?,
+                        expires_at_ns: r.get(4)?,
+                        token: r.get(5)?,
+                    })
+                },
+            )
+            .optional()
+            .map_err(err)?;
+        if let Some(c) = &current {
+            if c.owner != owner && c.expires_at_ns > now_ns {
+                return Ok(LeaseOutcome::Held(c.clone()));
+            }
+        }
+        // A takeover (or a first acquisition) gets a new, larger token; a
+        // renewal by the same owner keeps its token.
+        let token = match &current {
+            Some(c) if c.owner == owner => c.token,
+            Some(c) => c.token + 1,
+            None => 1,
+        };
+        let lease = Lease {
+            name: name.to_string(),
+            owner: owner.to_string(),
+            host: host.to_string(),
+            pid,
+            acquired_at_ns: now_ns,
+            expires_at_ns: now_ns.saturating_add(duration_ns),
+            token,
+        };
+        tx.execute(
+            "INSERT OR REPLACE INTO leases(name, owner, host, pid, acquired_at_ns, expires_at_ns, token)
+             VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            params![
+                lease.name,
+                lease.owner,
+                lease.host,
+                lease.pid,
+                lease.acquired_at_ns,
+                lease.expires_at_ns,
+                lease.token
+            ],
+        )
+        .map_err(err)?;
+        tx.commit().map_err(err)?;
+        Ok(LeaseOutcome::Acquired(lease))
+    }
+
+    fn renew_lease(
+        &mut self,
+        fence: &Fence,
+        now_ns: i64,
+        duration_ns: i64,
+    ) -> Result<bool, StoreError> {
+        let n = self
+            .conn
+            .execute(
+                "UPDATE leases SET expires_at_ns = ?3 WHERE name = ?1 AND token = ?2",
+                params![fence.name, fence.token, now_ns.saturating_add(duration_ns)],
+            )
+            .map_err(|e| self.err(e))?;
+        Ok(n == 1)
+    }
+
+    fn release_lease(&mut self, fence: &Fence) -> Result<(), StoreError> {
+        // Expire rather than delete, so that the token keeps growing.
+        self.conn
+            .execute(
+                "UPDATE leases SET expires_at_ns = 0 WHERE name = ?1 AND token = ?2",
+                params![fence.name, fence.token],
+            )
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
 }
 
 impl SqliteStore {
@@ -506,6 +806,107 @@ mod tests {
         let mut want = entry("a");
         want.duration_ms = 0;
         assert_eq!(s.load("st").unwrap().items["a"], want);
+    }
+
+    fn window(start: i64, status: WindowStatus) -> WindowRecord {
+        WindowRecord {
+            source: "orders".into(),
+            start_us: start,
+            end_us: start + 10,
+            status,
+            rows: 3,
+            files: serde_json::json!([]),
+            duration_ms: 1,
+            token: "t".into(),
+            recipe: "r".into(),
+            updated_at_ns: 0,
+            error: None,
+            extra: serde_json::json!({}),
+        }
+    }
+
+    #[test]
+    fn bookmarks_move_by_compare_and_set_under_a_fence() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = SqliteStore::open(&dir.path().join("s.db")).unwrap();
+        let LeaseOutcome::Acquired(a) = s.acquire_lease("orders", "a", "h", 1, 0, 100).unwrap()
+        else {
+            panic!("free lease")
+        };
+        let fa = Fence {
+            name: "orders".into(),
+            token: a.token,
+        };
+        let b10 = Bookmark {
+            source: "orders".into(),
+            last_end_us: 10,
+            horizon: None,
+        };
+        let w0 = window(0, WindowStatus::Published);
+        assert_eq!(
+            s.commit_window(&w0, Some((None, &b10)), &fa).unwrap(),
+            WindowCommit::Done
+        );
+        // A second first-advance, or an advance from a stale value, fails.
+        assert_eq!(
+            s.commit_window(&w0, Some((None, &b10)), &fa).unwrap(),
+            WindowCommit::BookmarkMoved
+        );
+        let b20 = Bookmark {
+            last_end_us: 20,
+            ..b10.clone()
+        };
+        assert_eq!(
+            s.commit_window(
+                &window(10, WindowStatus::Published),
+                Some((Some(0), &b20)),
+                &fa
+            )
+            .unwrap(),
+            WindowCommit::BookmarkMoved
+        );
+        assert_eq!(s.bookmark("orders").unwrap().unwrap().last_end_us, 10);
+        // Another owner waits while the lease lives, then takes it over.
+        assert!(matches!(
+            s.acquire_lease("orders", "b", "h", 2, 50, 100).unwrap(),
+            LeaseOutcome::Held(_)
+        ));
+        let LeaseOutcome::Acquired(b) = s.acquire_lease("orders", "b", "h", 2, 150, 100).unwrap()
+        else {
+            panic!("expired lease")
+        };
+        assert!(b.token > a.token);
+        // The old owner is fenced: it can neither publish nor advance.
+        assert_eq!(
+            s.commit_window(
+                &window(10, WindowStatus::Published),
+                Some((Some(10), &b20)),
+                &fa
+            )
+            .unwrap(),
+            WindowCommit::Fenced
+        );
+        assert!(!s.renew_lease(&fa, 160, 100).unwrap());
+        let fb = Fence {
+            name: "orders".into(),
+            token: b.token,
+        };
+        assert_eq!(
+            s.commit_window(
+                &window(10, WindowStatus::Published),
+                Some((Some(10), &b20)),
+                &fb
+            )
+            .unwrap(),
+            WindowCommit::Done
+        );
+        assert_eq!(s.windows("orders").unwrap().len(), 2);
+        s.release_lease(&fb).unwrap();
+        let LeaseOutcome::Acquired(c) = s.acquire_lease("orders", "c", "h", 3, 170, 100).unwrap()
+        else {
+            panic!("released lease")
+        };
+        assert!(c.token > b.token, "tokens never go back");
     }
 
     #[test]
