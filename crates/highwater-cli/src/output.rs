@@ -274,3 +274,121 @@ impl Progress for Bars {
         }
     }
 }
+
+pub fn ingest(
+    out: &mut impl Write,
+    r: &highwater_ingest::IngestReport,
+    as_json: bool,
+) -> io::Result<()> {
+    if as_json {
+        return writeln!(
+            out,
+            "{}",
+            serde_json::to_string(r).map_err(io::Error::other)?
+        );
+    }
+    writeln!(
+        out,
+        "{}: bookmark {} -> {}",
+        r.source,
+        r.bookmark_before.as_deref().unwrap_or("(none)"),
+        r.bookmark_after.as_deref().unwrap_or("(none)")
+    )?;
+    if r.windows.is_empty() {
+        writeln!(out, "  no window to run")?;
+    }
+    for w in &r.windows {
+        match &w.error {
+            None => writeln!(
+                out,
+                "  {:<9} [{}, {}) {} rows in {:.1}s -> {}",
+                w.status,
+                w.start,
+                w.end,
+                w.rows,
+                w.duration_ms as f64 / 1000.0,
+                w.path
+            )?,
+            Some(e) => writeln!(out, "  {:<9} [{}, {}): {e}", w.status, w.start, w.end)?,
+        }
+        for warn in &w.warnings {
+            writeln!(out, "    warning: {warn}")?;
+        }
+    }
+    for warn in &r.warnings {
+        writeln!(out, "  warning: {warn}")?;
+    }
+    Ok(())
+}
+
+/// The completion grid: one line per UTC day, one cell per window.
+pub fn grid(
+    out: &mut impl Write,
+    source: &str,
+    rows: &[highwater_ingest::GridRow],
+    bookmark: Option<&highwater_store::Bookmark>,
+    interval_us: i64,
+    as_json: bool,
+) -> io::Result<()> {
+    if as_json {
+        return writeln!(
+            out,
+            "{}",
+            json!({
+                "source": source,
+                "bookmark": bookmark.map(|b| highwater_core::window::format_rfc3339(b.last_end_us)),
+                "windows": rows,
+            })
+        );
+    }
+    writeln!(
+        out,
+        "{source}: bookmark {}; interval {}; # published, F failed, R running, . missing",
+        bookmark.map_or("(none)".to_string(), |b| {
+            highwater_core::window::format_rfc3339(b.last_end_us)
+        }),
+        highwater_core::window::format_duration(interval_us)
+    )?;
+    let mut day = String::new();
+    let mut line = String::new();
+    for r in rows {
+        let d = &r.start[..10];
+        if d != day {
+            if !line.is_empty() {
+                writeln!(out, "{day} {line}")?;
+            }
+            day = d.to_string();
+            line.clear();
+        }
+        line.push(match r.status {
+            "published" => '#',
+            "failed" => 'F',
+            "running" => 'R',
+            _ => '.',
+        });
+    }
+    if !line.is_empty() {
+        writeln!(out, "{day} {line}")?;
+    }
+    for r in rows
+        .iter()
+        .rev()
+        .take(5)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+    {
+        writeln!(
+            out,
+            "  {} {:<9} rows {:>8}  prior-days median {:>10}  duration {}",
+            r.start,
+            r.status,
+            r.rows.map_or("-".into(), |n| n.to_string()),
+            r.prior_rows_median
+                .map_or("-".into(), |m| format!("{m:.0}")),
+            r.duration_share_of_interval
+                .map_or("-".into(), |s| format!("{:.1}% of interval", s * 100.0))
+        )?;
+    }
+    Ok(())
+}

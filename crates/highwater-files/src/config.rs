@@ -15,6 +15,8 @@ struct RawConfig {
     state: Option<RawState>,
     #[serde(default)]
     stages: BTreeMap<String, RawStage>,
+    #[serde(default)]
+    sources: BTreeMap<String, toml::Value>,
 }
 
 #[derive(Deserialize)]
@@ -94,11 +96,12 @@ pub fn parse(text: &str, path: &Path, root: &Path) -> Result<PipelineSpec, Files
             }
         }
     }
-    if raw.stages.is_empty() {
+    if raw.stages.is_empty() && raw.sources.is_empty() {
         return Err(bad(
-            "no stages: add a [stages.NAME] table with inputs, output and command".into(),
+            "nothing to do: add a [stages.NAME] table (inputs, output, command) or a [sources.NAME] table".into(),
         ));
     }
+    spec.sources = raw.sources;
     for (name, s) in raw.stages {
         if name.is_empty()
             || !name

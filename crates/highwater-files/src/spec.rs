@@ -122,6 +122,8 @@ pub struct PipelineSpec {
     /// The SQLite state file, relative to `root` unless absolute.
     pub state: PathBuf,
     pub stages: Vec<StageSpec>,
+    /// `[sources.NAME]` tables, left raw: `highwater-ingest` reads them.
+    pub sources: std::collections::BTreeMap<String, toml::Value>,
 }
 
 impl PipelineSpec {
@@ -130,6 +132,7 @@ impl PipelineSpec {
             root: root.into(),
             state: PathBuf::from(".highwater/state.db"),
             stages: Vec::new(),
+            sources: Default::default(),
         }
     }
 

@@ -1,1 +1,26 @@
-//! placeholder
+//! Windowed batch ingestion from SQL sources.
+//!
+//! A source (`[sources.NAME]`) is a table or query in PostgreSQL or SQLite.
+//! `ingest` lands every closed window since the bookmark as Parquet under a
+//! path that is a pure function of the window: staged, validated, then made
+//! visible in one rename, and only then is the bookmark moved, by
+//! compare-and-set, under a fenced lease.
+//!
+//! Layout:
+//! - [`config`]: `[sources.NAME]` into a [`SourceSpec`].
+//! - [`source`]: reading a window from SQLite or PostgreSQL, streaming.
+//! - [`sink`]: rows into Parquet record batches and files; the type mapping.
+//! - [`publish`]: staging, `_manifest.json`, the atomic swap.
+//! - [`engine`]: which windows to run, checks, leases, bookmarks, the grid.
+//! - [`error`]: the error type.
+
+pub mod config;
+pub mod engine;
+pub mod error;
+pub mod publish;
+pub mod sink;
+pub mod source;
+
+pub use config::SourceSpec;
+pub use engine::{GridRow, IngestOptions, IngestReport, Ingestor, WindowOutcome};
+pub use error::IngestError;

@@ -234,6 +234,15 @@ pub trait StateStore: Send {
         advance: Option<(Option<i64>, &Bookmark)>,
         fence: &Fence,
     ) -> Result<WindowCommit, StoreError>;
+    /// Moves only the horizon of a bookmark whose end is still `expected_end`,
+    /// under the fence.
+    fn advance_horizon(
+        &mut self,
+        source: &str,
+        expected_end: i64,
+        horizon: i64,
+        fence: &Fence,
+    ) -> Result<WindowCommit, StoreError>;
     /// Takes the lease `name` if it is free, ours, or expired.
     fn acquire_lease(
         &mut self,

@@ -613,6 +613,46 @@ impl StateStore for SqliteStore {
         Ok(WindowCommit::Done)
     }
 
+    fn advance_horizon(
+        &mut self,
+        source: &str,
+        expected_end: i64,
+        horizon: i64,
+        fence: &Fence,
+    ) -> Result<WindowCommit, StoreError> {
+        let path = self.path.clone();
+        let err = |source| StoreError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(err)?;
+        let held: Option<i64> = tx
+            .query_row(
+                "SELECT token FROM leases WHERE name = ?1",
+                [&fence.name],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(err)?;
+        if held != Some(fence.token) {
+            return Ok(WindowCommit::Fenced);
+        }
+        let n = tx
+            .execute(
+                "UPDATE bookmarks SET horizon = ?3 WHERE source = ?1 AND last_end_us = ?2",
+                params![source, expected_end, horizon],
+            )
+            .map_err(err)?;
+        if n != 1 {
+            return Ok(WindowCommit::BookmarkMoved);
+        }
+        tx.commit().map_err(err)?;
+        Ok(WindowCommit::Done)
+    }
+
     fn acquire_lease(
         &mut self,
         name: &str,

@@ -1,0 +1,325 @@
+//! `[sources.NAME]` tables into [`SourceSpec`]. Unknown keys are errors.
+
+use crate::error::IngestError;
+use highwater_core::window::{format_compact, parse_duration, parse_rfc3339, Grid, Window};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    Postgres,
+    Sqlite,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// A timestamp cursor, read with a lookback; consumers dedupe on the key.
+    UpdatedAt,
+    /// A monotonic id for append-only tables: a window takes the ids that
+    /// arrived since the previous window, recorded so a re-run reads the same.
+    AppendId,
+    /// PostgreSQL only: windows by the timestamp cursor, completeness by
+    /// transaction evidence. No lookback is needed.
+    CommitOrder,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::UpdatedAt => "updated_at",
+            Mode::AppendId => "append_id",
+            Mode::CommitOrder => "commit_order",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Policy {
+    Fail,
+    Warn,
+    Off,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Volume {
+    pub compare_days: u32,
+    pub max_deviation: f64,
+    #[serde(default = "warn")]
+    pub on_fail: Policy,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Duration {
+    pub warn_share_of_interval: f64,
+}
+
+fn warn() -> Policy {
+    Policy::Warn
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Checks {
+    #[serde(default = "fail")]
+    pub unique_key: Policy,
+    #[serde(default = "warn")]
+    pub continuity: Policy,
+    pub volume: Option<Volume>,
+    pub duration: Option<Duration>,
+}
+
+fn fail() -> Policy {
+    Policy::Fail
+}
+
+impl Default for Checks {
+    fn default() -> Self {
+        Checks {
+            unique_key: Policy::Fail,
+            continuity: Policy::Warn,
+            volume: None,
+            duration: Some(Duration {
+                warn_share_of_interval: 0.5,
+            }),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Raw {
+    kind: Kind,
+    url_env: Option<String>,
+    path: Option<String>,
+    table: Option<String>,
+    query: Option<String>,
+    key: Vec<String>,
+    mode: Mode,
+    cursor: String,
+    interval: String,
+    start: String,
+    lookback: Option<String>,
+    settle: Option<String>,
+    output: String,
+    checks: Option<Checks>,
+    batch_rows: Option<usize>,
+    file_rows_max: Option<usize>,
+    lease_duration_s: Option<u64>,
+    catch_up_windows_max: Option<usize>,
+}
+
+/// What a window reads from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Relation {
+    /// A table name, optionally schema-qualified (`public.orders`); each
+    /// part is quoted as an identifier.
+    Table(String),
+    /// A query, used as a subquery. It is the user's own SQL; window bounds
+    /// are always bound parameters.
+    Query(String),
+}
+
+/// A validated source.
+#[derive(Clone, Debug)]
+pub struct SourceSpec {
+    pub name: String,
+    pub kind: Kind,
+    pub url_env: Option<String>,
+    pub path: Option<PathBuf>,
+    pub relation: Relation,
+    pub key: Vec<String>,
+    pub mode: Mode,
+    pub cursor: String,
+    pub grid: Grid,
+    pub lookback_us: i64,
+    pub settle_us: i64,
+    pub output: String,
+    pub checks: Checks,
+    /// Rows per Parquet record batch: bounds memory per worker, whatever
+    /// the window's size.
+    pub batch_rows: usize,
+    /// Rows per Parquet file before the next part starts: bounds file size.
+    pub file_rows_max: usize,
+    /// How long a lease lives without a heartbeat: bounds how long a dead
+    /// run blocks the source.
+    pub lease_duration_s: u64,
+    /// Windows one run takes on after an outage: bounds the load a catch-up
+    /// puts on a source that may still be fragile.
+    pub catch_up_windows_max: usize,
+}
+
+/// Quotes an SQL identifier (`a.b` as two parts). Nothing from the config is
+/// ever spliced into SQL unquoted.
+pub fn quote_ident(name: &str) -> String {
+    name.split('.')
+        .map(|p| format!("\"{}\"", p.replace('"', "\"\"")))
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+/// Quotes one column name (a dot is part of the name here).
+pub fn quote_column(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+impl SourceSpec {
+    pub fn parse(
+        name: &str,
+        value: &toml::Value,
+        config_path: &Path,
+        root: &Path,
+    ) -> Result<SourceSpec, IngestError> {
+        let bad = |message: String| IngestError::Config {
+            path: config_path.to_path_buf(),
+            name: name.to_string(),
+            message,
+        };
+        let raw: Raw = value
+            .clone()
+            .try_into()
+            .map_err(|e: toml::de::Error| bad(e.message().to_string()))?;
+        let relation = match (raw.table, raw.query) {
+            (Some(t), None) if !t.is_empty() => Relation::Table(t),
+            (None, Some(q)) if !q.trim().is_empty() => Relation::Query(q),
+            _ => return Err(bad("give exactly one of `table` and `query`".into())),
+        };
+        match raw.kind {
+            Kind::Postgres if raw.url_env.is_none() => {
+                return Err(bad(
+                    "`url_env` names the variable that holds the connection string".into(),
+                ))
+            }
+            Kind::Sqlite if raw.path.is_none() && raw.url_env.is_none() => {
+                return Err(bad("give `path` (the SQLite file) or `url_env`".into()))
+            }
+            _ => {}
+        }
+        if raw.mode == Mode::CommitOrder && raw.kind != Kind::Postgres {
+            return Err(bad("mode `commit_order` needs PostgreSQL's transaction ids; use `updated_at` with a lookback".into()));
+        }
+        if raw.key.is_empty() {
+            return Err(bad("`key` lists the columns that identify a row".into()));
+        }
+        let dur = |field: &str, v: &str| -> Result<i64, IngestError> {
+            parse_duration(v).map_err(|e| bad(format!("{field}: {e}")))
+        };
+        let interval_us = dur("interval", &raw.interval)?;
+        if interval_us <= 0 {
+            return Err(bad("interval must be positive".into()));
+        }
+        let start_us = parse_rfc3339(&raw.start).map_err(|e| bad(format!("start: {e}")))?;
+        let lookback_us = raw
+            .lookback
+            .as_deref()
+            .map(|v| dur("lookback", v))
+            .transpose()?
+            .unwrap_or(0);
+        let settle_us = raw
+            .settle
+            .as_deref()
+            .map(|v| dur("settle", v))
+            .transpose()?
+            .unwrap_or(0);
+        let grid = Grid::new(start_us, interval_us);
+        let spec = SourceSpec {
+            name: name.to_string(),
+            kind: raw.kind,
+            url_env: raw.url_env,
+            path: raw.path.map(|p| root.join(p)),
+            relation,
+            key: raw.key,
+            mode: raw.mode,
+            cursor: raw.cursor,
+            grid,
+            lookback_us,
+            settle_us,
+            output: raw.output,
+            checks: raw.checks.unwrap_or_default(),
+            batch_rows: raw.batch_rows.unwrap_or(65_536).clamp(1, 1 << 22),
+            file_rows_max: raw.file_rows_max.unwrap_or(4_000_000).max(1),
+            lease_duration_s: raw.lease_duration_s.unwrap_or(60).max(1),
+            catch_up_windows_max: raw.catch_up_windows_max.unwrap_or(720).max(1),
+        };
+        // The output path must be a pure function of the window, distinct
+        // for distinct windows, and stay where it was put.
+        if spec.output.split('/').any(|c| c == "..") {
+            return Err(bad(format!(
+                "output `{}` must not contain `..`",
+                spec.output
+            )));
+        }
+        let a = spec.window_path(&grid.window(0)).map_err(bad)?;
+        for k in [1, 24, 24 * 7, 24 * 366] {
+            if spec.window_path(&grid.window(k)).map_err(bad)? == a {
+                return Err(bad(format!(
+                    "output `{}` gives two windows the same path; add placeholders ({{date}} {{hour}} {{minute}} {{start}} {{end}})",
+                    spec.output
+                )));
+            }
+        }
+        Ok(spec)
+    }
+
+    /// The window's output path (relative to the config folder), a pure
+    /// function of the window.
+    pub fn window_path(&self, w: &Window) -> Result<String, String> {
+        let c = highwater_core::window::civil(w.start_us);
+        let mut out = String::new();
+        let mut rest = self.output.as_str();
+        while let Some(i) = rest.find('{') {
+            out.push_str(&rest[..i]);
+            let after = &rest[i + 1..];
+            let j = after
+                .find('}')
+                .ok_or_else(|| format!("output `{}` has an unclosed `{{`", self.output))?;
+            match &after[..j] {
+                "date" => out.push_str(&format!("{:04}-{:02}-{:02}", c.year, c.month, c.day)),
+                "hour" => out.push_str(&format!("{:02}", c.hour)),
+                "minute" => out.push_str(&format!("{:02}", c.minute)),
+                "start" => out.push_str(&format_compact(w.start_us)),
+                "end" => out.push_str(&format_compact(w.end_us)),
+                other => {
+                    return Err(format!(
+                        "output uses unknown placeholder `{{{other}}}`; known: {{date}} {{hour}} {{minute}} {{start}} {{end}}"
+                    ))
+                }
+            }
+            rest = &after[j + 1..];
+        }
+        out.push_str(rest);
+        Ok(out)
+    }
+
+    /// The recipe id: everything that shapes a window's files (never the
+    /// connection string).
+    pub fn recipe_id(&self) -> String {
+        let parts = serde_json::json!({
+            "format": 1,
+            "kind": format!("{:?}", self.kind),
+            "relation": format!("{:?}", self.relation),
+            "key": self.key,
+            "mode": self.mode.as_str(),
+            "cursor": self.cursor,
+            "interval_us": self.grid.interval_us,
+            "start_us": self.grid.start_us,
+            "lookback_us": self.lookback_us,
+            "output": self.output,
+        });
+        format!(
+            "r1:{}",
+            &blake3::hash(parts.to_string().as_bytes()).to_hex()[..32]
+        )
+    }
+
+    pub fn relation_sql(&self) -> String {
+        match &self.relation {
+            Relation::Table(t) => quote_ident(t),
+            Relation::Query(q) => format!("({q})"),
+        }
+    }
+}

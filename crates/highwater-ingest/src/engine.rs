@@ -1,0 +1,759 @@
+//! Which windows to run, and running them: extract into staging, check,
+//! publish atomically, then record the window and move the bookmark by
+//! compare-and-set, all under a fenced lease with a heartbeat.
+
+use crate::config::{Mode, Policy, SourceSpec};
+use crate::error::IngestError;
+use crate::publish;
+use crate::sink::ParquetSink;
+use crate::source::{self, Pred, Reader};
+use highwater_core::window::{format_rfc3339, Window};
+use highwater_store::{
+    Bookmark, Fence, LeaseOutcome, SqliteStore, StateStore, WindowCommit, WindowRecord,
+    WindowStatus,
+};
+use serde::Serialize;
+use serde_json::json;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+const DAY_US: i64 = 86_400 * 1_000_000;
+
+/// How long `--wait` waits for a held lease before giving up: a few lease
+/// lifetimes, so a dead owner's lease has surely expired by then.
+pub const LEASE_WAIT_LEASES_MAX: u64 = 3;
+
+fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64)
+}
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct IngestOptions {
+    /// Re-run exactly this window (or the grid windows it spans).
+    pub window: Option<Window>,
+    /// Backfill `[from, to)`.
+    pub from_us: Option<i64>,
+    pub to_us: Option<i64>,
+    /// Windows extracted at once.
+    pub max_parallel: usize,
+    /// Decides only which windows are closed.
+    pub now_us: i64,
+    /// Wait for a held lease instead of exiting.
+    pub wait: bool,
+}
+
+/// What happened to one window.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct WindowOutcome {
+    pub start: String,
+    pub end: String,
+    pub path: String,
+    pub status: &'static str,
+    pub rows: u64,
+    pub duration_ms: u64,
+    pub warnings: Vec<String>,
+    pub error: Option<String>,
+}
+
+/// What one `ingest` did.
+#[derive(Clone, Debug, Serialize)]
+pub struct IngestReport {
+    pub source: String,
+    pub bookmark_before: Option<String>,
+    pub bookmark_after: Option<String>,
+    pub windows: Vec<WindowOutcome>,
+    pub warnings: Vec<String>,
+}
+
+impl IngestReport {
+    pub fn failed(&self) -> usize {
+        self.windows.iter().filter(|w| w.status == "failed").count()
+    }
+}
+
+/// One cell of the completion grid.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct GridRow {
+    pub start: String,
+    pub end: String,
+    pub status: &'static str,
+    pub rows: Option<i64>,
+    /// The median rows of the same window on the previous days.
+    pub prior_rows_median: Option<f64>,
+    pub duration_ms: Option<i64>,
+    pub duration_share_of_interval: Option<f64>,
+}
+
+pub struct Ingestor {
+    root: PathBuf,
+    state_path: PathBuf,
+    spec: SourceSpec,
+    recipe: String,
+}
+
+/// The shared context of one run's window workers.
+struct Ctx<'a> {
+    store: &'a Mutex<SqliteStore>,
+    fence: &'a Fence,
+    lost: &'a AtomicBool,
+    records: BTreeMap<i64, WindowRecord>,
+    columns: Vec<crate::sink::Column>,
+    id_ranges: BTreeMap<i64, (Option<i64>, i64)>,
+}
+
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    })
+}
+
+impl Ingestor {
+    pub fn new(root: &Path, state_path: &Path, spec: SourceSpec) -> Ingestor {
+        let recipe = spec.recipe_id();
+        Ingestor {
+            root: root.to_path_buf(),
+            state_path: state_path.to_path_buf(),
+            spec,
+            recipe,
+        }
+    }
+
+    pub fn spec(&self) -> &SourceSpec {
+        &self.spec
+    }
+
+    fn window_path(&self, w: &Window) -> (String, PathBuf) {
+        let rel = self
+            .spec
+            .window_path(w)
+            .expect("the template was checked at config load");
+        let abs = self.root.join(&rel);
+        (rel, abs)
+    }
+
+    fn label(w: &Window) -> String {
+        w.to_string()
+    }
+
+    /// The windows of this run, by grid index, oldest first.
+    fn choose(
+        &self,
+        opts: &IngestOptions,
+        bookmark: Option<&Bookmark>,
+        records: &BTreeMap<i64, WindowRecord>,
+        late: &[i64],
+    ) -> Result<Vec<i64>, IngestError> {
+        let g = &self.spec.grid;
+        let closed = g.closed_count(opts.now_us, self.spec.settle_us);
+        let explicit = |range: std::ops::Range<i64>| -> Result<Vec<i64>, IngestError> {
+            if range.end > closed {
+                let w = g.window(range.end - 1);
+                return Err(IngestError::Schema {
+                    name: self.spec.name.clone(),
+                    message: format!(
+                        "window {} is not closed until {} (end plus settle); wait, or lower `settle`",
+                        w,
+                        format_rfc3339(w.end_us + self.spec.settle_us)
+                    ),
+                });
+            }
+            Ok(range.collect())
+        };
+        if let Some(w) = &opts.window {
+            return explicit(g.indices(w)?);
+        }
+        if opts.from_us.is_some() || opts.to_us.is_some() {
+            let from = opts.from_us.unwrap_or(g.start_us);
+            let to = opts.to_us.unwrap_or(g.window(closed).start_us);
+            return explicit(g.indices(&Window {
+                start_us: from,
+                end_us: to,
+            })?);
+        }
+        let k0 = bookmark.map_or(0, |b| g.index_of(b.last_end_us));
+        let mut ks: BTreeSet<i64> = late
+            .iter()
+            .copied()
+            .filter(|k| *k >= 0 && *k < k0)
+            .collect();
+        for k in k0..closed {
+            if ks.len() >= self.spec.catch_up_windows_max {
+                break;
+            }
+            if records
+                .get(&k)
+                .is_none_or(|r| r.status != WindowStatus::Published)
+            {
+                ks.insert(k);
+            }
+        }
+        Ok(ks.into_iter().collect())
+    }
+
+    /// Finishes what a run that died left: a window whose swap happened
+    /// (its `_manifest.json` carries the attempt's token) is recorded as
+    /// published; any other attempt is recorded as failed and re-runs.
+    fn recover(&self, store: &Mutex<SqliteStore>, fence: &Fence) -> Result<(), IngestError> {
+        let records = store
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .windows(&self.spec.name)?;
+        for mut r in records
+            .into_iter()
+            .filter(|r| r.status == WindowStatus::Running)
+        {
+            let w = Window {
+                start_us: r.start_us,
+                end_us: r.end_us,
+            };
+            let (_, abs) = self.window_path(&w);
+            if publish::published_token(&abs).as_deref() == Some(r.token.as_str()) {
+                let manifest: serde_json::Value = std::fs::read(abs.join("_manifest.json"))
+                    .ok()
+                    .and_then(|b| serde_json::from_slice(&b).ok())
+                    .unwrap_or(serde_json::Value::Null);
+                r.status = WindowStatus::Published;
+                r.rows = manifest["rows"].as_i64().unwrap_or(r.rows);
+                r.files = manifest["files"].clone();
+                self.commit(store, fence, r)?;
+            } else {
+                r.status = WindowStatus::Failed;
+                r.error = Some("interrupted before publish; it runs again".into());
+                let mut s = store.lock().unwrap_or_else(|e| e.into_inner());
+                s.commit_window(&r, None, fence)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Records a window and moves the bookmark over every contiguous
+    /// published window, by compare-and-set.
+    fn commit(
+        &self,
+        store: &Mutex<SqliteStore>,
+        fence: &Fence,
+        record: WindowRecord,
+    ) -> Result<WindowCommit, IngestError> {
+        let mut s = store.lock().unwrap_or_else(|e| e.into_inner());
+        let g = &self.spec.grid;
+        let bookmark = s.bookmark(&self.spec.name)?;
+        let cur_end = bookmark.as_ref().map_or(g.start_us, |b| b.last_end_us);
+        let mut published: BTreeSet<i64> = s
+            .windows(&self.spec.name)?
+            .into_iter()
+            .filter(|r| r.status == WindowStatus::Published)
+            .map(|r| r.start_us)
+            .collect();
+        if record.status == WindowStatus::Published {
+            published.insert(record.start_us);
+        } else {
+            published.remove(&record.start_us);
+        }
+        let mut new_end = cur_end;
+        while published.contains(&new_end) {
+            new_end += g.interval_us;
+        }
+        let next = Bookmark {
+            source: self.spec.name.clone(),
+            last_end_us: new_end,
+            horizon: bookmark.as_ref().and_then(|b| b.horizon),
+        };
+        let advance =
+            (new_end != cur_end).then(|| (bookmark.as_ref().map(|b| b.last_end_us), &next));
+        Ok(s.commit_window(&record, advance, fence)?)
+    }
+
+    fn token(&self, k: i64) -> String {
+        static SEQ: AtomicUsize = AtomicUsize::new(0);
+        let seed = format!(
+            "{}:{k}:{}:{}:{}",
+            self.spec.name,
+            now_ns(),
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        );
+        blake3::hash(seed.as_bytes()).to_hex()[..20].to_string()
+    }
+
+    fn record(&self, w: &Window, status: WindowStatus, token: &str) -> WindowRecord {
+        WindowRecord {
+            source: self.spec.name.clone(),
+            start_us: w.start_us,
+            end_us: w.end_us,
+            status,
+            rows: 0,
+            files: json!([]),
+            duration_ms: 0,
+            token: token.to_string(),
+            recipe: self.recipe.clone(),
+            updated_at_ns: now_ns(),
+            error: None,
+            extra: json!({}),
+        }
+    }
+
+    fn run_one(
+        &self,
+        k: i64,
+        reader: &mut dyn Reader,
+        ctx: &Ctx<'_>,
+    ) -> Result<WindowOutcome, IngestError> {
+        let w = self.spec.grid.window(k);
+        let (rel, abs) = self.window_path(&w);
+        let token = self.token(k);
+        let started = Instant::now();
+        let mut outcome = WindowOutcome {
+            start: format_rfc3339(w.start_us),
+            end: format_rfc3339(w.end_us),
+            path: rel,
+            status: "failed",
+            rows: 0,
+            duration_ms: 0,
+            warnings: Vec::new(),
+            error: None,
+        };
+        let mut rec = self.record(&w, WindowStatus::Running, &token);
+        {
+            let mut s = ctx.store.lock().unwrap_or_else(|e| e.into_inner());
+            if s.commit_window(&rec, None, ctx.fence)? == WindowCommit::Fenced {
+                outcome.error = Some("the lease was taken over; not run".into());
+                return Ok(outcome);
+            }
+        }
+        let pred = match self.spec.mode {
+            Mode::UpdatedAt => Pred::Time {
+                lo_us: w.start_us - self.spec.lookback_us,
+                hi_us: w.end_us,
+            },
+            Mode::CommitOrder => Pred::Time {
+                lo_us: w.start_us,
+                hi_us: w.end_us,
+            },
+            Mode::AppendId => {
+                let (lo, hi) = ctx.id_ranges[&k];
+                rec.extra = json!({"id_range": {"after": lo, "through": hi}});
+                Pred::Ids { lo, hi }
+            }
+        };
+        let staging = publish::staging_path(&abs, &token);
+        std::fs::create_dir_all(&staging).map_err(|e| IngestError::io("creating", &staging, e))?;
+        let fail = |rec: &mut WindowRecord,
+                    outcome: &mut WindowOutcome,
+                    msg: String|
+         -> Result<(), IngestError> {
+            let _ = std::fs::remove_dir_all(&staging);
+            rec.status = WindowStatus::Failed;
+            rec.error = Some(msg.clone());
+            rec.duration_ms = started.elapsed().as_millis() as i64;
+            outcome.error = Some(msg);
+            outcome.duration_ms = rec.duration_ms as u64;
+            self.commit(ctx.store, ctx.fence, rec.clone())?;
+            Ok(())
+        };
+        let mut sink = ParquetSink::new(
+            &staging,
+            &ctx.columns,
+            self.spec.batch_rows,
+            self.spec.file_rows_max,
+        );
+        let unique = self.spec.checks.unique_key != Policy::Off;
+        let read = reader.read(&pred, unique, &mut sink, &Self::label(&w));
+        let (dups, files, rows) = match read.and_then(|d| sink.finish().map(|(f, r)| (d, f, r))) {
+            Ok(x) => x,
+            Err(e) => {
+                fail(&mut rec, &mut outcome, e.to_string())?;
+                return Ok(outcome);
+            }
+        };
+        let extract_ms = started.elapsed().as_millis() as i64;
+        outcome.rows = rows;
+        // Checks, before anyone can see the window.
+        let mut failures = Vec::new();
+        let mut judge = |policy: Policy, msg: String, outcome: &mut WindowOutcome| match policy {
+            Policy::Fail => failures.push(msg),
+            Policy::Warn => outcome.warnings.push(msg),
+            Policy::Off => {}
+        };
+        if let Some(d) = dups.filter(|d| *d > 0) {
+            judge(
+                self.spec.checks.unique_key,
+                format!("{d} keys occur more than once in window {w} (check unique_key)"),
+                &mut outcome,
+            );
+        }
+        if let Some(v) = &self.spec.checks.volume {
+            let prior: Vec<f64> = (1..=v.compare_days as i64)
+                .filter_map(|d| {
+                    ctx.records
+                        .get(&self.spec.grid.index_of(w.start_us - d * DAY_US))
+                })
+                .filter(|r| r.status == WindowStatus::Published)
+                .map(|r| r.rows as f64)
+                .collect();
+            if let Some(m) = median(prior) {
+                let dev = (rows as f64 - m).abs() / m.max(1.0);
+                if dev > v.max_deviation {
+                    judge(
+                        v.on_fail,
+                        format!("window {w} has {rows} rows against a median of {m} on the previous {} days ({:.0}% off; check volume)", v.compare_days, dev * 100.0),
+                        &mut outcome,
+                    );
+                }
+            }
+        }
+        if let Some(d) = &self.spec.checks.duration {
+            let interval_ms = self.spec.grid.interval_us as f64 / 1000.0;
+            if extract_ms as f64 > d.warn_share_of_interval * interval_ms {
+                outcome.warnings.push(format!(
+                    "extracting window {w} took {extract_ms} ms, {:.0}% of the interval: runs will soon overlap (check duration)",
+                    extract_ms as f64 / interval_ms * 100.0
+                ));
+            }
+        }
+        if !failures.is_empty() {
+            fail(
+                &mut rec,
+                &mut outcome,
+                format!("not published: {}", failures.join("; ")),
+            )?;
+            return Ok(outcome);
+        }
+        let manifest = json!({
+            "source": self.spec.name,
+            "window": {"start": format_rfc3339(w.start_us), "end": format_rfc3339(w.end_us)},
+            "mode": self.spec.mode.as_str(),
+            "read": match pred {
+                Pred::Time { lo_us, hi_us } => json!({"cursor": self.spec.cursor, "from": format_rfc3339(lo_us), "to": format_rfc3339(hi_us)}),
+                Pred::Ids { lo, hi } => json!({"cursor": self.spec.cursor, "after": lo, "through": hi}),
+            },
+            "files": files,
+            "rows": rows,
+            "key_unique": {"checked": dups.is_some(), "duplicate_keys": dups},
+            "extract_ms": extract_ms,
+            "recipe": self.recipe,
+            "token": token,
+        });
+        publish::seal(&staging, &manifest)?;
+        // The fence, checked as late as possible before the swap.
+        let still_ours = !ctx.lost.load(Ordering::SeqCst) && {
+            let mut s = ctx.store.lock().unwrap_or_else(|e| e.into_inner());
+            s.renew_lease(
+                ctx.fence,
+                now_ns(),
+                self.spec.lease_duration_s as i64 * 1_000_000_000,
+            )?
+        };
+        if !still_ours {
+            let _ = std::fs::remove_dir_all(&staging);
+            outcome.error = Some("the lease was taken over before publish; not published".into());
+            return Ok(outcome);
+        }
+        if std::env::var_os("HIGHWATER_FAILPOINT").is_some_and(|v| v == "before-swap") {
+            // For the crash tests: die with the window staged, not swapped.
+            std::process::abort();
+        }
+        publish::swap_in(&staging, &abs)?;
+        if std::env::var_os("HIGHWATER_FAILPOINT").is_some_and(|v| v == "after-swap") {
+            // For the crash tests: die between publish and record.
+            std::process::abort();
+        }
+        rec.status = WindowStatus::Published;
+        rec.rows = rows as i64;
+        rec.files = manifest["files"].clone();
+        rec.duration_ms = started.elapsed().as_millis() as i64;
+        rec.updated_at_ns = now_ns();
+        match self.commit(ctx.store, ctx.fence, rec)? {
+            WindowCommit::Done | WindowCommit::BookmarkMoved => {}
+            WindowCommit::Fenced => {
+                outcome.error =
+                    Some("the lease was taken over after publish; the next run records it".into());
+                return Ok(outcome);
+            }
+        }
+        outcome.status = "published";
+        outcome.duration_ms = started.elapsed().as_millis() as u64;
+        Ok(outcome)
+    }
+
+    /// Ingests: recovers, chooses windows, runs them, moves the bookmark.
+    pub fn run(&self, opts: &IngestOptions) -> Result<IngestReport, IngestError> {
+        let store = Mutex::new(SqliteStore::open(&self.state_path)?);
+        let name = &self.spec.name;
+        let lease_ns = self.spec.lease_duration_s as i64 * 1_000_000_000;
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| "localhost".into());
+        let owner = format!("{host}:{}:{}", std::process::id(), &self.token(-1)[..8]);
+        let lease_name = format!("ingest:{name}");
+        let deadline = Instant::now()
+            + Duration::from_secs(self.spec.lease_duration_s * LEASE_WAIT_LEASES_MAX);
+        let lease = loop {
+            let got = store
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .acquire_lease(
+                    &lease_name,
+                    &owner,
+                    &host,
+                    std::process::id() as i64,
+                    now_ns(),
+                    lease_ns,
+                )?;
+            match got {
+                LeaseOutcome::Acquired(l) => break l,
+                LeaseOutcome::Held(h) if !opts.wait || Instant::now() > deadline => {
+                    return Err(IngestError::Held {
+                        name: name.clone(),
+                        owner: h.owner,
+                        host: h.host,
+                        pid: h.pid,
+                        expires: format_rfc3339(h.expires_at_ns / 1000),
+                    })
+                }
+                LeaseOutcome::Held(_) => std::thread::sleep(Duration::from_millis(200)),
+            }
+        };
+        let fence = Fence {
+            name: lease_name,
+            token: lease.token,
+        };
+        let lost = AtomicBool::new(false);
+        let done = AtomicBool::new(false);
+        let result = std::thread::scope(|scope| {
+            // The heartbeat: renews the lease on its own connection; a
+            // failed renewal means another run took over, and this run
+            // publishes nothing more.
+            scope.spawn(|| {
+                let Ok(mut s) = SqliteStore::open(&self.state_path) else {
+                    lost.store(true, Ordering::SeqCst);
+                    return;
+                };
+                let step = Duration::from_millis((self.spec.lease_duration_s * 1000 / 3).max(50));
+                let mut last = Instant::now();
+                while !done.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(50));
+                    if last.elapsed() < step {
+                        continue;
+                    }
+                    last = Instant::now();
+                    match s.renew_lease(&fence, now_ns(), lease_ns) {
+                        Ok(true) => {}
+                        _ => {
+                            lost.store(true, Ordering::SeqCst);
+                            return;
+                        }
+                    }
+                }
+            });
+            let r = self.run_leased(opts, &store, &fence, &lost);
+            done.store(true, Ordering::SeqCst);
+            r
+        });
+        let _ = store
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .release_lease(&fence);
+        result
+    }
+
+    fn run_leased(
+        &self,
+        opts: &IngestOptions,
+        store: &Mutex<SqliteStore>,
+        fence: &Fence,
+        lost: &AtomicBool,
+    ) -> Result<IngestReport, IngestError> {
+        let name = &self.spec.name;
+        self.recover(store, fence)?;
+        let (bookmark, records) = {
+            let s = store.lock().unwrap_or_else(|e| e.into_inner());
+            (s.bookmark(name)?, s.windows(name)?)
+        };
+        let records: BTreeMap<i64, WindowRecord> = records
+            .into_iter()
+            .map(|r| (self.spec.grid.index_of(r.start_us), r))
+            .collect();
+        let mut report = IngestReport {
+            source: name.clone(),
+            bookmark_before: bookmark.as_ref().map(|b| format_rfc3339(b.last_end_us)),
+            bookmark_after: None,
+            windows: Vec::new(),
+            warnings: Vec::new(),
+        };
+        let mut first = source::open(&self.spec)?;
+        let columns = first.columns()?;
+        // commit_order: the horizon, and the published windows that rows of
+        // late-committing transactions belong to.
+        let (horizon, late) = if self.spec.mode == Mode::CommitOrder {
+            let prev = bookmark.as_ref().and_then(|b| b.horizon);
+            let (h, late) = first.horizon_and_late(prev)?;
+            if prev == Some(h) {
+                if let Some(who) = first.horizon_holder()? {
+                    report.warnings.push(who);
+                }
+            }
+            (Some(h), late)
+        } else {
+            (None, Vec::new())
+        };
+        let ks = self.choose(opts, bookmark.as_ref(), &records, &late)?;
+        // append_id: ranges are given out in window order. A re-run reads
+        // its recorded range; a new window takes what arrived since.
+        let mut id_ranges = BTreeMap::new();
+        if self.spec.mode == Mode::AppendId {
+            let mut last = records
+                .values()
+                .filter_map(|r| r.extra["id_range"]["through"].as_i64())
+                .max();
+            let max_now = first.max_id()?;
+            for &k in &ks {
+                let recorded = records.get(&k).and_then(|r| {
+                    let through = r.extra["id_range"]["through"].as_i64()?;
+                    Some((r.extra["id_range"]["after"].as_i64(), through))
+                });
+                let range = match recorded {
+                    Some(r) => r,
+                    None => {
+                        let hi = max_now.unwrap_or(0).max(last.unwrap_or(0));
+                        let r = (last, hi);
+                        last = Some(hi);
+                        r
+                    }
+                };
+                id_ranges.insert(k, range);
+            }
+        }
+        for &k in &ks {
+            publish::sweep_staging(&self.window_path(&self.spec.grid.window(k)).1);
+        }
+        let ctx = Ctx {
+            store,
+            fence,
+            lost,
+            records,
+            columns,
+            id_ranges,
+        };
+        let next = AtomicUsize::new(0);
+        let outcomes = Mutex::new(Vec::new());
+        let first = Mutex::new(Some(first));
+        let parallel = opts.max_parallel.clamp(1, 64).min(ks.len().max(1));
+        std::thread::scope(|scope| -> Result<(), IngestError> {
+            let mut handles = Vec::new();
+            for _ in 0..parallel {
+                handles.push(scope.spawn(|| -> Result<(), IngestError> {
+                    let mut reader = match first.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                        Some(r) => r,
+                        None => source::open(&self.spec)?,
+                    };
+                    loop {
+                        let i = next.fetch_add(1, Ordering::SeqCst);
+                        let Some(&k) = ks.get(i) else { return Ok(()) };
+                        if lost.load(Ordering::SeqCst) {
+                            return Ok(());
+                        }
+                        let o = self.run_one(k, reader.as_mut(), &ctx)?;
+                        outcomes.lock().unwrap_or_else(|e| e.into_inner()).push(o);
+                    }
+                }));
+            }
+            for h in handles {
+                h.join().expect("window workers do not panic")?;
+            }
+            Ok(())
+        })?;
+        let mut outcomes = outcomes.into_inner().unwrap_or_else(|e| e.into_inner());
+        outcomes.sort_by(|a, b| a.start.cmp(&b.start));
+        let all_ok = outcomes.iter().all(|o| o.status == "published");
+        report.windows = outcomes;
+        let mut s = store.lock().unwrap_or_else(|e| e.into_inner());
+        let after = s.bookmark(name)?;
+        // The horizon moves only when every window this run owed is
+        // published: otherwise the next run must look at the same rows.
+        if let (Some(h), Some(b), true) = (horizon, after.as_ref(), all_ok) {
+            if !lost.load(Ordering::SeqCst) {
+                s.advance_horizon(name, b.last_end_us, h, fence)?;
+            }
+        }
+        report.bookmark_after = after.map(|b| format_rfc3339(b.last_end_us));
+        if self.spec.checks.continuity != Policy::Off {
+            let recs = s.windows(name)?;
+            let published: BTreeSet<i64> = recs
+                .iter()
+                .filter(|r| r.status == WindowStatus::Published)
+                .map(|r| r.start_us)
+                .collect();
+            if let (Some(&lo), Some(&hi)) = (published.first(), published.last()) {
+                let g = &self.spec.grid;
+                let missing: Vec<String> = (g.index_of(lo)..=g.index_of(hi))
+                    .map(|k| g.window(k))
+                    .filter(|w| !published.contains(&w.start_us))
+                    .map(|w| w.to_string())
+                    .collect();
+                if !missing.is_empty() {
+                    report.warnings.push(format!(
+                        "continuity: {} windows between the first and the newest are not published: {}",
+                        missing.len(),
+                        missing.iter().take(10).cloned().collect::<Vec<_>>().join(", ")
+                    ));
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    /// The completion grid: one row per expected window up to `now`, the
+    /// newest `last_n` of them.
+    pub fn grid(
+        &self,
+        now_us: i64,
+        last_n: usize,
+    ) -> Result<(Vec<GridRow>, Option<Bookmark>), IngestError> {
+        let s = SqliteStore::open(&self.state_path)?;
+        let g = &self.spec.grid;
+        let records: BTreeMap<i64, WindowRecord> = s
+            .windows(&self.spec.name)?
+            .into_iter()
+            .map(|r| (g.index_of(r.start_us), r))
+            .collect();
+        let closed = g.closed_count(now_us, self.spec.settle_us);
+        let from = (closed - last_n as i64).max(0);
+        let interval_ms = g.interval_us as f64 / 1000.0;
+        let rows = (from..closed)
+            .map(|k| {
+                let w = g.window(k);
+                let r = records.get(&k);
+                let prior: Vec<f64> = (1..=7)
+                    .filter_map(|d| records.get(&g.index_of(w.start_us - d * DAY_US)))
+                    .filter(|r| r.status == WindowStatus::Published)
+                    .map(|r| r.rows as f64)
+                    .collect();
+                GridRow {
+                    start: format_rfc3339(w.start_us),
+                    end: format_rfc3339(w.end_us),
+                    status: r.map_or("missing", |r| r.status.as_str()),
+                    rows: r
+                        .filter(|r| r.status == WindowStatus::Published)
+                        .map(|r| r.rows),
+                    prior_rows_median: median(prior),
+                    duration_ms: r.map(|r| r.duration_ms),
+                    duration_share_of_interval: r.map(|r| r.duration_ms as f64 / interval_ms),
+                }
+            })
+            .collect();
+        Ok((rows, s.bookmark(&self.spec.name)?))
+    }
+}

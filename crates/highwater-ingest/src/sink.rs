@@ -1,0 +1,378 @@
+//! Rows into Parquet, one record batch at a time, so memory stays bounded by
+//! `batch_rows` whatever the window's size. Files roll over at
+//! `file_rows_max`. Each file is hashed as it is written.
+//!
+//! Type mapping (PostgreSQL → Arrow/Parquet):
+//!
+//! | source | Arrow |
+//! |---|---|
+//! | boolean | Boolean |
+//! | smallint, integer, bigint | Int16, Int32, Int64 |
+//! | real, double precision | Float32, Float64 |
+//! | text, varchar, char, name | Utf8 |
+//! | bytea | Binary |
+//! | timestamptz | Timestamp(µs, "UTC") |
+//! | timestamp | Timestamp(µs), read as UTC |
+//! | date | Date32 |
+//! | numeric, json, jsonb, uuid, xid8, arrays, anything else | Utf8: the server's exact text (numeric keeps every digit) |
+//!
+//! NULL is a null in every type. SQLite columns map by declared type
+//! affinity: INT → Int64, REAL/FLOA/DOUB → Float64, BLOB → Binary, else Utf8.
+
+use crate::error::IngestError;
+use arrow_array::builder::{
+    BinaryBuilder, BooleanBuilder, Date32Builder, Float32Builder, Float64Builder, Int16Builder,
+    Int32Builder, Int64Builder, StringBuilder, TimestampMicrosecondBuilder,
+};
+use arrow_array::{ArrayRef, RecordBatch};
+use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use parquet::arrow::ArrowWriter;
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::properties::WriterProperties;
+use serde::Serialize;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ColType {
+    Bool,
+    I16,
+    I32,
+    I64,
+    F32,
+    F64,
+    Text,
+    Bytes,
+    TimestampTz,
+    Timestamp,
+    Date,
+}
+
+impl ColType {
+    fn data_type(self) -> DataType {
+        match self {
+            ColType::Bool => DataType::Boolean,
+            ColType::I16 => DataType::Int16,
+            ColType::I32 => DataType::Int32,
+            ColType::I64 => DataType::Int64,
+            ColType::F32 => DataType::Float32,
+            ColType::F64 => DataType::Float64,
+            ColType::Text => DataType::Utf8,
+            ColType::Bytes => DataType::Binary,
+            ColType::TimestampTz => DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+            ColType::Timestamp => DataType::Timestamp(TimeUnit::Microsecond, None),
+            ColType::Date => DataType::Date32,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Column {
+    pub name: String,
+    pub ty: ColType,
+}
+
+/// One value, borrowed from the source's row.
+pub enum Value<'a> {
+    Null,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Text(&'a str),
+    Bytes(&'a [u8]),
+    /// Microseconds since the epoch, UTC.
+    Micros(i64),
+    /// Days since the epoch.
+    Days(i32),
+}
+
+enum Builder {
+    Bool(BooleanBuilder),
+    I16(Int16Builder),
+    I32(Int32Builder),
+    I64(Int64Builder),
+    F32(Float32Builder),
+    F64(Float64Builder),
+    Text(StringBuilder),
+    Bytes(BinaryBuilder),
+    Ts(TimestampMicrosecondBuilder, bool),
+    Date(Date32Builder),
+}
+
+impl Builder {
+    fn new(ty: ColType) -> Builder {
+        match ty {
+            ColType::Bool => Builder::Bool(BooleanBuilder::new()),
+            ColType::I16 => Builder::I16(Int16Builder::new()),
+            ColType::I32 => Builder::I32(Int32Builder::new()),
+            ColType::I64 => Builder::I64(Int64Builder::new()),
+            ColType::F32 => Builder::F32(Float32Builder::new()),
+            ColType::F64 => Builder::F64(Float64Builder::new()),
+            ColType::Text => Builder::Text(StringBuilder::new()),
+            ColType::Bytes => Builder::Bytes(BinaryBuilder::new()),
+            ColType::TimestampTz => Builder::Ts(TimestampMicrosecondBuilder::new(), true),
+            ColType::Timestamp => Builder::Ts(TimestampMicrosecondBuilder::new(), false),
+            ColType::Date => Builder::Date(Date32Builder::new()),
+        }
+    }
+
+    /// Appends a value; `Err` names what was expected when the source's
+    /// value does not fit the column (SQLite types are per value).
+    fn push(&mut self, v: Value<'_>) -> Result<(), &'static str> {
+        match (self, v) {
+            (Builder::Bool(b), Value::Null) => b.append_null(),
+            (Builder::I16(b), Value::Null) => b.append_null(),
+            (Builder::I32(b), Value::Null) => b.append_null(),
+            (Builder::I64(b), Value::Null) => b.append_null(),
+            (Builder::F32(b), Value::Null) => b.append_null(),
+            (Builder::F64(b), Value::Null) => b.append_null(),
+            (Builder::Text(b), Value::Null) => b.append_null(),
+            (Builder::Bytes(b), Value::Null) => b.append_null(),
+            (Builder::Ts(b, _), Value::Null) => b.append_null(),
+            (Builder::Date(b), Value::Null) => b.append_null(),
+            (Builder::Bool(b), Value::Bool(x)) => b.append_value(x),
+            (Builder::Bool(b), Value::Int(x)) => b.append_value(x != 0),
+            (Builder::I16(b), Value::Int(x)) => b.append_value(x as i16),
+            (Builder::I32(b), Value::Int(x)) => b.append_value(x as i32),
+            (Builder::I64(b), Value::Int(x)) => b.append_value(x),
+            (Builder::F32(b), Value::Float(x)) => b.append_value(x as f32),
+            (Builder::F64(b), Value::Float(x)) => b.append_value(x),
+            (Builder::F64(b), Value::Int(x)) => b.append_value(x as f64),
+            (Builder::Text(b), Value::Text(x)) => b.append_value(x),
+            (Builder::Text(b), Value::Int(x)) => b.append_value(x.to_string()),
+            (Builder::Text(b), Value::Float(x)) => b.append_value(x.to_string()),
+            (Builder::Bytes(b), Value::Bytes(x)) => b.append_value(x),
+            (Builder::Bytes(b), Value::Text(x)) => b.append_value(x.as_bytes()),
+            (Builder::Ts(b, _), Value::Micros(x)) => b.append_value(x),
+            (Builder::Date(b), Value::Days(x)) => b.append_value(x),
+            (Builder::Bool(_), _) => return Err("a boolean"),
+            (Builder::I16(_) | Builder::I32(_) | Builder::I64(_), _) => return Err("an integer"),
+            (Builder::F32(_) | Builder::F64(_), _) => return Err("a number"),
+            (Builder::Text(_), _) => return Err("text"),
+            (Builder::Bytes(_), _) => return Err("bytes"),
+            (Builder::Ts(..), _) => return Err("a timestamp"),
+            (Builder::Date(_), _) => return Err("a date"),
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self) -> ArrayRef {
+        match self {
+            Builder::Bool(b) => Arc::new(b.finish()),
+            Builder::I16(b) => Arc::new(b.finish()),
+            Builder::I32(b) => Arc::new(b.finish()),
+            Builder::I64(b) => Arc::new(b.finish()),
+            Builder::F32(b) => Arc::new(b.finish()),
+            Builder::F64(b) => Arc::new(b.finish()),
+            Builder::Text(b) => Arc::new(b.finish()),
+            Builder::Bytes(b) => Arc::new(b.finish()),
+            Builder::Ts(b, true) => Arc::new(b.finish().with_timezone("UTC")),
+            Builder::Ts(b, false) => Arc::new(b.finish()),
+            Builder::Date(b) => Arc::new(b.finish()),
+        }
+    }
+}
+
+/// A `Write` that hashes what passes through it.
+struct Hashing<W: Write> {
+    inner: W,
+    hasher: blake3::Hasher,
+    bytes: u64,
+}
+
+impl<W: Write> Write for Hashing<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        self.bytes += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// One written file, as `_manifest.json` lists it.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct FileInfo {
+    pub path: String,
+    pub rows: u64,
+    pub bytes: u64,
+    pub blake3: String,
+}
+
+/// The file being written: its writer, path and rows so far.
+type OpenFile = (ArrowWriter<Hashing<std::io::BufWriter<std::fs::File>>>, PathBuf, u64);
+
+/// Writes a window's rows as `part-NNNNN.parquet` files in a folder.
+pub struct ParquetSink {
+    dir: PathBuf,
+    schema: SchemaRef,
+    builders: Vec<Builder>,
+    columns: Vec<Column>,
+    pending: usize,
+    batch_rows: usize,
+    file_rows_max: usize,
+    writer: Option<OpenFile>,
+    pub files: Vec<FileInfo>,
+    pub rows: u64,
+}
+
+impl ParquetSink {
+    pub fn new(
+        dir: &Path,
+        columns: &[Column],
+        batch_rows: usize,
+        file_rows_max: usize,
+    ) -> ParquetSink {
+        let fields: Vec<Field> = columns
+            .iter()
+            .map(|c| Field::new(&c.name, c.ty.data_type(), true))
+            .collect();
+        ParquetSink {
+            dir: dir.to_path_buf(),
+            schema: Arc::new(Schema::new(fields)),
+            builders: columns.iter().map(|c| Builder::new(c.ty)).collect(),
+            columns: columns.to_vec(),
+            pending: 0,
+            batch_rows,
+            file_rows_max,
+            writer: None,
+            files: Vec::new(),
+            rows: 0,
+        }
+    }
+
+    /// Appends one row; `Err` says which column did not fit.
+    pub fn push_row<'a>(&mut self, values: impl Iterator<Item = Value<'a>>) -> Result<(), String> {
+        let mut n = 0;
+        for (i, v) in values.enumerate() {
+            self.builders[i].push(v).map_err(|want| {
+                format!(
+                    "column `{}` holds a value that is not {want}",
+                    self.columns[i].name
+                )
+            })?;
+            n += 1;
+        }
+        assert_eq!(n, self.builders.len(), "a row has one value per column");
+        self.pending += 1;
+        if self.pending >= self.batch_rows {
+            self.flush_batch().map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    fn err(&self, path: &Path, e: impl ToString) -> IngestError {
+        IngestError::Parquet {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        }
+    }
+
+    fn flush_batch(&mut self) -> Result<(), IngestError> {
+        if self.pending == 0 {
+            return Ok(());
+        }
+        let arrays: Vec<ArrayRef> = self.builders.iter_mut().map(Builder::finish).collect();
+        let batch = RecordBatch::try_new(self.schema.clone(), arrays)
+            .map_err(|e| self.err(&self.dir, e))?;
+        if self.writer.is_none() {
+            let path = self
+                .dir
+                .join(format!("part-{:05}.parquet", self.files.len()));
+            let f =
+                std::fs::File::create(&path).map_err(|e| IngestError::io("creating", &path, e))?;
+            let props = WriterProperties::builder()
+                .set_compression(Compression::ZSTD(
+                    ZstdLevel::try_new(1).expect("level 1 is valid"),
+                ))
+                .build();
+            let w = ArrowWriter::try_new(
+                Hashing {
+                    inner: std::io::BufWriter::with_capacity(1 << 20, f),
+                    hasher: blake3::Hasher::new(),
+                    bytes: 0,
+                },
+                self.schema.clone(),
+                Some(props),
+            )
+            .map_err(|e| self.err(&path, e))?;
+            self.writer = Some((w, path, 0));
+        }
+        let (w, path, rows) = self.writer.as_mut().expect("opened above");
+        w.write(&batch).map_err(|e| IngestError::Parquet {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+        *rows += self.pending as u64;
+        self.rows += self.pending as u64;
+        self.pending = 0;
+        if *rows >= self.file_rows_max as u64 {
+            self.close_file()?;
+        }
+        Ok(())
+    }
+
+    fn close_file(&mut self) -> Result<(), IngestError> {
+        let Some((w, path, rows)) = self.writer.take() else {
+            return Ok(());
+        };
+        let hashing = w.into_inner().map_err(|e| self.err(&path, e))?;
+        let Hashing {
+            inner,
+            hasher,
+            bytes,
+        } = hashing;
+        let file = inner
+            .into_inner()
+            .map_err(|e| IngestError::io("flushing", &path, e.into_error()))?;
+        file.sync_all()
+            .map_err(|e| IngestError::io("syncing", &path, e))?;
+        self.files.push(FileInfo {
+            path: path
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned(),
+            rows,
+            bytes,
+            blake3: hasher.finalize().to_hex().to_string(),
+        });
+        Ok(())
+    }
+
+    /// Writes what is pending and closes the last file. A window with no
+    /// rows still gets one (empty) file, so that "no rows" is a published
+    /// fact with a schema, not a missing folder.
+    pub fn finish(mut self) -> Result<(Vec<FileInfo>, u64), IngestError> {
+        self.flush_batch()?;
+        if self.files.is_empty() && self.writer.is_none() {
+            let arrays: Vec<ArrayRef> = self.builders.iter_mut().map(Builder::finish).collect();
+            let batch = RecordBatch::try_new(self.schema.clone(), arrays)
+                .map_err(|e| self.err(&self.dir, e))?;
+            let path = self.dir.join("part-00000.parquet");
+            let f =
+                std::fs::File::create(&path).map_err(|e| IngestError::io("creating", &path, e))?;
+            let w = ArrowWriter::try_new(
+                Hashing {
+                    inner: std::io::BufWriter::new(f),
+                    hasher: blake3::Hasher::new(),
+                    bytes: 0,
+                },
+                self.schema.clone(),
+                None,
+            )
+            .map_err(|e| self.err(&path, e))?;
+            self.writer = Some((w, path, 0));
+            let (w, path, _) = self.writer.as_mut().expect("opened above");
+            w.write(&batch).map_err(|e| IngestError::Parquet {
+                path: path.clone(),
+                message: e.to_string(),
+            })?;
+        }
+        self.close_file()?;
+        Ok((self.files, self.rows))
+    }
+}

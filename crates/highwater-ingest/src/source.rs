@@ -1,0 +1,536 @@
+//! Reading one window from a source, streaming, in one snapshot: the
+//! duplicate-key count and the rows come from the same consistent view.
+//! Window bounds are always bound parameters; identifiers are quoted.
+
+use crate::config::{quote_column, Kind, SourceSpec};
+use crate::error::IngestError;
+use crate::sink::{ColType, Column, ParquetSink, Value};
+use highwater_core::window::format_rfc3339;
+
+/// Which rows a window takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pred {
+    /// `lo_us <= cursor < hi_us`.
+    Time { lo_us: i64, hi_us: i64 },
+    /// `lo < id <= hi` (`lo = None`: from the first id).
+    Ids { lo: Option<i64>, hi: i64 },
+}
+
+/// A connection to a source.
+pub trait Reader: Send {
+    fn columns(&mut self) -> Result<Vec<Column>, IngestError>;
+    /// Streams one window into `sink` and returns how many keys occur more
+    /// than once in it (`None` when not asked).
+    fn read(
+        &mut self,
+        pred: &Pred,
+        unique: bool,
+        sink: &mut ParquetSink,
+        window: &str,
+    ) -> Result<Option<u64>, IngestError>;
+    /// The largest id now (append_id).
+    fn max_id(&mut self) -> Result<Option<i64>, IngestError>;
+    /// commit_order: the horizon (every transaction below it has ended),
+    /// and the windows (by index) of rows written by transactions in
+    /// `[from, horizon)`.
+    fn horizon_and_late(&mut self, from: Option<i64>) -> Result<(i64, Vec<i64>), IngestError> {
+        let _ = from;
+        unreachable!("commit_order is refused for this source kind at config load")
+    }
+    /// commit_order: who holds the horizon back, when someone does.
+    fn horizon_holder(&mut self) -> Result<Option<String>, IngestError> {
+        Ok(None)
+    }
+}
+
+pub fn open(spec: &SourceSpec) -> Result<Box<dyn Reader>, IngestError> {
+    match spec.kind {
+        Kind::Sqlite => Ok(Box::new(SqliteReader::open(spec)?)),
+        Kind::Postgres => Ok(Box::new(PgReader::open(spec)?)),
+    }
+}
+
+fn key_list(spec: &SourceSpec) -> String {
+    spec.key
+        .iter()
+        .map(|k| format!("s.{}", quote_column(k)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+// ---------------------------------------------------------------- SQLite
+
+pub struct SqliteReader {
+    spec: SourceSpec,
+    conn: rusqlite::Connection,
+}
+
+impl SqliteReader {
+    fn open(spec: &SourceSpec) -> Result<SqliteReader, IngestError> {
+        let path = match (&spec.path, &spec.url_env) {
+            (Some(p), _) => p.clone(),
+            (None, Some(var)) => std::env::var_os(var)
+                .map(std::path::PathBuf::from)
+                .ok_or_else(|| IngestError::MissingEnv {
+                    name: spec.name.clone(),
+                    var: var.clone(),
+                })?,
+            (None, None) => unreachable!("checked at config load"),
+        };
+        let conn = rusqlite::Connection::open_with_flags(
+            &path,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(|e| IngestError::Connect {
+            name: spec.name.clone(),
+            message: format!("{}: {e}", path.display()),
+        })?;
+        let _ = conn.busy_timeout(std::time::Duration::from_secs(30));
+        Ok(SqliteReader {
+            spec: spec.clone(),
+            conn,
+        })
+    }
+
+    fn pred_sql(&self, pred: &Pred) -> String {
+        let c = quote_column(&self.spec.cursor);
+        match pred {
+            // SQLite keeps times as text; unixepoch normalises every ISO
+            // form it accepts, with fractions.
+            Pred::Time { .. } => {
+                format!("unixepoch(s.{c}, 'subsec') >= ?1 AND unixepoch(s.{c}, 'subsec') < ?2")
+            }
+            Pred::Ids { lo: Some(_), .. } => format!("s.{c} > ?1 AND s.{c} <= ?2"),
+            Pred::Ids { lo: None, .. } => format!("s.{c} <= ?1"),
+        }
+    }
+
+    fn params(pred: &Pred) -> Vec<rusqlite::types::Value> {
+        use rusqlite::types::Value as V;
+        match *pred {
+            Pred::Time { lo_us, hi_us } => {
+                vec![V::Real(lo_us as f64 / 1e6), V::Real(hi_us as f64 / 1e6)]
+            }
+            Pred::Ids { lo: Some(lo), hi } => vec![V::Integer(lo), V::Integer(hi)],
+            Pred::Ids { lo: None, hi } => vec![V::Integer(hi)],
+        }
+    }
+
+    fn sql_err(&self, window: &str, e: rusqlite::Error) -> IngestError {
+        IngestError::Read {
+            name: self.spec.name.clone(),
+            window: window.to_string(),
+            message: e.to_string(),
+        }
+    }
+}
+
+impl Reader for SqliteReader {
+    fn columns(&mut self) -> Result<Vec<Column>, IngestError> {
+        let sql = format!("SELECT * FROM {} AS s LIMIT 0", self.spec.relation_sql());
+        let stmt = self.conn.prepare(&sql).map_err(|e| IngestError::Schema {
+            name: self.spec.name.clone(),
+            message: format!("cannot read the columns: {e}"),
+        })?;
+        Ok(stmt
+            .columns()
+            .iter()
+            .map(|c| {
+                let decl = c.decl_type().unwrap_or("").to_ascii_uppercase();
+                let ty = if decl.contains("INT") {
+                    ColType::I64
+                } else if decl.contains("REAL") || decl.contains("FLOA") || decl.contains("DOUB") {
+                    ColType::F64
+                } else if decl.contains("BLOB") {
+                    ColType::Bytes
+                } else {
+                    ColType::Text
+                };
+                Column {
+                    name: c.name().to_string(),
+                    ty,
+                }
+            })
+            .collect())
+    }
+
+    fn read(
+        &mut self,
+        pred: &Pred,
+        unique: bool,
+        sink: &mut ParquetSink,
+        window: &str,
+    ) -> Result<Option<u64>, IngestError> {
+        let rel = self.spec.relation_sql();
+        let where_ = self.pred_sql(pred);
+        let params = Self::params(pred);
+        // One read transaction: both statements see the same snapshot.
+        let tx = self
+            .conn
+            .unchecked_transaction()
+            .map_err(|e| self.sql_err(window, e))?;
+        let dups = if unique {
+            let sql = format!(
+                "SELECT count(*) FROM (SELECT 1 FROM {rel} AS s WHERE {where_} GROUP BY {} HAVING count(*) > 1)",
+                key_list(&self.spec)
+            );
+            let n: i64 = tx
+                .query_row(&sql, rusqlite::params_from_iter(params.iter()), |r| {
+                    r.get(0)
+                })
+                .map_err(|e| self.sql_err(window, e))?;
+            Some(n as u64)
+        } else {
+            None
+        };
+        let sql = format!("SELECT * FROM {rel} AS s WHERE {where_}");
+        let mut stmt = tx.prepare(&sql).map_err(|e| self.sql_err(window, e))?;
+        let ncols = stmt.column_count();
+        let mut rows = stmt
+            .query(rusqlite::params_from_iter(params.iter()))
+            .map_err(|e| self.sql_err(window, e))?;
+        while let Some(row) = rows.next().map_err(|e| self.sql_err(window, e))? {
+            use rusqlite::types::ValueRef as R;
+            let mut vals = Vec::with_capacity(ncols);
+            for i in 0..ncols {
+                vals.push(match row.get_ref(i).map_err(|e| self.sql_err(window, e))? {
+                    R::Null => Value::Null,
+                    R::Integer(x) => Value::Int(x),
+                    R::Real(x) => Value::Float(x),
+                    R::Text(t) => Value::Text(std::str::from_utf8(t).unwrap_or("")),
+                    R::Blob(b) => Value::Bytes(b),
+                });
+            }
+            sink.push_row(vals.into_iter())
+                .map_err(|message| IngestError::Read {
+                    name: self.spec.name.clone(),
+                    window: window.to_string(),
+                    message,
+                })?;
+        }
+        drop(rows);
+        drop(stmt);
+        tx.commit().map_err(|e| self.sql_err(window, e))?;
+        Ok(dups)
+    }
+
+    fn max_id(&mut self) -> Result<Option<i64>, IngestError> {
+        let sql = format!(
+            "SELECT max(s.{}) FROM {} AS s",
+            quote_column(&self.spec.cursor),
+            self.spec.relation_sql()
+        );
+        self.conn
+            .query_row(&sql, [], |r| r.get(0))
+            .map_err(|e| self.sql_err("(max id)", e))
+    }
+}
+
+// ------------------------------------------------------------ PostgreSQL
+
+pub struct PgReader {
+    spec: SourceSpec,
+    client: postgres::Client,
+    columns: Option<Vec<(Column, String)>>,
+}
+
+/// The 64-bit transaction id of a row version: `xmin` widened against the
+/// snapshot's epoch, so that wraparound cannot reorder it.
+const ROW_XID: &str = "(CASE WHEN (((pg_snapshot_xmax(pg_current_snapshot())::text::bigint >> 32) << 32) | s.xmin::text::bigint) > pg_snapshot_xmax(pg_current_snapshot())::text::bigint \
+     THEN (((pg_snapshot_xmax(pg_current_snapshot())::text::bigint >> 32) << 32) | s.xmin::text::bigint) - 4294967296 \
+     ELSE (((pg_snapshot_xmax(pg_current_snapshot())::text::bigint >> 32) << 32) | s.xmin::text::bigint) END)";
+
+impl PgReader {
+    fn open(spec: &SourceSpec) -> Result<PgReader, IngestError> {
+        let var = spec.url_env.as_ref().expect("checked at config load");
+        let url = std::env::var(var).map_err(|_| IngestError::MissingEnv {
+            name: spec.name.clone(),
+            var: var.clone(),
+        })?;
+        let mut client =
+            postgres::Client::connect(&url, postgres::NoTls).map_err(|e| IngestError::Connect {
+                name: spec.name.clone(),
+                // The error never contains the URL (and so no password).
+                message: e.to_string(),
+            })?;
+        client
+            .batch_execute("SET TIME ZONE 'UTC'")
+            .map_err(|e| IngestError::Connect {
+                name: spec.name.clone(),
+                message: e.to_string(),
+            })?;
+        Ok(PgReader {
+            spec: spec.clone(),
+            client,
+            columns: None,
+        })
+    }
+
+    fn err(&self, window: &str, e: postgres::Error) -> IngestError {
+        IngestError::Read {
+            name: self.spec.name.clone(),
+            window: window.to_string(),
+            message: e.to_string(),
+        }
+    }
+
+    /// Columns with the select expression that reads each one natively.
+    fn described(&mut self) -> Result<Vec<(Column, String)>, IngestError> {
+        if let Some(c) = &self.columns {
+            return Ok(c.clone());
+        }
+        use postgres::types::Type;
+        let sql = format!("SELECT * FROM {} AS s LIMIT 0", self.spec.relation_sql());
+        let stmt = self.client.prepare(&sql).map_err(|e| IngestError::Schema {
+            name: self.spec.name.clone(),
+            message: format!("cannot read the columns: {e}"),
+        })?;
+        let cols: Vec<(Column, String)> = stmt
+            .columns()
+            .iter()
+            .map(|c| {
+                let q = format!("s.{}", quote_column(c.name()));
+                let (ty, expr) = match *c.type_() {
+                    Type::BOOL => (ColType::Bool, q),
+                    Type::INT2 => (ColType::I16, q),
+                    Type::INT4 => (ColType::I32, q),
+                    Type::INT8 => (ColType::I64, q),
+                    Type::FLOAT4 => (ColType::F32, q),
+                    Type::FLOAT8 => (ColType::F64, q),
+                    Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME => (ColType::Text, q),
+                    Type::BYTEA => (ColType::Bytes, q),
+                    Type::TIMESTAMPTZ => (
+                        ColType::TimestampTz,
+                        format!("floor(extract(epoch FROM {q}) * 1000000)::int8"),
+                    ),
+                    Type::TIMESTAMP => (
+                        ColType::Timestamp,
+                        format!("floor(extract(epoch FROM {q}) * 1000000)::int8"),
+                    ),
+                    Type::DATE => (ColType::Date, format!("({q} - DATE '1970-01-01')::int4")),
+                    _ => (ColType::Text, format!("{q}::text")),
+                };
+                (
+                    Column {
+                        name: c.name().to_string(),
+                        ty,
+                    },
+                    expr,
+                )
+            })
+            .collect();
+        self.columns = Some(cols.clone());
+        Ok(cols)
+    }
+
+    fn pred_sql(&self, pred: &Pred) -> String {
+        let c = format!("s.{}", quote_column(&self.spec.cursor));
+        match pred {
+            Pred::Time { .. } => format!("{c} >= $1::timestamptz AND {c} < $2::timestamptz"),
+            Pred::Ids { lo: Some(_), .. } => format!("{c} > $1 AND {c} <= $2"),
+            Pred::Ids { lo: None, .. } => format!("{c} <= $1"),
+        }
+    }
+}
+
+enum PgParam {
+    Text(String),
+    Int(i64),
+}
+
+fn pg_params(pred: &Pred) -> Vec<PgParam> {
+    match *pred {
+        Pred::Time { lo_us, hi_us } => vec![
+            PgParam::Text(format_rfc3339(lo_us)),
+            PgParam::Text(format_rfc3339(hi_us)),
+        ],
+        Pred::Ids { lo: Some(lo), hi } => vec![PgParam::Int(lo), PgParam::Int(hi)],
+        Pred::Ids { lo: None, hi } => vec![PgParam::Int(hi)],
+    }
+}
+
+fn as_sql(p: &PgParam) -> &(dyn postgres::types::ToSql + Sync) {
+    match p {
+        PgParam::Text(s) => s,
+        PgParam::Int(i) => i,
+    }
+}
+
+impl Reader for PgReader {
+    fn columns(&mut self) -> Result<Vec<Column>, IngestError> {
+        Ok(self.described()?.into_iter().map(|(c, _)| c).collect())
+    }
+
+    fn read(
+        &mut self,
+        pred: &Pred,
+        unique: bool,
+        sink: &mut ParquetSink,
+        window: &str,
+    ) -> Result<Option<u64>, IngestError> {
+        let cols = self.described()?;
+        let rel = self.spec.relation_sql();
+        let where_ = self.pred_sql(pred);
+        let params = pg_params(pred);
+        let keys = key_list(&self.spec);
+        let name = self.spec.name.clone();
+        let werr = |e: postgres::Error| IngestError::Read {
+            name: name.clone(),
+            window: window.to_string(),
+            message: e.to_string(),
+        };
+        let mut tx = self
+            .client
+            .build_transaction()
+            .isolation_level(postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .map_err(werr)?;
+        let dups = if unique {
+            let sql = format!(
+                "SELECT count(*) FROM (SELECT 1 FROM {rel} AS s WHERE {where_} GROUP BY {keys} HAVING count(*) > 1) d"
+            );
+            let refs: Vec<_> = params.iter().map(as_sql).collect();
+            let n: i64 = tx.query_one(&sql, &refs).map_err(werr)?.get(0);
+            Some(n as u64)
+        } else {
+            None
+        };
+        let list = cols
+            .iter()
+            .map(|(_, e)| e.as_str())
+            .collect::<Vec<_>>()
+            .join(", ");
+        let sql = format!("SELECT {list} FROM {rel} AS s WHERE {where_}");
+        let stmt = tx.prepare(&sql).map_err(werr)?;
+        let refs: Vec<_> = params.iter().map(as_sql).collect();
+        let mut it = tx.query_raw(&stmt, refs).map_err(werr)?;
+        use postgres::fallible_iterator::FallibleIterator;
+        while let Some(row) = it.next().map_err(werr)? {
+            let mut vals = Vec::with_capacity(cols.len());
+            for (i, (c, _)) in cols.iter().enumerate() {
+                let v = match c.ty {
+                    ColType::Bool => row
+                        .try_get::<_, Option<bool>>(i)
+                        .map(|v| v.map_or(Value::Null, Value::Bool)),
+                    ColType::I16 => row
+                        .try_get::<_, Option<i16>>(i)
+                        .map(|v| v.map_or(Value::Null, |x| Value::Int(x as i64))),
+                    ColType::I32 => row
+                        .try_get::<_, Option<i32>>(i)
+                        .map(|v| v.map_or(Value::Null, |x| Value::Int(x as i64))),
+                    ColType::I64 => row
+                        .try_get::<_, Option<i64>>(i)
+                        .map(|v| v.map_or(Value::Null, Value::Int)),
+                    ColType::F32 => row
+                        .try_get::<_, Option<f32>>(i)
+                        .map(|v| v.map_or(Value::Null, |x| Value::Float(x as f64))),
+                    ColType::F64 => row
+                        .try_get::<_, Option<f64>>(i)
+                        .map(|v| v.map_or(Value::Null, Value::Float)),
+                    ColType::Text => row
+                        .try_get::<_, Option<&str>>(i)
+                        .map(|v| v.map_or(Value::Null, Value::Text)),
+                    ColType::Bytes => row
+                        .try_get::<_, Option<&[u8]>>(i)
+                        .map(|v| v.map_or(Value::Null, Value::Bytes)),
+                    ColType::TimestampTz | ColType::Timestamp => row
+                        .try_get::<_, Option<i64>>(i)
+                        .map(|v| v.map_or(Value::Null, Value::Micros)),
+                    ColType::Date => row
+                        .try_get::<_, Option<i32>>(i)
+                        .map(|v| v.map_or(Value::Null, Value::Days)),
+                };
+                vals.push(v.map_err(werr)?);
+            }
+            sink.push_row(vals.into_iter())
+                .map_err(|message| IngestError::Read {
+                    name: name.clone(),
+                    window: window.to_string(),
+                    message,
+                })?;
+        }
+        drop(it);
+        tx.commit().map_err(werr)?;
+        Ok(dups)
+    }
+
+    fn max_id(&mut self) -> Result<Option<i64>, IngestError> {
+        let sql = format!(
+            "SELECT max(s.{})::int8 FROM {} AS s",
+            quote_column(&self.spec.cursor),
+            self.spec.relation_sql()
+        );
+        let row = self
+            .client
+            .query_one(&sql, &[])
+            .map_err(|e| self.err("(max id)", e))?;
+        Ok(row.get(0))
+    }
+
+    fn horizon_and_late(&mut self, from: Option<i64>) -> Result<(i64, Vec<i64>), IngestError> {
+        let rel = self.spec.relation_sql();
+        let c = format!("s.{}", quote_column(&self.spec.cursor));
+        let (start, interval) = (self.spec.grid.start_us, self.spec.grid.interval_us);
+        let name = self.spec.name.clone();
+        let werr = |e: postgres::Error| IngestError::Read {
+            name: name.clone(),
+            window: "(horizon)".into(),
+            message: e.to_string(),
+        };
+        let mut tx = self
+            .client
+            .build_transaction()
+            .isolation_level(postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .map_err(werr)?;
+        // Every transaction below the snapshot's xmin has ended: rows it
+        // wrote are visible now or never will be. Everything at or above it
+        // will show up in a later run, as a row with a larger id.
+        let horizon: i64 = tx
+            .query_one(
+                "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint",
+                &[],
+            )
+            .map_err(werr)?
+            .get(0);
+        let late = match from {
+            None => Vec::new(),
+            Some(from) => {
+                let sql = format!(
+                    "SELECT DISTINCT floor((extract(epoch FROM {c}) * 1000000 - $1::int8) / $2::int8)::int8 \
+                     FROM {rel} AS s WHERE {ROW_XID} >= $3 AND {c} IS NOT NULL"
+                );
+                tx.query(&sql, &[&start, &interval, &from])
+                    .map_err(werr)?
+                    .iter()
+                    .map(|r| r.get::<_, i64>(0))
+                    .collect()
+            }
+        };
+        tx.commit().map_err(werr)?;
+        Ok((horizon, late))
+    }
+
+    fn horizon_holder(&mut self) -> Result<Option<String>, IngestError> {
+        let rows = self
+            .client
+            .query(
+                "SELECT pid, coalesce(state, ''), coalesce(backend_xid::text, backend_xmin::text), \
+                        coalesce(extract(epoch FROM now() - xact_start)::int8, 0) \
+                 FROM pg_stat_activity \
+                 WHERE (backend_xid IS NOT NULL OR backend_xmin IS NOT NULL) AND pid <> pg_backend_pid() \
+                 ORDER BY xact_start NULLS LAST LIMIT 1",
+                &[],
+            )
+            .map_err(|e| self.err("(horizon)", e))?;
+        Ok(rows.first().map(|r| {
+            let pid: i32 = r.get(0);
+            let state: String = r.get(1);
+            let xid: String = r.get(2);
+            let secs: i64 = r.get(3);
+            format!("horizon pinned by xid {xid} (pid {pid}, {state}) for {secs}s")
+        }))
+    }
+}
