@@ -26,6 +26,17 @@ const DAY_US: i64 = 86_400 * 1_000_000;
 /// lifetimes, so a dead owner's lease has surely expired by then.
 pub const LEASE_WAIT_LEASES_MAX: u64 = 3;
 
+/// Whether a process exists on this host (signal 0 checks without sending).
+fn process_alive(pid: i64) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: kill with signal 0 performs only the existence and permission
+    // check; no signal is sent.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
 fn now_ns() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -220,6 +231,12 @@ impl Ingestor {
                 end_us: r.end_us,
             };
             let (_, abs) = self.window_path(&w);
+            let on_disk = publish::published_token(&abs);
+            if let Some(t) = on_disk.filter(|t| *t != r.token) {
+                // The attempt died before its swap; the version on disk is an
+                // earlier, complete one, and it stays published.
+                r.token = t;
+            }
             if publish::published_token(&abs).as_deref() == Some(r.token.as_str()) {
                 let manifest: serde_json::Value = std::fs::read(abs.join("_manifest.json"))
                     .ok()
@@ -350,17 +367,30 @@ impl Ingestor {
         };
         let staging = publish::staging_path(&abs, &token);
         std::fs::create_dir_all(&staging).map_err(|e| IngestError::io("creating", &staging, e))?;
+        let previous = ctx
+            .records
+            .get(&k)
+            .filter(|r| r.status == WindowStatus::Published)
+            .cloned();
         let fail = |rec: &mut WindowRecord,
                     outcome: &mut WindowOutcome,
                     msg: String|
          -> Result<(), IngestError> {
             let _ = std::fs::remove_dir_all(&staging);
-            rec.status = WindowStatus::Failed;
-            rec.error = Some(msg.clone());
-            rec.duration_ms = started.elapsed().as_millis() as i64;
-            outcome.error = Some(msg);
-            outcome.duration_ms = rec.duration_ms as u64;
-            self.commit(ctx.store, ctx.fence, rec.clone())?;
+            outcome.error = Some(msg.clone());
+            outcome.duration_ms = started.elapsed().as_millis() as u64;
+            // A re-run that fails leaves the published version in place, and
+            // its record says so; only a window never published is failed.
+            let record = match &previous {
+                Some(p) => p.clone(),
+                None => {
+                    rec.status = WindowStatus::Failed;
+                    rec.error = Some(msg);
+                    rec.duration_ms = outcome.duration_ms as i64;
+                    rec.clone()
+                }
+            };
+            self.commit(ctx.store, ctx.fence, record)?;
             Ok(())
         };
         let mut sink = ParquetSink::new(
@@ -514,6 +544,26 @@ impl Ingestor {
                 )?;
             match got {
                 LeaseOutcome::Acquired(l) => break l,
+                // An owner on this host whose process is gone holds nothing:
+                // take its lease over now rather than after it expires. The
+                // takeover raises the token like any other.
+                LeaseOutcome::Held(h) if h.host == host && !process_alive(h.pid) => {
+                    let at = now_ns().max(h.expires_at_ns + 1);
+                    let got = store
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .acquire_lease(
+                            &lease_name,
+                            &owner,
+                            &host,
+                            std::process::id() as i64,
+                            at,
+                            lease_ns,
+                        )?;
+                    if let LeaseOutcome::Acquired(l) = got {
+                        break l;
+                    }
+                }
                 LeaseOutcome::Held(h) if !opts.wait || Instant::now() > deadline => {
                     return Err(IngestError::Held {
                         name: name.clone(),

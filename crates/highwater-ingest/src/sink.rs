@@ -203,7 +203,11 @@ pub struct FileInfo {
 }
 
 /// The file being written: its writer, path and rows so far.
-type OpenFile = (ArrowWriter<Hashing<std::io::BufWriter<std::fs::File>>>, PathBuf, u64);
+type OpenFile = (
+    ArrowWriter<Hashing<std::io::BufWriter<std::fs::File>>>,
+    PathBuf,
+    u64,
+);
 
 /// Writes a window's rows as `part-NNNNN.parquet` files in a folder.
 pub struct ParquetSink {

@@ -90,6 +90,10 @@ const MIGRATIONS: &[&str] = &[
 /// Bounds address space, not memory: pages are the page cache's.
 pub const MMAP_SIZE_BYTES: i64 = 1 << 30;
 
+/// How often opening a store retries when another process holds the lock
+/// while creating or migrating it (20 ms apart): bounds the wait to seconds.
+pub const OPEN_BUSY_RETRIES_MAX: u32 = 250;
+
 /// The schema version this highwater writes.
 pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
 
@@ -108,6 +112,31 @@ impl SqliteStore {
     /// build a store as an older highwater left it.
     #[doc(hidden)]
     pub fn open_at(path: &Path, version: u32) -> Result<SqliteStore, StoreError> {
+        // Switching a fresh file to WAL and migrating it can meet another
+        // process doing the same; SQLite then answers "busy" without
+        // waiting, so the open is retried a bounded number of times.
+        let mut attempt = 0;
+        loop {
+            match Self::open_once(path, version) {
+                Err(StoreError::Sqlite { source, .. })
+                    if attempt < OPEN_BUSY_RETRIES_MAX
+                        && matches!(
+                            source.sqlite_error_code(),
+                            Some(
+                                rusqlite::ErrorCode::DatabaseBusy
+                                    | rusqlite::ErrorCode::DatabaseLocked
+                            )
+                        ) =>
+                {
+                    attempt += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn open_once(path: &Path, version: u32) -> Result<SqliteStore, StoreError> {
         assert!(version <= SCHEMA_VERSION);
         if let Some(parent) = path.parent() {
             if !parent.as_os_str().is_empty() {

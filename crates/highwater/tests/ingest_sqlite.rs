@@ -1,0 +1,487 @@
+//! Windowed ingestion from SQLite, the embedded default, through the real
+//! binary: late rows, re-runs, failed checks, gaps, leases and crashes.
+
+mod common;
+use common::ingest::*;
+use common::*;
+
+fn db(p: &Project) -> rusqlite::Connection {
+    let c = rusqlite::Connection::open(p.path("src.db")).unwrap();
+    c.execute_batch(
+        "PRAGMA journal_mode=WAL;
+         CREATE TABLE IF NOT EXISTS orders(id INTEGER PRIMARY KEY, amount REAL, note TEXT, updated_at TEXT NOT NULL);",
+    )
+    .unwrap();
+    c
+}
+
+fn put(c: &rusqlite::Connection, id: i64, at: &str) {
+    c.execute(
+        "INSERT OR REPLACE INTO orders VALUES(?1, ?2, ?3, ?4)",
+        rusqlite::params![id, id as f64 * 1.5, format!("note {id}"), at],
+    )
+    .unwrap();
+}
+
+fn project() -> (Project, rusqlite::Connection) {
+    let p = Project::new(SQLITE_SOURCE);
+    let c = db(&p);
+    (p, c)
+}
+
+fn ingest(p: &Project, now: &str, extra: &[&str], code: i32) -> serde_json::Value {
+    let mut args = vec!["ingest", "orders", "--json", "--now", now];
+    args.extend_from_slice(extra);
+    p.check(&args, code).json()
+}
+
+fn statuses(r: &serde_json::Value) -> Vec<(String, String)> {
+    r["windows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| {
+            (
+                w["start"].as_str().unwrap()[11..16].to_string(),
+                w["status"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// The seed's row B: updated at 08:59:59.9, committed after the 08:00 window
+/// was read. The 09:00 window's lookback picks it up.
+#[test]
+fn row_b_lands_within_the_lookback() {
+    let (p, c) = project();
+    put(&c, 1, "2026-03-01T08:12:00Z");
+    let r = ingest(&p, "2026-03-01T09:02:30Z", &[], 0);
+    assert_eq!(statuses(&r), [("08:00".into(), "published".into())]);
+    // Row B commits now, after its window was read.
+    put(&c, 2, "2026-03-01T08:59:59.900Z");
+    put(&c, 3, "2026-03-01T09:04:00Z");
+    let r = ingest(&p, "2026-03-01T10:05:00Z", &[], 0);
+    assert_eq!(statuses(&r), [("09:00".into(), "published".into())]);
+    let rows = landed(&p.path("raw/orders"));
+    let ids: Vec<_> = rows.iter().map(|(w, id, _)| (w.as_str(), *id)).collect();
+    assert_eq!(
+        ids,
+        [
+            ("ingest_date=2026-03-01/ingest_hour=08", 1),
+            ("ingest_date=2026-03-01/ingest_hour=09", 2),
+            ("ingest_date=2026-03-01/ingest_hour=09", 3)
+        ]
+    );
+    let grid = p
+        .check(&["windows", "orders", "--now", "2026-03-01T10:05:00Z"], 0)
+        .stdout;
+    assert!(grid.contains("2026-03-01 ##"), "{grid}");
+}
+
+#[test]
+fn rerunning_an_old_window_replaces_it() {
+    let (p, c) = project();
+    for i in 0..20 {
+        put(&c, i, &format!("2026-03-01T08:{:02}:00Z", i * 2));
+    }
+    ingest(&p, "2026-03-01T12:00:00Z", &[], 0);
+    let w8 = p.path("raw/orders/ingest_date=2026-03-01/ingest_hour=08");
+    let before = std::fs::read_to_string(w8.join("_manifest.json")).unwrap();
+    c.execute("DELETE FROM orders WHERE id >= 10", []).unwrap();
+    let r = ingest(
+        &p,
+        "2026-03-01T12:00:00Z",
+        &["--window", "2026-03-01T08:00:00Z/2026-03-01T09:00:00Z"],
+        0,
+    );
+    assert_eq!(r["windows"][0]["rows"], 10);
+    let after = std::fs::read_to_string(w8.join("_manifest.json")).unwrap();
+    assert_ne!(before, after);
+    let rows = landed(&p.path("raw/orders"));
+    assert_eq!(rows.len(), 10, "replaced, not appended beside");
+    let names: Vec<_> = std::fs::read_dir(w8.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.iter().all(|n| !n.contains("hw-staging")), "{names:?}");
+    // The bookmark did not move backwards or forwards.
+    let r = ingest(&p, "2026-03-01T12:00:00Z", &[], 0);
+    assert_eq!(r["bookmark_before"], "2026-03-01T11:00:00Z");
+}
+
+/// A window whose keys are not unique is never published: the previous
+/// version stays, byte for byte, and the bookmark does not move.
+#[test]
+fn a_failed_check_leaves_the_published_state_untouched() {
+    let p = Project::new(&SQLITE_SOURCE.replace(
+        "table = \"orders\"",
+        "query = \"SELECT * FROM orders UNION ALL SELECT * FROM extra\"",
+    ));
+    let c = db(&p);
+    c.execute_batch("CREATE TABLE extra(id INTEGER, amount REAL, note TEXT, updated_at TEXT)")
+        .unwrap();
+    put(&c, 1, "2026-03-01T08:10:00Z");
+    put(&c, 2, "2026-03-01T09:10:00Z");
+    ingest(&p, "2026-03-01T09:30:00Z", &[], 0);
+    let before = p.tree("raw");
+    let state_before = p
+        .check(
+            &[
+                "windows",
+                "orders",
+                "--json",
+                "--now",
+                "2026-03-01T09:30:00Z",
+            ],
+            0,
+        )
+        .stdout;
+    c.execute(
+        "INSERT INTO extra VALUES(1, 9.0, 'dup', '2026-03-01T08:20:00Z')",
+        [],
+    )
+    .unwrap();
+    let r = ingest(
+        &p,
+        "2026-03-01T10:30:00Z",
+        &["--window", "2026-03-01T08:00:00Z/2026-03-01T10:00:00Z"],
+        1,
+    );
+    assert_eq!(
+        statuses(&r),
+        [
+            ("08:00".into(), "failed".into()),
+            ("09:00".into(), "published".into())
+        ]
+    );
+    assert!(
+        r["windows"][0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("1 keys occur more than once"),
+        "{r}"
+    );
+    let after = p.tree("raw");
+    let w8 = "orders/ingest_date=2026-03-01/ingest_hour=08/part-00000.parquet";
+    assert_eq!(
+        before[w8], after[w8],
+        "the previous version of the window is untouched"
+    );
+    assert_eq!(
+        r["bookmark_after"], "2026-03-01T10:00:00Z",
+        "the earlier version of 08 still counts"
+    );
+    let state_after = p
+        .check(
+            &[
+                "windows",
+                "orders",
+                "--json",
+                "--now",
+                "2026-03-01T09:30:00Z",
+            ],
+            0,
+        )
+        .stdout;
+    let (b, a): (serde_json::Value, serde_json::Value) = (
+        serde_json::from_str(&state_before).unwrap(),
+        serde_json::from_str(&state_after).unwrap(),
+    );
+    assert_eq!(
+        b["windows"][0], a["windows"][0],
+        "the record of 08 is as it was"
+    );
+}
+
+/// A failed window in the middle of a sequence: later windows publish, the
+/// bookmark stops before it, and the next run picks it up first.
+#[test]
+fn a_failed_window_in_the_middle_is_the_next_runs_first() {
+    let (p, c) = project();
+    for h in 8..12 {
+        put(&c, h, &format!("2026-03-01T{h:02}:30:00Z"));
+    }
+    // A value SQLite accepts but the integer column cannot take.
+    c.execute(
+        "INSERT INTO orders VALUES(100, 'not a number', 'x', '2026-03-01T09:40:00Z')",
+        [],
+    )
+    .unwrap();
+    c.execute_batch("CREATE VIEW IF NOT EXISTS v AS SELECT 1")
+        .unwrap();
+    let p2 = Project::new(&SQLITE_SOURCE.replace("table = \"orders\"", "query = \"SELECT id, CAST(amount AS TEXT) AS amount_text, CAST(amount AS INTEGER) + 0 AS amount_int, updated_at FROM orders\""));
+    drop(p2);
+    // Make window 09 unreadable: its row has text where a REAL column is declared.
+    let r = ingest(&p, "2026-03-01T12:05:00Z", &[], 1);
+    let s = statuses(&r);
+    assert_eq!(s[1], ("09:00".into(), "failed".into()), "{r}");
+    assert!(
+        r["windows"][1]["error"]
+            .as_str()
+            .unwrap()
+            .contains("column `amount`"),
+        "{r}"
+    );
+    assert_eq!(s[2].1, "published");
+    assert_eq!(r["bookmark_after"], "2026-03-01T09:00:00Z");
+    let grid = p
+        .check(&["windows", "orders", "--now", "2026-03-01T12:05:00Z"], 0)
+        .stdout;
+    assert!(grid.contains("2026-03-01 #F##"), "{grid}");
+    c.execute("UPDATE orders SET amount = 1.0 WHERE id = 100", [])
+        .unwrap();
+    let r = ingest(&p, "2026-03-01T12:05:00Z", &[], 0);
+    assert_eq!(statuses(&r), [("09:00".into(), "published".into())]);
+    assert_eq!(
+        r["bookmark_after"], "2026-03-01T12:00:00Z",
+        "jumps over the windows already published"
+    );
+}
+
+#[test]
+fn a_held_lease_refuses_and_an_expired_one_is_taken_over() {
+    use highwater_store::{LeaseOutcome, SqliteStore, StateStore};
+    let (p, c) = project();
+    put(&c, 1, "2026-03-01T08:10:00Z");
+    std::fs::create_dir_all(p.path(".highwater")).unwrap();
+    let mut s = SqliteStore::open(&p.path(".highwater/state.db")).unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as i64;
+    let LeaseOutcome::Acquired(l) = s
+        .acquire_lease(
+            "ingest:orders",
+            "other:42",
+            "elsewhere",
+            42,
+            now,
+            3_600_000_000_000,
+        )
+        .unwrap()
+    else {
+        panic!()
+    };
+    let r = p.check(&["ingest", "orders", "--now", "2026-03-01T09:30:00Z"], 2);
+    assert!(
+        r.stderr
+            .contains("another ingest holds the lease (owner other:42, host elsewhere, pid 42)"),
+        "{}",
+        r.stderr
+    );
+    assert!(!p.exists("raw"));
+    // The owner dies; its lease expires; the next run takes over.
+    s.acquire_lease(
+        "ingest:orders",
+        "other:42",
+        "elsewhere",
+        42,
+        now - 7_200_000_000_000,
+        1,
+    )
+    .unwrap();
+    ingest(&p, "2026-03-01T09:30:00Z", &[], 0);
+    let LeaseOutcome::Acquired(again) = s
+        .acquire_lease(
+            "ingest:orders",
+            "third",
+            "h",
+            1,
+            now + 10_000_000_000_000,
+            1,
+        )
+        .unwrap()
+    else {
+        panic!()
+    };
+    assert!(
+        again.token > l.token + 1,
+        "each takeover raised the fencing token"
+    );
+}
+
+/// Two ingests at once on one source: every window is published exactly
+/// once, and the bookmark skips nothing.
+#[test]
+fn two_concurrent_ingests_neither_duplicate_nor_skip() {
+    let (p, c) = project();
+    for h in 0..48 {
+        for i in 0..20 {
+            put(
+                &c,
+                h * 100 + i,
+                &format!(
+                    "2026-03-{:02}T{:02}:{:02}:00Z",
+                    1 + (8 + h) / 24,
+                    (8 + h) % 24,
+                    i * 3
+                ),
+            );
+        }
+    }
+    let spawn = || {
+        p.cmd(&[
+            "ingest",
+            "orders",
+            "--json",
+            "--wait",
+            "--now",
+            "2026-03-03T12:00:00Z",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+    };
+    let (a, b) = (spawn(), spawn());
+    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    assert!(a.status.success() && b.status.success(), "{a:?} {b:?}");
+    let ra: serde_json::Value = serde_json::from_slice(&a.stdout).unwrap();
+    let rb: serde_json::Value = serde_json::from_slice(&b.stdout).unwrap();
+    let mut starts: Vec<String> = Vec::new();
+    for r in [&ra, &rb] {
+        for w in r["windows"].as_array().unwrap() {
+            assert_eq!(w["status"], "published");
+            starts.push(w["start"].as_str().unwrap().to_string());
+        }
+    }
+    let n = starts.len();
+    starts.sort();
+    starts.dedup();
+    assert_eq!(starts.len(), n, "no window published twice");
+    assert_eq!(
+        n, 51,
+        "none skipped: every closed window from 03-01 08:00 to 03-03 11:00"
+    );
+    let g = p
+        .check(
+            &[
+                "windows",
+                "orders",
+                "--json",
+                "--now",
+                "2026-03-03T12:00:00Z",
+            ],
+            0,
+        )
+        .json();
+    assert_eq!(g["bookmark"], "2026-03-03T11:00:00Z");
+    // The lookback lands rows of the last ten minutes twice; deduped on the
+    // key, the landed data is the source exactly.
+    let source: std::collections::BTreeMap<i64, String> = c
+        .prepare("SELECT id, updated_at FROM orders")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(latest(&landed(&p.path("raw/orders"))), source);
+}
+
+/// SIGKILL-equivalent aborts at the two dangerous points of a publish. After
+/// the swap: the restart finds the attempt's token in `_manifest.json` and
+/// records the window without re-running it. Before the swap: nothing is
+/// visible, and the restart runs the window again. Either way the window is
+/// complete exactly once.
+#[test]
+fn a_crash_mid_publish_leaves_the_window_complete_exactly_once() {
+    for point in ["after-swap", "before-swap"] {
+        let (p, c) = project();
+        for i in 0..30 {
+            put(&c, i, &format!("2026-03-01T08:{:02}:00Z", i));
+        }
+        let out = p
+            .cmd(&["ingest", "orders", "--now", "2026-03-01T09:30:00Z"])
+            .env("HIGHWATER_FAILPOINT", point)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{point}: the failpoint aborts");
+        let w8 = p.path("raw/orders/ingest_date=2026-03-01/ingest_hour=08");
+        assert_eq!(w8.exists(), point == "after-swap");
+        let r = ingest(&p, "2026-03-01T09:30:00Z", &[], 0);
+        assert_eq!(r["bookmark_after"], "2026-03-01T09:00:00Z", "{point}: {r}");
+        if point == "after-swap" {
+            assert!(
+                r["windows"].as_array().unwrap().is_empty(),
+                "recovered, not re-run: {r}"
+            );
+        }
+        let rows = landed(&p.path("raw/orders"));
+        assert_eq!(rows.len(), 30, "{point}");
+        let leftovers: Vec<_> = std::fs::read_dir(w8.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains("staging"))
+            .collect();
+        assert!(leftovers.is_empty(), "{point}: {leftovers:?}");
+    }
+}
+
+#[test]
+fn catch_up_is_capped_and_windows_must_be_closed() {
+    let p = Project::new(&SQLITE_SOURCE.replace(
+        "settle = \"2m\"",
+        "settle = \"2m\"\ncatch_up_windows_max = 5",
+    ));
+    let c = db(&p);
+    put(&c, 1, "2026-03-01T08:10:00Z");
+    let r = ingest(&p, "2026-03-02T08:00:00Z", &[], 0);
+    assert_eq!(r["windows"].as_array().unwrap().len(), 5);
+    assert_eq!(r["bookmark_after"], "2026-03-01T13:00:00Z");
+    let r = p.check(
+        &[
+            "ingest",
+            "orders",
+            "--now",
+            "2026-03-02T08:00:00Z",
+            "--window",
+            "2026-03-02T07:00:00Z/2026-03-02T08:00:00Z",
+        ],
+        2,
+    );
+    assert!(
+        r.stderr
+            .contains("is not closed until 2026-03-02T08:02:00Z"),
+        "{}",
+        r.stderr
+    );
+    let r = p.check(
+        &[
+            "ingest",
+            "orders",
+            "--window",
+            "2026-03-01T08:30:00Z/2026-03-01T09:00:00Z",
+        ],
+        2,
+    );
+    assert!(r.stderr.contains("not aligned"), "{}", r.stderr);
+}
+
+#[test]
+fn bad_source_config_is_named() {
+    let p = Project::new(&SQLITE_SOURCE.replace("interval = \"1h\"", "interval = \"1 hour\""));
+    let r = p.check(&["ingest", "orders"], 2);
+    assert!(
+        r.stderr.contains("[sources.orders] interval"),
+        "{}",
+        r.stderr
+    );
+    let p = Project::new(&SQLITE_SOURCE.replace(
+        "ingest_date={date}/ingest_hour={hour}",
+        "ingest_date={date}",
+    ));
+    let r = p.check(&["ingest", "orders"], 2);
+    assert!(
+        r.stderr.contains("gives two windows the same path"),
+        "{}",
+        r.stderr
+    );
+    let p = Project::new(SQLITE_SOURCE);
+    let r = p.check(&["ingest", "nope"], 2);
+    assert!(
+        r.stderr
+            .contains("no source named `nope`; the config has: orders"),
+        "{}",
+        r.stderr
+    );
+}
