@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # The whole test suite, as README.md gives it and as .ci/run calls it.
-# Starts nothing that it does not also stop.
+# Starts a throw-away PostgreSQL cluster on loopback for the tests that need
+# a real server, and stops it afterwards. Without PostgreSQL it fails: no
+# test skips silently.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/pg.sh
+. scripts/pg.sh
+pg_start
 cargo test --workspace --locked "$@"

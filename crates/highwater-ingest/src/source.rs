@@ -326,9 +326,13 @@ impl PgReader {
     fn pred_sql(&self, pred: &Pred) -> String {
         let c = format!("s.{}", quote_column(&self.spec.cursor));
         match pred {
-            Pred::Time { .. } => format!("{c} >= $1::timestamptz AND {c} < $2::timestamptz"),
-            Pred::Ids { lo: Some(_), .. } => format!("{c} > $1 AND {c} <= $2"),
-            Pred::Ids { lo: None, .. } => format!("{c} <= $1"),
+            // Parameters are typed explicitly, so that the text and int8 we
+            // bind fit whatever type the cursor column has.
+            Pred::Time { .. } => {
+                format!("{c} >= $1::text::timestamptz AND {c} < $2::text::timestamptz")
+            }
+            Pred::Ids { lo: Some(_), .. } => format!("{c} > $1::int8 AND {c} <= $2::int8"),
+            Pred::Ids { lo: None, .. } => format!("{c} <= $1::int8"),
         }
     }
 }
@@ -500,7 +504,7 @@ impl Reader for PgReader {
             Some(from) => {
                 let sql = format!(
                     "SELECT DISTINCT floor((extract(epoch FROM {c}) * 1000000 - $1::int8) / $2::int8)::int8 \
-                     FROM {rel} AS s WHERE {ROW_XID} >= $3 AND {c} IS NOT NULL"
+                     FROM {rel} AS s WHERE {ROW_XID} >= $3::int8 AND {c} IS NOT NULL"
                 );
                 tx.query(&sql, &[&start, &interval, &from])
                     .map_err(werr)?

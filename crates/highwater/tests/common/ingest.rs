@@ -87,3 +87,105 @@ output = "raw/orders/ingest_date={date}/ingest_hour={hour}"
 unique_key = "fail"
 continuity = "warn"
 "#;
+
+/// A fresh database on the test cluster started by `scripts/test.sh`, and
+/// its connection string. Without the cluster this fails loudly: the
+/// PostgreSQL tests never skip.
+pub fn pg_database(tag: &str) -> (postgres::Client, String) {
+    let base = std::env::var("HIGHWATER_TEST_PG_URL").expect(
+        "HIGHWATER_TEST_PG_URL is not set: run the tests with `bash scripts/test.sh`, which starts PostgreSQL",
+    );
+    let mut admin =
+        postgres::Client::connect(&base, postgres::NoTls).expect("the test cluster answers");
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let name = format!(
+        "hw_{tag}_{}_{}",
+        std::process::id(),
+        N.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+    );
+    admin
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .unwrap();
+    let url = format!("{base} dbname={name}");
+    let client = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    (client, url)
+}
+
+/// Every row landed under `root`, for PostgreSQL sources: (window, id,
+/// updated_at in microseconds).
+pub fn landed_pg(root: &Path) -> Vec<(String, i64, i64)> {
+    use arrow_array::TimestampMicrosecondArray;
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "parquet") {
+                let win = p
+                    .parent()
+                    .unwrap()
+                    .strip_prefix(root)
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned();
+                let f = std::fs::File::open(&p).unwrap();
+                let reader =
+                    parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f)
+                        .unwrap()
+                        .build()
+                        .unwrap();
+                for batch in reader {
+                    let b = batch.unwrap();
+                    let ids = b
+                        .column_by_name("id")
+                        .unwrap()
+                        .as_any()
+                        .downcast_ref::<Int64Array>()
+                        .unwrap()
+                        .clone();
+                    let ts = b
+                        .column_by_name("updated_at")
+                        .unwrap()
+                        .as_any()
+                        .downcast_ref::<TimestampMicrosecondArray>()
+                        .unwrap()
+                        .clone();
+                    for i in 0..ids.len() {
+                        out.push((win.clone(), ids.value(i), ts.value(i)));
+                    }
+                }
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+pub fn pg_source(mode: &str, lookback: &str) -> String {
+    format!(
+        r#"
+[sources.orders]
+kind = "postgres"
+url_env = "ORDERS_DATABASE_URL"
+table = "orders"
+key = ["id"]
+mode = "{mode}"
+cursor = "updated_at"
+interval = "1h"
+start = "2026-03-01T00:00:00Z"
+lookback = "{lookback}"
+settle = "2m"
+output = "raw/orders/ingest_date={{date}}/ingest_hour={{hour}}"
+[sources.orders.checks]
+unique_key = "fail"
+continuity = "warn"
+volume = {{ compare_days = 7, max_deviation = 0.5, on_fail = "warn" }}
+duration = {{ warn_share_of_interval = 0.5 }}
+"#
+    )
+}
