@@ -209,7 +209,21 @@ type OpenFile = (
     u64,
 );
 
-/// Writes a window's rows as `part-NNNNN.parquet` files in a folder.
+/// Rows per Parquet row group: the encoder buffers one row group, so this
+/// bounds its memory (about 100 bytes a row for typical tables).
+pub const ROW_GROUP_ROWS_MAX: usize = 131_072;
+
+/// The encoder thread's result: the files written and the rows in them.
+type Encoded = Result<(Vec<FileInfo>, u64), IngestError>;
+
+/// Record batches waiting for the encoder: bounds memory to this many
+/// batches of `batch_rows` between the reader and the Parquet encoder.
+pub const ENCODE_QUEUE_BATCHES_MAX: usize = 2;
+
+/// Writes a window's rows as `part-NNNNN.parquet` files in a folder. Two
+/// stages joined by a bounded channel: the caller's thread turns rows into
+/// record batches; an encoder thread compresses and writes them, so that
+/// reading from the source and encoding overlap.
 pub struct ParquetSink {
     dir: PathBuf,
     schema: SchemaRef,
@@ -217,113 +231,75 @@ pub struct ParquetSink {
     columns: Vec<Column>,
     pending: usize,
     batch_rows: usize,
-    file_rows_max: usize,
-    writer: Option<OpenFile>,
-    pub files: Vec<FileInfo>,
-    pub rows: u64,
+    tx: Option<std::sync::mpsc::SyncSender<RecordBatch>>,
+    encoder: Option<std::thread::JoinHandle<Encoded>>,
 }
 
-impl ParquetSink {
-    pub fn new(
-        dir: &Path,
-        columns: &[Column],
-        batch_rows: usize,
-        file_rows_max: usize,
-    ) -> ParquetSink {
-        let fields: Vec<Field> = columns
-            .iter()
-            .map(|c| Field::new(&c.name, c.ty.data_type(), true))
-            .collect();
-        ParquetSink {
-            dir: dir.to_path_buf(),
-            schema: Arc::new(Schema::new(fields)),
-            builders: columns.iter().map(|c| Builder::new(c.ty)).collect(),
-            columns: columns.to_vec(),
-            pending: 0,
-            batch_rows,
-            file_rows_max,
-            writer: None,
-            files: Vec::new(),
-            rows: 0,
-        }
-    }
+/// The encoder stage: writes batches into files, rolling over at
+/// `file_rows_max`, fsyncing and hashing each file.
+struct Encoder {
+    dir: PathBuf,
+    schema: SchemaRef,
+    file_rows_max: usize,
+    writer: Option<OpenFile>,
+    files: Vec<FileInfo>,
+    rows: u64,
+}
 
-    /// Appends one row; `Err` says which column did not fit.
-    pub fn push_row<'a>(&mut self, values: impl Iterator<Item = Value<'a>>) -> Result<(), String> {
-        let mut n = 0;
-        for (i, v) in values.enumerate() {
-            self.builders[i].push(v).map_err(|want| {
-                format!(
-                    "column `{}` holds a value that is not {want}",
-                    self.columns[i].name
-                )
-            })?;
-            n += 1;
-        }
-        assert_eq!(n, self.builders.len(), "a row has one value per column");
-        self.pending += 1;
-        if self.pending >= self.batch_rows {
-            self.flush_batch().map_err(|e| e.to_string())?;
-        }
-        Ok(())
-    }
-
-    fn err(&self, path: &Path, e: impl ToString) -> IngestError {
+impl Encoder {
+    fn err(path: &Path, e: impl ToString) -> IngestError {
         IngestError::Parquet {
             path: path.to_path_buf(),
             message: e.to_string(),
         }
     }
 
-    fn flush_batch(&mut self) -> Result<(), IngestError> {
-        if self.pending == 0 {
-            return Ok(());
-        }
-        let arrays: Vec<ArrayRef> = self.builders.iter_mut().map(Builder::finish).collect();
-        let batch = RecordBatch::try_new(self.schema.clone(), arrays)
-            .map_err(|e| self.err(&self.dir, e))?;
+    fn open(&mut self) -> Result<(), IngestError> {
+        let path = self
+            .dir
+            .join(format!("part-{:05}.parquet", self.files.len()));
+        let f = std::fs::File::create(&path).map_err(|e| IngestError::io("creating", &path, e))?;
+        let props = WriterProperties::builder()
+            .set_compression(Compression::ZSTD(
+                ZstdLevel::try_new(1).expect("level 1 is valid"),
+            ))
+            // The writer holds a row group in memory until it is full: this
+            // bound keeps memory flat however large the window is.
+            .set_max_row_group_row_count(Some(ROW_GROUP_ROWS_MAX))
+            .build();
+        let w = ArrowWriter::try_new(
+            Hashing {
+                inner: std::io::BufWriter::with_capacity(1 << 20, f),
+                hasher: blake3::Hasher::new(),
+                bytes: 0,
+            },
+            self.schema.clone(),
+            Some(props),
+        )
+        .map_err(|e| Self::err(&path, e))?;
+        self.writer = Some((w, path, 0));
+        Ok(())
+    }
+
+    fn write(&mut self, batch: &RecordBatch) -> Result<(), IngestError> {
         if self.writer.is_none() {
-            let path = self
-                .dir
-                .join(format!("part-{:05}.parquet", self.files.len()));
-            let f =
-                std::fs::File::create(&path).map_err(|e| IngestError::io("creating", &path, e))?;
-            let props = WriterProperties::builder()
-                .set_compression(Compression::ZSTD(
-                    ZstdLevel::try_new(1).expect("level 1 is valid"),
-                ))
-                .build();
-            let w = ArrowWriter::try_new(
-                Hashing {
-                    inner: std::io::BufWriter::with_capacity(1 << 20, f),
-                    hasher: blake3::Hasher::new(),
-                    bytes: 0,
-                },
-                self.schema.clone(),
-                Some(props),
-            )
-            .map_err(|e| self.err(&path, e))?;
-            self.writer = Some((w, path, 0));
+            self.open()?;
         }
         let (w, path, rows) = self.writer.as_mut().expect("opened above");
-        w.write(&batch).map_err(|e| IngestError::Parquet {
-            path: path.clone(),
-            message: e.to_string(),
-        })?;
-        *rows += self.pending as u64;
-        self.rows += self.pending as u64;
-        self.pending = 0;
+        w.write(batch).map_err(|e| Self::err(path, e))?;
+        *rows += batch.num_rows() as u64;
+        self.rows += batch.num_rows() as u64;
         if *rows >= self.file_rows_max as u64 {
-            self.close_file()?;
+            self.close()?;
         }
         Ok(())
     }
 
-    fn close_file(&mut self) -> Result<(), IngestError> {
+    fn close(&mut self) -> Result<(), IngestError> {
         let Some((w, path, rows)) = self.writer.take() else {
             return Ok(());
         };
-        let hashing = w.into_inner().map_err(|e| self.err(&path, e))?;
+        let hashing = w.into_inner().map_err(|e| Self::err(&path, e))?;
         let Hashing {
             inner,
             hasher,
@@ -347,36 +323,116 @@ impl ParquetSink {
         Ok(())
     }
 
-    /// Writes what is pending and closes the last file. A window with no
-    /// rows still gets one (empty) file, so that "no rows" is a published
-    /// fact with a schema, not a missing folder.
+    /// Closes the last file. A window with no rows still gets one (empty)
+    /// file, so that "no rows" is a published fact with a schema, not a
+    /// missing folder.
+    fn finish(mut self, empty: RecordBatch) -> Result<(Vec<FileInfo>, u64), IngestError> {
+        if self.files.is_empty() && self.writer.is_none() {
+            self.write(&empty)?;
+        }
+        self.close()?;
+        Ok((self.files, self.rows))
+    }
+}
+
+impl ParquetSink {
+    pub fn new(
+        dir: &Path,
+        columns: &[Column],
+        batch_rows: usize,
+        file_rows_max: usize,
+    ) -> ParquetSink {
+        let fields: Vec<Field> = columns
+            .iter()
+            .map(|c| Field::new(&c.name, c.ty.data_type(), true))
+            .collect();
+        let schema: SchemaRef = Arc::new(Schema::new(fields));
+        let (tx, rx) = std::sync::mpsc::sync_channel::<RecordBatch>(ENCODE_QUEUE_BATCHES_MAX);
+        let mut enc = Encoder {
+            dir: dir.to_path_buf(),
+            schema: schema.clone(),
+            file_rows_max,
+            writer: None,
+            files: Vec::new(),
+            rows: 0,
+        };
+        let empty = RecordBatch::new_empty(schema.clone());
+        let encoder = std::thread::spawn(move || {
+            for batch in rx {
+                enc.write(&batch)?;
+            }
+            enc.finish(empty)
+        });
+        ParquetSink {
+            dir: dir.to_path_buf(),
+            schema,
+            builders: columns.iter().map(|c| Builder::new(c.ty)).collect(),
+            columns: columns.to_vec(),
+            pending: 0,
+            batch_rows,
+            tx: Some(tx),
+            encoder: Some(encoder),
+        }
+    }
+
+    /// Appends one row; `Err` says which column did not fit.
+    pub fn push_row<'a>(&mut self, values: impl Iterator<Item = Value<'a>>) -> Result<(), String> {
+        let mut n = 0;
+        for (i, v) in values.enumerate() {
+            self.builders[i].push(v).map_err(|want| {
+                format!(
+                    "column `{}` holds a value that is not {want}",
+                    self.columns[i].name
+                )
+            })?;
+            n += 1;
+        }
+        assert_eq!(n, self.builders.len(), "a row has one value per column");
+        self.pending += 1;
+        if self.pending >= self.batch_rows {
+            self.flush_batch().map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    fn flush_batch(&mut self) -> Result<(), IngestError> {
+        if self.pending == 0 {
+            return Ok(());
+        }
+        let arrays: Vec<ArrayRef> = self.builders.iter_mut().map(Builder::finish).collect();
+        let batch = RecordBatch::try_new(self.schema.clone(), arrays)
+            .map_err(|e| Encoder::err(&self.dir, e))?;
+        self.pending = 0;
+        let sent = self.tx.as_ref().expect("open until finish").send(batch);
+        if sent.is_err() {
+            // The encoder stopped on an error; finish() reports it.
+            return self.join().map(|_| ());
+        }
+        Ok(())
+    }
+
+    fn join(&mut self) -> Result<(Vec<FileInfo>, u64), IngestError> {
+        self.tx = None;
+        match self.encoder.take() {
+            Some(h) => h.join().expect("the encoder does not panic"),
+            None => Err(Encoder::err(&self.dir, "the encoder already stopped")),
+        }
+    }
+
+    /// Writes what is pending, closes the files and returns them with the
+    /// row count.
     pub fn finish(mut self) -> Result<(Vec<FileInfo>, u64), IngestError> {
         self.flush_batch()?;
-        if self.files.is_empty() && self.writer.is_none() {
-            let arrays: Vec<ArrayRef> = self.builders.iter_mut().map(Builder::finish).collect();
-            let batch = RecordBatch::try_new(self.schema.clone(), arrays)
-                .map_err(|e| self.err(&self.dir, e))?;
-            let path = self.dir.join("part-00000.parquet");
-            let f =
-                std::fs::File::create(&path).map_err(|e| IngestError::io("creating", &path, e))?;
-            let w = ArrowWriter::try_new(
-                Hashing {
-                    inner: std::io::BufWriter::new(f),
-                    hasher: blake3::Hasher::new(),
-                    bytes: 0,
-                },
-                self.schema.clone(),
-                None,
-            )
-            .map_err(|e| self.err(&path, e))?;
-            self.writer = Some((w, path, 0));
-            let (w, path, _) = self.writer.as_mut().expect("opened above");
-            w.write(&batch).map_err(|e| IngestError::Parquet {
-                path: path.clone(),
-                message: e.to_string(),
-            })?;
+        self.join()
+    }
+}
+
+impl Drop for ParquetSink {
+    fn drop(&mut self) {
+        // An abandoned sink (a failed read) still stops its encoder.
+        self.tx = None;
+        if let Some(h) = self.encoder.take() {
+            let _ = h.join();
         }
-        self.close_file()?;
-        Ok((self.files, self.rows))
     }
 }

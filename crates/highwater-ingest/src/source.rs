@@ -299,15 +299,11 @@ impl PgReader {
                     Type::FLOAT8 => (ColType::F64, q),
                     Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME => (ColType::Text, q),
                     Type::BYTEA => (ColType::Bytes, q),
-                    Type::TIMESTAMPTZ => (
-                        ColType::TimestampTz,
-                        format!("floor(extract(epoch FROM {q}) * 1000000)::int8"),
-                    ),
-                    Type::TIMESTAMP => (
-                        ColType::Timestamp,
-                        format!("floor(extract(epoch FROM {q}) * 1000000)::int8"),
-                    ),
-                    Type::DATE => (ColType::Date, format!("({q} - DATE '1970-01-01')::int4")),
+                    // Read in binary as they are (µs or days since 2000-01-01),
+                    // see `PgMicros` and `PgDays`: no conversion on the server.
+                    Type::TIMESTAMPTZ => (ColType::TimestampTz, q),
+                    Type::TIMESTAMP => (ColType::Timestamp, q),
+                    Type::DATE => (ColType::Date, q),
                     _ => (ColType::Text, format!("{q}::text")),
                 };
                 (
@@ -334,6 +330,53 @@ impl PgReader {
             Pred::Ids { lo: Some(_), .. } => format!("{c} > $1::int8 AND {c} <= $2::int8"),
             Pred::Ids { lo: None, .. } => format!("{c} <= $1::int8"),
         }
+    }
+}
+
+/// Microseconds between 1970-01-01 and PostgreSQL's epoch, 2000-01-01.
+const PG_EPOCH_US: i64 = 946_684_800_000_000;
+
+/// A timestamp(tz) read in binary: µs since 2000-01-01, as Unix µs. The
+/// infinities are refused (they have no place in a window).
+struct PgMicros(i64);
+
+impl<'a> postgres::types::FromSql<'a> for PgMicros {
+    fn from_sql(
+        _: &postgres::types::Type,
+        raw: &'a [u8],
+    ) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        let v = i64::from_be_bytes(raw.try_into()?);
+        if v == i64::MAX || v == i64::MIN {
+            return Err("an infinite timestamp cannot be placed in a window".into());
+        }
+        Ok(PgMicros(v + PG_EPOCH_US))
+    }
+
+    fn accepts(ty: &postgres::types::Type) -> bool {
+        matches!(
+            *ty,
+            postgres::types::Type::TIMESTAMP | postgres::types::Type::TIMESTAMPTZ
+        )
+    }
+}
+
+/// A date read in binary: days since 2000-01-01, as days since 1970-01-01.
+struct PgDays(i32);
+
+impl<'a> postgres::types::FromSql<'a> for PgDays {
+    fn from_sql(
+        _: &postgres::types::Type,
+        raw: &'a [u8],
+    ) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        let v = i32::from_be_bytes(raw.try_into()?);
+        if v == i32::MAX || v == i32::MIN {
+            return Err("an infinite date cannot be stored".into());
+        }
+        Ok(PgDays(v + 10_957))
+    }
+
+    fn accepts(ty: &postgres::types::Type) -> bool {
+        *ty == postgres::types::Type::DATE
     }
 }
 
@@ -390,7 +433,26 @@ impl Reader for PgReader {
             .read_only(true)
             .start()
             .map_err(werr)?;
-        let dups = if unique {
+        // A table with a primary key or unique index on exactly the key
+        // columns cannot return a key twice in one read: the source already
+        // proved it, and the GROUP BY is skipped.
+        let guaranteed = match &self.spec.relation {
+            crate::config::Relation::Table(t) => {
+                let sql = "SELECT coalesce(bool_or(ARRAY(SELECT a.attname::text FROM unnest(i.indkey) k \
+                                JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k ORDER BY 1) = $2::text[]), false) \
+                           FROM pg_index i WHERE i.indrelid = to_regclass($1) AND i.indisunique AND i.indpred IS NULL";
+                let mut key = self.spec.key.clone();
+                key.sort();
+                let rel_text = crate::config::quote_ident(t);
+                tx.query_one(sql, &[&rel_text, &key])
+                    .map_err(werr)?
+                    .get::<_, bool>(0)
+            }
+            crate::config::Relation::Query(_) => false,
+        };
+        let dups = if unique && guaranteed {
+            Some(0)
+        } else if unique {
             let sql = format!(
                 "SELECT count(*) FROM (SELECT 1 FROM {rel} AS s WHERE {where_} GROUP BY {keys} HAVING count(*) > 1) d"
             );
@@ -411,7 +473,7 @@ impl Reader for PgReader {
         let mut it = tx.query_raw(&stmt, refs).map_err(werr)?;
         use postgres::fallible_iterator::FallibleIterator;
         while let Some(row) = it.next().map_err(werr)? {
-            let mut vals = Vec::with_capacity(cols.len());
+            let mut vals: Vec<Value<'_>> = Vec::with_capacity(cols.len());
             for (i, (c, _)) in cols.iter().enumerate() {
                 let v = match c.ty {
                     ColType::Bool => row
@@ -439,11 +501,11 @@ impl Reader for PgReader {
                         .try_get::<_, Option<&[u8]>>(i)
                         .map(|v| v.map_or(Value::Null, Value::Bytes)),
                     ColType::TimestampTz | ColType::Timestamp => row
-                        .try_get::<_, Option<i64>>(i)
-                        .map(|v| v.map_or(Value::Null, Value::Micros)),
+                        .try_get::<_, Option<PgMicros>>(i)
+                        .map(|v| v.map_or(Value::Null, |x| Value::Micros(x.0))),
                     ColType::Date => row
-                        .try_get::<_, Option<i32>>(i)
-                        .map(|v| v.map_or(Value::Null, Value::Days)),
+                        .try_get::<_, Option<PgDays>>(i)
+                        .map(|v| v.map_or(Value::Null, |x| Value::Days(x.0))),
                 };
                 vals.push(v.map_err(werr)?);
             }

@@ -207,16 +207,45 @@ impl SqliteStore {
                 known: SCHEMA_VERSION,
             });
         }
-        for v in found..target {
-            let path = self.path.clone();
-            let err = |source| StoreError::Sqlite {
-                path: path.clone(),
-                source,
-            };
+        if found >= target {
+            return Ok(());
+        }
+        let path = self.path.clone();
+        let err = |source| StoreError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        // Each step re-reads the version inside its write transaction:
+        // another process may have migrated the store since we looked.
+        loop {
             let tx = self
                 .conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(err)?;
+            let has_meta: bool = tx
+                .query_row(
+                    "SELECT count(*) FROM sqlite_master WHERE type='table' AND name='meta'",
+                    [],
+                    |r| r.get::<_, i64>(0),
+                )
+                .map_err(err)?
+                > 0;
+            let v: u32 = if has_meta {
+                tx.query_row(
+                    "SELECT value FROM meta WHERE key='schema_version'",
+                    [],
+                    |r| r.get::<_, String>(0),
+                )
+                .optional()
+                .map_err(err)?
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0)
+            } else {
+                0
+            };
+            if v >= target {
+                return Ok(());
+            }
             tx.execute_batch(MIGRATIONS[v as usize]).map_err(err)?;
             tx.execute(
                 "INSERT INTO meta(key, value) VALUES('schema_version', ?1)
@@ -226,7 +255,6 @@ impl SqliteStore {
             .map_err(err)?;
             tx.commit().map_err(err)?;
         }
-        Ok(())
     }
 
     /// Decodes one manifest row, checking it as it goes. This runs once per
