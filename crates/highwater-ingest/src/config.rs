@@ -71,6 +71,16 @@ pub struct Checks {
     pub continuity: Policy,
     pub volume: Option<Volume>,
     pub duration: Option<Duration>,
+    /// Keys that appear in this window and in the one before it. With a
+    /// lookback some are expected (rows updated near the boundary are read
+    /// twice); off by default, since it reads the previous window's keys
+    /// (8 bytes of memory per row of that window).
+    #[serde(default = "off")]
+    pub adjacent_duplicates: Policy,
+}
+
+fn off() -> Policy {
+    Policy::Off
 }
 
 fn fail() -> Policy {
@@ -86,6 +96,7 @@ impl Default for Checks {
             duration: Some(Duration {
                 warn_share_of_interval: 0.5,
             }),
+            adjacent_duplicates: Policy::Off,
         }
     }
 }
@@ -201,6 +212,9 @@ impl SourceSpec {
         }
         if raw.mode == Mode::CommitOrder && raw.kind != Kind::Postgres {
             return Err(bad("mode `commit_order` needs PostgreSQL's transaction ids; use `updated_at` with a lookback".into()));
+        }
+        if raw.mode == Mode::CommitOrder && !matches!(relation, Relation::Table(_)) {
+            return Err(bad("mode `commit_order` reads each row's transaction id (xmin), which only a `table` has; use `table`".into()));
         }
         if raw.key.is_empty() {
             return Err(bad("`key` lists the columns that identify a row".into()));

@@ -26,6 +26,16 @@ const DAY_US: i64 = 86_400 * 1_000_000;
 /// lifetimes, so a dead owner's lease has surely expired by then.
 pub const LEASE_WAIT_LEASES_MAX: u64 = 3;
 
+/// SIGKILL to ourselves: the crash tests' failpoints die the way a killed
+/// process dies, with no unwinding and no cleanup.
+fn kill_self() -> ! {
+    // SAFETY: sending a signal to our own pid has no memory effects.
+    unsafe {
+        libc::kill(libc::getpid(), libc::SIGKILL);
+    }
+    unreachable!("SIGKILL cannot be caught")
+}
+
 /// Whether a process exists on this host (signal 0 checks without sending).
 fn process_alive(pid: i64) -> bool {
     let Ok(pid) = libc::pid_t::try_from(pid) else {
@@ -80,11 +90,14 @@ pub struct IngestReport {
     pub bookmark_after: Option<String>,
     pub windows: Vec<WindowOutcome>,
     pub warnings: Vec<String>,
+    /// Source-level checks set to `fail` that failed (continuity).
+    pub check_failures: usize,
 }
 
 impl IngestReport {
+    /// Failed windows plus failed source-level checks: non-zero means exit 1.
     pub fn failed(&self) -> usize {
-        self.windows.iter().filter(|w| w.status == "failed").count()
+        self.windows.iter().filter(|w| w.status == "failed").count() + self.check_failures
     }
 }
 
@@ -444,6 +457,21 @@ impl Ingestor {
                 }
             }
         }
+        if self.spec.checks.adjacent_duplicates != Policy::Off && k > 0 {
+            let prev_dir = self.window_path(&self.spec.grid.window(k - 1)).1;
+            let before = crate::sink::key_hashes(&prev_dir, &self.spec.key)?;
+            if !before.is_empty() {
+                let now = crate::sink::key_hashes(&staging, &self.spec.key)?;
+                let both = now.intersection(&before).count();
+                if both > 0 {
+                    judge(
+                        self.spec.checks.adjacent_duplicates,
+                        format!("{both} keys of window {w} also appear in the window before it (check adjacent_duplicates)"),
+                        &mut outcome,
+                    );
+                }
+            }
+        }
         if let Some(d) = &self.spec.checks.duration {
             let interval_ms = self.spec.grid.interval_us as f64 / 1000.0;
             if extract_ms as f64 > d.warn_share_of_interval * interval_ms {
@@ -493,12 +521,12 @@ impl Ingestor {
         }
         if std::env::var_os("HIGHWATER_FAILPOINT").is_some_and(|v| v == "before-swap") {
             // For the crash tests: die with the window staged, not swapped.
-            std::process::abort();
+            kill_self();
         }
         publish::swap_in(&staging, &abs)?;
         if std::env::var_os("HIGHWATER_FAILPOINT").is_some_and(|v| v == "after-swap") {
             // For the crash tests: die between publish and record.
-            std::process::abort();
+            kill_self();
         }
         rec.status = WindowStatus::Published;
         rec.rows = rows as i64;
@@ -642,6 +670,7 @@ impl Ingestor {
             bookmark_after: None,
             windows: Vec::new(),
             warnings: Vec::new(),
+            check_failures: 0,
         };
         let mut first = source::open(&self.spec)?;
         let columns = first.columns()?;
@@ -754,6 +783,9 @@ impl Ingestor {
                     .map(|w| w.to_string())
                     .collect();
                 if !missing.is_empty() {
+                    if self.spec.checks.continuity == Policy::Fail {
+                        report.check_failures += 1;
+                    }
                     report.warnings.push(format!(
                         "continuity: {} windows between the first and the newest are not published: {}",
                         missing.len(),

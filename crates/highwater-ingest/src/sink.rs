@@ -436,3 +436,95 @@ impl Drop for ParquetSink {
         }
     }
 }
+
+/// The hashes of the key values of every row in a window's Parquet files
+/// (all `part-*.parquet` in `dir`), reading only the key columns.
+pub fn key_hashes(
+    dir: &Path,
+    key: &[String],
+) -> Result<std::collections::HashSet<u64>, IngestError> {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::{
+        Date32Type, Float32Type, Float64Type, Int16Type, Int32Type, Int64Type,
+        TimestampMicrosecondType,
+    };
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use parquet::arrow::ProjectionMask;
+    let mut out = std::collections::HashSet::new();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Ok(out);
+    };
+    let mut files: Vec<PathBuf> = rd
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "parquet"))
+        .collect();
+    files.sort();
+    for path in files {
+        let perr = |e: &dyn std::fmt::Display| IngestError::Parquet {
+            path: path.clone(),
+            message: e.to_string(),
+        };
+        let f = std::fs::File::open(&path).map_err(|e| IngestError::io("reading", &path, e))?;
+        let b = ParquetRecordBatchReaderBuilder::try_new(f).map_err(|e| perr(&e))?;
+        let idx: Vec<usize> = key
+            .iter()
+            .filter_map(|k| b.schema().index_of(k).ok())
+            .collect();
+        if idx.len() != key.len() {
+            continue;
+        }
+        let mask = ProjectionMask::roots(b.parquet_schema(), idx);
+        for batch in b.with_projection(mask).build().map_err(|e| perr(&e))? {
+            let batch = batch.map_err(|e| perr(&e))?;
+            let mut hashers: Vec<blake3::Hasher> = (0..batch.num_rows())
+                .map(|_| blake3::Hasher::new())
+                .collect();
+            for col in batch.columns() {
+                for (r, h) in hashers.iter_mut().enumerate() {
+                    if col.is_null(r) {
+                        h.update(b"\0null");
+                        continue;
+                    }
+                    match col.data_type() {
+                        DataType::Int64 => {
+                            h.update(&col.as_primitive::<Int64Type>().value(r).to_le_bytes())
+                        }
+                        DataType::Int32 => h.update(
+                            &(col.as_primitive::<Int32Type>().value(r) as i64).to_le_bytes(),
+                        ),
+                        DataType::Int16 => h.update(
+                            &(col.as_primitive::<Int16Type>().value(r) as i64).to_le_bytes(),
+                        ),
+                        DataType::Float64 => {
+                            h.update(&col.as_primitive::<Float64Type>().value(r).to_le_bytes())
+                        }
+                        DataType::Float32 => {
+                            h.update(&col.as_primitive::<Float32Type>().value(r).to_le_bytes())
+                        }
+                        DataType::Utf8 => h.update(col.as_string::<i32>().value(r).as_bytes()),
+                        DataType::Binary => h.update(col.as_binary::<i32>().value(r)),
+                        DataType::Boolean => h.update(&[col.as_boolean().value(r) as u8]),
+                        DataType::Date32 => {
+                            h.update(&col.as_primitive::<Date32Type>().value(r).to_le_bytes())
+                        }
+                        DataType::Timestamp(..) => h.update(
+                            &col.as_primitive::<TimestampMicrosecondType>()
+                                .value(r)
+                                .to_le_bytes(),
+                        ),
+                        _ => h.update(b"?"),
+                    };
+                    h.update(b"\x1f");
+                }
+            }
+            for h in hashers {
+                let d = h.finalize();
+                out.insert(u64::from_le_bytes(
+                    d.as_bytes()[..8].try_into().expect("8 bytes"),
+                ));
+            }
+        }
+    }
+    Ok(out)
+}

@@ -485,3 +485,50 @@ fn bad_source_config_is_named() {
         r.stderr
     );
 }
+
+/// The window-level checks on their own: keys in two adjacent windows (the
+/// lookback's doing here), and continuity set to fail.
+#[test]
+fn adjacent_duplicates_and_continuity_are_reported() {
+    let cfg = SQLITE_SOURCE.replace(
+        "continuity = \"warn\"",
+        "continuity = \"fail\"\nadjacent_duplicates = \"warn\"",
+    );
+    let p = Project::new(&cfg);
+    let c = db(&p);
+    put(&c, 1, "2026-03-01T08:55:00Z");
+    put(&c, 2, "2026-03-01T09:20:00Z");
+    let r = ingest(&p, "2026-03-01T10:05:00Z", &[], 0);
+    let w9 = &r["windows"][1];
+    assert_eq!(w9["status"], "published");
+    assert!(
+        w9["warnings"].to_string().contains("1 keys of window [2026-03-01T09:00:00Z, 2026-03-01T10:00:00Z) also appear in the window before it"),
+        "{r}"
+    );
+    // A hole in the middle: 10:00 fails to read, 11:00 publishes.
+    c.execute(
+        "INSERT INTO orders VALUES(9, 'bad', 'x', '2026-03-01T10:30:00Z')",
+        [],
+    )
+    .unwrap();
+    put(&c, 3, "2026-03-01T11:30:00Z");
+    let r = ingest(&p, "2026-03-01T12:05:00Z", &[], 1);
+    assert!(
+        r["warnings"]
+            .to_string()
+            .contains("continuity: 1 windows between the first and the newest are not published"),
+        "{r}"
+    );
+}
+
+#[test]
+fn commit_order_needs_a_table_and_postgres() {
+    let p =
+        Project::new(&SQLITE_SOURCE.replace("mode = \"updated_at\"", "mode = \"commit_order\""));
+    let r = p.check(&["ingest", "orders"], 2);
+    assert!(
+        r.stderr.contains("needs PostgreSQL's transaction ids"),
+        "{}",
+        r.stderr
+    );
+}
