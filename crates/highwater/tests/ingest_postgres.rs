@@ -51,6 +51,7 @@ fn windows(r: &serde_json::Value) -> Vec<String> {
 /// read. The horizon held back by it brings the window back, and B lands.
 #[test]
 fn row_b_lands_in_commit_order_without_lookback() {
+    let _serial = pg_serial();
     let (mut c, url) = pg_database("rowb_co");
     c.batch_execute(TABLE).unwrap();
     c.execute("INSERT INTO orders VALUES (1, 10.5, 'a', '{\"k\": 1}', '2026-03-01', '2026-03-01T08:12:00Z')", &[]).unwrap();
@@ -100,6 +101,7 @@ fn row_b_lands_in_commit_order_without_lookback() {
 
 #[test]
 fn row_b_lands_in_updated_at_mode_within_the_lookback() {
+    let _serial = pg_serial();
     let (mut c, url) = pg_database("rowb_ua");
     c.batch_execute(TABLE).unwrap();
     c.execute(
@@ -127,6 +129,7 @@ fn row_b_lands_in_updated_at_mode_within_the_lookback() {
 /// The type mapping, read back from the Parquet file.
 #[test]
 fn types_land_as_documented() {
+    let _serial = pg_serial();
     use arrow_array::{Array, Date32Array, StringArray, TimestampMicrosecondArray};
     let (mut c, url) = pg_database("types");
     c.batch_execute(TABLE).unwrap();
@@ -199,6 +202,7 @@ fn types_land_as_documented() {
 /// version) equals the source table exactly: no row lost to a late commit.
 #[test]
 fn concurrent_writers_with_commit_lag_lose_nothing() {
+    let _serial = pg_serial();
     for mode in ["commit_order", "updated_at"] {
         let (mut c, url) = pg_database("writers");
         c.batch_execute(TABLE).unwrap();
@@ -302,6 +306,7 @@ fn concurrent_writers_with_commit_lag_lose_nothing() {
 
 #[test]
 fn the_connection_string_is_never_printed() {
+    let _serial = pg_serial();
     let p = Project::new(&pg_source("updated_at", "0s"));
     let r = p
         .cmd(&["ingest", "orders", "--now", "2026-03-01T09:05:00Z"])
@@ -325,4 +330,80 @@ fn the_connection_string_is_never_printed() {
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&r.stderr).contains("ORDERS_DATABASE_URL is not set"));
+}
+
+/// The publish path against PostgreSQL too: two ingests at once neither
+/// duplicate nor skip a window, a SIGKILL after the swap is recovered from
+/// the manifest's token, and re-running a window replaces it.
+#[test]
+fn concurrent_ingests_crashes_and_reruns_on_postgres() {
+    let _serial = pg_serial();
+    let (mut c, url) = pg_database("publish");
+    c.batch_execute(TABLE).unwrap();
+    c.execute(
+        "INSERT INTO orders(id, amount, note, updated_at)
+         SELECT g, g, 'n', timestamptz '2026-03-01T00:00:00Z' + g * interval '1 minute' FROM generate_series(1, 1440) g",
+        &[],
+    )
+    .unwrap();
+    let p = Project::new(&pg_source("updated_at", "0s"));
+    let spawn = || {
+        p.cmd(&[
+            "ingest",
+            "orders",
+            "--json",
+            "--wait",
+            "--now",
+            "2026-03-02T00:05:00Z",
+        ])
+        .env("ORDERS_DATABASE_URL", &url)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+    };
+    let (a, b) = (spawn(), spawn());
+    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    assert!(a.status.success() && b.status.success());
+    let mut starts = Vec::new();
+    for out in [&a, &b] {
+        let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        for w in r["windows"].as_array().unwrap() {
+            assert_eq!(w["status"], "published");
+            starts.push(w["start"].as_str().unwrap().to_string());
+        }
+    }
+    let n = starts.len();
+    starts.sort();
+    starts.dedup();
+    assert_eq!(
+        (n, starts.len()),
+        (24, 24),
+        "each of the day's 24 windows exactly once"
+    );
+    // SIGKILL between the swap and the record; the restart records it.
+    c.execute("UPDATE orders SET note = 'changed' WHERE id <= 60", &[])
+        .unwrap();
+    let out = p
+        .cmd(&[
+            "ingest",
+            "orders",
+            "--now",
+            "2026-03-02T00:05:00Z",
+            "--window",
+            "2026-03-01T00:00:00Z/2026-03-01T01:00:00Z",
+        ])
+        .env("ORDERS_DATABASE_URL", &url)
+        .env("HIGHWATER_FAILPOINT", "after-swap")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let r = ingest(&p, &url, "2026-03-02T00:05:00Z", 0);
+    assert!(
+        r["windows"].as_array().unwrap().is_empty(),
+        "recovered, not re-run: {r}"
+    );
+    assert_eq!(r["bookmark_after"], "2026-03-02T00:00:00Z");
+    let rows = landed_pg(&p.path("raw/orders"));
+    // Row 1440 sits at 00:00 of the next day: its window is not closed yet.
+    assert_eq!(rows.len(), 1439, "every row of the closed windows, once");
 }

@@ -88,6 +88,14 @@ unique_key = "fail"
 continuity = "warn"
 "#;
 
+/// Serialises the PostgreSQL tests of one test binary: the transaction
+/// horizon is cluster-wide, so one test's open transactions would show up in
+/// another's horizon.
+pub fn pg_serial() -> std::sync::MutexGuard<'static, ()> {
+    static PG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    PG.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A fresh database on the test cluster started by `scripts/test.sh`, and
 /// its connection string. Without the cluster this fails loudly: the
 /// PostgreSQL tests never skip.
