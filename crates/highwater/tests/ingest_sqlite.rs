@@ -608,3 +608,34 @@ fn concurrent_writers_with_commit_lag_lose_nothing_on_sqlite() {
         .collect();
     assert_eq!(latest(&landed(&p.path("raw/orders"))), source);
 }
+
+/// Windows extracted in parallel still move the bookmark only over
+/// contiguous published windows, and land every row once.
+#[test]
+fn parallel_windows_keep_the_bookmark_contiguous() {
+    let (p, c) = project();
+    for h in 0..24 {
+        for i in 0..5 {
+            put(
+                &c,
+                h * 10 + i,
+                &format!("2026-03-01T{:02}:{:02}:00Z", (8 + h) % 24, 20 + i),
+            );
+        }
+    }
+    let r = ingest(&p, "2026-03-01T23:59:00Z", &["--max-parallel", "4"], 0);
+    assert_eq!(r["windows"].as_array().unwrap().len(), 15);
+    assert!(r["windows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|w| w["status"] == "published"));
+    assert_eq!(r["bookmark_after"], "2026-03-01T23:00:00Z");
+    let rows = landed(&p.path("raw/orders"));
+    assert_eq!(
+        latest(&rows).len(),
+        15 * 5 + 8 * 5 - 8 * 5,
+        "{}",
+        rows.len()
+    );
+}
