@@ -558,8 +558,8 @@ impl Ingestor {
         let lease_name = format!("ingest:{name}");
         let deadline = Instant::now()
             + Duration::from_secs(self.spec.lease_duration_s * LEASE_WAIT_LEASES_MAX);
-        let lease = loop {
-            let got = store
+        let acquire = |at_ns: i64| {
+            store
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .acquire_lease(
@@ -567,28 +567,18 @@ impl Ingestor {
                     &owner,
                     &host,
                     std::process::id() as i64,
-                    now_ns(),
+                    at_ns,
                     lease_ns,
-                )?;
-            match got {
+                )
+        };
+        let lease = loop {
+            match acquire(now_ns())? {
                 LeaseOutcome::Acquired(l) => break l,
                 // An owner on this host whose process is gone holds nothing:
                 // take its lease over now rather than after it expires. The
                 // takeover raises the token like any other.
                 LeaseOutcome::Held(h) if h.host == host && !process_alive(h.pid) => {
-                    let at = now_ns().max(h.expires_at_ns + 1);
-                    let got = store
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .acquire_lease(
-                            &lease_name,
-                            &owner,
-                            &host,
-                            std::process::id() as i64,
-                            at,
-                            lease_ns,
-                        )?;
-                    if let LeaseOutcome::Acquired(l) = got {
+                    if let LeaseOutcome::Acquired(l) = acquire(now_ns().max(h.expires_at_ns + 1))? {
                         break l;
                     }
                 }

@@ -609,21 +609,9 @@ impl StateStore for SqliteStore {
             path: path.clone(),
             source,
         };
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(err)?;
-        let held: Option<i64> = tx
-            .query_row(
-                "SELECT token FROM leases WHERE name = ?1",
-                [&fence.name],
-                |r| r.get(0),
-            )
-            .optional()
-            .map_err(err)?;
-        if held != Some(fence.token) {
+        let Some(tx) = self.fenced_transaction(fence)? else {
             return Ok(WindowCommit::Fenced);
-        }
+        };
         if let Some((expected, new)) = advance {
             assert_eq!(new.source, record.source);
             let changed = match expected {
@@ -682,21 +670,9 @@ impl StateStore for SqliteStore {
             path: path.clone(),
             source,
         };
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(err)?;
-        let held: Option<i64> = tx
-            .query_row(
-                "SELECT token FROM leases WHERE name = ?1",
-                [&fence.name],
-                |r| r.get(0),
-            )
-            .optional()
-            .map_err(err)?;
-        if held != Some(fence.token) {
+        let Some(tx) = self.fenced_transaction(fence)? else {
             return Ok(WindowCommit::Fenced);
-        }
+        };
         let n = tx
             .execute(
                 "UPDATE bookmarks SET horizon = ?3 WHERE source = ?1 AND last_end_us = ?2",
@@ -815,6 +791,31 @@ impl StateStore for SqliteStore {
 }
 
 impl SqliteStore {
+    /// A write transaction, if the fence still holds (`None` otherwise).
+    fn fenced_transaction(
+        &mut self,
+        fence: &Fence,
+    ) -> Result<Option<rusqlite::Transaction<'_>>, StoreError> {
+        let path = self.path.clone();
+        let err = |source| StoreError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(err)?;
+        let held: Option<i64> = tx
+            .query_row(
+                "SELECT token FROM leases WHERE name = ?1",
+                [&fence.name],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(err)?;
+        Ok((held == Some(fence.token)).then_some(tx))
+    }
+
     fn runs_where(&self, clause: &str) -> Result<Vec<RunRecord>, StoreError> {
         let sql = format!(
             "SELECT id, stage, started_at_ns, finished_at_ns, summary, exit_code FROM runs {clause}"

@@ -7,9 +7,9 @@ use arrow_array::{Array, Int64Array, StringArray};
 use std::collections::BTreeMap;
 use std::path::Path;
 
-/// Every row landed under `root` (all windows), as (window dir, id, cursor text).
-pub fn landed(root: &Path) -> Vec<(String, i64, String)> {
-    let mut out = Vec::new();
+/// Calls `f(window dir, batch)` for every record batch of every Parquet
+/// file under `root`.
+pub fn each_batch(root: &Path, mut f: impl FnMut(&str, &arrow_array::RecordBatch)) {
     let mut stack = vec![root.to_path_buf()];
     while let Some(d) = stack.pop() {
         let Ok(rd) = std::fs::read_dir(&d) else {
@@ -27,33 +27,37 @@ pub fn landed(root: &Path) -> Vec<(String, i64, String)> {
                     .unwrap()
                     .to_string_lossy()
                     .into_owned();
-                let f = std::fs::File::open(&p).unwrap();
+                let file = std::fs::File::open(&p).unwrap();
                 let reader =
-                    parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f)
+                    parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
                         .unwrap()
                         .build()
                         .unwrap();
                 for batch in reader {
-                    let b = batch.unwrap();
-                    let ids = b
-                        .column_by_name("id")
-                        .unwrap()
-                        .as_any()
-                        .downcast_ref::<Int64Array>()
-                        .unwrap()
-                        .clone();
-                    let cur = b.column_by_name("updated_at").unwrap();
-                    let cur = cur.as_any().downcast_ref::<StringArray>().cloned();
-                    for i in 0..ids.len() {
-                        let c = cur
-                            .as_ref()
-                            .map_or(String::new(), |c| c.value(i).to_string());
-                        out.push((win.clone(), ids.value(i), c));
-                    }
+                    f(&win, &batch.unwrap());
                 }
             }
         }
     }
+}
+
+/// Every row landed under `root` (all windows), as (window dir, id, cursor text).
+pub fn landed(root: &Path) -> Vec<(String, i64, String)> {
+    let mut out = Vec::new();
+    each_batch(root, |win, b| {
+        let ids = b
+            .column_by_name("id")
+            .unwrap()
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .unwrap();
+        let cur = b.column_by_name("updated_at").unwrap();
+        let cur = cur.as_any().downcast_ref::<StringArray>();
+        for i in 0..ids.len() {
+            let c = cur.map_or(String::new(), |c| c.value(i).to_string());
+            out.push((win.to_string(), ids.value(i), c));
+        }
+    });
     out.sort();
     out
 }
@@ -124,52 +128,23 @@ pub fn pg_database(tag: &str) -> (postgres::Client, String) {
 pub fn landed_pg(root: &Path) -> Vec<(String, i64, i64)> {
     use arrow_array::TimestampMicrosecondArray;
     let mut out = Vec::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in rd.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if p.extension().is_some_and(|x| x == "parquet") {
-                let win = p
-                    .parent()
-                    .unwrap()
-                    .strip_prefix(root)
-                    .unwrap()
-                    .to_string_lossy()
-                    .into_owned();
-                let f = std::fs::File::open(&p).unwrap();
-                let reader =
-                    parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f)
-                        .unwrap()
-                        .build()
-                        .unwrap();
-                for batch in reader {
-                    let b = batch.unwrap();
-                    let ids = b
-                        .column_by_name("id")
-                        .unwrap()
-                        .as_any()
-                        .downcast_ref::<Int64Array>()
-                        .unwrap()
-                        .clone();
-                    let ts = b
-                        .column_by_name("updated_at")
-                        .unwrap()
-                        .as_any()
-                        .downcast_ref::<TimestampMicrosecondArray>()
-                        .unwrap()
-                        .clone();
-                    for i in 0..ids.len() {
-                        out.push((win.clone(), ids.value(i), ts.value(i)));
-                    }
-                }
-            }
+    each_batch(root, |win, b| {
+        let ids = b
+            .column_by_name("id")
+            .unwrap()
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .unwrap();
+        let ts = b
+            .column_by_name("updated_at")
+            .unwrap()
+            .as_any()
+            .downcast_ref::<TimestampMicrosecondArray>()
+            .unwrap();
+        for i in 0..ids.len() {
+            out.push((win.to_string(), ids.value(i), ts.value(i)));
         }
-    }
+    });
     out.sort();
     out
 }
