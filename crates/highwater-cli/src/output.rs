@@ -198,6 +198,18 @@ pub fn status(out: &mut impl Write, v: &serde_json::Value, as_json: bool) -> io:
     if as_json {
         return writeln!(out, "{v}");
     }
+    for s in v["sources"].as_array().into_iter().flatten() {
+        writeln!(
+            out,
+            "source {}: bookmark {}; {} windows published, {} failed, {} running (see `highwater windows {}`)",
+            s["name"].as_str().unwrap_or("?"),
+            s["bookmark"].as_str().unwrap_or("(none)"),
+            s["published"],
+            s["failed"],
+            s["running"],
+            s["name"].as_str().unwrap_or("?"),
+        )?;
+    }
     for s in v["stages"].as_array().into_iter().flatten() {
         let last = match &s["last_run"] {
             serde_json::Value::Null => "never run".to_string(),

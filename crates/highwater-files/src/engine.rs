@@ -209,6 +209,8 @@ pub struct Pipeline {
     root: PathBuf,
     state_path: PathBuf,
     stages: Vec<Stage>,
+    /// The `[sources.NAME]` names, for export and status.
+    sources: Vec<String>,
 }
 
 fn absolute(p: &Path) -> Result<PathBuf, FilesError> {
@@ -288,6 +290,7 @@ impl Pipeline {
             root,
             state_path,
             stages,
+            sources: spec.sources.keys().cloned().collect(),
         })
     }
 
@@ -939,9 +942,21 @@ impl Pipeline {
                 })
             })
             .collect();
+        let mut sources = Vec::new();
+        for name in &self.sources {
+            sources.push(json!({
+                "name": name,
+                "bookmark": store.bookmark(name)?.map(|b| json!({
+                    "last_end": highwater_core::window::format_rfc3339(b.last_end_us),
+                    "horizon": b.horizon,
+                })),
+                "windows": store.windows(name)?,
+            }));
+        }
         Ok(json!({
             "schema_version": store.schema_version()?,
             "entries": entries,
+            "sources": sources,
         }))
     }
 
@@ -976,7 +991,21 @@ impl Pipeline {
                 "last_run": last,
             }));
         }
-        Ok(json!({ "stages": stages }))
+        let mut sources = Vec::new();
+        for name in &self.sources {
+            let windows = store.windows(name)?;
+            let count = |st: highwater_store::WindowStatus| {
+                windows.iter().filter(|w| w.status == st).count()
+            };
+            sources.push(json!({
+                "name": name,
+                "bookmark": store.bookmark(name)?.map(|b| highwater_core::window::format_rfc3339(b.last_end_us)),
+                "published": count(highwater_store::WindowStatus::Published),
+                "failed": count(highwater_store::WindowStatus::Failed),
+                "running": count(highwater_store::WindowStatus::Running),
+            }));
+        }
+        Ok(json!({ "stages": stages, "sources": sources }))
     }
 }
 
