@@ -14,6 +14,7 @@
 //! - [`guard`]: the refusal of suspicious mass rebuilds.
 //! - [`recipe`]: the recipe id, a hash of everything but the input.
 //! - [`template`]: output path templates and their escape checks.
+//! - [`tile`]: Web Mercator tiles and the tiles a point, line or area covers.
 //! - [`time`]: formatting of UTC timestamps without a clock.
 //! - [`window`]: durations, RFC 3339, half-open windows and their grid.
 
@@ -23,6 +24,7 @@ pub mod guard;
 pub mod plan;
 pub mod recipe;
 pub mod template;
+pub mod tile;
 pub mod time;
 pub mod window;
 

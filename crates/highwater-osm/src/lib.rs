@@ -1,0 +1,16 @@
+//! OpenStreetMap for highwater.
+//!
+//! This crate is where OSM formats are parsed and nowhere else. It is being
+//! built in steps (see issue 4); what exists now:
+//!
+//! - [`model`]: nodes, ways, relations and the actions of a change file.
+//! - [`xml`]: a streaming reader for `.osm` and `.osc` (optionally gzipped)
+//!   whose errors name the file, line and element.
+//!
+//! Tile math lives in `highwater_core::tile`, since it is pure.
+
+pub mod model;
+pub mod xml;
+
+pub use model::{Action, Change, Element, Member, MemberKind, Node, Relation, Tags, Way};
+pub use xml::{read_changes, read_osm, OsmError};
