@@ -4,12 +4,16 @@
 //! built in steps (see issue 4); what exists now:
 //!
 //! - [`model`]: nodes, ways, relations and the actions of a change file.
+//! - [`derive`]: derive-before-apply: affected tiles from old and new state.
+//! - [`store`]: the primary store (SQLite) with its reverse indexes.
 //! - [`xml`]: a streaming reader for `.osm` and `.osc` (optionally gzipped)
 //!   whose errors name the file, line and element.
 //!
 //! Tile math lives in `highwater_core::tile`, since it is pure.
 
+pub mod derive;
 pub mod model;
+pub mod store;
 pub mod xml;
 
 pub use model::{Action, Change, Element, Member, MemberKind, Node, Relation, Tags, Way};

@@ -1,0 +1,432 @@
+//! The primary store: every node, way and relation of the imported extract
+//! with the diffs applied, plus the reverse indexes that derivation needs
+//! (node → ways, member → relations). Bundled SQLite; one transaction per
+//! applied diff (or batch), so a crash leaves the store at a whole diff.
+//!
+//! Nodes live in a table keyed by id here, which suits extracts. For the
+//! planet the node locations would move to a flat file indexed by node id
+//! (8 bytes per id, ~100 GB, mmapped, as osm2pgsql's flat nodes); the
+//! `Store` API (`node`, `put_node`) is the seam for that.
+
+use crate::model::{Element, Member, MemberKind, Node, Relation, Tags, Way};
+use rusqlite::{params, Connection, OptionalExtension, Transaction};
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum StoreError {
+    #[error("OSM store {path}: {err}")]
+    Sqlite { path: PathBuf, err: rusqlite::Error },
+    #[error("OSM store {path}: {what}")]
+    Corrupt { path: PathBuf, what: String },
+}
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS nodes(id INTEGER PRIMARY KEY, lat INTEGER NOT NULL, lon INTEGER NOT NULL, tags TEXT);
+CREATE TABLE IF NOT EXISTS ways(id INTEGER PRIMARY KEY, refs BLOB NOT NULL, tags TEXT);
+CREATE TABLE IF NOT EXISTS relations(id INTEGER PRIMARY KEY, members TEXT NOT NULL, tags TEXT);
+CREATE TABLE IF NOT EXISTS node_ways(node INTEGER NOT NULL, way INTEGER NOT NULL, PRIMARY KEY(node, way)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS member_rels(kind INTEGER NOT NULL, member INTEGER NOT NULL, rel INTEGER NOT NULL, PRIMARY KEY(kind, member, rel)) WITHOUT ROWID;
+";
+
+pub struct Store {
+    conn: Connection,
+    path: PathBuf,
+}
+
+fn tags_text(t: &Tags) -> Option<String> {
+    (!t.is_empty()).then(|| serde_json::to_string(t).expect("tags serialize"))
+}
+
+fn kind_code(k: MemberKind) -> i64 {
+    match k {
+        MemberKind::Node => 0,
+        MemberKind::Way => 1,
+        MemberKind::Relation => 2,
+    }
+}
+
+fn refs_blob(refs: &[i64]) -> Vec<u8> {
+    refs.iter().flat_map(|r| r.to_le_bytes()).collect()
+}
+
+impl Store {
+    /// Opens (creating) the store in `dir`.
+    pub fn open(dir: &Path) -> Result<Store, StoreError> {
+        let path = dir.join("store.db");
+        let err = |err| StoreError::Sqlite {
+            path: path.clone(),
+            err,
+        };
+        std::fs::create_dir_all(dir)
+            .map_err(|e| err(rusqlite::Error::ToSqlConversionFailure(Box::new(e))))?;
+        let conn = Connection::open(&path).map_err(err)?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(err)?;
+        conn.pragma_update(None, "synchronous", "FULL")
+            .map_err(err)?;
+        conn.execute_batch(SCHEMA).map_err(err)?;
+        Ok(Store { conn, path })
+    }
+
+    fn err(&self, err: rusqlite::Error) -> StoreError {
+        StoreError::Sqlite {
+            path: self.path.clone(),
+            err,
+        }
+    }
+
+    /// Runs `f` in one write transaction.
+    pub fn write<T>(
+        &mut self,
+        f: impl FnOnce(&mut Writer<'_>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let path = self.path.clone();
+        let tx = self
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(|err| StoreError::Sqlite {
+                path: path.clone(),
+                err,
+            })?;
+        let mut w = Writer {
+            tx,
+            path: path.clone(),
+        };
+        let out = f(&mut w)?;
+        w.tx.commit()
+            .map_err(|err| StoreError::Sqlite { path, err })?;
+        Ok(out)
+    }
+
+    pub fn meta(&self, key: &str) -> Result<Option<String>, StoreError> {
+        self.conn
+            .query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
+            .optional()
+            .map_err(|e| self.err(e))
+    }
+
+    pub fn node(&self, id: i64) -> Result<Option<Node>, StoreError> {
+        read_node(&self.conn, id).map_err(|e| self.err(e))
+    }
+
+    pub fn way(&self, id: i64) -> Result<Option<Way>, StoreError> {
+        read_way(&self.conn, id).map_err(|e| self.err(e))
+    }
+
+    pub fn relation(&self, id: i64) -> Result<Option<Relation>, StoreError> {
+        read_relation(&self.conn, id).map_err(|e| self.err(e))
+    }
+
+    /// The ways that use a node.
+    pub fn ways_of_node(&self, node: i64) -> Result<Vec<i64>, StoreError> {
+        ways_of_node(&self.conn, node).map_err(|e| self.err(e))
+    }
+
+    /// The relations that have an element as a member.
+    pub fn relations_of(&self, kind: MemberKind, id: i64) -> Result<Vec<i64>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare_cached("SELECT rel FROM member_rels WHERE kind = ?1 AND member = ?2")
+            .map_err(|e| self.err(e))?;
+        let v = st
+            .query_map(params![kind_code(kind), id], |r| r.get(0))
+            .map_err(|e| self.err(e))?
+            .collect::<Result<Vec<i64>, _>>()
+            .map_err(|e| self.err(e))?;
+        Ok(v)
+    }
+
+    /// Every element, ordered by type and id: for exports and comparisons.
+    pub fn export(&self, mut sink: impl FnMut(Element)) -> Result<(), StoreError> {
+        for sql in [
+            "SELECT id FROM nodes ORDER BY id",
+            "SELECT id FROM ways ORDER BY id",
+            "SELECT id FROM relations ORDER BY id",
+        ] {
+            let mut st = self.conn.prepare(sql).map_err(|e| self.err(e))?;
+            let ids: Vec<i64> = st
+                .query_map([], |r| r.get(0))
+                .map_err(|e| self.err(e))?
+                .collect::<Result<_, _>>()
+                .map_err(|e| self.err(e))?;
+            for id in ids {
+                let e = if sql.contains("nodes") {
+                    self.node(id)?.map(Element::Node)
+                } else if sql.contains("ways") {
+                    self.way(id)?.map(Element::Way)
+                } else {
+                    self.relation(id)?.map(Element::Relation)
+                };
+                sink(e.expect("listed ids exist"));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn parse_tags(t: Option<String>) -> Tags {
+    t.and_then(|s| serde_json::from_str(&s).ok())
+        .unwrap_or_default()
+}
+
+fn read_node(c: &Connection, id: i64) -> rusqlite::Result<Option<Node>> {
+    c.prepare_cached("SELECT lat, lon, tags FROM nodes WHERE id = ?1")?
+        .query_row([id], |r| {
+            Ok(Node {
+                id,
+                lat_e7: Some(r.get(0)?),
+                lon_e7: Some(r.get(1)?),
+                tags: parse_tags(r.get(2)?),
+            })
+        })
+        .optional()
+}
+
+fn read_way(c: &Connection, id: i64) -> rusqlite::Result<Option<Way>> {
+    c.prepare_cached("SELECT refs, tags FROM ways WHERE id = ?1")?
+        .query_row([id], |r| {
+            let blob: Vec<u8> = r.get(0)?;
+            Ok(Way {
+                id,
+                refs: blob
+                    .chunks_exact(8)
+                    .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")))
+                    .collect(),
+                tags: parse_tags(r.get(1)?),
+            })
+        })
+        .optional()
+}
+
+fn read_relation(c: &Connection, id: i64) -> rusqlite::Result<Option<Relation>> {
+    c.prepare_cached("SELECT members, tags FROM relations WHERE id = ?1")?
+        .query_row([id], |r| {
+            let m: String = r.get(0)?;
+            let members: Vec<(u8, i64, String)> = serde_json::from_str(&m).unwrap_or_default();
+            Ok(Relation {
+                id,
+                members: members
+                    .into_iter()
+                    .map(|(k, id, role)| Member {
+                        kind: match k {
+                            0 => MemberKind::Node,
+                            1 => MemberKind::Way,
+                            _ => MemberKind::Relation,
+                        },
+                        id,
+                        role,
+                    })
+                    .collect(),
+                tags: parse_tags(r.get(1)?),
+            })
+        })
+        .optional()
+}
+
+/// Reading the store, from outside a transaction or inside one (where reads
+/// see the transaction's own writes). Derivation is written against this, so
+/// that a batch of diffs can be derived one diff at a time inside the one
+/// transaction that applies them all.
+pub trait OsmRead {
+    fn node(&self, id: i64) -> Result<Option<Node>, StoreError>;
+    fn way(&self, id: i64) -> Result<Option<Way>, StoreError>;
+    fn ways_of_node(&self, node: i64) -> Result<Vec<i64>, StoreError>;
+}
+
+fn ways_of_node(c: &Connection, node: i64) -> rusqlite::Result<Vec<i64>> {
+    c.prepare_cached("SELECT way FROM node_ways WHERE node = ?1")?
+        .query_map([node], |r| r.get(0))?
+        .collect()
+}
+
+impl OsmRead for Store {
+    fn node(&self, id: i64) -> Result<Option<Node>, StoreError> {
+        Store::node(self, id)
+    }
+    fn way(&self, id: i64) -> Result<Option<Way>, StoreError> {
+        Store::way(self, id)
+    }
+    fn ways_of_node(&self, node: i64) -> Result<Vec<i64>, StoreError> {
+        Store::ways_of_node(self, node)
+    }
+}
+
+impl OsmRead for Writer<'_> {
+    fn node(&self, id: i64) -> Result<Option<Node>, StoreError> {
+        Writer::node(self, id)
+    }
+    fn way(&self, id: i64) -> Result<Option<Way>, StoreError> {
+        Writer::way(self, id)
+    }
+    fn ways_of_node(&self, node: i64) -> Result<Vec<i64>, StoreError> {
+        ways_of_node(&self.tx, node).map_err(|e| self.err(e))
+    }
+}
+
+/// Writes inside one transaction. Reads through the writer see its own
+/// writes.
+pub struct Writer<'s> {
+    tx: Transaction<'s>,
+    path: PathBuf,
+}
+
+impl Writer<'_> {
+    fn err(&self, err: rusqlite::Error) -> StoreError {
+        StoreError::Sqlite {
+            path: self.path.clone(),
+            err,
+        }
+    }
+
+    pub fn set_meta(&mut self, key: &str, value: &str) -> Result<(), StoreError> {
+        self.tx
+            .execute(
+                "INSERT INTO meta(key, value) VALUES(?1, ?2) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                params![key, value],
+            )
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    pub fn node(&self, id: i64) -> Result<Option<Node>, StoreError> {
+        read_node(&self.tx, id).map_err(|e| self.err(e))
+    }
+
+    pub fn way(&self, id: i64) -> Result<Option<Way>, StoreError> {
+        read_way(&self.tx, id).map_err(|e| self.err(e))
+    }
+
+    pub fn relation(&self, id: i64) -> Result<Option<Relation>, StoreError> {
+        read_relation(&self.tx, id).map_err(|e| self.err(e))
+    }
+
+    /// Inserts or replaces an element, keeping the reverse indexes true.
+    pub fn put(&mut self, e: &Element) -> Result<(), StoreError> {
+        match e {
+            Element::Node(n) => {
+                let (Some(lat), Some(lon)) = (n.lat_e7, n.lon_e7) else {
+                    return Err(StoreError::Corrupt {
+                        path: self.path.clone(),
+                        what: format!("n{} has no location", n.id),
+                    });
+                };
+                self.tx
+                    .prepare_cached(
+                        "INSERT OR REPLACE INTO nodes(id, lat, lon, tags) VALUES(?1, ?2, ?3, ?4)",
+                    )
+                    .and_then(|mut s| s.execute(params![n.id, lat, lon, tags_text(&n.tags)]))
+                    .map_err(|e| self.err(e))?;
+            }
+            Element::Way(w) => {
+                self.unindex_way(w.id)?;
+                self.tx
+                    .prepare_cached(
+                        "INSERT OR REPLACE INTO ways(id, refs, tags) VALUES(?1, ?2, ?3)",
+                    )
+                    .and_then(|mut s| {
+                        s.execute(params![w.id, refs_blob(&w.refs), tags_text(&w.tags)])
+                    })
+                    .map_err(|e| self.err(e))?;
+                let mut st = self
+                    .tx
+                    .prepare_cached("INSERT OR IGNORE INTO node_ways(node, way) VALUES(?1, ?2)")
+                    .map_err(|e| self.err(e))?;
+                for r in &w.refs {
+                    st.execute(params![r, w.id])
+                        .map_err(|e| StoreError::Sqlite {
+                            path: self.path.clone(),
+                            err: e,
+                        })?;
+                }
+            }
+            Element::Relation(r) => {
+                self.unindex_relation(r.id)?;
+                let members: Vec<(i64, i64, &str)> = r
+                    .members
+                    .iter()
+                    .map(|m| (kind_code(m.kind), m.id, m.role.as_str()))
+                    .collect();
+                self.tx
+                    .prepare_cached(
+                        "INSERT OR REPLACE INTO relations(id, members, tags) VALUES(?1, ?2, ?3)",
+                    )
+                    .and_then(|mut s| {
+                        s.execute(params![
+                            r.id,
+                            serde_json::to_string(&members).expect("members serialize"),
+                            tags_text(&r.tags)
+                        ])
+                    })
+                    .map_err(|e| self.err(e))?;
+                let mut st = self
+                    .tx
+                    .prepare_cached(
+                        "INSERT OR IGNORE INTO member_rels(kind, member, rel) VALUES(?1, ?2, ?3)",
+                    )
+                    .map_err(|e| self.err(e))?;
+                for m in &r.members {
+                    st.execute(params![kind_code(m.kind), m.id, r.id])
+                        .map_err(|e| StoreError::Sqlite {
+                            path: self.path.clone(),
+                            err: e,
+                        })?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn unindex_way(&mut self, id: i64) -> Result<(), StoreError> {
+        if let Some(old) = self.way(id)? {
+            let mut st = self
+                .tx
+                .prepare_cached("DELETE FROM node_ways WHERE node = ?1 AND way = ?2")
+                .map_err(|e| self.err(e))?;
+            for r in &old.refs {
+                st.execute(params![r, id]).map_err(|e| StoreError::Sqlite {
+                    path: self.path.clone(),
+                    err: e,
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    fn unindex_relation(&mut self, id: i64) -> Result<(), StoreError> {
+        if let Some(old) = self.relation(id)? {
+            let mut st = self
+                .tx
+                .prepare_cached(
+                    "DELETE FROM member_rels WHERE kind = ?1 AND member = ?2 AND rel = ?3",
+                )
+                .map_err(|e| self.err(e))?;
+            for m in &old.members {
+                st.execute(params![kind_code(m.kind), m.id, id])
+                    .map_err(|e| StoreError::Sqlite {
+                        path: self.path.clone(),
+                        err: e,
+                    })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes an element (absent is fine: deletes are idempotent).
+    pub fn delete(&mut self, kind: MemberKind, id: i64) -> Result<(), StoreError> {
+        let sql = match kind {
+            MemberKind::Node => "DELETE FROM nodes WHERE id = ?1",
+            MemberKind::Way => {
+                self.unindex_way(id)?;
+                "DELETE FROM ways WHERE id = ?1"
+            }
+            MemberKind::Relation => {
+                self.unindex_relation(id)?;
+                "DELETE FROM relations WHERE id = ?1"
+            }
+        };
+        self.tx.execute(sql, [id]).map_err(|e| self.err(e))?;
+        Ok(())
+    }
+}

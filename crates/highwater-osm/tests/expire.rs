@@ -1,0 +1,201 @@
+//! Tile expiry, derived before apply: one `check` helper, a base extract and
+//! a diff in, the affected tiles out.
+
+use highwater_core::tile::{tile_of, Tile};
+use highwater_osm::derive::{affected_tiles, derive_and_apply, TileLayer};
+use highwater_osm::store::Store;
+use highwater_osm::{read_changes, read_osm, Change};
+use std::collections::BTreeSet;
+
+struct World {
+    _dir: tempfile::TempDir,
+    store: Store,
+    dir: std::path::PathBuf,
+}
+
+fn base(osm: &str) -> World {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("base.osm");
+    std::fs::write(&path, osm).unwrap();
+    let mut store = Store::open(&dir.path().join("store")).unwrap();
+    let mut elements = Vec::new();
+    read_osm(&path, |e| {
+        elements.push(e);
+        Ok(())
+    })
+    .unwrap();
+    store
+        .write(|w| {
+            for e in &elements {
+                w.put(e)?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    World {
+        dir: dir.path().to_path_buf(),
+        _dir: dir,
+        store,
+    }
+}
+
+fn diff(w: &World, name: &str, osc: &str) -> Vec<Change> {
+    let p = w.dir.join(name);
+    std::fs::write(&p, osc).unwrap();
+    read_changes(&p).unwrap()
+}
+
+fn layer(keys: Option<&[&str]>) -> TileLayer {
+    TileLayer {
+        zoom_min: 10,
+        zoom_max: 16,
+        keys: keys.map(|k| k.iter().map(|s| s.to_string()).collect()),
+        buffer: 0.0,
+    }
+}
+
+/// Derives the diff's tiles (before apply), applies it, returns the tiles.
+fn check(w: &mut World, osc: &str, layer: &TileLayer) -> BTreeSet<Tile> {
+    let changes = diff(w, "d.osc", osc);
+    let (tiles, _) = derive_and_apply(&mut w.store, &[changes], layer).unwrap();
+    tiles
+}
+
+fn at_every_zoom(t: &BTreeSet<Tile>, lon: f64, lat: f64) -> bool {
+    (10..=16).all(|z| t.contains(&tile_of(lon, lat, z)))
+}
+
+const CAFE: &str = r#"<osm version="0.6">
+  <node id="1" lat="43.7350" lon="7.4246"><tag k="amenity" v="cafe"/></node>
+  <node id="2" lat="43.7300" lon="7.4200"/>
+  <node id="3" lat="43.7310" lon="7.4300"/>
+  <node id="4" lat="43.7320" lon="7.4400"/>
+  <way id="10"><nd ref="2"/><nd ref="3"/><nd ref="4"/><tag k="highway" v="residential"/></way>
+</osm>"#;
+
+#[test]
+fn a_node_moved_across_a_tile_boundary_expires_both_tiles_at_every_zoom() {
+    let mut w = base(CAFE);
+    // 0.05 degrees east: another zoom-16 tile (and zoom-10 stays one).
+    let t = check(
+        &mut w,
+        r#"<osmChange><modify><node id="1" lat="43.7350" lon="7.4746"><tag k="amenity" v="cafe"/></node></modify></osmChange>"#,
+        &layer(None),
+    );
+    assert!(at_every_zoom(&t, 7.4246, 43.7350), "old place");
+    assert!(at_every_zoom(&t, 7.4746, 43.7350), "new place");
+    assert_ne!(tile_of(7.4246, 43.735, 16), tile_of(7.4746, 43.735, 16));
+    assert_eq!(t.iter().filter(|t| t.z == 16).count(), 2, "{t:?}");
+}
+
+/// Regression for the contract's order: the delete carries no coordinates,
+/// and only the store, read before the delete lands, knows where it was.
+#[test]
+fn a_deleted_node_without_coordinates_expires_its_old_tile() {
+    let mut w = base(CAFE);
+    let t = check(
+        &mut w,
+        r#"<osmChange><delete><node id="1"/></delete></osmChange>"#,
+        &layer(None),
+    );
+    assert!(at_every_zoom(&t, 7.4246, 43.7350), "{t:?}");
+    assert!(w.store.node(1).unwrap().is_none(), "applied after deriving");
+}
+
+#[test]
+fn a_way_whose_node_moved_expires_the_ways_tiles() {
+    let mut w = base(CAFE);
+    // Node 3 is untagged; only the way through it makes it matter.
+    let t = check(
+        &mut w,
+        r#"<osmChange><modify><node id="3" lat="43.7500" lon="7.4300"/></modify></osmChange>"#,
+        &layer(Some(&["highway"])),
+    );
+    for (lon, lat) in [(7.42, 43.73), (7.43, 43.731), (7.43, 43.75), (7.44, 43.732)] {
+        assert!(
+            at_every_zoom(&t, lon, lat),
+            "({lon}, {lat}) of the old or new shape: {t:?}"
+        );
+    }
+}
+
+#[test]
+fn a_tag_change_on_a_key_the_layer_never_reads_expires_nothing() {
+    let mut w = base(CAFE);
+    let changes = diff(
+        &w,
+        "t.osc",
+        r#"<osmChange><modify><way id="10"><nd ref="2"/><nd ref="3"/><nd ref="4"/><tag k="highway" v="residential"/><tag k="surface" v="asphalt"/></way></modify></osmChange>"#,
+    );
+    let (t, stats) =
+        affected_tiles(&w.store, &changes, &layer(Some(&["highway", "building"]))).unwrap();
+    assert!(t.is_empty(), "{t:?}");
+    assert_eq!((stats.changes, stats.filtered), (1, 1));
+    // A layer reading every key does expire it.
+    let (t, _) = affected_tiles(&w.store, &changes, &layer(None)).unwrap();
+    assert!(!t.is_empty());
+    let _ = &mut w;
+}
+
+#[test]
+fn a_batch_equals_the_union_of_single_applies() {
+    let diffs = [
+        r#"<osmChange><modify><node id="1" lat="43.7400" lon="7.4300"><tag k="amenity" v="cafe"/></node></modify></osmChange>"#,
+        r#"<osmChange><modify><node id="1" lat="43.7600" lon="7.4500"><tag k="amenity" v="cafe"/></node></modify>
+           <delete><way id="10"/></delete></osmChange>"#,
+        r#"<osmChange><create><node id="5" lat="43.7200" lon="7.4100"><tag k="shop" v="bakery"/></node></create></osmChange>"#,
+    ];
+    let mut one = base(CAFE);
+    let mut union = BTreeSet::new();
+    for (i, d) in diffs.iter().enumerate() {
+        let c = diff(&one, &format!("{i}.osc"), d);
+        union.extend(
+            derive_and_apply(&mut one.store, &[c], &layer(None))
+                .unwrap()
+                .0,
+        );
+    }
+    let mut batch = base(CAFE);
+    let all: Vec<Vec<Change>> = diffs
+        .iter()
+        .enumerate()
+        .map(|(i, d)| diff(&batch, &format!("b{i}.osc"), d))
+        .collect();
+    let (t, _) = derive_and_apply(&mut batch.store, &all, &layer(None)).unwrap();
+    assert_eq!(t, union);
+    // The intermediate place (43.74, 7.43) is in both.
+    assert!(at_every_zoom(&t, 7.43, 43.74));
+    // And the stores agree.
+    let dump = |s: &Store| {
+        let mut v = Vec::new();
+        s.export(|e| v.push(e)).unwrap();
+        v
+    };
+    assert_eq!(dump(&one.store), dump(&batch.store));
+}
+
+#[test]
+fn an_area_expires_its_shape_not_its_bounding_box() {
+    // A long thin diagonal building: its bounding box spans many zoom-16
+    // tiles that the shape itself never touches.
+    let mut w = base(
+        r#"<osm>
+  <node id="1" lat="43.7000" lon="7.4000"/><node id="2" lat="43.7600" lon="7.4800"/>
+  <node id="3" lat="43.7601" lon="7.4790"/><node id="4" lat="43.7001" lon="7.3990"/>
+  <way id="20"><nd ref="1"/><nd ref="2"/><nd ref="3"/><nd ref="4"/><nd ref="1"/><tag k="building" v="yes"/></way>
+</osm>"#,
+    );
+    let t = check(
+        &mut w,
+        r#"<osmChange><delete><way id="20"/></delete></osmChange>"#,
+        &layer(None),
+    );
+    let z16: Vec<_> = t.iter().filter(|t| t.z == 16).collect();
+    let (a, b) = (tile_of(7.40, 43.70, 16), tile_of(7.48, 43.76, 16));
+    let bbox = ((b.x - a.x + 1) * (a.y - b.y + 1)) as usize;
+    assert!(
+        z16.len() * 3 < bbox,
+        "{} tiles of a {bbox}-tile bounding box",
+        z16.len()
+    );
+}
