@@ -121,10 +121,59 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// OpenStreetMap: the primary store, diffs, tile expiry.
+    Osm {
+        #[command(subcommand)]
+        command: OsmCommand,
+    },
     /// The state store.
     State {
         #[command(subcommand)]
         command: StateCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum OsmCommand {
+    /// Import an extract (.osm.pbf or .osm) into the store.
+    Import {
+        extract: PathBuf,
+        /// The store folder (default: [osm] store, or .highwater/osm).
+        #[arg(long)]
+        store: Option<PathBuf>,
+    },
+    /// Derive every dataset's affected tiles from the old state, then apply
+    /// the diffs in one transaction.
+    Apply {
+        diffs: Vec<PathBuf>,
+        #[arg(long)]
+        store: Option<PathBuf>,
+        /// Derive and report, change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Write the affected tiles in osm2pgsql's z/x/y form.
+        #[arg(long)]
+        expire_output: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Apply every diff after the store's sequence from a replication folder.
+    Replicate {
+        #[arg(long)]
+        from: PathBuf,
+        #[arg(long)]
+        store: Option<PathBuf>,
+        #[arg(long)]
+        expire_output: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// The store's sequence, each dataset's marker, gap, dirty set, recipe.
+    Status {
+        #[arg(long)]
+        store: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -194,6 +243,108 @@ fn ingestor(cli_config: &std::path::Path, name: &str) -> Result<highwater_ingest
     ))
 }
 
+fn osm(config: &std::path::Path, command: &OsmCommand, out: &mut impl Write) -> Result<i32> {
+    use highwater_osm::ops;
+    // The config is optional for OSM commands: without one, the defaults.
+    let (raw, root) = if config.exists() {
+        let spec = highwater_files::config::load(config)?;
+        let root = std::path::absolute(&spec.root)?;
+        (spec.osm, root)
+    } else {
+        (None, std::env::current_dir()?)
+    };
+    let cfg = ops::OsmConfig::parse(raw.as_ref(), config, &root)?;
+    let store_dir = |s: &Option<PathBuf>| s.clone().unwrap_or_else(|| cfg.store.clone());
+    let write_expire = |path: &Option<PathBuf>,
+                        tiles: &std::collections::BTreeSet<highwater_core::tile::Tile>|
+     -> Result<()> {
+        if let Some(p) = path {
+            let mut text = String::new();
+            for t in tiles {
+                text.push_str(&t.to_zxy());
+                text.push('\n');
+            }
+            let tmp = p.with_extension("tmp");
+            std::fs::write(&tmp, text)?;
+            std::fs::rename(&tmp, p)?;
+        }
+        Ok(())
+    };
+    match command {
+        OsmCommand::Import { extract, store } => {
+            let mut st = highwater_osm::store::Store::open(&store_dir(store))?;
+            let s = highwater_osm::import::import(&mut st, extract)?;
+            writeln!(
+                out,
+                "imported {} nodes, {} ways, {} relations; sequence {}",
+                s.nodes,
+                s.ways,
+                s.relations,
+                s.sequence.map_or("(none)".into(), |q| q.to_string())
+            )?;
+            Ok(0)
+        }
+        OsmCommand::Apply {
+            diffs,
+            store,
+            dry_run,
+            expire_output,
+            json,
+        } => {
+            anyhow::ensure!(!diffs.is_empty(), "give at least one diff file");
+            let mut st = highwater_osm::store::Store::open(&store_dir(store))?;
+            let d = ops::read_diffs(diffs)?;
+            let r = ops::apply(&mut st, &cfg, &d, *dry_run)?;
+            write_expire(expire_output, &r.tiles)?;
+            output::osm_apply(out, &r, *json)?;
+            Ok(0)
+        }
+        OsmCommand::Replicate {
+            from,
+            store,
+            expire_output,
+            json,
+        } => {
+            let mut st = highwater_osm::store::Store::open(&store_dir(store))?;
+            let files = ops::pending(&st, from)?;
+            let d = ops::read_diffs(&files)?;
+            let r = ops::apply(&mut st, &cfg, &d, false)?;
+            write_expire(expire_output, &r.tiles)?;
+            output::osm_apply(out, &r, *json)?;
+            Ok(0)
+        }
+        OsmCommand::Status { store, json } => {
+            let st = highwater_osm::store::Store::open(&store_dir(store))?;
+            let v = ops::status(&st, &cfg)?;
+            if *json {
+                writeln!(out, "{v}")?;
+            } else {
+                writeln!(
+                    out,
+                    "store at sequence {} ({})",
+                    v["sequence"],
+                    v["timestamp"].as_str().unwrap_or("-")
+                )?;
+                for d in v["datasets"].as_array().into_iter().flatten() {
+                    writeln!(
+                        out,
+                        "  {}: marker {}, gap {}, {} dirty tiles, recipe {}{}",
+                        d["name"].as_str().unwrap_or("?"),
+                        d["marker"],
+                        d["gap"],
+                        d["dirty"],
+                        d["recipe"].as_str().unwrap_or("?"),
+                        d["rebuild"]
+                            .as_str()
+                            .map_or(String::new(), |r| format!("; rebuild recommended: {r}"))
+                    )?;
+                }
+            }
+            Ok(0)
+        }
+    }
+}
+
 fn run(cli: Cli) -> Result<i32> {
     let mut out = std::io::stdout().lock();
     match &cli.command {
@@ -248,6 +399,7 @@ fn run(cli: Cli) -> Result<i32> {
             )?;
             return Ok(0);
         }
+        Command::Osm { command } => return osm(&cli.config, command, &mut out),
         _ => {}
     }
     let pipeline = Pipeline::from_config(&cli.config)?;
@@ -321,6 +473,8 @@ fn run(cli: Cli) -> Result<i32> {
             }
             Ok(0)
         }
-        Command::Ingest { .. } | Command::Windows { .. } => unreachable!("handled above"),
+        Command::Ingest { .. } | Command::Windows { .. } | Command::Osm { .. } => {
+            unreachable!("handled above")
+        }
     }
 }

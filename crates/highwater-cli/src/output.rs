@@ -404,3 +404,49 @@ pub fn grid(
     }
     Ok(())
 }
+
+pub fn osm_apply(
+    out: &mut impl Write,
+    r: &highwater_osm::ops::ApplyReport,
+    as_json: bool,
+) -> io::Result<()> {
+    if as_json {
+        return writeln!(
+            out,
+            "{}",
+            serde_json::to_string(r).map_err(io::Error::other)?
+        );
+    }
+    writeln!(
+        out,
+        "{} {} diffs{}; {} tiles affected",
+        if r.dry_run {
+            "derived (dry run, nothing applied) from"
+        } else {
+            "applied"
+        },
+        r.diffs,
+        r.sequence
+            .map_or(String::new(), |s| format!(", now at sequence {s}")),
+        r.tiles.len()
+    )?;
+    for d in &r.datasets {
+        writeln!(
+            out,
+            "  {}: {} tiles; {} changes, {} ({:.0}%) touched only keys the layer never reads{}",
+            d.name,
+            d.tiles,
+            d.changes,
+            d.filtered,
+            if d.changes == 0 {
+                0.0
+            } else {
+                d.filtered as f64 * 100.0 / d.changes as f64
+            },
+            d.zoomed_out_to.map_or(String::new(), |z| format!(
+                "; too many tiles: zoomed out to z{z} (tiles_affected_max)"
+            ))
+        )?;
+    }
+    Ok(())
+}

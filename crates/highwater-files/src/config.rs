@@ -17,6 +17,7 @@ struct RawConfig {
     stages: BTreeMap<String, RawStage>,
     #[serde(default)]
     sources: BTreeMap<String, toml::Value>,
+    osm: Option<toml::Value>,
 }
 
 #[derive(Deserialize)]
@@ -96,12 +97,13 @@ pub fn parse(text: &str, path: &Path, root: &Path) -> Result<PipelineSpec, Files
             }
         }
     }
-    if raw.stages.is_empty() && raw.sources.is_empty() {
+    if raw.stages.is_empty() && raw.sources.is_empty() && raw.osm.is_none() {
         return Err(bad(
-            "nothing to do: add a [stages.NAME] table (inputs, output, command) or a [sources.NAME] table".into(),
+            "nothing to do: add a [stages.NAME] table (inputs, output, command), a [sources.NAME] table or an [osm] table".into(),
         ));
     }
     spec.sources = raw.sources;
+    spec.osm = raw.osm;
     for (name, s) in raw.stages {
         if name.is_empty()
             || !name

@@ -124,6 +124,8 @@ pub struct PipelineSpec {
     pub stages: Vec<StageSpec>,
     /// `[sources.NAME]` tables, left raw: `highwater-ingest` reads them.
     pub sources: std::collections::BTreeMap<String, toml::Value>,
+    /// The `[osm]` table, left raw: `highwater-osm` reads it.
+    pub osm: Option<toml::Value>,
 }
 
 impl PipelineSpec {
@@ -133,6 +135,7 @@ impl PipelineSpec {
             state: PathBuf::from(".highwater/state.db"),
             stages: Vec::new(),
             sources: Default::default(),
+            osm: None,
         }
     }
 

@@ -4,7 +4,9 @@
 //! built in steps (see issue 4); what exists now:
 //!
 //! - [`model`]: nodes, ways, relations and the actions of a change file.
+//! - [`import`]: extracts (PBF in parallel, or XML) into the store; replication state files.
 //! - [`derive`]: derive-before-apply: affected tiles from old and new state.
+//! - [`ops`]: config, apply (dry run, dirty sets, markers), replicate, status.
 //! - [`store`]: the primary store (SQLite) with its reverse indexes.
 //! - [`xml`]: a streaming reader for `.osm` and `.osc` (optionally gzipped)
 //!   whose errors name the file, line and element.
@@ -12,7 +14,9 @@
 //! Tile math lives in `highwater_core::tile`, since it is pure.
 
 pub mod derive;
+pub mod import;
 pub mod model;
+pub mod ops;
 pub mod store;
 pub mod xml;
 

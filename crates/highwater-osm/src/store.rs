@@ -27,8 +27,13 @@ CREATE TABLE IF NOT EXISTS nodes(id INTEGER PRIMARY KEY, lat INTEGER NOT NULL, l
 CREATE TABLE IF NOT EXISTS ways(id INTEGER PRIMARY KEY, refs BLOB NOT NULL, tags TEXT);
 CREATE TABLE IF NOT EXISTS relations(id INTEGER PRIMARY KEY, members TEXT NOT NULL, tags TEXT);
 CREATE TABLE IF NOT EXISTS node_ways(node INTEGER NOT NULL, way INTEGER NOT NULL, PRIMARY KEY(node, way)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS markers(dataset TEXT PRIMARY KEY, sequence INTEGER, recipe TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS dirty(dataset TEXT NOT NULL, z INTEGER NOT NULL, x INTEGER NOT NULL, y INTEGER NOT NULL, PRIMARY KEY(dataset, z, x, y)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS member_rels(kind INTEGER NOT NULL, member INTEGER NOT NULL, rel INTEGER NOT NULL, PRIMARY KEY(kind, member, rel)) WITHOUT ROWID;
 ";
+
+/// A dataset's name, marker sequence, recipe id and dirty-set size.
+pub type DatasetRow = (String, Option<i64>, String, i64);
 
 pub struct Store {
     conn: Connection,
@@ -75,6 +80,42 @@ impl Store {
             path: self.path.clone(),
             err,
         }
+    }
+
+    /// Runs `f` in one write transaction and rolls it back: a dry run.
+    pub fn rehearse<T>(
+        &mut self,
+        f: impl FnOnce(&mut Writer<'_>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let path = self.path.clone();
+        let tx = self
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(|err| StoreError::Sqlite {
+                path: path.clone(),
+                err,
+            })?;
+        let mut w = Writer { tx, path };
+        // Dropping the transaction without commit rolls it back.
+        f(&mut w)
+    }
+
+    /// Per dataset: its marker (sequence, recipe) and dirty-set size.
+    pub fn datasets(&self) -> Result<Vec<DatasetRow>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare(
+                "SELECT m.dataset, m.sequence, m.recipe,
+                        (SELECT count(*) FROM dirty d WHERE d.dataset = m.dataset)
+                 FROM markers m ORDER BY 1",
+            )
+            .map_err(|e| self.err(e))?;
+        let v = st
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+            .map_err(|e| self.err(e))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| self.err(e))?;
+        Ok(v)
     }
 
     /// Runs `f` in one write transaction.
@@ -292,6 +333,43 @@ impl Writer<'_> {
 
     pub fn node(&self, id: i64) -> Result<Option<Node>, StoreError> {
         read_node(&self.tx, id).map_err(|e| self.err(e))
+    }
+
+    /// Adds tiles to a dataset's dirty set (deduplicated).
+    pub fn add_dirty(
+        &mut self,
+        dataset: &str,
+        tiles: &std::collections::BTreeSet<highwater_core::tile::Tile>,
+    ) -> Result<(), StoreError> {
+        let mut st = self
+            .tx
+            .prepare_cached("INSERT OR IGNORE INTO dirty(dataset, z, x, y) VALUES(?1, ?2, ?3, ?4)")
+            .map_err(|e| self.err(e))?;
+        for t in tiles {
+            st.execute(params![dataset, t.z, t.x, t.y])
+                .map_err(|e| StoreError::Sqlite {
+                    path: self.path.clone(),
+                    err: e,
+                })?;
+        }
+        Ok(())
+    }
+
+    /// Moves a dataset's marker.
+    pub fn set_marker(
+        &mut self,
+        dataset: &str,
+        sequence: Option<i64>,
+        recipe: &str,
+    ) -> Result<(), StoreError> {
+        self.tx
+            .execute(
+                "INSERT INTO markers(dataset, sequence, recipe) VALUES(?1, ?2, ?3)
+                 ON CONFLICT(dataset) DO UPDATE SET sequence = excluded.sequence, recipe = excluded.recipe",
+                params![dataset, sequence, recipe],
+            )
+            .map_err(|e| self.err(e))?;
+        Ok(())
     }
 
     pub fn way(&self, id: i64) -> Result<Option<Way>, StoreError> {

@@ -1,0 +1,225 @@
+//! Import of an extract (`.osm.pbf` or `.osm`) into the primary store, and
+//! replication state files.
+
+use crate::model::{Element, Member, MemberKind, Node, Relation, Tags, Way};
+use crate::store::{Store, StoreError};
+use crate::xml::{read_osm, OsmError};
+use rayon::prelude::*;
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum ImportError {
+    #[error("{path}: not a readable PBF file: {message}")]
+    Pbf { path: PathBuf, message: String },
+    #[error(transparent)]
+    Xml(#[from] OsmError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{path}: {message}")]
+    State { path: PathBuf, message: String },
+}
+
+/// A decoded blob: the header's (sequence, timestamp), or elements.
+type Decoded = Result<(Option<(Option<i64>, Option<i64>)>, Vec<Element>), String>;
+
+/// PBF blobs decoded at once: bounds the elements held in memory during an
+/// import (a blob holds about 8,000 elements).
+pub const PBF_BLOBS_PER_CHUNK: usize = 64;
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ImportStats {
+    pub nodes: u64,
+    pub ways: u64,
+    pub relations: u64,
+    /// The replication sequence and timestamp (seconds) from the header.
+    pub sequence: Option<i64>,
+    pub timestamp: Option<i64>,
+}
+
+fn pbf_elements(block: &osmpbf::PrimitiveBlock) -> Result<Vec<Element>, String> {
+    let tags = |it: &mut dyn Iterator<Item = (&str, &str)>| -> Tags {
+        it.map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    };
+    let mut out = Vec::new();
+    let mut err = None;
+    block.for_each_element(|e| match e {
+        osmpbf::Element::Node(n) => out.push(Element::Node(Node {
+            id: n.id(),
+            lat_e7: Some(n.decimicro_lat()),
+            lon_e7: Some(n.decimicro_lon()),
+            tags: tags(&mut n.tags()),
+        })),
+        osmpbf::Element::DenseNode(n) => out.push(Element::Node(Node {
+            id: n.id(),
+            lat_e7: Some(n.decimicro_lat()),
+            lon_e7: Some(n.decimicro_lon()),
+            tags: tags(&mut n.tags()),
+        })),
+        osmpbf::Element::Way(w) => out.push(Element::Way(Way {
+            id: w.id(),
+            refs: w.refs().collect(),
+            tags: tags(&mut w.tags()),
+        })),
+        osmpbf::Element::Relation(r) => {
+            let mut members = Vec::new();
+            for m in r.members() {
+                let role = match m.role() {
+                    Ok(s) => s.to_string(),
+                    Err(e) => {
+                        err = Some(format!("relation {}: {e}", r.id()));
+                        String::new()
+                    }
+                };
+                members.push(Member {
+                    kind: match m.member_type {
+                        osmpbf::RelMemberType::Node => MemberKind::Node,
+                        osmpbf::RelMemberType::Way => MemberKind::Way,
+                        osmpbf::RelMemberType::Relation => MemberKind::Relation,
+                    },
+                    id: m.member_id,
+                    role,
+                });
+            }
+            out.push(Element::Relation(Relation {
+                id: r.id(),
+                members,
+                tags: tags(&mut r.tags()),
+            }))
+        }
+    });
+    match err {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
+}
+
+fn count(stats: &mut ImportStats, e: &Element) {
+    match e {
+        Element::Node(_) => stats.nodes += 1,
+        Element::Way(_) => stats.ways += 1,
+        Element::Relation(_) => stats.relations += 1,
+    }
+}
+
+/// Imports an extract into the store, in one transaction: the store holds
+/// the whole extract or nothing of it. PBF blocks are decoded in parallel,
+/// a bounded chunk at a time, and written in file order.
+pub fn import(store: &mut Store, path: &Path) -> Result<ImportStats, ImportError> {
+    let mut stats = ImportStats::default();
+    let is_pbf = path.to_string_lossy().ends_with(".pbf");
+    if !is_pbf {
+        let mut elements = Vec::new();
+        read_osm(path, |e| {
+            elements.push(e);
+            Ok(())
+        })?;
+        store.write(|w| {
+            for e in &elements {
+                count(&mut stats, e);
+                w.put(e)?;
+            }
+            Ok(())
+        })?;
+        return Ok(stats);
+    }
+    let bad = |message: String| ImportError::Pbf {
+        path: path.to_path_buf(),
+        message,
+    };
+    let reader = osmpbf::BlobReader::from_path(path).map_err(|e| bad(e.to_string()))?;
+    let mut blobs = reader.peekable();
+    store.write(|w| {
+        loop {
+            let chunk: Vec<osmpbf::Blob> = blobs
+                .by_ref()
+                .take(PBF_BLOBS_PER_CHUNK)
+                .collect::<Result<_, _>>()
+                .map_err(|e| StoreError::Corrupt {
+                    path: path.to_path_buf(),
+                    what: e.to_string(),
+                })?;
+            if chunk.is_empty() {
+                break;
+            }
+            let decoded: Vec<Decoded> = chunk
+                .par_iter()
+                .map(|b| match b.decode().map_err(|e| e.to_string())? {
+                    osmpbf::BlobDecode::OsmHeader(h) => Ok((
+                        Some((
+                            h.osmosis_replication_sequence_number(),
+                            h.osmosis_replication_timestamp(),
+                        )),
+                        Vec::new(),
+                    )),
+                    osmpbf::BlobDecode::OsmData(block) => Ok((None, pbf_elements(&block)?)),
+                    osmpbf::BlobDecode::Unknown(_) => Ok((None, Vec::new())),
+                })
+                .collect();
+            for d in decoded {
+                let (header, elements) = d.map_err(|e| StoreError::Corrupt {
+                    path: path.to_path_buf(),
+                    what: e,
+                })?;
+                if let Some((seq, ts)) = header {
+                    stats.sequence = seq;
+                    stats.timestamp = ts;
+                }
+                for e in &elements {
+                    count(&mut stats, e);
+                    w.put(e)?;
+                }
+            }
+        }
+        if let Some(seq) = stats.sequence {
+            w.set_meta("sequence", &seq.to_string())?;
+        }
+        if let Some(ts) = stats.timestamp {
+            w.set_meta(
+                "timestamp",
+                &highwater_core::window::format_rfc3339(ts * 1_000_000),
+            )?;
+        }
+        Ok(())
+    })?;
+    Ok(stats)
+}
+
+/// A replication state file (`sequenceNumber=`, `timestamp=` with escaped
+/// colons).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct State {
+    pub sequence: i64,
+    pub timestamp: String,
+}
+
+pub fn read_state(path: &Path) -> Result<State, ImportError> {
+    let bad = |message: String| ImportError::State {
+        path: path.to_path_buf(),
+        message,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| bad(format!("cannot read: {e}")))?;
+    let mut seq = None;
+    let mut ts = None;
+    for line in text.lines() {
+        if let Some(v) = line.strip_prefix("sequenceNumber=") {
+            seq = Some(
+                v.trim()
+                    .parse()
+                    .map_err(|_| bad(format!("sequenceNumber {v:?} is not a number")))?,
+            );
+        } else if let Some(v) = line.strip_prefix("timestamp=") {
+            ts = Some(v.trim().replace("\\:", ":"));
+        }
+    }
+    Ok(State {
+        sequence: seq.ok_or_else(|| bad("no sequenceNumber".into()))?,
+        timestamp: ts.ok_or_else(|| bad("no timestamp".into()))?,
+    })
+}
+
+/// `AAA/BBB/CCC` for a sequence number, as replication directories lay it out.
+pub fn sequence_path(seq: i64) -> String {
+    let s = format!("{seq:09}");
+    format!("{}/{}/{}", &s[0..3], &s[3..6], &s[6..9])
+}

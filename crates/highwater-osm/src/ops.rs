@@ -1,0 +1,369 @@
+//! The OSM operations the CLI offers: config, apply (with dry run and
+//! expire output), replicate from a local replication directory, status.
+
+use crate::derive::{affected_tiles, merge, TileLayer};
+use crate::import::{read_state, sequence_path, ImportError, State};
+use crate::model::{Action, Change};
+use crate::store::{Store, StoreError, Writer};
+use crate::xml::{read_changes, OsmError};
+use highwater_core::tile::Tile;
+use serde::Deserialize;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum OpsError {
+    #[error("{path}: [osm] {message}")]
+    Config { path: PathBuf, message: String },
+    #[error(transparent)]
+    Osm(#[from] OsmError),
+    #[error(transparent)]
+    Import(#[from] ImportError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Replication(String),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawOsm {
+    store: Option<String>,
+    #[serde(default)]
+    tiles: BTreeMap<String, RawTiles>,
+    rebuild_gap_max: Option<i64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTiles {
+    zooms: String,
+    #[serde(default)]
+    keys: Vec<String>,
+    buffer: Option<f64>,
+    diff_expire: Option<bool>,
+    tiles_affected_max: Option<usize>,
+}
+
+/// A parsed diff and the replication state beside it, if any.
+pub type Diff = (Vec<Change>, Option<State>);
+
+/// One tile dataset.
+#[derive(Clone, Debug)]
+pub struct TileDataset {
+    pub name: String,
+    pub layer: TileLayer,
+    /// Tiles one diff may dirty at the layer's top zoom before expiry zooms
+    /// out to coarser tiles: bounds the dirty set a single large edit (a
+    /// country boundary) can create.
+    pub tiles_affected_max: usize,
+    pub recipe: String,
+}
+
+#[derive(Clone, Debug)]
+pub struct OsmConfig {
+    pub store: PathBuf,
+    pub tiles: Vec<TileDataset>,
+    /// A dataset this many sequences behind is better rebuilt.
+    pub rebuild_gap_max: i64,
+}
+
+fn parse_zooms(s: &str) -> Option<(u8, u8)> {
+    let (a, b) = s.split_once('-').unwrap_or((s, s));
+    let (a, b): (u8, u8) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
+    (a <= b && b <= highwater_core::tile::ZOOM_MAX).then_some((a, b))
+}
+
+impl OsmConfig {
+    pub fn parse(
+        value: Option<&toml::Value>,
+        config_path: &Path,
+        root: &Path,
+    ) -> Result<OsmConfig, OpsError> {
+        let bad = |message: String| OpsError::Config {
+            path: config_path.to_path_buf(),
+            message,
+        };
+        let raw: RawOsm = match value {
+            Some(v) => v
+                .clone()
+                .try_into()
+                .map_err(|e: toml::de::Error| bad(e.message().to_string()))?,
+            None => RawOsm {
+                store: None,
+                tiles: BTreeMap::new(),
+                rebuild_gap_max: None,
+            },
+        };
+        let mut tiles = Vec::new();
+        for (name, t) in raw.tiles {
+            let (zoom_min, zoom_max) = parse_zooms(&t.zooms).ok_or_else(|| {
+                bad(format!(
+                    "[osm.tiles.{name}] zooms = {:?}: write e.g. \"10-16\" within 0-20",
+                    t.zooms
+                ))
+            })?;
+            let keys = (!(t.keys.is_empty() || t.keys.iter().any(|k| k == "*")))
+                .then(|| t.keys.iter().cloned().collect::<BTreeSet<_>>());
+            let buffer = t.buffer.unwrap_or(0.0);
+            if !(0.0..=4.0).contains(&buffer) {
+                return Err(bad(format!(
+                    "[osm.tiles.{name}] buffer = {buffer}: use 0 to 4 tile widths"
+                )));
+            }
+            if t.diff_expire == Some(true) {
+                return Err(bad(format!("[osm.tiles.{name}] diff_expire is not available yet in this version; remove it")));
+            }
+            let recipe = format!(
+                "r1:{}",
+                &highwater_core::recipe::recipe_id(&highwater_core::recipe::RecipeParts {
+                    version: "tiles-1".into(),
+                    config: serde_json::json!({"zooms": [zoom_min, zoom_max], "keys": keys, "buffer": buffer}),
+                    ..Default::default()
+                })[3..]
+            );
+            tiles.push(TileDataset {
+                layer: TileLayer {
+                    zoom_min,
+                    zoom_max,
+                    keys,
+                    buffer,
+                },
+                tiles_affected_max: t.tiles_affected_max.unwrap_or(1_000_000).max(1),
+                recipe,
+                name,
+            });
+        }
+        Ok(OsmConfig {
+            store: root.join(raw.store.unwrap_or_else(|| ".highwater/osm".into())),
+            tiles,
+            rebuild_gap_max: raw.rebuild_gap_max.unwrap_or(1000),
+        })
+    }
+}
+
+/// What one apply did, per dataset.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct DatasetReport {
+    pub name: String,
+    pub tiles: usize,
+    pub changes: usize,
+    pub filtered: usize,
+    /// Set when a diff dirtied more than `tiles_affected_max` tiles and
+    /// expiry zoomed out to this zoom for it.
+    pub zoomed_out_to: Option<u8>,
+}
+
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct ApplyReport {
+    pub diffs: usize,
+    pub sequence: Option<i64>,
+    pub datasets: Vec<DatasetReport>,
+    pub dry_run: bool,
+    #[serde(skip)]
+    pub tiles: BTreeSet<Tile>,
+}
+
+/// Keeps at most `max` tiles at the top zoom by taking parents; returns the
+/// zoom it stopped at when it had to.
+fn bound(tiles: BTreeSet<Tile>, layer: &TileLayer, max: usize) -> (BTreeSet<Tile>, Option<u8>) {
+    let mut top: BTreeSet<(u32, u32)> = tiles
+        .iter()
+        .filter(|t| t.z == layer.zoom_max)
+        .map(|t| (t.x, t.y))
+        .collect();
+    if top.len() <= max {
+        return (tiles, None);
+    }
+    let mut z = layer.zoom_max;
+    while top.len() > max && z > layer.zoom_min {
+        top = top.iter().map(|&(x, y)| (x / 2, y / 2)).collect();
+        z -= 1;
+    }
+    (
+        highwater_core::tile::with_parents(&top, z, layer.zoom_min),
+        Some(z),
+    )
+}
+
+fn apply_in(w: &mut Writer<'_>, changes: &[Change]) -> Result<(), StoreError> {
+    for ((kind, id), c) in &merge(changes) {
+        match c.action {
+            Action::Delete => w.delete(*kind, *id)?,
+            Action::Create | Action::Modify => w.put(&c.element)?,
+        }
+    }
+    Ok(())
+}
+
+/// Derives and applies diffs in order, in one transaction (rolled back on a
+/// dry run): each dataset's affected tiles from the state before each diff,
+/// then the diff, then the dirty sets and markers.
+pub fn apply(
+    store: &mut Store,
+    cfg: &OsmConfig,
+    diffs: &[Diff],
+    dry_run: bool,
+) -> Result<ApplyReport, OpsError> {
+    let run = |w: &mut Writer<'_>| -> Result<ApplyReport, StoreError> {
+        let mut report = ApplyReport {
+            diffs: diffs.len(),
+            dry_run,
+            datasets: cfg
+                .tiles
+                .iter()
+                .map(|d| DatasetReport {
+                    name: d.name.clone(),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let mut per: Vec<BTreeSet<Tile>> = vec![BTreeSet::new(); cfg.tiles.len()];
+        for (changes, state) in diffs {
+            for (i, d) in cfg.tiles.iter().enumerate() {
+                let (t, s) = affected_tiles(&*w, changes, &d.layer)?;
+                let (t, z) = bound(t, &d.layer, d.tiles_affected_max);
+                let r = &mut report.datasets[i];
+                r.changes += s.changes;
+                r.filtered += s.filtered;
+                if z.is_some() {
+                    r.zoomed_out_to = z.min(r.zoomed_out_to.or(z));
+                }
+                per[i].extend(t);
+            }
+            apply_in(w, changes)?;
+            if let Some(s) = state {
+                report.sequence = Some(s.sequence);
+                w.set_meta("sequence", &s.sequence.to_string())?;
+                w.set_meta("timestamp", &s.timestamp)?;
+            }
+        }
+        for (i, d) in cfg.tiles.iter().enumerate() {
+            w.add_dirty(&d.name, &per[i])?;
+            w.set_marker(&d.name, report.sequence, &d.recipe)?;
+            report.datasets[i].tiles = per[i].len();
+            report.tiles.extend(per[i].iter().copied());
+        }
+        Ok(report)
+    };
+    Ok(if dry_run {
+        store.rehearse(run)?
+    } else {
+        store.write(run)?
+    })
+}
+
+/// Reads diff files (refusing any malformed one before anything moves), with
+/// the state file beside each when there is one.
+pub fn read_diffs(paths: &[PathBuf]) -> Result<Vec<Diff>, OpsError> {
+    let mut out = Vec::new();
+    for p in paths {
+        let changes = read_changes(p)?;
+        let name = p.file_name().unwrap_or_default().to_string_lossy();
+        let stem = name.trim_end_matches(".gz").trim_end_matches(".osc");
+        let state_path = p.with_file_name(format!("{stem}.state.txt"));
+        let state = state_path
+            .exists()
+            .then(|| read_state(&state_path))
+            .transpose()?;
+        out.push((changes, state));
+    }
+    Ok(out)
+}
+
+/// The diffs after the store's sequence in a replication directory, in
+/// order. Refuses a gap: a missing sequence with later ones present.
+pub fn pending(store: &Store, dir: &Path) -> Result<Vec<PathBuf>, OpsError> {
+    let seq: i64 = store
+        .meta("sequence")?
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| OpsError::Replication("the store has no replication sequence: import an extract whose header has one, or apply diffs with their state files".into()))?;
+    let mut out = Vec::new();
+    let mut next = seq + 1;
+    loop {
+        let base = dir.join(sequence_path(next));
+        let osc = base.with_extension("osc.gz");
+        if !osc.exists() {
+            break;
+        }
+        out.push(osc);
+        next += 1;
+    }
+    // A later state file after the first missing one is a gap.
+    let parent = dir
+        .join(sequence_path(next))
+        .parent()
+        .map(Path::to_path_buf);
+    if let Some(parent) = parent {
+        if let Ok(rd) = std::fs::read_dir(&parent) {
+            for e in rd.flatten() {
+                let n = e.file_name().to_string_lossy().into_owned();
+                if let Some(s) = n
+                    .strip_suffix(".osc.gz")
+                    .and_then(|s| s.parse::<i64>().ok())
+                {
+                    let later = (next / 1000) * 1000 + s;
+                    if later > next {
+                        return Err(OpsError::Replication(format!(
+                            "gap in {}: sequence {next} is missing but {later} is there; fetch {next} first",
+                            dir.display()
+                        )));
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Status of the store and each dataset.
+pub fn status(store: &Store, cfg: &OsmConfig) -> Result<serde_json::Value, OpsError> {
+    let seq: Option<i64> = store.meta("sequence")?.and_then(|s| s.parse().ok());
+    let markers: BTreeMap<String, (Option<i64>, String, i64)> = store
+        .datasets()?
+        .into_iter()
+        .map(|(n, s, r, d)| (n, (s, r, d)))
+        .collect();
+    let mut datasets = Vec::new();
+    for d in &cfg.tiles {
+        let (marker, recipe, dirty) =
+            markers
+                .get(&d.name)
+                .cloned()
+                .unwrap_or((None, String::new(), 0));
+        let gap = match (seq, marker) {
+            (Some(a), Some(b)) => Some(a - b),
+            _ => None,
+        };
+        let mut rebuild = Vec::new();
+        if !recipe.is_empty() && recipe != d.recipe {
+            rebuild.push(
+                "its recipe changed (zooms, keys, buffer or code): new logic must not mix with old"
+                    .to_string(),
+            );
+        }
+        if gap.is_some_and(|g| g > cfg.rebuild_gap_max) {
+            rebuild.push(format!(
+                "it is {} sequences behind, more than rebuild_gap_max = {}",
+                gap.unwrap_or(0),
+                cfg.rebuild_gap_max
+            ));
+        }
+        datasets.push(serde_json::json!({
+            "name": d.name,
+            "marker": marker,
+            "gap": gap,
+            "dirty": dirty,
+            "recipe": d.recipe,
+            "recorded_recipe": recipe,
+            "rebuild": if rebuild.is_empty() { serde_json::Value::Null } else { serde_json::json!(rebuild.join("; ")) },
+        }));
+    }
+    Ok(serde_json::json!({
+        "sequence": seq,
+        "timestamp": store.meta("timestamp")?,
+        "datasets": datasets,
+    }))
+}
