@@ -7,10 +7,12 @@
 //! Step 2 after step 3 would lose every deletion: a deleted feature's
 //! geometry exists only in the store before the diff lands.
 //!
-//! What exists so far: tile expiry for nodes and ways (including ways whose
-//! nodes moved), with a tag filter and a buffer. Relation areas come next.
+//! What exists so far: tile expiry for nodes, ways (including ways whose
+//! nodes moved) and multipolygon and boundary relations (their areas
+//! assembled from member ways, when a member or a member's node moved), with
+//! a tag filter and a buffer.
 
-use crate::model::{Action, Change, Element, MemberKind, Node, Tags, Way};
+use crate::model::{Action, Change, Element, MemberKind, Node, Relation, Tags, Way};
 use crate::store::{OsmRead, Store, StoreError, Writer};
 use highwater_core::tile::{self, Cells, Tile};
 use std::collections::{BTreeMap, BTreeSet};
@@ -68,6 +70,59 @@ enum Geom {
     Point((f64, f64)),
     Line(Vec<(f64, f64)>),
     Area(Vec<(f64, f64)>),
+    /// A relation's rings (outer and inner; even-odd makes holes).
+    Rings(Vec<Vec<(f64, f64)>>),
+}
+
+type WayLookup<'a> = dyn Fn(i64) -> Result<Option<Way>, StoreError> + 'a;
+type NodeLookup<'a> = dyn Fn(i64) -> Result<Option<(f64, f64)>, StoreError> + 'a;
+
+/// Joins a relation's member ways end to end into rings. A chain that does
+/// not close stays a ring anyway (closed by its first point), which errs
+/// towards expiring more, never less.
+fn assemble(
+    r: &Relation,
+    way: &WayLookup<'_>,
+    loc: &NodeLookup<'_>,
+) -> Result<Vec<Vec<(f64, f64)>>, StoreError> {
+    let mut pieces: Vec<Vec<i64>> = Vec::new();
+    for m in r.members.iter().filter(|m| m.kind == MemberKind::Way) {
+        if let Some(w) = way(m.id)? {
+            if w.refs.len() >= 2 {
+                pieces.push(w.refs);
+            }
+        }
+    }
+    let mut rings = Vec::new();
+    while let Some(mut ring) = pieces.pop() {
+        while ring.first() != ring.last() {
+            let end = *ring.last().expect("non-empty");
+            let Some(i) = pieces
+                .iter()
+                .position(|p| p.first() == Some(&end) || p.last() == Some(&end))
+            else {
+                break;
+            };
+            let mut next = pieces.swap_remove(i);
+            if next.first() != Some(&end) {
+                next.reverse();
+            }
+            ring.extend_from_slice(&next[1..]);
+        }
+        let mut pts = Vec::with_capacity(ring.len() + 1);
+        for id in &ring {
+            if let Some(p) = loc(*id)? {
+                pts.push(p);
+            }
+        }
+        if pts.len() >= 3 {
+            if pts.first() != pts.last() {
+                pts.push(pts[0]);
+            }
+            rings.push(pts);
+        }
+    }
+    Ok(rings)
 }
 
 fn is_area(w: &Way) -> bool {
@@ -159,6 +214,14 @@ pub fn affected_tiles(
             _ => {}
         }
     }
+    let mut relations: BTreeSet<i64> = merged
+        .keys()
+        .filter(|(k, _)| *k == MemberKind::Relation)
+        .map(|(_, id)| *id)
+        .collect();
+    for &id in &ways {
+        relations.extend(store.relations_of(MemberKind::Way, id)?);
+    }
     for id in ways {
         let old = store.way(id)?;
         let new: Option<Way> = match merged.get(&(MemberKind::Way, id)) {
@@ -218,6 +281,59 @@ pub fn affected_tiles(
             geoms.extend(geom(w, new_pts));
         }
     }
+    for id in relations {
+        let old = store.relation(id)?;
+        let new: Option<Relation> = match merged.get(&(MemberKind::Relation, id)) {
+            Some(c) if c.action == Action::Delete => None,
+            Some(Change {
+                element: Element::Relation(r),
+                ..
+            }) => Some(r.clone()),
+            _ => old.clone(),
+        };
+        let is_area_rel = |r: &Relation| {
+            r.tags
+                .get("type")
+                .is_some_and(|t| t == "multipolygon" || t == "boundary")
+        };
+        let old_rel = old
+            .as_ref()
+            .filter(|r| is_area_rel(r))
+            .map(|r| layer.relevant(&r.tags))
+            .unwrap_or_default();
+        let new_rel = new
+            .as_ref()
+            .filter(|r| is_area_rel(r))
+            .map(|r| layer.relevant(&r.tags))
+            .unwrap_or_default();
+        if old_rel.is_empty() && new_rel.is_empty() {
+            continue;
+        }
+        // Old rings from the store as it is; new rings from the diff's way
+        // versions and node locations where it has them.
+        let new_way = |wid: i64| -> Result<Option<Way>, StoreError> {
+            Ok(match merged.get(&(MemberKind::Way, wid)) {
+                Some(c) if c.action == Action::Delete => None,
+                Some(Change {
+                    element: Element::Way(w),
+                    ..
+                }) => Some(w.clone()),
+                _ => store.way(wid)?,
+            })
+        };
+        if let Some(r) = old.as_ref().filter(|_| !old_rel.is_empty()) {
+            let rings = assemble(r, &|wid| store.way(wid), &old_loc)?;
+            if !rings.is_empty() {
+                geoms.push(Geom::Rings(rings));
+            }
+        }
+        if let Some(r) = new.as_ref().filter(|_| !new_rel.is_empty()) {
+            let rings = assemble(r, &new_way, &new_loc)?;
+            if !rings.is_empty() {
+                geoms.push(Geom::Rings(rings));
+            }
+        }
+    }
     let mut cells = Cells::new();
     for g in &geoms {
         match g {
@@ -229,6 +345,9 @@ pub fn affected_tiles(
                 layer.buffer,
                 &mut cells,
             ),
+            Geom::Rings(rings) => {
+                tile::add_polygon(rings, layer.zoom_max, layer.buffer, &mut cells)
+            }
         }
     }
     Ok((

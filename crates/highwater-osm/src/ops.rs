@@ -246,6 +246,14 @@ pub fn apply(
             report.datasets[i].tiles = per[i].len();
             report.tiles.extend(per[i].iter().copied());
         }
+        if std::env::var_os("HIGHWATER_FAILPOINT").is_some_and(|v| v == "osm-before-commit") {
+            // For the crash test: die with everything written but not
+            // committed, the way a killed process dies.
+            // SAFETY: a signal to our own pid has no memory effects.
+            unsafe {
+                libc::kill(libc::getpid(), libc::SIGKILL);
+            }
+        }
         Ok(report)
     };
     Ok(if dry_run {

@@ -167,16 +167,7 @@ impl Store {
 
     /// The relations that have an element as a member.
     pub fn relations_of(&self, kind: MemberKind, id: i64) -> Result<Vec<i64>, StoreError> {
-        let mut st = self
-            .conn
-            .prepare_cached("SELECT rel FROM member_rels WHERE kind = ?1 AND member = ?2")
-            .map_err(|e| self.err(e))?;
-        let v = st
-            .query_map(params![kind_code(kind), id], |r| r.get(0))
-            .map_err(|e| self.err(e))?
-            .collect::<Result<Vec<i64>, _>>()
-            .map_err(|e| self.err(e))?;
-        Ok(v)
+        relations_of(&self.conn, kind, id).map_err(|e| self.err(e))
     }
 
     /// Every element, ordered by type and id: for exports and comparisons.
@@ -274,6 +265,14 @@ pub trait OsmRead {
     fn node(&self, id: i64) -> Result<Option<Node>, StoreError>;
     fn way(&self, id: i64) -> Result<Option<Way>, StoreError>;
     fn ways_of_node(&self, node: i64) -> Result<Vec<i64>, StoreError>;
+    fn relation(&self, id: i64) -> Result<Option<Relation>, StoreError>;
+    fn relations_of(&self, kind: MemberKind, id: i64) -> Result<Vec<i64>, StoreError>;
+}
+
+fn relations_of(c: &Connection, kind: MemberKind, id: i64) -> rusqlite::Result<Vec<i64>> {
+    c.prepare_cached("SELECT rel FROM member_rels WHERE kind = ?1 AND member = ?2")?
+        .query_map(params![kind_code(kind), id], |r| r.get(0))?
+        .collect()
 }
 
 fn ways_of_node(c: &Connection, node: i64) -> rusqlite::Result<Vec<i64>> {
@@ -292,6 +291,12 @@ impl OsmRead for Store {
     fn ways_of_node(&self, node: i64) -> Result<Vec<i64>, StoreError> {
         Store::ways_of_node(self, node)
     }
+    fn relation(&self, id: i64) -> Result<Option<Relation>, StoreError> {
+        Store::relation(self, id)
+    }
+    fn relations_of(&self, kind: MemberKind, id: i64) -> Result<Vec<i64>, StoreError> {
+        relations_of(&self.conn, kind, id).map_err(|e| self.err(e))
+    }
 }
 
 impl OsmRead for Writer<'_> {
@@ -303,6 +308,12 @@ impl OsmRead for Writer<'_> {
     }
     fn ways_of_node(&self, node: i64) -> Result<Vec<i64>, StoreError> {
         ways_of_node(&self.tx, node).map_err(|e| self.err(e))
+    }
+    fn relation(&self, id: i64) -> Result<Option<Relation>, StoreError> {
+        Writer::relation(self, id)
+    }
+    fn relations_of(&self, kind: MemberKind, id: i64) -> Result<Vec<i64>, StoreError> {
+        relations_of(&self.tx, kind, id).map_err(|e| self.err(e))
     }
 }
 

@@ -199,3 +199,31 @@ fn an_area_expires_its_shape_not_its_bounding_box() {
         z16.len()
     );
 }
+
+/// A multipolygon whose tags sit on the relation and whose ring is two
+/// untagged member ways: moving one corner expires the relation's whole
+/// area, inside included, before and after.
+#[test]
+fn a_member_way_of_a_multipolygon_moving_expires_the_relations_area() {
+    let mut w = base(
+        r#"<osm>
+  <node id="1" lat="43.70" lon="7.40"/><node id="2" lat="43.70" lon="7.46"/>
+  <node id="3" lat="43.76" lon="7.46"/><node id="4" lat="43.76" lon="7.40"/>
+  <way id="30"><nd ref="1"/><nd ref="2"/><nd ref="3"/></way>
+  <way id="31"><nd ref="3"/><nd ref="4"/><nd ref="1"/></way>
+  <relation id="40"><member type="way" ref="30" role="outer"/><member type="way" ref="31" role="outer"/>
+    <tag k="type" v="multipolygon"/><tag k="landuse" v="forest"/></relation>
+</osm>"#,
+    );
+    let t = check(
+        &mut w,
+        r#"<osmChange><modify><node id="3" lat="43.80" lon="7.50"/></modify></osmChange>"#,
+        &layer(Some(&["landuse"])),
+    );
+    // The middle of the old square: only an area fill reaches it.
+    assert!(at_every_zoom(&t, 7.43, 43.73), "inside the old area");
+    // Inside the new shape only (beyond the old square's corner).
+    assert!(at_every_zoom(&t, 7.47, 43.77), "inside the new area");
+    // Far outside both.
+    assert!(!t.contains(&tile_of(7.30, 43.60, 16)));
+}

@@ -304,3 +304,55 @@ fn replicated_store_equals_osmium_apply_changes() {
         .collect();
     assert!(diffs.is_empty(), "first differences: {diffs:#?}");
 }
+
+/// SIGKILL in the middle of a replicate (everything derived and written,
+/// nothing committed): the store and the markers stay at 3047 together, and
+/// the re-run dirties exactly the tiles a clean run does.
+#[test]
+fn a_killed_replicate_loses_no_affected_tile() {
+    let from = data().join("monaco-updates");
+    let clean = imported();
+    clean.check(
+        &[
+            "osm",
+            "replicate",
+            "--from",
+            from.to_str().unwrap(),
+            "--expire-output",
+            "e.txt",
+        ],
+        0,
+    );
+    let p = imported();
+    let out = p
+        .cmd(&["osm", "replicate", "--from", from.to_str().unwrap()])
+        .env("HIGHWATER_FAILPOINT", "osm-before-commit")
+        .output()
+        .unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&out.status),
+        Some(9),
+        "killed"
+    );
+    let s = p.check(&["osm", "status", "--json"], 0).json();
+    assert_eq!(s["sequence"], 3047);
+    assert!(s["datasets"][0]["marker"].is_null());
+    assert_eq!(s["datasets"][0]["dirty"], 0);
+    p.check(
+        &[
+            "osm",
+            "replicate",
+            "--from",
+            from.to_str().unwrap(),
+            "--expire-output",
+            "e.txt",
+        ],
+        0,
+    );
+    assert_eq!(p.read("e.txt"), clean.read("e.txt"));
+    let (a, b) = (
+        p.check(&["osm", "status", "--json"], 0).json(),
+        clean.check(&["osm", "status", "--json"], 0).json(),
+    );
+    assert_eq!(a, b);
+}
