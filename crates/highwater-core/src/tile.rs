@@ -146,11 +146,18 @@ fn add_segment(a: (f64, f64), b: (f64, f64), z: u8, buffer: f64, out: &mut Cells
 /// `buffer`) and every cell whose centre is inside (even-odd over all
 /// rings, so inner rings are holes).
 pub fn add_polygon(rings: &[Vec<(f64, f64)>], z: u8, buffer: f64, out: &mut Cells) {
-    let n = 1u32 << z;
-    let nf = n as f64;
     for r in rings {
         add_line(r, z, buffer, out);
     }
+    add_fill(rings, z, out);
+}
+
+/// Adds the cells whose centre is inside the area (even-odd over all
+/// rings). With the boundary cells this is every cell the area touches;
+/// alone, it lets a caller tell the inside of two areas apart.
+pub fn add_fill(rings: &[Vec<(f64, f64)>], z: u8, out: &mut Cells) {
+    let n = 1u32 << z;
+    let nf = n as f64;
     let ys = rings.iter().flatten().map(|p| p.1 * nf);
     let (y_lo, y_hi) = ys.fold((f64::MAX, f64::MIN), |(lo, hi), y| (lo.min(y), hi.max(y)));
     if y_lo > y_hi {

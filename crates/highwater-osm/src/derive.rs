@@ -29,6 +29,11 @@ pub struct TileLayer {
     pub keys: Option<BTreeSet<String>>,
     /// In tile widths.
     pub buffer: f64,
+    /// When only an area's geometry changed (its tags did not), expire the
+    /// tiles its boundary crossed before or after, and the inside tiles of
+    /// exactly one of the two shapes; an inside tile of both shapes that no
+    /// boundary crosses shows the same thing before and after.
+    pub diff_expire: bool,
 }
 
 impl TileLayer {
@@ -72,6 +77,8 @@ enum Geom {
     Area(Vec<(f64, f64)>),
     /// A relation's rings (outer and inner; even-odd makes holes).
     Rings(Vec<Vec<(f64, f64)>>),
+    /// An area whose tags did not change, before and after (`diff_expire`).
+    AreaDiff(Vec<Vec<(f64, f64)>>, Vec<Vec<(f64, f64)>>),
 }
 
 type WayLookup<'a> = dyn Fn(i64) -> Result<Option<Way>, StoreError> + 'a;
@@ -274,6 +281,12 @@ pub fn affected_tiles(
             _ if is_area(w) => Some(Geom::Area(pts)),
             _ => Some(Geom::Line(pts)),
         };
+        if let (true, Some(o), Some(n)) = (layer.diff_expire && old_rel == new_rel, &old, &new) {
+            if is_area(o) && is_area(n) && old_pts.len() > 2 && new_pts.len() > 2 {
+                geoms.push(Geom::AreaDiff(vec![old_pts], vec![new_pts]));
+                continue;
+            }
+        }
         if let Some(w) = old.as_ref().filter(|_| !old_rel.is_empty()) {
             geoms.extend(geom(w, old_pts));
         }
@@ -321,16 +334,22 @@ pub fn affected_tiles(
                 _ => store.way(wid)?,
             })
         };
-        if let Some(r) = old.as_ref().filter(|_| !old_rel.is_empty()) {
-            let rings = assemble(r, &|wid| store.way(wid), &old_loc)?;
-            if !rings.is_empty() {
-                geoms.push(Geom::Rings(rings));
-            }
-        }
-        if let Some(r) = new.as_ref().filter(|_| !new_rel.is_empty()) {
-            let rings = assemble(r, &new_way, &new_loc)?;
-            if !rings.is_empty() {
-                geoms.push(Geom::Rings(rings));
+        let old_rings = match old.as_ref().filter(|_| !old_rel.is_empty()) {
+            Some(r) => assemble(r, &|wid| store.way(wid), &old_loc)?,
+            None => Vec::new(),
+        };
+        let new_rings = match new.as_ref().filter(|_| !new_rel.is_empty()) {
+            Some(r) => assemble(r, &new_way, &new_loc)?,
+            None => Vec::new(),
+        };
+        if layer.diff_expire && old_rel == new_rel && !old_rings.is_empty() && !new_rings.is_empty()
+        {
+            geoms.push(Geom::AreaDiff(old_rings, new_rings));
+        } else {
+            for rings in [old_rings, new_rings] {
+                if !rings.is_empty() {
+                    geoms.push(Geom::Rings(rings));
+                }
             }
         }
     }
@@ -347,6 +366,15 @@ pub fn affected_tiles(
             ),
             Geom::Rings(rings) => {
                 tile::add_polygon(rings, layer.zoom_max, layer.buffer, &mut cells)
+            }
+            Geom::AreaDiff(before, after) => {
+                for r in before.iter().chain(after) {
+                    tile::add_line(r, layer.zoom_max, layer.buffer, &mut cells);
+                }
+                let (mut a, mut b) = (Cells::new(), Cells::new());
+                tile::add_fill(before, layer.zoom_max, &mut a);
+                tile::add_fill(after, layer.zoom_max, &mut b);
+                cells.extend(a.symmetric_difference(&b).copied());
             }
         }
     }

@@ -112,14 +112,11 @@ impl OsmConfig {
                     "[osm.tiles.{name}] buffer = {buffer}: use 0 to 4 tile widths"
                 )));
             }
-            if t.diff_expire == Some(true) {
-                return Err(bad(format!("[osm.tiles.{name}] diff_expire is not available yet in this version; remove it")));
-            }
             let recipe = format!(
                 "r1:{}",
                 &highwater_core::recipe::recipe_id(&highwater_core::recipe::RecipeParts {
                     version: "tiles-1".into(),
-                    config: serde_json::json!({"zooms": [zoom_min, zoom_max], "keys": keys, "buffer": buffer}),
+                    config: serde_json::json!({"zooms": [zoom_min, zoom_max], "keys": keys, "buffer": buffer, "diff_expire": t.diff_expire.unwrap_or(false)}),
                     ..Default::default()
                 })[3..]
             );
@@ -129,6 +126,7 @@ impl OsmConfig {
                     zoom_max,
                     keys,
                     buffer,
+                    diff_expire: t.diff_expire.unwrap_or(false),
                 },
                 tiles_affected_max: t.tiles_affected_max.unwrap_or(1_000_000).max(1),
                 recipe,

@@ -51,6 +51,7 @@ fn layer(keys: Option<&[&str]>) -> TileLayer {
         zoom_max: 16,
         keys: keys.map(|k| k.iter().map(|s| s.to_string()).collect()),
         buffer: 0.0,
+        diff_expire: false,
     }
 }
 
@@ -226,4 +227,42 @@ fn a_member_way_of_a_multipolygon_moving_expires_the_relations_area() {
     assert!(at_every_zoom(&t, 7.47, 43.77), "inside the new area");
     // Far outside both.
     assert!(!t.contains(&tile_of(7.30, 43.60, 16)));
+}
+
+/// `diff_expire`: moving one corner of a big area (tags unchanged) expires
+/// the tiles the boundary crossed and the sliver between the shapes, not
+/// the untouched inside; without it, the whole inside.
+#[test]
+fn diff_expire_skips_the_unchanged_inside_of_an_area() {
+    let osm = r#"<osm>
+  <node id="1" lat="43.70" lon="7.40"/><node id="2" lat="43.70" lon="7.46"/>
+  <node id="3" lat="43.76" lon="7.46"/><node id="4" lat="43.76" lon="7.40"/>
+  <way id="50"><nd ref="1"/><nd ref="2"/><nd ref="3"/><nd ref="4"/><nd ref="1"/><tag k="landuse" v="forest"/></way>
+</osm>"#;
+    let osc = r#"<osmChange><modify><node id="3" lat="43.765" lon="7.465"/></modify></osmChange>"#;
+    let mut full = base(osm);
+    let all = check(&mut full, osc, &layer(Some(&["landuse"])));
+    let mut diff = base(osm);
+    let mut l = layer(Some(&["landuse"]));
+    l.diff_expire = true;
+    let some = check(&mut diff, osc, &l);
+    assert!(some.is_subset(&all));
+    assert!(
+        some.len() * 2 < all.len(),
+        "{} of {}",
+        some.len(),
+        all.len()
+    );
+    // The untouched middle is not expired at the top zoom; the moved corner
+    // is, before and after.
+    assert!(!some.contains(&tile_of(7.43, 43.73, 16)));
+    assert!(at_every_zoom(&some, 7.46, 43.76) && at_every_zoom(&some, 7.465, 43.765));
+    // A tag change is never a geometry-only change: the whole area expires.
+    let mut tags = base(osm);
+    let t = check(
+        &mut tags,
+        r#"<osmChange><modify><way id="50"><nd ref="1"/><nd ref="2"/><nd ref="3"/><nd ref="4"/><nd ref="1"/><tag k="landuse" v="meadow"/></way></modify></osmChange>"#,
+        &l,
+    );
+    assert!(t.contains(&tile_of(7.43, 43.73, 16)));
 }
