@@ -154,6 +154,9 @@ enum OsmCommand {
         /// Write the affected tiles in osm2pgsql's z/x/y form.
         #[arg(long)]
         expire_output: Option<PathBuf>,
+        /// Write the affected tiles as GeoJSON polygons.
+        #[arg(long)]
+        geojson: Option<PathBuf>,
         #[arg(long)]
         json: bool,
     },
@@ -165,6 +168,8 @@ enum OsmCommand {
         store: Option<PathBuf>,
         #[arg(long)]
         expire_output: Option<PathBuf>,
+        #[arg(long)]
+        geojson: Option<PathBuf>,
         #[arg(long)]
         json: bool,
     },
@@ -255,6 +260,16 @@ fn osm(config: &std::path::Path, command: &OsmCommand, out: &mut impl Write) -> 
     };
     let cfg = ops::OsmConfig::parse(raw.as_ref(), config, &root)?;
     let store_dir = |s: &Option<PathBuf>| s.clone().unwrap_or_else(|| cfg.store.clone());
+    let write_geojson = |path: &Option<PathBuf>,
+                         tiles: &std::collections::BTreeSet<highwater_core::tile::Tile>|
+     -> Result<()> {
+        if let Some(p) = path {
+            let tmp = p.with_extension("tmp");
+            std::fs::write(&tmp, ops::tiles_geojson(tiles).to_string())?;
+            std::fs::rename(&tmp, p)?;
+        }
+        Ok(())
+    };
     let write_expire = |path: &Option<PathBuf>,
                         tiles: &std::collections::BTreeSet<highwater_core::tile::Tile>|
      -> Result<()> {
@@ -289,6 +304,7 @@ fn osm(config: &std::path::Path, command: &OsmCommand, out: &mut impl Write) -> 
             store,
             dry_run,
             expire_output,
+            geojson,
             json,
         } => {
             anyhow::ensure!(!diffs.is_empty(), "give at least one diff file");
@@ -296,6 +312,7 @@ fn osm(config: &std::path::Path, command: &OsmCommand, out: &mut impl Write) -> 
             let d = ops::read_diffs(diffs)?;
             let r = ops::apply(&mut st, &cfg, &d, *dry_run)?;
             write_expire(expire_output, &r.tiles)?;
+            write_geojson(geojson, &r.tiles)?;
             output::osm_apply(out, &r, *json)?;
             Ok(0)
         }
@@ -303,6 +320,7 @@ fn osm(config: &std::path::Path, command: &OsmCommand, out: &mut impl Write) -> 
             from,
             store,
             expire_output,
+            geojson,
             json,
         } => {
             let mut st = highwater_osm::store::Store::open(&store_dir(store))?;
@@ -310,6 +328,7 @@ fn osm(config: &std::path::Path, command: &OsmCommand, out: &mut impl Write) -> 
             let d = ops::read_diffs(&files)?;
             let r = ops::apply(&mut st, &cfg, &d, false)?;
             write_expire(expire_output, &r.tiles)?;
+            write_geojson(geojson, &r.tiles)?;
             output::osm_apply(out, &r, *json)?;
             Ok(0)
         }

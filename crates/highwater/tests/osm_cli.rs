@@ -41,6 +41,8 @@ fn replicate_monaco_3048_to_3076_moves_the_store_and_the_marker() {
                 from.to_str().unwrap(),
                 "--expire-output",
                 "expire.txt",
+                "--geojson",
+                "tiles.geojson",
                 "--json",
             ],
             0,
@@ -63,6 +65,18 @@ fn replicate_monaco_3048_to_3076_moves_the_store_and_the_marker() {
             "zoom {z} present: {expire}"
         );
     }
+    let g: serde_json::Value = serde_json::from_str(&p.read("tiles.geojson")).unwrap();
+    assert_eq!(g["type"], "FeatureCollection");
+    assert_eq!(g["features"].as_array().unwrap().len(), lines.len());
+    let f = &g["features"][0];
+    assert_eq!(f["geometry"]["type"], "Polygon");
+    assert_eq!(
+        format!(
+            "{}/{}/{}",
+            f["properties"]["z"], f["properties"]["x"], f["properties"]["y"]
+        ),
+        lines[0]
+    );
     let s = p.check(&["osm", "status", "--json"], 0).json();
     assert_eq!(s["sequence"], 3076);
     assert_eq!(s["timestamp"], "2021-08-30T20:21:43Z");
