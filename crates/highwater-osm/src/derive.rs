@@ -384,7 +384,9 @@ pub fn affected_tiles(
     ))
 }
 
-fn apply_in(w: &mut Writer<'_>, changes: &[Change]) -> Result<(), StoreError> {
+/// Applies one diff's merged changes through a writer (last version wins;
+/// a modify of something never seen is an upsert).
+pub(crate) fn apply_in(w: &mut Writer<'_>, changes: &[Change]) -> Result<(), StoreError> {
     for ((kind, id), c) in &merge(changes) {
         match c.action {
             Action::Delete => w.delete(*kind, *id)?,

@@ -1,9 +1,9 @@
 //! The OSM operations the CLI offers: config, apply (with dry run and
 //! expire output), replicate from a local replication directory, status.
 
-use crate::derive::{affected_tiles, merge, TileLayer};
+use crate::derive::{affected_tiles, apply_in, TileLayer};
 use crate::import::{read_state, sequence_path, ImportError, State};
-use crate::model::{Action, Change};
+use crate::model::Change;
 use crate::store::{Store, StoreError, Writer};
 use crate::xml::{read_changes, OsmError};
 use highwater_core::tile::Tile;
@@ -183,16 +183,6 @@ fn bound(tiles: BTreeSet<Tile>, layer: &TileLayer, max: usize) -> (BTreeSet<Tile
         highwater_core::tile::with_parents(&top, z, layer.zoom_min),
         Some(z),
     )
-}
-
-fn apply_in(w: &mut Writer<'_>, changes: &[Change]) -> Result<(), StoreError> {
-    for ((kind, id), c) in &merge(changes) {
-        match c.action {
-            Action::Delete => w.delete(*kind, *id)?,
-            Action::Create | Action::Modify => w.put(&c.element)?,
-        }
-    }
-    Ok(())
 }
 
 /// Derives and applies diffs in order, in one transaction (rolled back on a
