@@ -111,6 +111,21 @@ pub fn add_line(points: &[(f64, f64)], z: u8, buffer: f64, out: &mut Cells) {
 }
 
 fn add_segment(a: (f64, f64), b: (f64, f64), z: u8, buffer: f64, out: &mut Cells) {
+    segment_cells(a, b, z, buffer, &mut |c| {
+        out.insert(c);
+    });
+}
+
+/// Calls `f` once for each cell a segment (world coordinates), grown by
+/// `buffer` tile widths, touches. The per-cell form lets a caller tell what
+/// touches one tile, not just which tiles are touched.
+pub fn segment_cells(
+    a: (f64, f64),
+    b: (f64, f64),
+    z: u8,
+    buffer: f64,
+    f: &mut impl FnMut((u32, u32)),
+) {
     let n = 1u32 << z;
     let nf = n as f64;
     let (ax, ay, bx, by) = (a.0 * nf, a.1 * nf, b.0 * nf, b.1 * nf);
@@ -137,7 +152,7 @@ fn add_segment(a: (f64, f64), b: (f64, f64), z: u8, buffer: f64, out: &mut Cells
             (xa.min(xb), xa.max(xb))
         };
         for cx in clamp_cell(x0 - buffer, n)..=clamp_cell(x1 + buffer, n) {
-            out.insert((cx, cy));
+            f((cx, cy));
         }
     }
 }
@@ -156,6 +171,14 @@ pub fn add_polygon(rings: &[Vec<(f64, f64)>], z: u8, buffer: f64, out: &mut Cell
 /// rings). With the boundary cells this is every cell the area touches;
 /// alone, it lets a caller tell the inside of two areas apart.
 pub fn add_fill(rings: &[Vec<(f64, f64)>], z: u8, out: &mut Cells) {
+    fill_cells(rings, z, &mut |c| {
+        out.insert(c);
+    });
+}
+
+/// Calls `f` once for each cell whose centre is inside the area (even-odd
+/// over all rings).
+pub fn fill_cells(rings: &[Vec<(f64, f64)>], z: u8, f: &mut impl FnMut((u32, u32))) {
     let n = 1u32 << z;
     let nf = n as f64;
     let ys = rings.iter().flatten().map(|p| p.1 * nf);
@@ -182,7 +205,7 @@ pub fn add_fill(rings: &[Vec<(f64, f64)>], z: u8, out: &mut Cells) {
             let last = (pair[1] - 0.5).floor().min(nf - 1.0);
             let mut cx = first;
             while cx <= last {
-                out.insert((cx as u32, cy));
+                f((cx as u32, cy));
                 cx += 1.0;
             }
         }

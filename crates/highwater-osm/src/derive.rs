@@ -7,14 +7,16 @@
 //! Step 2 after step 3 would lose every deletion: a deleted feature's
 //! geometry exists only in the store before the diff lands.
 //!
-//! What exists so far: tile expiry for nodes, ways (including ways whose
-//! nodes moved) and multipolygon and boundary relations (their areas
-//! assembled from member ways, when a member or a member's node moved), with
-//! a tag filter and a buffer.
+//! Tile expiry covers nodes, ways (including ways whose nodes moved),
+//! multipolygon and boundary relations (their areas assembled from member
+//! ways, when a member or a member's node moved) and route relations, each
+//! as [`crate::features`] describes, with a tag filter and a buffer
+//! computed at every zoom in the layer's range.
 
-use crate::model::{Action, Change, Element, MemberKind, Node, Relation, Tags, Way};
+use crate::features::{feature, signatures, Current, Feature, Overlay};
+use crate::model::{Action, Change, Element, MemberKind, Tags};
 use crate::store::{OsmRead, Store, StoreError, Writer};
-use highwater_core::tile::{self, Cells, Tile};
+use highwater_core::tile::Tile;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Keys that never matter to a layer reading "every key".
@@ -29,15 +31,16 @@ pub struct TileLayer {
     pub keys: Option<BTreeSet<String>>,
     /// In tile widths.
     pub buffer: f64,
-    /// When only an area's geometry changed (its tags did not), expire the
-    /// tiles its boundary crossed before or after, and the inside tiles of
-    /// exactly one of the two shapes; an inside tile of both shapes that no
-    /// boundary crosses shows the same thing before and after.
+    /// When only a feature's geometry changed (the tags the layer reads did
+    /// not), expire only the tiles whose content changed: those where the
+    /// segments touching the tile, or (for an area) whether the tile's
+    /// centre is inside, differ before and after. Off: every tile the old
+    /// or the new feature touches.
     pub diff_expire: bool,
 }
 
 impl TileLayer {
-    fn relevant<'t>(&self, tags: &'t Tags) -> BTreeMap<&'t str, &'t str> {
+    pub fn relevant<'t>(&self, tags: &'t Tags) -> BTreeMap<&'t str, &'t str> {
         tags.iter()
             .filter(|(k, _)| match &self.keys {
                 Some(keys) => keys.contains(k.as_str()),
@@ -66,91 +69,24 @@ pub fn merge(changes: &[Change]) -> BTreeMap<(MemberKind, i64), Change> {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
     pub changes: usize,
-    /// Changes that touched only keys the layer never reads.
+    /// Changes that affected nothing the layer shows: tags it never reads,
+    /// an untagged node no way uses, a relation edit that left its shape and
+    /// read tags as they were.
     pub filtered: usize,
 }
 
-/// Geometry of one feature, in world coordinates.
-enum Geom {
-    Point((f64, f64)),
-    Line(Vec<(f64, f64)>),
-    Area(Vec<(f64, f64)>),
-    /// A relation's rings (outer and inner; even-odd makes holes).
-    Rings(Vec<Vec<(f64, f64)>>),
-    /// An area whose tags did not change, before and after (`diff_expire`).
-    AreaDiff(Vec<Vec<(f64, f64)>>, Vec<Vec<(f64, f64)>>),
-}
-
-type WayLookup<'a> = dyn Fn(i64) -> Result<Option<Way>, StoreError> + 'a;
-type NodeLookup<'a> = dyn Fn(i64) -> Result<Option<(f64, f64)>, StoreError> + 'a;
-
-/// Joins a relation's member ways end to end into rings. A chain that does
-/// not close stays a ring anyway (closed by its first point), which errs
-/// towards expiring more, never less.
-fn assemble(
-    r: &Relation,
-    way: &WayLookup<'_>,
-    loc: &NodeLookup<'_>,
-) -> Result<Vec<Vec<(f64, f64)>>, StoreError> {
-    let mut pieces: Vec<Vec<i64>> = Vec::new();
-    for m in r.members.iter().filter(|m| m.kind == MemberKind::Way) {
-        if let Some(w) = way(m.id)? {
-            if w.refs.len() >= 2 {
-                pieces.push(w.refs);
-            }
-        }
-    }
-    let mut rings = Vec::new();
-    while let Some(mut ring) = pieces.pop() {
-        while ring.first() != ring.last() {
-            let end = *ring.last().expect("non-empty");
-            let Some(i) = pieces
-                .iter()
-                .position(|p| p.first() == Some(&end) || p.last() == Some(&end))
-            else {
-                break;
-            };
-            let mut next = pieces.swap_remove(i);
-            if next.first() != Some(&end) {
-                next.reverse();
-            }
-            ring.extend_from_slice(&next[1..]);
-        }
-        let mut pts = Vec::with_capacity(ring.len() + 1);
-        for id in &ring {
-            if let Some(p) = loc(*id)? {
-                pts.push(p);
-            }
-        }
-        if pts.len() >= 3 {
-            if pts.first() != pts.last() {
-                pts.push(pts[0]);
-            }
-            rings.push(pts);
-        }
-    }
-    Ok(rings)
-}
-
-fn is_area(w: &Way) -> bool {
-    w.refs.len() > 3
-        && w.refs.first() == w.refs.last()
-        && (w.tags.get("area").is_some_and(|v| v == "yes")
-            || [
-                "building", "landuse", "natural", "leisure", "amenity", "place",
-            ]
-            .iter()
-            .any(|k| w.tags.contains_key(*k)))
-}
-
-fn node_world(n: &Node) -> Option<(f64, f64)> {
-    n.lonlat().map(|(lon, lat)| tile::world(lon, lat))
-}
-
 /// Derives the tiles a diff affects, from the store as it is now (old) and
-/// the merged changes (new). Reads only; the store is not changed.
+/// the store with the merged changes laid over it (new). Reads only; the
+/// store is not changed.
+///
+/// The changed features are the diff's own elements, the ways through nodes
+/// that moved, and the relations of every changed way. For each, the old and
+/// the new feature (see [`crate::features`]) are compared: equal features
+/// expire nothing; otherwise, at every zoom (each with its own buffer), the
+/// tiles either one touches expire, or with `diff_expire` and unchanged
+/// tags, only the tiles whose content signature changed.
 pub fn affected_tiles(
-    store: &impl OsmRead,
+    store: &(impl OsmRead + ?Sized),
     changes: &[Change],
     layer: &TileLayer,
 ) -> Result<(BTreeSet<Tile>, Stats), StoreError> {
@@ -159,229 +95,92 @@ pub fn affected_tiles(
         changes: merged.len(),
         ..Stats::default()
     };
-    // New node locations from the diff; `None` for a deleted node.
-    let mut new_nodes: BTreeMap<i64, Option<&Node>> = BTreeMap::new();
-    for ((kind, id), c) in &merged {
-        if let (MemberKind::Node, Element::Node(n)) = (kind, &c.element) {
-            new_nodes.insert(*id, (c.action != Action::Delete).then_some(n));
-        }
-    }
-    let new_loc = |id: i64| -> Result<Option<(f64, f64)>, StoreError> {
-        match new_nodes.get(&id) {
-            Some(Some(n)) => Ok(node_world(n)),
-            Some(None) => Ok(None),
-            None => Ok(store.node(id)?.as_ref().and_then(node_world)),
-        }
+    let old_view = Current::new(store);
+    let new_view = Overlay {
+        store: &old_view,
+        changes: &merged,
     };
-    let old_loc = |id: i64| -> Result<Option<(f64, f64)>, StoreError> {
-        Ok(store.node(id)?.as_ref().and_then(node_world))
-    };
-    let mut geoms: Vec<Geom> = Vec::new();
     let mut ways: BTreeSet<i64> = BTreeSet::new();
+    let mut relations: BTreeSet<i64> = BTreeSet::new();
+    let mut pairs: Vec<(Option<Feature>, Option<Feature>)> = Vec::new();
     for ((kind, id), c) in &merged {
+        let old = feature(&old_view, *kind, *id, layer)?;
+        let new = feature(&new_view, *kind, *id, layer)?;
+        let same = old == new;
+        let mut dependents = false;
         match (kind, &c.element) {
             (MemberKind::Node, Element::Node(n)) => {
-                let old = store.node(*id)?;
-                let new = (c.action != Action::Delete).then_some(n);
-                let moved =
-                    old.as_ref().map(|o| (o.lat_e7, o.lon_e7)) != new.map(|n| (n.lat_e7, n.lon_e7));
-                if moved {
+                let before = store.node(*id)?.map(|o| (o.lat_e7, o.lon_e7));
+                let after = (c.action != Action::Delete).then_some((n.lat_e7, n.lon_e7));
+                if before != after {
                     // Every way through this node changes shape.
-                    ways.extend(store.ways_of_node(*id)?);
-                }
-                let old_rel = old
-                    .as_ref()
-                    .map(|o| layer.relevant(&o.tags))
-                    .unwrap_or_default();
-                let new_rel = new.map(|n| layer.relevant(&n.tags)).unwrap_or_default();
-                if old_rel.is_empty() && new_rel.is_empty() {
-                    if !moved {
-                        stats.filtered += 1;
-                    }
-                    continue;
-                }
-                if !moved && old_rel == new_rel {
-                    stats.filtered += 1;
-                    continue;
-                }
-                if let Some(p) = old.as_ref().and_then(node_world) {
-                    if !old_rel.is_empty() {
-                        geoms.push(Geom::Point(p));
-                    }
-                }
-                if let Some(p) = new.and_then(node_world) {
-                    if !new_rel.is_empty() {
-                        geoms.push(Geom::Point(p));
-                    }
+                    let through = store.ways_of_node(*id)?;
+                    dependents = !through.is_empty();
+                    ways.extend(through);
                 }
             }
             (MemberKind::Way, _) => {
-                ways.insert(*id);
+                let of = store.relations_of(MemberKind::Way, *id)?;
+                dependents = !of.is_empty();
+                relations.extend(of);
             }
             _ => {}
         }
+        if same && !dependents {
+            stats.filtered += 1;
+        }
+        if !same {
+            pairs.push((old, new));
+        }
     }
-    let mut relations: BTreeSet<i64> = merged
-        .keys()
-        .filter(|(k, _)| *k == MemberKind::Relation)
-        .map(|(_, id)| *id)
-        .collect();
     for &id in &ways {
+        if merged.contains_key(&(MemberKind::Way, id)) {
+            continue;
+        }
         relations.extend(store.relations_of(MemberKind::Way, id)?);
+        pairs.push((
+            feature(&old_view, MemberKind::Way, id, layer)?,
+            feature(&new_view, MemberKind::Way, id, layer)?,
+        ));
     }
-    for id in ways {
-        let old = store.way(id)?;
-        let new: Option<Way> = match merged.get(&(MemberKind::Way, id)) {
-            Some(c) if c.action == Action::Delete => None,
-            Some(Change {
-                element: Element::Way(w),
-                ..
-            }) => Some(w.clone()),
-            _ => old.clone(),
-        };
-        let old_rel = old
-            .as_ref()
-            .map(|w| layer.relevant(&w.tags))
-            .unwrap_or_default();
-        let new_rel = new
-            .as_ref()
-            .map(|w| layer.relevant(&w.tags))
-            .unwrap_or_default();
-        if old_rel.is_empty() && new_rel.is_empty() {
-            stats.filtered += 1;
+    for &id in &relations {
+        if merged.contains_key(&(MemberKind::Relation, id)) {
             continue;
         }
-        let points = |w: &Way,
-                      loc: &dyn Fn(i64) -> Result<Option<(f64, f64)>, StoreError>|
-         -> Result<Vec<(f64, f64)>, StoreError> {
-            let mut pts = Vec::with_capacity(w.refs.len());
-            for r in &w.refs {
-                if let Some(p) = loc(*r)? {
-                    pts.push(p);
-                }
-            }
-            Ok(pts)
-        };
-        let old_pts = match &old {
-            Some(w) => points(w, &old_loc)?,
-            None => Vec::new(),
-        };
-        let new_pts = match &new {
-            Some(w) => points(w, &new_loc)?,
-            None => Vec::new(),
-        };
-        // Same shape, and the same keys as far as the layer reads them: a
-        // change that touched only other keys expires nothing.
-        if old.is_some() && new.is_some() && old_rel == new_rel && old_pts == new_pts {
-            stats.filtered += 1;
-            continue;
-        }
-        let geom = |w: &Way, pts: Vec<(f64, f64)>| match pts.len() {
-            0 => None,
-            _ if is_area(w) => Some(Geom::Area(pts)),
-            _ => Some(Geom::Line(pts)),
-        };
-        if let (true, Some(o), Some(n)) = (layer.diff_expire && old_rel == new_rel, &old, &new) {
-            if is_area(o) && is_area(n) && old_pts.len() > 2 && new_pts.len() > 2 {
-                geoms.push(Geom::AreaDiff(vec![old_pts], vec![new_pts]));
-                continue;
-            }
-        }
-        if let Some(w) = old.as_ref().filter(|_| !old_rel.is_empty()) {
-            geoms.extend(geom(w, old_pts));
-        }
-        if let Some(w) = new.as_ref().filter(|_| !new_rel.is_empty()) {
-            geoms.extend(geom(w, new_pts));
-        }
+        pairs.push((
+            feature(&old_view, MemberKind::Relation, id, layer)?,
+            feature(&new_view, MemberKind::Relation, id, layer)?,
+        ));
     }
-    for id in relations {
-        let old = store.relation(id)?;
-        let new: Option<Relation> = match merged.get(&(MemberKind::Relation, id)) {
-            Some(c) if c.action == Action::Delete => None,
-            Some(Change {
-                element: Element::Relation(r),
-                ..
-            }) => Some(r.clone()),
-            _ => old.clone(),
-        };
-        let is_area_rel = |r: &Relation| {
-            r.tags
-                .get("type")
-                .is_some_and(|t| t == "multipolygon" || t == "boundary")
-        };
-        let old_rel = old
-            .as_ref()
-            .filter(|r| is_area_rel(r))
-            .map(|r| layer.relevant(&r.tags))
-            .unwrap_or_default();
-        let new_rel = new
-            .as_ref()
-            .filter(|r| is_area_rel(r))
-            .map(|r| layer.relevant(&r.tags))
-            .unwrap_or_default();
-        if old_rel.is_empty() && new_rel.is_empty() {
-            continue;
-        }
-        // Old rings from the store as it is; new rings from the diff's way
-        // versions and node locations where it has them.
-        let new_way = |wid: i64| -> Result<Option<Way>, StoreError> {
-            Ok(match merged.get(&(MemberKind::Way, wid)) {
-                Some(c) if c.action == Action::Delete => None,
-                Some(Change {
-                    element: Element::Way(w),
-                    ..
-                }) => Some(w.clone()),
-                _ => store.way(wid)?,
-            })
-        };
-        let old_rings = match old.as_ref().filter(|_| !old_rel.is_empty()) {
-            Some(r) => assemble(r, &|wid| store.way(wid), &old_loc)?,
-            None => Vec::new(),
-        };
-        let new_rings = match new.as_ref().filter(|_| !new_rel.is_empty()) {
-            Some(r) => assemble(r, &new_way, &new_loc)?,
-            None => Vec::new(),
-        };
-        if layer.diff_expire && old_rel == new_rel && !old_rings.is_empty() && !new_rings.is_empty()
-        {
-            geoms.push(Geom::AreaDiff(old_rings, new_rings));
-        } else {
-            for rings in [old_rings, new_rings] {
-                if !rings.is_empty() {
-                    geoms.push(Geom::Rings(rings));
+    let mut tiles = BTreeSet::new();
+    for (old, new) in pairs.iter().filter(|(o, n)| o != n) {
+        let geometry_only =
+            layer.diff_expire && matches!((old, new), (Some(o), Some(n)) if o.tags == n.tags);
+        for z in layer.zoom_min..=layer.zoom_max {
+            let sig = |f: &Option<Feature>| {
+                f.as_ref()
+                    .map(|f| signatures(&f.shape, z, layer.buffer))
+                    .unwrap_or_default()
+            };
+            let (a, b) = (sig(old), sig(new));
+            let mut add = |(x, y): (u32, u32)| {
+                tiles.insert(Tile { z, x, y });
+            };
+            if geometry_only {
+                for (c, h) in &a {
+                    if b.get(c) != Some(h) {
+                        add(*c);
+                    }
                 }
+                for c in b.keys().filter(|c| !a.contains_key(c)) {
+                    add(*c);
+                }
+            } else {
+                a.keys().chain(b.keys()).for_each(|c| add(*c));
             }
         }
     }
-    let mut cells = Cells::new();
-    for g in &geoms {
-        match g {
-            Geom::Point(p) => tile::add_point(*p, layer.zoom_max, layer.buffer, &mut cells),
-            Geom::Line(pts) => tile::add_line(pts, layer.zoom_max, layer.buffer, &mut cells),
-            Geom::Area(pts) => tile::add_polygon(
-                std::slice::from_ref(pts),
-                layer.zoom_max,
-                layer.buffer,
-                &mut cells,
-            ),
-            Geom::Rings(rings) => {
-                tile::add_polygon(rings, layer.zoom_max, layer.buffer, &mut cells)
-            }
-            Geom::AreaDiff(before, after) => {
-                for r in before.iter().chain(after) {
-                    tile::add_line(r, layer.zoom_max, layer.buffer, &mut cells);
-                }
-                let (mut a, mut b) = (Cells::new(), Cells::new());
-                tile::add_fill(before, layer.zoom_max, &mut a);
-                tile::add_fill(after, layer.zoom_max, &mut b);
-                cells.extend(a.symmetric_difference(&b).copied());
-            }
-        }
-    }
-    Ok((
-        tile::with_parents(&cells, layer.zoom_max, layer.zoom_min),
-        stats,
-    ))
+    Ok((tiles, stats))
 }
 
 /// Applies one diff's merged changes through a writer (last version wins;

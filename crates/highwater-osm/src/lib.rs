@@ -14,6 +14,7 @@
 //! Tile math lives in `highwater_core::tile`, since it is pure.
 
 pub mod derive;
+pub mod features;
 pub mod import;
 pub mod model;
 pub mod ops;

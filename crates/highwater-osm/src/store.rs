@@ -32,6 +32,10 @@ CREATE TABLE IF NOT EXISTS dirty(dataset TEXT NOT NULL, z INTEGER NOT NULL, x IN
 CREATE TABLE IF NOT EXISTS member_rels(kind INTEGER NOT NULL, member INTEGER NOT NULL, rel INTEGER NOT NULL, PRIMARY KEY(kind, member, rel)) WITHOUT ROWID;
 ";
 
+/// SQLite's page cache for the store, in KiB: bounds the memory the store
+/// may hold beyond the operating system's page cache.
+pub const STORE_CACHE_KIB: i64 = 64 * 1024;
+
 /// A dataset's name, marker sequence, recipe id and dirty-set size.
 pub type DatasetRow = (String, Option<i64>, String, i64);
 
@@ -70,6 +74,10 @@ impl Store {
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(err)?;
         conn.pragma_update(None, "synchronous", "FULL")
+            .map_err(err)?;
+        // Deriving reads nodes one by one, all over the file: a larger page
+        // cache turns most of those reads from system calls into lookups.
+        conn.pragma_update(None, "cache_size", -STORE_CACHE_KIB)
             .map_err(err)?;
         conn.execute_batch(SCHEMA).map_err(err)?;
         Ok(Store { conn, path })
@@ -116,6 +124,22 @@ impl Store {
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| self.err(e))?;
         Ok(v)
+    }
+
+    /// Runs `f` inside one read transaction: every read sees the same
+    /// snapshot, and SQLite takes its file lock once instead of once per
+    /// statement (a full rebuild reads every tagged element).
+    pub fn snapshot<T>(
+        &self,
+        f: impl FnOnce(&Store) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        self.conn
+            .execute_batch("BEGIN DEFERRED")
+            .map_err(|e| self.err(e))?;
+        let out = f(self);
+        let end = if out.is_ok() { "COMMIT" } else { "ROLLBACK" };
+        self.conn.execute_batch(end).map_err(|e| self.err(e))?;
+        out
     }
 
     /// Runs `f` in one write transaction.
@@ -168,6 +192,35 @@ impl Store {
     /// The relations that have an element as a member.
     pub fn relations_of(&self, kind: MemberKind, id: i64) -> Result<Vec<i64>, StoreError> {
         relations_of(&self.conn, kind, id).map_err(|e| self.err(e))
+    }
+
+    /// Every element with tags, ordered by type and id: the only elements
+    /// that can have a feature, so a full rebuild reads just these.
+    pub fn tagged(&self) -> Result<Vec<(MemberKind, i64)>, StoreError> {
+        let mut out = Vec::new();
+        for (kind, sql) in [
+            (
+                MemberKind::Node,
+                "SELECT id FROM nodes WHERE tags IS NOT NULL ORDER BY id",
+            ),
+            (
+                MemberKind::Way,
+                "SELECT id FROM ways WHERE tags IS NOT NULL ORDER BY id",
+            ),
+            (
+                MemberKind::Relation,
+                "SELECT id FROM relations WHERE tags IS NOT NULL ORDER BY id",
+            ),
+        ] {
+            let mut st = self.conn.prepare(sql).map_err(|e| self.err(e))?;
+            let ids = st
+                .query_map([], |r| r.get::<_, i64>(0))
+                .map_err(|e| self.err(e))?;
+            for id in ids {
+                out.push((kind, id.map_err(|e| self.err(e))?));
+            }
+        }
+        Ok(out)
     }
 
     /// Every element, ordered by type and id: for exports and comparisons.

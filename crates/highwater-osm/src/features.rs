@@ -1,0 +1,404 @@
+//! Features: what a tile layer sees of an element. One function builds a
+//! feature from a view of the data (the store before a diff, the store with
+//! the diff laid over it, or the store after), and both expiry and the tile
+//! cutter use it, so the two can never disagree about what a layer shows.
+//!
+//! A feature is the element's tags as far as the layer reads them, and its
+//! shape in world coordinates:
+//! - a node with tags the layer reads is a point;
+//! - a way is a polygon when it is closed and tagged as an area, a line
+//!   otherwise;
+//! - a multipolygon or boundary relation is a polygon when every chain of
+//!   its member ways closes into a ring, and lines when some chain does not
+//!   (an extract cuts a country's border open: drawing its chains is honest,
+//!   closing them with a made-up edge is not);
+//! - a route relation is the lines of its member ways.
+//!
+//! Everything else has no feature. Nodes and ways missing from the store
+//! (outside an extract) are skipped, the way osm2pgsql skips them.
+
+use crate::derive::TileLayer;
+use crate::model::{Action, Change, Element, MemberKind, Relation, Tags, Way};
+use crate::store::{OsmRead, StoreError};
+use highwater_core::tile;
+use std::collections::{BTreeMap, HashMap};
+
+/// An element's type and id.
+pub type ElementKey = (MemberKind, i64);
+
+/// A point in world coordinates ([0, 1) × [0, 1), y down).
+pub type P = (f64, f64);
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Shape {
+    Point(P),
+    /// One or more polylines, each of at least two points.
+    Lines(Vec<Vec<P>>),
+    /// Closed rings, even-odd (inner rings are holes).
+    Polygon(Vec<Vec<P>>),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Feature {
+    /// The tags the layer reads.
+    pub tags: BTreeMap<String, String>,
+    pub shape: Shape,
+}
+
+/// Where features read elements from.
+pub trait View {
+    fn loc(&self, node: i64) -> Result<Option<P>, StoreError>;
+    fn node_tags(&self, node: i64) -> Result<Option<Tags>, StoreError>;
+    fn way(&self, id: i64) -> Result<Option<Way>, StoreError>;
+    fn relation(&self, id: i64) -> Result<Option<Relation>, StoreError>;
+}
+
+/// The store as it is, with the nodes it has read kept: deriving reads the
+/// same nodes for the old and the new shape of a way and of its relations.
+pub struct Current<'a, S: OsmRead + ?Sized> {
+    store: &'a S,
+    nodes: std::cell::RefCell<HashMap<i64, Option<crate::model::Node>>>,
+    cache: bool,
+}
+
+impl<'a, S: OsmRead + ?Sized> Current<'a, S> {
+    /// Keeps every node read: for deriving, which reads few nodes often.
+    pub fn new(store: &'a S) -> Self {
+        Current {
+            store,
+            nodes: Default::default(),
+            cache: true,
+        }
+    }
+
+    /// Keeps nothing: for a full pass over the store, whose nodes would not
+    /// fit a bounded memory.
+    pub fn uncached(store: &'a S) -> Self {
+        Current {
+            cache: false,
+            ..Current::new(store)
+        }
+    }
+
+    fn node<T>(
+        &self,
+        id: i64,
+        f: impl FnOnce(Option<&crate::model::Node>) -> T,
+    ) -> Result<T, StoreError> {
+        if let Some(n) = self.nodes.borrow().get(&id) {
+            return Ok(f(n.as_ref()));
+        }
+        let n = self.store.node(id)?;
+        let out = f(n.as_ref());
+        if self.cache {
+            self.nodes.borrow_mut().insert(id, n);
+        }
+        Ok(out)
+    }
+}
+
+impl<S: OsmRead + ?Sized> View for Current<'_, S> {
+    fn loc(&self, node: i64) -> Result<Option<P>, StoreError> {
+        self.node(node, |n| n.and_then(world_of))
+    }
+    fn node_tags(&self, node: i64) -> Result<Option<Tags>, StoreError> {
+        self.node(node, |n| n.map(|n| n.tags.clone()))
+    }
+    fn way(&self, id: i64) -> Result<Option<Way>, StoreError> {
+        self.store.way(id)
+    }
+    fn relation(&self, id: i64) -> Result<Option<Relation>, StoreError> {
+        self.store.relation(id)
+    }
+}
+
+/// The store with a diff's merged changes laid over it: the state the
+/// store will have once the diff is applied, read before it is.
+pub struct Overlay<'a, S: OsmRead + ?Sized> {
+    pub store: &'a Current<'a, S>,
+    pub changes: &'a BTreeMap<(MemberKind, i64), Change>,
+}
+
+impl<S: OsmRead + ?Sized> Overlay<'_, S> {
+    fn changed(&self, kind: MemberKind, id: i64) -> Option<Option<&Element>> {
+        self.changes
+            .get(&(kind, id))
+            .map(|c| (c.action != Action::Delete).then_some(&c.element))
+    }
+}
+
+impl<S: OsmRead + ?Sized> View for Overlay<'_, S> {
+    fn loc(&self, node: i64) -> Result<Option<P>, StoreError> {
+        match self.changed(MemberKind::Node, node) {
+            Some(Some(Element::Node(n))) => Ok(world_of(n)),
+            Some(_) => Ok(None),
+            None => self.store.loc(node),
+        }
+    }
+    fn node_tags(&self, node: i64) -> Result<Option<Tags>, StoreError> {
+        match self.changed(MemberKind::Node, node) {
+            Some(Some(Element::Node(n))) => Ok(Some(n.tags.clone())),
+            Some(_) => Ok(None),
+            None => self.store.node_tags(node),
+        }
+    }
+    fn way(&self, id: i64) -> Result<Option<Way>, StoreError> {
+        match self.changed(MemberKind::Way, id) {
+            Some(Some(Element::Way(w))) => Ok(Some(w.clone())),
+            Some(_) => Ok(None),
+            None => self.store.way(id),
+        }
+    }
+    fn relation(&self, id: i64) -> Result<Option<Relation>, StoreError> {
+        match self.changed(MemberKind::Relation, id) {
+            Some(Some(Element::Relation(r))) => Ok(Some(r.clone())),
+            Some(_) => Ok(None),
+            None => self.store.relation(id),
+        }
+    }
+}
+
+fn world_of(n: &crate::model::Node) -> Option<P> {
+    n.lonlat().map(|(lon, lat)| tile::world(lon, lat))
+}
+
+/// Keys that make a closed way an area.
+const AREA_KEYS: [&str; 6] = [
+    "building", "landuse", "natural", "leisure", "amenity", "place",
+];
+
+/// Whether a closed way is an area, judged on all its tags (not only the
+/// ones a layer reads, so that every layer sees the same shape).
+pub fn is_area(w: &Way) -> bool {
+    w.refs.len() > 3
+        && w.refs.first() == w.refs.last()
+        && (w.tags.get("area").is_some_and(|v| v == "yes")
+            || AREA_KEYS.iter().any(|k| w.tags.contains_key(*k)))
+}
+
+fn points(view: &dyn View, refs: &[i64]) -> Result<Vec<P>, StoreError> {
+    let mut pts = Vec::with_capacity(refs.len());
+    for r in refs {
+        if let Some(p) = view.loc(*r)? {
+            pts.push(p);
+        }
+    }
+    Ok(pts)
+}
+
+/// What kind of feature a relation makes, if any.
+fn relation_kind(r: &Relation) -> Option<&'static str> {
+    match r.tags.get("type").map(String::as_str) {
+        Some("multipolygon") | Some("boundary") => Some("area"),
+        Some("route") => Some("route"),
+        _ => None,
+    }
+}
+
+/// Whether a relation can have a feature: the callers use it to skip
+/// relations without reading their members.
+pub fn relation_has_shape(r: &Relation) -> bool {
+    relation_kind(r).is_some()
+}
+
+/// The feature of one element as `view` sees it, for `layer`.
+pub fn feature(
+    view: &dyn View,
+    kind: MemberKind,
+    id: i64,
+    layer: &TileLayer,
+) -> Result<Option<Feature>, StoreError> {
+    let (tags, shape) = match kind {
+        MemberKind::Node => {
+            let Some(tags) = view.node_tags(id)? else {
+                return Ok(None);
+            };
+            let tags = owned(layer.relevant(&tags));
+            if tags.is_empty() {
+                return Ok(None);
+            }
+            (tags, view.loc(id)?.map(Shape::Point))
+        }
+        MemberKind::Way => {
+            let Some(w) = view.way(id)? else {
+                return Ok(None);
+            };
+            let tags = owned(layer.relevant(&w.tags));
+            if tags.is_empty() {
+                return Ok(None);
+            }
+            let pts = points(view, &w.refs)?;
+            let shape = if is_area(&w) && pts.len() > 3 && pts.first() == pts.last() {
+                Some(Shape::Polygon(vec![pts]))
+            } else if pts.len() >= 2 {
+                Some(Shape::Lines(vec![pts]))
+            } else {
+                None
+            };
+            (tags, shape)
+        }
+        MemberKind::Relation => {
+            let Some(r) = view.relation(id)? else {
+                return Ok(None);
+            };
+            let Some(k) = relation_kind(&r) else {
+                return Ok(None);
+            };
+            let tags = owned(layer.relevant(&r.tags));
+            if tags.is_empty() {
+                return Ok(None);
+            }
+            let shape = if k == "route" {
+                let mut lines = Vec::new();
+                for m in r.members.iter().filter(|m| m.kind == MemberKind::Way) {
+                    if let Some(w) = view.way(m.id)? {
+                        let pts = points(view, &w.refs)?;
+                        if pts.len() >= 2 {
+                            lines.push(pts);
+                        }
+                    }
+                }
+                (!lines.is_empty()).then_some(Shape::Lines(lines))
+            } else {
+                assemble(view, &r)?
+            };
+            (tags, shape)
+        }
+    };
+    Ok(shape.map(|shape| Feature { tags, shape }))
+}
+
+/// Every feature in the store for `layer`, ordered by type and id: the
+/// full rebuild that incremental work is compared against.
+pub fn all(
+    store: &crate::store::Store,
+    layer: &TileLayer,
+) -> Result<Vec<(ElementKey, Feature)>, StoreError> {
+    store.snapshot(|store| {
+        let view = Current::uncached(store);
+        let mut out = Vec::new();
+        for (kind, id) in store.tagged()? {
+            if let Some(f) = feature(&view, kind, id, layer)? {
+                out.push(((kind, id), f));
+            }
+        }
+        Ok(out)
+    })
+}
+
+fn owned(tags: BTreeMap<&str, &str>) -> BTreeMap<String, String> {
+    tags.into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Joins a relation's member ways end to end into chains, in member order.
+/// All chains closed: a polygon. Otherwise: the chains as lines.
+fn assemble(view: &dyn View, r: &Relation) -> Result<Option<Shape>, StoreError> {
+    let mut pieces: Vec<Vec<i64>> = Vec::new();
+    for m in r.members.iter().filter(|m| m.kind == MemberKind::Way) {
+        if let Some(w) = view.way(m.id)? {
+            if w.refs.len() >= 2 {
+                pieces.push(w.refs);
+            }
+        }
+    }
+    // Take pieces from the front so the result follows member order.
+    pieces.reverse();
+    let mut chains = Vec::new();
+    while let Some(mut chain) = pieces.pop() {
+        while chain.first() != chain.last() {
+            let end = *chain.last().expect("a chain has at least two nodes");
+            let Some(i) = pieces
+                .iter()
+                .rposition(|p| p.first() == Some(&end) || p.last() == Some(&end))
+            else {
+                break;
+            };
+            let mut next = pieces.remove(i);
+            if next.first() != Some(&end) {
+                next.reverse();
+            }
+            chain.extend_from_slice(&next[1..]);
+        }
+        chains.push(chain);
+    }
+    let closed = chains.iter().all(|c| c.len() > 3 && c.first() == c.last());
+    let mut out = Vec::new();
+    for c in &chains {
+        let pts = points(view, c)?;
+        let usable = if closed {
+            pts.len() > 3 && pts.first() == pts.last()
+        } else {
+            pts.len() >= 2
+        };
+        if usable {
+            out.push(pts);
+        }
+    }
+    Ok(match (out.is_empty(), closed) {
+        (true, _) => None,
+        (false, true) => Some(Shape::Polygon(out)),
+        (false, false) => Some(Shape::Lines(out)),
+    })
+}
+
+/// Folds values into a running signature. splitmix64's finaliser after each
+/// value: cheap, and every input bit reaches every output bit, so an
+/// accidental equality of two different sequences (which would hide a
+/// changed tile) is as unlikely as for a 64-bit random value.
+fn mix(state: u64, values: &[u64]) -> u64 {
+    let mut h = state;
+    for v in values {
+        h = (h ^ v).wrapping_add(0x9e37_79b9_7f4a_7c15);
+        h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        h ^= h >> 31;
+    }
+    h
+}
+
+/// What one tile of one zoom shows of a feature, as a hash: the feature's
+/// segments that touch the tile grown by `buffer`, in order, and for a
+/// polygon whether the tile's centre is inside (which, with the segments,
+/// fixes the polygon's part in the tile); a polygon's inside tile that no
+/// segment touches is "full". Two shapes with equal signatures in a tile
+/// cut to the same thing in that tile, so a geometry-only change expires
+/// exactly the tiles whose signature changed.
+pub fn signatures(shape: &Shape, z: u8, buffer: f64) -> HashMap<(u32, u32), u64> {
+    let mut sig: HashMap<(u32, u32), u64> = HashMap::new();
+    let segs = |lines: &[Vec<P>], sig: &mut HashMap<(u32, u32), u64>| {
+        for l in lines {
+            for s in l.windows(2) {
+                let bits = [
+                    s[0].0.to_bits(),
+                    s[0].1.to_bits(),
+                    s[1].0.to_bits(),
+                    s[1].1.to_bits(),
+                ];
+                tile::segment_cells(s[0], s[1], z, buffer, &mut |c| {
+                    let e = sig.entry(c).or_insert(1);
+                    *e = mix(*e, &bits);
+                });
+            }
+        }
+    };
+    match shape {
+        Shape::Point(p) => {
+            let mut cells = tile::Cells::new();
+            tile::add_point(*p, z, buffer, &mut cells);
+            for c in cells {
+                sig.insert(c, mix(2, &[p.0.to_bits(), p.1.to_bits()]));
+            }
+        }
+        Shape::Lines(lines) => segs(lines, &mut sig),
+        Shape::Polygon(rings) => {
+            segs(rings, &mut sig);
+            tile::fill_cells(rings, z, &mut |c| {
+                let e = sig.entry(c).or_insert(3);
+                *e = mix(*e, &[4]);
+            });
+        }
+    }
+    sig
+}
