@@ -180,6 +180,67 @@ enum OsmCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Vector tiles: build the MBTiles file, or drain the dirty set.
+    Tiles {
+        #[command(subcommand)]
+        command: TilesCommand,
+    },
+    /// Re-cut tiles from a full pass over the store and compare them with
+    /// the dataset's file; exit 1 on any difference.
+    Verify {
+        dataset: String,
+        /// Check this many tiles, spread over the whole set (default 200).
+        #[arg(long, conflicts_with = "all")]
+        sample: Option<usize>,
+        /// Check every tile.
+        #[arg(long)]
+        all: bool,
+        #[arg(long)]
+        store: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Rebuild a dataset from the store: the always-working path.
+    Rebuild {
+        dataset: String,
+        #[arg(long)]
+        store: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum TilesCommand {
+    /// Cut every tile of each dataset with an `mbtiles` file (or of one).
+    Build {
+        #[arg(long)]
+        dataset: Option<String>,
+        #[arg(long)]
+        store: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Re-cut dirty tiles from the store as it is; report the backlog.
+    Drain {
+        #[arg(long)]
+        dataset: Option<String>,
+        /// Re-cut at most this many tiles per dataset.
+        #[arg(long)]
+        max: Option<usize>,
+        #[arg(long, value_enum, default_value = "low-zoom-first")]
+        priority: Priority,
+        #[arg(long)]
+        store: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Priority {
+    LowZoomFirst,
+    MostEdited,
 }
 
 #[derive(Subcommand)]
@@ -250,6 +311,7 @@ fn ingestor(cli_config: &std::path::Path, name: &str) -> Result<highwater_ingest
 
 fn osm(config: &std::path::Path, command: &OsmCommand, out: &mut impl Write) -> Result<i32> {
     use highwater_osm::ops;
+    use highwater_osm::store::DrainOrder;
     // The config is optional for OSM commands: without one, the defaults.
     let (raw, root) = if config.exists() {
         let spec = highwater_files::config::load(config)?;
@@ -314,7 +376,22 @@ fn osm(config: &std::path::Path, command: &OsmCommand, out: &mut impl Write) -> 
             write_expire(expire_output, &r.tiles)?;
             write_geojson(geojson, &r.tiles)?;
             output::osm_apply(out, &r, *json)?;
-            Ok(0)
+            if *dry_run {
+                return Ok(0);
+            }
+            let on_apply: Vec<_> = cfg
+                .tiles
+                .iter()
+                .filter(|d| d.mbtiles.is_some() && d.drain_on_apply)
+                .collect();
+            drains(
+                &mut st,
+                &on_apply,
+                usize::MAX,
+                DrainOrder::LowZoomFirst,
+                *json,
+                out,
+            )
         }
         OsmCommand::Replicate {
             from,
@@ -330,7 +407,19 @@ fn osm(config: &std::path::Path, command: &OsmCommand, out: &mut impl Write) -> 
             write_expire(expire_output, &r.tiles)?;
             write_geojson(geojson, &r.tiles)?;
             output::osm_apply(out, &r, *json)?;
-            Ok(0)
+            let on_apply: Vec<_> = cfg
+                .tiles
+                .iter()
+                .filter(|d| d.mbtiles.is_some() && d.drain_on_apply)
+                .collect();
+            drains(
+                &mut st,
+                &on_apply,
+                usize::MAX,
+                DrainOrder::LowZoomFirst,
+                *json,
+                out,
+            )
         }
         OsmCommand::Status { store, json } => {
             let st = highwater_osm::store::Store::open(&store_dir(store))?;
@@ -361,7 +450,114 @@ fn osm(config: &std::path::Path, command: &OsmCommand, out: &mut impl Write) -> 
             }
             Ok(0)
         }
+        OsmCommand::Tiles { command } => match command {
+            TilesCommand::Build {
+                dataset,
+                store,
+                json,
+            } => {
+                let mut st = highwater_osm::store::Store::open(&store_dir(store))?;
+                for d in tile_datasets(&cfg, dataset.as_deref())? {
+                    let r = highwater_osm::tiles::build(&mut st, d)?;
+                    output::tiles_build(out, &r, *json)?;
+                }
+                Ok(0)
+            }
+            TilesCommand::Drain {
+                dataset,
+                max,
+                priority,
+                store,
+                json,
+            } => {
+                let mut st = highwater_osm::store::Store::open(&store_dir(store))?;
+                let order = match priority {
+                    Priority::LowZoomFirst => DrainOrder::LowZoomFirst,
+                    Priority::MostEdited => DrainOrder::MostEdited,
+                };
+                let sets = tile_datasets(&cfg, dataset.as_deref())?;
+                drains(&mut st, &sets, max.unwrap_or(usize::MAX), order, *json, out)
+            }
+        },
+        OsmCommand::Verify {
+            dataset,
+            sample,
+            all,
+            store,
+            json,
+        } => {
+            let st = highwater_osm::store::Store::open(&store_dir(store))?;
+            let d = tile_datasets(&cfg, Some(dataset))?[0];
+            let sample = if *all {
+                None
+            } else {
+                Some(sample.unwrap_or(200))
+            };
+            let r = highwater_osm::tiles::verify(&st, d, sample)?;
+            output::tiles_verify(out, &r, *json)?;
+            Ok(if r.differences.is_empty() { 0 } else { 1 })
+        }
+        OsmCommand::Rebuild {
+            dataset,
+            store,
+            json,
+        } => {
+            let mut st = highwater_osm::store::Store::open(&store_dir(store))?;
+            let d = tile_datasets(&cfg, Some(dataset))?[0];
+            let r = highwater_osm::tiles::build(&mut st, d)?;
+            output::tiles_build(out, &r, *json)?;
+            Ok(0)
+        }
     }
+}
+
+/// The tile datasets with a file: one by name, or all of them.
+fn tile_datasets<'c>(
+    cfg: &'c highwater_osm::ops::OsmConfig,
+    name: Option<&str>,
+) -> Result<Vec<&'c highwater_osm::ops::TileDataset>> {
+    let with_file: Vec<_> = cfg.tiles.iter().filter(|d| d.mbtiles.is_some()).collect();
+    match name {
+        None => Ok(with_file),
+        Some(n) => match cfg.tiles.iter().find(|d| d.name == n) {
+            Some(d) if d.mbtiles.is_some() => Ok(vec![d]),
+            Some(_) => Err(highwater_osm::tiles::TilesError::NoFile {
+                dataset: n.to_string(),
+            }
+            .into()),
+            None => anyhow::bail!(
+                "no dataset {n:?}: the config declares {}",
+                cfg.tiles
+                    .iter()
+                    .map(|d| d.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        },
+    }
+}
+
+/// Drains each dataset on its own: one failing is reported and the others
+/// still drain. Exit 1 when any failed.
+fn drains(
+    st: &mut highwater_osm::store::Store,
+    sets: &[&highwater_osm::ops::TileDataset],
+    max: usize,
+    order: highwater_osm::store::DrainOrder,
+    json: bool,
+    out: &mut impl Write,
+) -> Result<i32> {
+    let mut failed = 0;
+    for d in sets {
+        match highwater_osm::tiles::drain(st, d, max, order) {
+            Ok(r) => output::tiles_drain(out, &r, json)?,
+            Err(e) => {
+                failed += 1;
+                output::tiles_drain_failed(out, &d.name, &e.to_string(), json)?;
+            }
+        }
+    }
+    Ok(if failed > 0 { 1 } else { 0 })
 }
 
 fn run(cli: Cli) -> Result<i32> {

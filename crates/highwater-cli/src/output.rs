@@ -450,3 +450,91 @@ pub fn osm_apply(
     }
     Ok(())
 }
+
+pub fn tiles_build(
+    out: &mut impl Write,
+    r: &highwater_osm::tiles::BuildReport,
+    as_json: bool,
+) -> io::Result<()> {
+    if as_json {
+        return writeln!(out, "{}", serde_json::json!({"build": r}));
+    }
+    writeln!(
+        out,
+        "{}: built {} tiles from {} features at sequence {}{}",
+        r.dataset,
+        r.tiles,
+        r.features,
+        r.sequence.map_or("(none)".into(), |s| s.to_string()),
+        r.reason
+            .as_ref()
+            .map_or(String::new(), |why| format!(" (rebuilt because {why})"))
+    )
+}
+
+pub fn tiles_drain(
+    out: &mut impl Write,
+    r: &highwater_osm::tiles::DrainReport,
+    as_json: bool,
+) -> io::Result<()> {
+    if let Some(from) = r.growing_from {
+        eprintln!(
+            "warning: {}'s dirty set grows faster than it drains ({from} -> {} tiles): drain more often, with a larger --max, or rebuild",
+            r.dataset, r.backlog
+        );
+    }
+    if as_json {
+        return writeln!(out, "{}", serde_json::json!({"drain": r}));
+    }
+    if let Some(b) = &r.rebuilt {
+        return tiles_build(out, b, false);
+    }
+    writeln!(
+        out,
+        "{}: re-cut {} tiles ({} now empty, deleted); backlog {} dirty tiles",
+        r.dataset, r.recut, r.deleted, r.backlog
+    )
+}
+
+pub fn tiles_drain_failed(
+    out: &mut impl Write,
+    dataset: &str,
+    error: &str,
+    as_json: bool,
+) -> io::Result<()> {
+    eprintln!("error: {dataset}: {error}; its dirty tiles stay for the next drain");
+    if as_json {
+        return writeln!(
+            out,
+            "{}",
+            serde_json::json!({"drain": {"dataset": dataset, "error": error}})
+        );
+    }
+    Ok(())
+}
+
+pub fn tiles_verify(
+    out: &mut impl Write,
+    r: &highwater_osm::tiles::VerifyReport,
+    as_json: bool,
+) -> io::Result<()> {
+    if as_json {
+        return writeln!(out, "{}", serde_json::json!({"verify": r}));
+    }
+    writeln!(
+        out,
+        "{}: {} tiles checked against a rebuild, {} differ ({} dirty tiles skipped)",
+        r.dataset,
+        r.checked,
+        r.differences.len(),
+        r.dirty_skipped
+    )?;
+    for d in &r.differences {
+        writeln!(
+            out,
+            "  {}: only in the file {:?}, only in the rebuild {:?}, changed {:?}",
+            d.tile, d.only_in_file, d.only_in_rebuild, d.changed
+        )?;
+    }
+    Ok(())
+}

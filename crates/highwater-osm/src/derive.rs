@@ -13,7 +13,7 @@
 //! as [`crate::features`] describes, with a tag filter and a buffer
 //! computed at every zoom in the layer's range.
 
-use crate::features::{feature, signatures, Current, Feature, Overlay};
+use crate::features::{feature, signatures, Current, ElementKey, Feature, Overlay};
 use crate::model::{Action, Change, Element, MemberKind, Tags};
 use crate::store::{OsmRead, Store, StoreError, Writer};
 use highwater_core::tile::Tile;
@@ -40,11 +40,26 @@ pub struct TileLayer {
 }
 
 impl TileLayer {
+    /// A layer reading every key but metadata: whatever any layer can see
+    /// has a feature here, so the shapes index built with it covers all.
+    pub fn every_key() -> TileLayer {
+        TileLayer {
+            zoom_min: 0,
+            zoom_max: 0,
+            keys: None,
+            buffer: 0.0,
+            diff_expire: false,
+        }
+    }
+
     pub fn relevant<'t>(&self, tags: &'t Tags) -> BTreeMap<&'t str, &'t str> {
         tags.iter()
+            // Metadata never shows, whatever a layer lists: the shape index
+            // (`store::shapes`) relies on it to cover every layer's features.
+            .filter(|(k, _)| !METADATA_KEYS.contains(&k.as_str()))
             .filter(|(k, _)| match &self.keys {
-                Some(keys) => keys.contains(k.as_str()),
-                None => !METADATA_KEYS.contains(&k.as_str()),
+                Some(keys) => keys.contains(*k),
+                None => true,
             })
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect()
@@ -75,6 +90,93 @@ pub struct Stats {
     pub filtered: usize,
 }
 
+/// The elements a diff may change the feature of: its own, the ways through
+/// nodes that moved, and the relations of every such way and of the diff's
+/// ways.
+#[derive(Debug, Default)]
+pub struct Touched {
+    pub all: BTreeSet<ElementKey>,
+    /// The diff's elements that touched others (a node that moved under a
+    /// way, a way in a relation).
+    pub with_dependents: BTreeSet<ElementKey>,
+}
+
+/// Finds what a diff's merged changes touch, reading the store before they
+/// are applied.
+pub fn touched(
+    store: &(impl OsmRead + ?Sized),
+    merged: &BTreeMap<ElementKey, Change>,
+) -> Result<Touched, StoreError> {
+    let mut t = Touched::default();
+    let mut ways: BTreeSet<i64> = BTreeSet::new();
+    for ((kind, id), c) in merged {
+        t.all.insert((*kind, *id));
+        match (kind, &c.element) {
+            (MemberKind::Node, Element::Node(n)) => {
+                let before = store.node(*id)?.map(|o| (o.lat_e7, o.lon_e7));
+                let after = (c.action != Action::Delete).then_some((n.lat_e7, n.lon_e7));
+                if before != after {
+                    // Every way through this node changes shape.
+                    let through = store.ways_of_node(*id)?;
+                    if !through.is_empty() {
+                        t.with_dependents.insert((*kind, *id));
+                    }
+                    ways.extend(through);
+                }
+            }
+            (MemberKind::Way, _) => {
+                ways.insert(*id);
+            }
+            _ => {}
+        }
+    }
+    for id in ways {
+        t.all.insert((MemberKind::Way, id));
+        let of = store.relations_of(MemberKind::Way, id)?;
+        if !of.is_empty() && merged.contains_key(&(MemberKind::Way, id)) {
+            t.with_dependents.insert((MemberKind::Way, id));
+        }
+        t.all
+            .extend(of.into_iter().map(|r| (MemberKind::Relation, r)));
+    }
+    Ok(t)
+}
+
+/// Brings the shapes index up to date for the touched elements, reading the
+/// store after the diff is applied.
+pub(crate) fn index_shapes(
+    w: &mut Writer<'_>,
+    keys: &BTreeSet<ElementKey>,
+) -> Result<(), StoreError> {
+    let every = TileLayer::every_key();
+    let mut boxes = Vec::with_capacity(keys.len());
+    {
+        let view = Current::new(&*w);
+        for &(kind, id) in keys {
+            let f = feature(&view, kind, id, &every)?;
+            boxes.push((kind, id, f.map(|f| f.shape.bbox())));
+        }
+    }
+    for (kind, id, b) in boxes {
+        w.set_shape(kind, id, b)?;
+    }
+    Ok(())
+}
+
+/// Rebuilds the shapes index from every feature in the store: part of
+/// import and of every full rebuild.
+pub fn rebuild_shapes(store: &mut Store) -> Result<usize, StoreError> {
+    let all = crate::features::all(store, &TileLayer::every_key())?;
+    store.write(|w| {
+        w.clear_shapes()?;
+        for ((kind, id), f) in &all {
+            w.set_shape(*kind, *id, Some(f.shape.bbox()))?;
+        }
+        w.set_meta("shapes", "1")?;
+        Ok(all.len())
+    })
+}
+
 /// Derives the tiles a diff affects, from the store as it is now (old) and
 /// the store with the merged changes laid over it (new). Reads only; the
 /// store is not changed.
@@ -100,57 +202,21 @@ pub fn affected_tiles(
         store: &old_view,
         changes: &merged,
     };
-    let mut ways: BTreeSet<i64> = BTreeSet::new();
-    let mut relations: BTreeSet<i64> = BTreeSet::new();
+    let touched = touched(store, &merged)?;
     let mut pairs: Vec<(Option<Feature>, Option<Feature>)> = Vec::new();
-    for ((kind, id), c) in &merged {
-        let old = feature(&old_view, *kind, *id, layer)?;
-        let new = feature(&new_view, *kind, *id, layer)?;
+    for &(kind, id) in &touched.all {
+        let old = feature(&old_view, kind, id, layer)?;
+        let new = feature(&new_view, kind, id, layer)?;
         let same = old == new;
-        let mut dependents = false;
-        match (kind, &c.element) {
-            (MemberKind::Node, Element::Node(n)) => {
-                let before = store.node(*id)?.map(|o| (o.lat_e7, o.lon_e7));
-                let after = (c.action != Action::Delete).then_some((n.lat_e7, n.lon_e7));
-                if before != after {
-                    // Every way through this node changes shape.
-                    let through = store.ways_of_node(*id)?;
-                    dependents = !through.is_empty();
-                    ways.extend(through);
-                }
-            }
-            (MemberKind::Way, _) => {
-                let of = store.relations_of(MemberKind::Way, *id)?;
-                dependents = !of.is_empty();
-                relations.extend(of);
-            }
-            _ => {}
-        }
-        if same && !dependents {
+        if same
+            && merged.contains_key(&(kind, id))
+            && !touched.with_dependents.contains(&(kind, id))
+        {
             stats.filtered += 1;
         }
         if !same {
             pairs.push((old, new));
         }
-    }
-    for &id in &ways {
-        if merged.contains_key(&(MemberKind::Way, id)) {
-            continue;
-        }
-        relations.extend(store.relations_of(MemberKind::Way, id)?);
-        pairs.push((
-            feature(&old_view, MemberKind::Way, id, layer)?,
-            feature(&new_view, MemberKind::Way, id, layer)?,
-        ));
-    }
-    for &id in &relations {
-        if merged.contains_key(&(MemberKind::Relation, id)) {
-            continue;
-        }
-        pairs.push((
-            feature(&old_view, MemberKind::Relation, id, layer)?,
-            feature(&new_view, MemberKind::Relation, id, layer)?,
-        ));
     }
     let mut tiles = BTreeSet::new();
     for (old, new) in pairs.iter().filter(|(o, n)| o != n) {
@@ -196,6 +262,23 @@ pub(crate) fn apply_in(w: &mut Writer<'_>, changes: &[Change]) -> Result<(), Sto
     Ok(())
 }
 
+/// Applies one diff and keeps the shapes index current (when the store has
+/// one): the touched elements are found before the diff lands, their new
+/// shapes after.
+pub(crate) fn apply_indexed(w: &mut Writer<'_>, changes: &[Change]) -> Result<(), StoreError> {
+    let live = w.meta("shapes")?.is_some();
+    let t = if live {
+        touched(&*w, &merge(changes))?
+    } else {
+        Touched::default()
+    };
+    apply_in(w, changes)?;
+    if live {
+        index_shapes(w, &t.all)?;
+    }
+    Ok(())
+}
+
 /// Derives and applies a batch of diffs, in order, in one transaction: each
 /// diff is derived against the state the previous ones left, so the result
 /// is the union of applying them one by one, and the store moves by the
@@ -213,7 +296,7 @@ pub fn derive_and_apply(
             tiles.extend(t);
             stats.changes += s.changes;
             stats.filtered += s.filtered;
-            apply_in(w, d)?;
+            apply_indexed(w, d)?;
         }
         Ok((tiles, stats))
     })

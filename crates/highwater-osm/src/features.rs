@@ -38,6 +38,19 @@ pub enum Shape {
     Polygon(Vec<Vec<P>>),
 }
 
+impl Shape {
+    /// (min x, min y, max x, max y) in world coordinates.
+    pub fn bbox(&self) -> (f64, f64, f64, f64) {
+        let pts: Box<dyn Iterator<Item = &P>> = match self {
+            Shape::Point(p) => Box::new(std::iter::once(p)),
+            Shape::Lines(v) | Shape::Polygon(v) => Box::new(v.iter().flatten()),
+        };
+        pts.fold((f64::MAX, f64::MAX, f64::MIN, f64::MIN), |b, p| {
+            (b.0.min(p.0), b.1.min(p.1), b.2.max(p.0), b.3.max(p.1))
+        })
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Feature {
     /// The tags the layer reads.
@@ -358,19 +371,75 @@ fn mix(state: u64, values: &[u64]) -> u64 {
     h
 }
 
+/// Whether `p` is inside `ring` (even-odd crossing test).
+pub fn inside(p: P, ring: &[P]) -> bool {
+    let mut odd = false;
+    for e in ring.windows(2) {
+        let (a, b) = (e[0], e[1]);
+        if (a.1 <= p.1) != (b.1 <= p.1) && p.0 < a.0 + (p.1 - a.1) / (b.1 - a.1) * (b.0 - a.0) {
+            odd = !odd;
+        }
+    }
+    odd
+}
+
+/// Per ring: how many other rings contain its first point (even: an outer
+/// ring, odd: a hole), and its parent, the deepest ring containing it. The
+/// tile cutter orients and groups rings by this; signatures include it, so
+/// a ring whose nesting changes re-cuts every tile it shows in.
+pub fn nesting(rings: &[Vec<P>]) -> Vec<(usize, Option<usize>)> {
+    let bbox = |r: &[P]| {
+        r.iter()
+            .fold((f64::MAX, f64::MAX, f64::MIN, f64::MIN), |b, p| {
+                (b.0.min(p.0), b.1.min(p.1), b.2.max(p.0), b.3.max(p.1))
+            })
+    };
+    let boxes: Vec<_> = rings.iter().map(|r| bbox(r)).collect();
+    let containers: Vec<Vec<usize>> = rings
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let p = r[0];
+            (0..rings.len())
+                .filter(|&j| {
+                    let b = boxes[j];
+                    j != i
+                        && p.0 >= b.0
+                        && p.0 <= b.2
+                        && p.1 >= b.1
+                        && p.1 <= b.3
+                        && inside(p, &rings[j])
+                })
+                .collect()
+        })
+        .collect();
+    let depth: Vec<usize> = containers.iter().map(Vec::len).collect();
+    containers
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (depth[i], c.iter().copied().max_by_key(|&j| (depth[j], j))))
+        .collect()
+}
+
 /// What one tile of one zoom shows of a feature, as a hash: the feature's
-/// segments that touch the tile grown by `buffer`, in order, and for a
-/// polygon whether the tile's centre is inside (which, with the segments,
-/// fixes the polygon's part in the tile); a polygon's inside tile that no
-/// segment touches is "full". Two shapes with equal signatures in a tile
+/// segments that touch the tile grown by `buffer`, in order, with their
+/// line or ring, and for a polygon which rings contain the tile's centre
+/// (which, with the segments, fixes each ring's part in the tile); a
+/// polygon's inside tile that no segment touches has only the latter. Two shapes with equal signatures in a tile
 /// cut to the same thing in that tile, so a geometry-only change expires
 /// exactly the tiles whose signature changed.
 pub fn signatures(shape: &Shape, z: u8, buffer: f64) -> HashMap<(u32, u32), u64> {
     let mut sig: HashMap<(u32, u32), u64> = HashMap::new();
-    let segs = |lines: &[Vec<P>], sig: &mut HashMap<(u32, u32), u64>| {
-        for l in lines {
+    // Each segment is hashed with what its line or ring is (index, and for
+    // rings the nesting), so that joining or splitting lines, or a ring
+    // turning into a hole, changes the tiles it touches.
+    let segs = |lines: &[Vec<P>], tags: &[[u64; 3]], sig: &mut HashMap<(u32, u32), u64>| {
+        for (l, t) in lines.iter().zip(tags) {
             for s in l.windows(2) {
                 let bits = [
+                    t[0],
+                    t[1],
+                    t[2],
                     s[0].0.to_bits(),
                     s[0].1.to_bits(),
                     s[1].0.to_bits(),
@@ -391,13 +460,25 @@ pub fn signatures(shape: &Shape, z: u8, buffer: f64) -> HashMap<(u32, u32), u64>
                 sig.insert(c, mix(2, &[p.0.to_bits(), p.1.to_bits()]));
             }
         }
-        Shape::Lines(lines) => segs(lines, &mut sig),
+        Shape::Lines(lines) => {
+            let tags: Vec<[u64; 3]> = (0..lines.len()).map(|i| [i as u64, 0, 0]).collect();
+            segs(lines, &tags, &mut sig)
+        }
         Shape::Polygon(rings) => {
-            segs(rings, &mut sig);
-            tile::fill_cells(rings, z, &mut |c| {
-                let e = sig.entry(c).or_insert(3);
-                *e = mix(*e, &[4]);
-            });
+            let tags: Vec<[u64; 3]> = nesting(rings)
+                .iter()
+                .enumerate()
+                .map(|(i, (d, p))| [i as u64, *d as u64, p.map_or(u64::MAX, |p| p as u64)])
+                .collect();
+            segs(rings, &tags, &mut sig);
+            // Which rings contain the tile's centre: with the segments,
+            // that fixes each ring's part in the tile.
+            for (r, t) in rings.iter().zip(&tags) {
+                tile::fill_cells(std::slice::from_ref(r), z, &mut |c| {
+                    let e = sig.entry(c).or_insert(3);
+                    *e = mix(*e, &[4, t[0], t[1], t[2]]);
+                });
+            }
         }
     }
     sig

@@ -121,6 +121,7 @@ pub fn import(store: &mut Store, path: &Path) -> Result<ImportStats, ImportError
             }
             Ok(())
         })?;
+        crate::derive::rebuild_shapes(store)?;
         return Ok(stats);
     }
     let bad = |message: String| ImportError::Pbf {
@@ -182,6 +183,8 @@ pub fn import(store: &mut Store, path: &Path) -> Result<ImportStats, ImportError
         }
         Ok(())
     })?;
+    // The shapes index lets a drain find the features of a dirty tile.
+    crate::derive::rebuild_shapes(store)?;
     Ok(stats)
 }
 

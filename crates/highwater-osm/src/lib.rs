@@ -13,12 +13,15 @@
 //!
 //! Tile math lives in `highwater_core::tile`, since it is pure.
 
+pub mod cut;
 pub mod derive;
 pub mod features;
 pub mod import;
 pub mod model;
+pub mod mvt;
 pub mod ops;
 pub mod store;
+pub mod tiles;
 pub mod xml;
 
 pub use model::{Action, Change, Element, Member, MemberKind, Node, Relation, Tags, Way};

@@ -1,7 +1,7 @@
 //! The OSM operations the CLI offers: config, apply (with dry run and
 //! expire output), replicate from a local replication directory, status.
 
-use crate::derive::{affected_tiles, apply_in, TileLayer};
+use crate::derive::{affected_tiles, apply_indexed, TileLayer};
 use crate::import::{read_state, sequence_path, ImportError, State};
 use crate::model::Change;
 use crate::store::{Store, StoreError, Writer};
@@ -44,6 +44,8 @@ struct RawTiles {
     buffer: Option<f64>,
     diff_expire: Option<bool>,
     tiles_affected_max: Option<usize>,
+    mbtiles: Option<String>,
+    drain: Option<String>,
 }
 
 /// A parsed diff and the replication state beside it, if any.
@@ -59,6 +61,12 @@ pub struct TileDataset {
     /// country boundary) can create.
     pub tiles_affected_max: usize,
     pub recipe: String,
+    /// The MBTiles file `osm tiles build` writes and `osm apply` keeps
+    /// current; `None`: expiry only.
+    pub mbtiles: Option<PathBuf>,
+    /// Whether `osm apply` re-cuts the dirty tiles right away (true) or
+    /// leaves them for `osm tiles drain`.
+    pub drain_on_apply: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -67,6 +75,24 @@ pub struct OsmConfig {
     pub tiles: Vec<TileDataset>,
     /// A dataset this many sequences behind is better rebuilt.
     pub rebuild_gap_max: i64,
+}
+
+/// The version of the code that decides what a tile shows (features,
+/// expiry, cutting): part of every tile dataset's recipe, so a change to it
+/// forces a rebuild instead of mixing old tiles with new.
+pub const TILES_CODE_VERSION: &str = "tiles-2";
+
+/// A relative path without `..`, joined to the project root.
+fn safe_file(root: &Path, f: &str) -> Option<PathBuf> {
+    let p = Path::new(f);
+    let ok = !f.is_empty()
+        && p.components().all(|c| {
+            matches!(
+                c,
+                std::path::Component::Normal(_) | std::path::Component::CurDir
+            )
+        });
+    ok.then(|| root.join(p))
 }
 
 fn parse_zooms(s: &str) -> Option<(u8, u8)> {
@@ -112,10 +138,27 @@ impl OsmConfig {
                     "[osm.tiles.{name}] buffer = {buffer}: use 0 to 4 tile widths"
                 )));
             }
+            let drain_on_apply = match t.drain.as_deref() {
+                None | Some("apply") => true,
+                Some("deferred") => false,
+                Some(other) => {
+                    return Err(bad(format!(
+                        "[osm.tiles.{name}] drain = {other:?}: use \"apply\" (re-cut dirty tiles after each apply) or \"deferred\" (leave them for `osm tiles drain`)"
+                    )))
+                }
+            };
+            let mbtiles = match t.mbtiles.as_deref() {
+                None => None,
+                Some(f) => Some(safe_file(root, f).ok_or_else(|| {
+                    bad(format!(
+                        "[osm.tiles.{name}] mbtiles = {f:?}: give a file name inside the project (no `..`, not absolute)"
+                    ))
+                })?),
+            };
             let recipe = format!(
                 "r1:{}",
                 &highwater_core::recipe::recipe_id(&highwater_core::recipe::RecipeParts {
-                    version: "tiles-1".into(),
+                    version: TILES_CODE_VERSION.into(),
                     config: serde_json::json!({"zooms": [zoom_min, zoom_max], "keys": keys, "buffer": buffer, "diff_expire": t.diff_expire.unwrap_or(false)}),
                     ..Default::default()
                 })[3..]
@@ -131,6 +174,8 @@ impl OsmConfig {
                 tiles_affected_max: t.tiles_affected_max.unwrap_or(1_000_000).max(1),
                 recipe,
                 name,
+                mbtiles,
+                drain_on_apply,
             });
         }
         Ok(OsmConfig {
@@ -221,7 +266,7 @@ pub fn apply(
                 }
                 per[i].extend(t);
             }
-            apply_in(w, changes)?;
+            apply_indexed(w, changes)?;
             if let Some(s) = state {
                 report.sequence = Some(s.sequence);
                 w.set_meta("sequence", &s.sequence.to_string())?;

@@ -30,11 +30,36 @@ CREATE TABLE IF NOT EXISTS node_ways(node INTEGER NOT NULL, way INTEGER NOT NULL
 CREATE TABLE IF NOT EXISTS markers(dataset TEXT PRIMARY KEY, sequence INTEGER, recipe TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS dirty(dataset TEXT NOT NULL, z INTEGER NOT NULL, x INTEGER NOT NULL, y INTEGER NOT NULL, PRIMARY KEY(dataset, z, x, y)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS member_rels(kind INTEGER NOT NULL, member INTEGER NOT NULL, rel INTEGER NOT NULL, PRIMARY KEY(kind, member, rel)) WITHOUT ROWID;
+CREATE VIRTUAL TABLE IF NOT EXISTS shapes USING rtree(id, minx, maxx, miny, maxy);
 ";
 
 /// SQLite's page cache for the store, in KiB: bounds the memory the store
 /// may hold beyond the operating system's page cache.
 pub const STORE_CACHE_KIB: i64 = 64 * 1024;
+
+/// Which dirty tiles a drain takes first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DrainOrder {
+    /// Coarse tiles first: they are seen by the most people.
+    LowZoomFirst,
+    /// Tiles dirtied by the most diffs first.
+    MostEdited,
+}
+
+/// An element's key in the shapes index: the id with its type in the low
+/// two bits.
+fn shape_id(kind: MemberKind, id: i64) -> i64 {
+    (id << 2) | kind_code(kind)
+}
+
+fn unshape_id(v: i64) -> (MemberKind, i64) {
+    let kind = match v & 3 {
+        0 => MemberKind::Node,
+        1 => MemberKind::Way,
+        _ => MemberKind::Relation,
+    };
+    (kind, v >> 2)
+}
 
 /// A dataset's name, marker sequence, recipe id and dirty-set size.
 pub type DatasetRow = (String, Option<i64>, String, i64);
@@ -80,6 +105,19 @@ impl Store {
         conn.pragma_update(None, "cache_size", -STORE_CACHE_KIB)
             .map_err(err)?;
         conn.execute_batch(SCHEMA).map_err(err)?;
+        // Stores made before dirty tiles counted their edits.
+        let has_hits: bool = conn
+            .query_row(
+                "SELECT count(*) FROM pragma_table_info('dirty') WHERE name = 'hits'",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
+            .map_err(err)?
+            > 0;
+        if !has_hits {
+            conn.execute_batch("ALTER TABLE dirty ADD COLUMN hits INTEGER NOT NULL DEFAULT 1")
+                .map_err(err)?;
+        }
         Ok(Store { conn, path })
     }
 
@@ -124,6 +162,68 @@ impl Store {
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| self.err(e))?;
         Ok(v)
+    }
+
+    /// The elements whose shape's bounding box meets the box (world
+    /// coordinates): a superset of the features that show in a tile.
+    pub fn shapes_in(
+        &self,
+        (minx, miny, maxx, maxy): (f64, f64, f64, f64),
+    ) -> Result<Vec<(MemberKind, i64)>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare_cached(
+                "SELECT id FROM shapes WHERE maxx >= ?1 AND minx <= ?2 AND maxy >= ?3 AND miny <= ?4 ORDER BY id",
+            )
+            .map_err(|e| self.err(e))?;
+        let rows = st
+            .query_map(params![minx, maxx, miny, maxy], |r| r.get::<_, i64>(0))
+            .map_err(|e| self.err(e))?;
+        let mut out = Vec::new();
+        for r in rows {
+            out.push(unshape_id(r.map_err(|e| self.err(e))?));
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// Up to `max` dirty tiles of a dataset, in the order a drain takes them.
+    pub fn dirty_tiles(
+        &self,
+        dataset: &str,
+        order: DrainOrder,
+        max: usize,
+    ) -> Result<Vec<highwater_core::tile::Tile>, StoreError> {
+        let sql = match order {
+            DrainOrder::LowZoomFirst => {
+                "SELECT z, x, y FROM dirty WHERE dataset = ?1 ORDER BY z, x, y LIMIT ?2"
+            }
+            DrainOrder::MostEdited => {
+                "SELECT z, x, y FROM dirty WHERE dataset = ?1 ORDER BY hits DESC, z, x, y LIMIT ?2"
+            }
+        };
+        let mut st = self.conn.prepare(sql).map_err(|e| self.err(e))?;
+        let rows = st
+            .query_map(params![dataset, max.min(i64::MAX as usize) as i64], |r| {
+                Ok(highwater_core::tile::Tile {
+                    z: r.get(0)?,
+                    x: r.get(1)?,
+                    y: r.get(2)?,
+                })
+            })
+            .map_err(|e| self.err(e))?;
+        rows.collect::<Result<_, _>>().map_err(|e| self.err(e))
+    }
+
+    /// The number of dirty tiles of a dataset.
+    pub fn dirty_count(&self, dataset: &str) -> Result<i64, StoreError> {
+        self.conn
+            .query_row(
+                "SELECT count(*) FROM dirty WHERE dataset = ?1",
+                [dataset],
+                |r| r.get(0),
+            )
+            .map_err(|e| self.err(e))
     }
 
     /// Runs `f` inside one read transaction: every read sees the same
@@ -385,6 +485,13 @@ impl Writer<'_> {
         }
     }
 
+    pub fn meta(&self, key: &str) -> Result<Option<String>, StoreError> {
+        self.tx
+            .query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
+            .optional()
+            .map_err(|e| self.err(e))
+    }
+
     pub fn set_meta(&mut self, key: &str, value: &str) -> Result<(), StoreError> {
         self.tx
             .execute(
@@ -407,7 +514,10 @@ impl Writer<'_> {
     ) -> Result<(), StoreError> {
         let mut st = self
             .tx
-            .prepare_cached("INSERT OR IGNORE INTO dirty(dataset, z, x, y) VALUES(?1, ?2, ?3, ?4)")
+            .prepare_cached(
+                "INSERT INTO dirty(dataset, z, x, y, hits) VALUES(?1, ?2, ?3, ?4, 1)
+                 ON CONFLICT DO UPDATE SET hits = hits + 1",
+            )
             .map_err(|e| self.err(e))?;
         for t in tiles {
             st.execute(params![dataset, t.z, t.x, t.y])
@@ -420,6 +530,65 @@ impl Writer<'_> {
     }
 
     /// Moves a dataset's marker.
+    /// Records (or with `None`, removes) an element's shape bounding box.
+    pub fn set_shape(
+        &mut self,
+        kind: MemberKind,
+        id: i64,
+        bbox: Option<(f64, f64, f64, f64)>,
+    ) -> Result<(), StoreError> {
+        let key = shape_id(kind, id);
+        self.tx
+            .prepare_cached("DELETE FROM shapes WHERE id = ?1")
+            .and_then(|mut st| st.execute([key]))
+            .map_err(|e| self.err(e))?;
+        if let Some((minx, miny, maxx, maxy)) = bbox {
+            self.tx
+                .prepare_cached(
+                    "INSERT INTO shapes(id, minx, maxx, miny, maxy) VALUES(?1, ?2, ?3, ?4, ?5)",
+                )
+                .and_then(|mut st| st.execute(params![key, minx, maxx, miny, maxy]))
+                .map_err(|e| self.err(e))?;
+        }
+        Ok(())
+    }
+
+    /// Empties the shapes index, before a full rebuild of it.
+    pub fn clear_shapes(&mut self) -> Result<(), StoreError> {
+        self.tx
+            .execute("DELETE FROM shapes", [])
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    /// Removes tiles from a dataset's dirty set (they have been re-cut).
+    pub fn clean(
+        &mut self,
+        dataset: &str,
+        tiles: &[highwater_core::tile::Tile],
+    ) -> Result<(), StoreError> {
+        let mut st = self
+            .tx
+            .prepare_cached("DELETE FROM dirty WHERE dataset = ?1 AND z = ?2 AND x = ?3 AND y = ?4")
+            .map_err(|e| self.err(e))?;
+        for t in tiles {
+            st.execute(params![dataset, t.z, t.x, t.y])
+                .map_err(|e| StoreError::Sqlite {
+                    path: self.path.clone(),
+                    err: e,
+                })?;
+        }
+        Ok(())
+    }
+
+    /// Empties a dataset's dirty set (after a rebuild).
+    pub fn clear_dirty(&mut self, dataset: &str) -> Result<(), StoreError> {
+        self.tx
+            .execute("DELETE FROM dirty WHERE dataset = ?1", [dataset])
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
     pub fn set_marker(
         &mut self,
         dataset: &str,

@@ -370,3 +370,128 @@ fn a_killed_replicate_loses_no_affected_tile() {
     );
     assert_eq!(a, b);
 }
+
+const TWO_DATASETS: &str = r#"
+[osm]
+store = ".highwater/osm"
+
+[osm.tiles.a]
+zooms = "12-15"
+keys = ["*"]
+mbtiles = "a.mbtiles"
+
+[osm.tiles.b]
+zooms = "13-16"
+keys = ["highway", "building"]
+buffer = 0.1
+diff_expire = true
+mbtiles = "b.mbtiles"
+"#;
+
+fn built() -> Project {
+    let p = Project::new(TWO_DATASETS);
+    let pbf = data().join("monaco-3047-20210801.osm.pbf");
+    p.check(&["osm", "import", pbf.to_str().unwrap()], 0);
+    let r = p.check(&["osm", "tiles", "build"], 0);
+    assert!(
+        r.stdout.contains("a: built") && r.stdout.contains("b: built"),
+        "{}",
+        r.stdout
+    );
+    p
+}
+
+fn dirty(p: &Project) -> (i64, i64) {
+    let s = p.check(&["osm", "status", "--json"], 0).json();
+    (
+        s["datasets"][0]["dirty"].as_i64().unwrap(),
+        s["datasets"][1]["dirty"].as_i64().unwrap(),
+    )
+}
+
+/// One dataset failing to update does not stop the others: `a` fails (a
+/// failpoint), `b` still re-cuts its tiles, the exit code says something
+/// failed, and the next drain brings `a` level with a rebuild.
+#[test]
+fn one_dataset_failing_leaves_the_others_advancing() {
+    let p = built();
+    let from = data().join("monaco-updates");
+    let out = p
+        .cmd(&["osm", "replicate", "--from", from.to_str().unwrap()])
+        .env("HIGHWATER_FAILPOINT", "fail-drain:a")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("a: dataset a: failed on purpose"), "{err}");
+    let (a, b) = dirty(&p);
+    assert!(a > 0, "a keeps its dirty tiles");
+    assert_eq!(b, 0, "b advanced");
+    p.check(&["osm", "verify", "b", "--all"], 0);
+    // a is stale until drained; verify skips its dirty tiles and says so.
+    let v = p
+        .check(&["osm", "verify", "a", "--all", "--json"], 0)
+        .json();
+    assert_eq!(v["verify"]["dirty_skipped"], a);
+    let r = p.check(&["osm", "tiles", "drain", "--dataset", "a"], 0);
+    assert!(r.stdout.contains("backlog 0"), "{}", r.stdout);
+    p.check(&["osm", "verify", "a", "--all"], 0);
+}
+
+/// SIGKILL in the middle of a's drain (a batch written to a's file, not yet
+/// removed from the dirty set): the store has the diffs, a's dirty set
+/// still has the batch, and the next drain makes both datasets equal to a
+/// rebuild.
+#[test]
+fn a_killed_drain_catches_up_and_equals_a_rebuild() {
+    let p = built();
+    let from = data().join("monaco-updates");
+    let out = p
+        .cmd(&["osm", "replicate", "--from", from.to_str().unwrap()])
+        .env("HIGHWATER_FAILPOINT", "kill-drain-after-write:a")
+        .output()
+        .unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&out.status),
+        Some(9),
+        "killed"
+    );
+    let s = p.check(&["osm", "status", "--json"], 0).json();
+    assert_eq!(s["sequence"], 3076, "the store committed before draining");
+    let (a, b) = dirty(&p);
+    assert!(a > 0 && b > 0, "nothing drained past the kill: {a} {b}");
+    p.check(&["osm", "tiles", "drain"], 0);
+    assert_eq!(dirty(&p), (0, 0));
+    p.check(&["osm", "verify", "a", "--all"], 0);
+    p.check(&["osm", "verify", "b", "--all"], 0);
+}
+
+/// `verify` finds a tile that was changed behind highwater's back, and
+/// `rebuild` repairs it.
+#[test]
+fn verify_reports_a_tampered_tile_and_rebuild_repairs_it() {
+    let p = built();
+    let conn = rusqlite::Connection::open(p.path("b.mbtiles")).unwrap();
+    let n = conn
+        .execute(
+            "UPDATE tiles SET tile_data = (SELECT tile_data FROM tiles ORDER BY zoom_level DESC, tile_column LIMIT 1)
+             WHERE rowid = (SELECT rowid FROM tiles ORDER BY zoom_level, tile_column LIMIT 1)",
+            [],
+        )
+        .unwrap();
+    assert_eq!(n, 1);
+    drop(conn);
+    let v = p
+        .check(&["osm", "verify", "b", "--all", "--json"], 1)
+        .json();
+    let diffs = v["verify"]["differences"].as_array().unwrap();
+    assert_eq!(diffs.len(), 1, "{v}");
+    assert!(diffs[0]["tile"].as_str().unwrap().starts_with("13/"));
+    p.check(&["osm", "rebuild", "b"], 0);
+    p.check(&["osm", "verify", "b", "--all"], 0);
+}

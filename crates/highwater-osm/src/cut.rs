@@ -1,0 +1,350 @@
+//! Cutting one tile: features (world coordinates) in, a vector tile out.
+//!
+//! The cut of a tile is a function of what each feature shows in it and of
+//! nothing else, which is what makes re-cutting only dirty tiles equal to a
+//! rebuild: lines are clipped segment by segment to the tile grown by the
+//! buffer; rings are clipped one by one (Sutherland–Hodgman against the
+//! box), then made canonical (integer tile coordinates, no repeated or
+//! collinear points, a fixed starting point), oriented by their nesting
+//! (outer rings clockwise, holes counter-clockwise, as the MVT
+//! specification asks) and each hole follows its outer ring.
+
+use crate::features::{nesting, ElementKey, Feature, Shape, P};
+use crate::model::MemberKind;
+use crate::mvt::{self, GeomType, TileFeature, EXTENT};
+use highwater_core::tile::{self, Tile};
+
+/// A feature's id in a tile: the OSM id with its type in the low two bits
+/// (node 0, way 1, relation 2), as several OSM tile schemas do.
+pub fn feature_id(key: ElementKey) -> u64 {
+    let t = match key.0 {
+        MemberKind::Node => 0,
+        MemberKind::Way => 1,
+        MemberKind::Relation => 2,
+    };
+    ((key.1 as u64) << 2) | t
+}
+
+/// The box a tile is cut to, in tile units (0..EXTENT), grown by `buffer`
+/// tile widths.
+struct Frame {
+    z: u8,
+    x: f64,
+    y: f64,
+    lo: f64,
+    hi: f64,
+}
+
+impl Frame {
+    fn new(t: Tile, buffer: f64) -> Frame {
+        let e = EXTENT as f64;
+        Frame {
+            z: t.z,
+            x: t.x as f64,
+            y: t.y as f64,
+            lo: -buffer * e,
+            hi: e + buffer * e,
+        }
+    }
+    fn local(&self, p: P) -> (f64, f64) {
+        let n = (1u64 << self.z) as f64;
+        let e = EXTENT as f64;
+        ((p.0 * n - self.x) * e, (p.1 * n - self.y) * e)
+    }
+}
+
+fn quantize(p: (f64, f64)) -> (i32, i32) {
+    (p.0.round() as i32, p.1.round() as i32)
+}
+
+/// Liang–Barsky: the part of segment a-b inside the box, if any.
+fn clip_segment(
+    a: (f64, f64),
+    b: (f64, f64),
+    lo: f64,
+    hi: f64,
+) -> Option<((f64, f64), (f64, f64))> {
+    let (dx, dy) = (b.0 - a.0, b.1 - a.1);
+    let (mut t0, mut t1) = (0.0f64, 1.0f64);
+    for (p, q) in [
+        (-dx, a.0 - lo),
+        (dx, hi - a.0),
+        (-dy, a.1 - lo),
+        (dy, hi - a.1),
+    ] {
+        if p == 0.0 {
+            if q < 0.0 {
+                return None;
+            }
+        } else {
+            let r = q / p;
+            if p < 0.0 {
+                t0 = t0.max(r);
+            } else {
+                t1 = t1.min(r);
+            }
+            if t0 > t1 {
+                return None;
+            }
+        }
+    }
+    let at = |t: f64| (a.0 + dx * t, a.1 + dy * t);
+    Some((
+        if t0 == 0.0 { a } else { at(t0) },
+        if t1 == 1.0 { b } else { at(t1) },
+    ))
+}
+
+fn dedupe(v: &mut Vec<(i32, i32)>) {
+    v.dedup();
+}
+
+fn clip_line(f: &Frame, line: &[P]) -> Vec<Vec<(i32, i32)>> {
+    let mut pieces = Vec::new();
+    let mut cur: Vec<(i32, i32)> = Vec::new();
+    for s in line.windows(2) {
+        let (a, b) = (f.local(s[0]), f.local(s[1]));
+        match clip_segment(a, b, f.lo, f.hi) {
+            Some((ca, cb)) => {
+                let (qa, qb) = (quantize(ca), quantize(cb));
+                // A piece continues while the line stays inside: the clipped
+                // start is the previous segment's unclipped end.
+                if ca != a || cur.is_empty() {
+                    if cur.len() > 1 {
+                        pieces.push(std::mem::take(&mut cur));
+                    }
+                    cur.clear();
+                    cur.push(qa);
+                }
+                cur.push(qb);
+                if cb != b {
+                    pieces.push(std::mem::take(&mut cur));
+                }
+            }
+            None => {
+                if !cur.is_empty() {
+                    pieces.push(std::mem::take(&mut cur));
+                }
+            }
+        }
+    }
+    if !cur.is_empty() {
+        pieces.push(cur);
+    }
+    pieces
+        .into_iter()
+        .filter_map(|mut p| {
+            dedupe(&mut p);
+            (p.len() >= 2).then_some(p)
+        })
+        .collect()
+}
+
+/// Sutherland–Hodgman against the four sides of the box.
+fn clip_ring(f: &Frame, ring: &[P]) -> Vec<(f64, f64)> {
+    let mut pts: Vec<(f64, f64)> = ring.iter().map(|p| f.local(*p)).collect();
+    if pts.first() == pts.last() {
+        pts.pop();
+    }
+    type Side = (
+        fn((f64, f64), f64) -> bool,
+        fn((f64, f64), (f64, f64), f64) -> (f64, f64),
+    );
+    let x_at =
+        |a: (f64, f64), b: (f64, f64), x: f64| (x, a.1 + (b.1 - a.1) * (x - a.0) / (b.0 - a.0));
+    let y_at =
+        |a: (f64, f64), b: (f64, f64), y: f64| (a.0 + (b.0 - a.0) * (y - a.1) / (b.1 - a.1), y);
+    let sides: [(Side, f64); 4] = [
+        ((|p, v| p.0 >= v, x_at), f.lo),
+        ((|p, v| p.0 <= v, x_at), f.hi),
+        ((|p, v| p.1 >= v, y_at), f.lo),
+        ((|p, v| p.1 <= v, y_at), f.hi),
+    ];
+    for ((inside, cross), v) in sides {
+        if pts.is_empty() {
+            break;
+        }
+        let mut out = Vec::with_capacity(pts.len() + 4);
+        let mut prev = *pts.last().expect("non-empty");
+        for &p in &pts {
+            match (inside(prev, v), inside(p, v)) {
+                (true, true) => out.push(p),
+                (true, false) => out.push(cross(prev, p, v)),
+                (false, true) => {
+                    out.push(cross(prev, p, v));
+                    out.push(p);
+                }
+                (false, false) => {}
+            }
+            prev = p;
+        }
+        pts = out;
+    }
+    pts
+}
+
+fn area2(r: &[(i32, i32)]) -> i64 {
+    let mut a = 0i64;
+    for i in 0..r.len() {
+        let (p, q) = (r[i], r[(i + 1) % r.len()]);
+        a += p.0 as i64 * q.1 as i64 - q.0 as i64 * p.1 as i64;
+    }
+    a
+}
+
+/// Integer ring without repeats, without collinear points (which also
+/// removes Sutherland–Hodgman's zero-width bridges along the box), oriented
+/// as asked, starting at its smallest rotation. `None` when nothing with an
+/// area is left.
+fn canonical(pts: &[(f64, f64)], clockwise: bool) -> Option<Vec<(i32, i32)>> {
+    let mut r: Vec<(i32, i32)> = pts.iter().map(|p| quantize(*p)).collect();
+    loop {
+        let before = r.len();
+        r.dedup();
+        while r.len() > 1 && r.first() == r.last() {
+            r.pop();
+        }
+        let n = r.len();
+        if n < 3 {
+            return None;
+        }
+        let keep: Vec<bool> = (0..n)
+            .map(|i| {
+                let (a, b, c) = (r[(i + n - 1) % n], r[i], r[(i + 1) % n]);
+                let cross = (b.0 - a.0) as i64 * (c.1 - b.1) as i64
+                    - (b.1 - a.1) as i64 * (c.0 - b.0) as i64;
+                cross != 0
+            })
+            .collect();
+        // Drop one collinear point at a time: dropping all at once could
+        // remove both ends of a spike's base.
+        if let Some(i) = keep.iter().position(|k| !k) {
+            r.remove(i);
+        }
+        if r.len() == before {
+            break;
+        }
+    }
+    if r.len() < 3 || area2(&r) == 0 {
+        return None;
+    }
+    if (area2(&r) > 0) != clockwise {
+        r.reverse();
+    }
+    let best = (0..r.len())
+        .filter(|&i| r[i] == *r.iter().min().expect("non-empty"))
+        .min_by(|&a, &b| {
+            let ra = r[a..].iter().chain(&r[..a]);
+            let rb = r[b..].iter().chain(&r[..b]);
+            ra.cmp(rb)
+        })
+        .expect("a minimum exists");
+    r.rotate_left(best);
+    Some(r)
+}
+
+fn cut_polygon(f: &Frame, rings: &[Vec<P>]) -> Vec<Vec<(i32, i32)>> {
+    let nest = nesting(rings);
+    // MVT's "exterior": positive area in tile coordinates (y down).
+    let clipped: Vec<Option<Vec<(i32, i32)>>> = rings
+        .iter()
+        .zip(&nest)
+        .map(|(r, (depth, _))| canonical(&clip_ring(f, r), depth % 2 == 0))
+        .collect();
+    let mut out = Vec::new();
+    for (i, (depth, _)) in nest.iter().enumerate() {
+        if depth % 2 != 0 {
+            continue;
+        }
+        let Some(outer) = &clipped[i] else { continue };
+        out.push(outer.clone());
+        for (j, (d, parent)) in nest.iter().enumerate() {
+            if d % 2 == 1 && *parent == Some(i) {
+                if let Some(hole) = &clipped[j] {
+                    out.push(hole.clone());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// What one feature shows in one tile, if anything.
+pub fn cut_feature(t: Tile, buffer: f64, key: ElementKey, feat: &Feature) -> Option<TileFeature> {
+    let f = Frame::new(t, buffer);
+    let (kind, parts) = match &feat.shape {
+        Shape::Point(p) => {
+            let mut cells = tile::Cells::new();
+            tile::add_point(*p, t.z, buffer, &mut cells);
+            if !cells.contains(&(t.x, t.y)) {
+                return None;
+            }
+            (GeomType::Point, vec![vec![quantize(f.local(*p))]])
+        }
+        Shape::Lines(lines) => (
+            GeomType::LineString,
+            lines.iter().flat_map(|l| clip_line(&f, l)).collect(),
+        ),
+        Shape::Polygon(rings) => (GeomType::Polygon, cut_polygon(&f, rings)),
+    };
+    (!parts.is_empty()).then(|| TileFeature {
+        id: feature_id(key),
+        kind,
+        tags: feat.tags.clone(),
+        parts,
+    })
+}
+
+/// Cuts a tile from the features that may touch it (sorted by key), as
+/// MVT bytes; `None` when nothing shows, so the tile is deleted.
+pub fn cut(
+    t: Tile,
+    layer: &str,
+    buffer: f64,
+    features: &[(ElementKey, &Feature)],
+) -> Option<Vec<u8>> {
+    let out: Vec<TileFeature> = features
+        .iter()
+        .filter_map(|(k, f)| cut_feature(t, buffer, *k, f))
+        .collect();
+    (!out.is_empty()).then(|| mvt::encode(layer, &out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t() -> Tile {
+        Tile { z: 1, x: 0, y: 0 }
+    }
+
+    #[test]
+    fn a_line_through_a_tile_is_cut_at_its_edges() {
+        let f = Feature {
+            tags: [("highway".into(), "primary".into())].into(),
+            shape: Shape::Lines(vec![vec![(-0.1, 0.25), (0.25, 0.25), (0.75, 0.25)]]),
+        };
+        let c = cut_feature(t(), 0.0, (MemberKind::Way, 7), &f).unwrap();
+        assert_eq!(c.parts, vec![vec![(0, 2048), (2048, 2048), (4096, 2048)]]);
+        assert_eq!(c.id, 7 << 2 | 1);
+    }
+
+    #[test]
+    fn a_square_around_the_tile_is_the_tile_and_its_hole_is_a_hole() {
+        let sq = |a: f64, b: f64| vec![(a, a), (b, a), (b, b), (a, b), (a, a)];
+        let f = Feature {
+            tags: [("landuse".into(), "forest".into())].into(),
+            shape: Shape::Polygon(vec![sq(-0.5, 0.9), sq(0.1, 0.2)]),
+        };
+        let c = cut_feature(t(), 0.0, (MemberKind::Relation, 1), &f).unwrap();
+        assert_eq!(c.parts.len(), 2);
+        assert_eq!(c.parts[0], vec![(0, 0), (4096, 0), (4096, 4096), (0, 4096)]);
+        assert!(area2(&c.parts[0]) > 0 && area2(&c.parts[1]) < 0);
+        // A square far away shows nothing.
+        let g = Feature {
+            tags: f.tags.clone(),
+            shape: Shape::Polygon(vec![sq(0.7, 0.8)]),
+        };
+        assert!(cut_feature(t(), 0.0, (MemberKind::Way, 2), &g).is_none());
+    }
+}

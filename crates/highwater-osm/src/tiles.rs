@@ -1,0 +1,582 @@
+//! The vector-tile dataset: an MBTiles file per `[osm.tiles.NAME]` with
+//! `mbtiles = "..."`, built whole by `build`, kept current by `drain`
+//! (re-cutting the dirty tiles), and checked by `verify` (re-cutting tiles
+//! from a full pass over the store and comparing them byte for byte).
+//!
+//! Order of a drain, per batch of dirty tiles: cut them from the store as
+//! it is now, write them to the MBTiles file and commit, then remove them
+//! from the dirty set. A crash between the two commits leaves tiles dirty
+//! that are already current: they are cut again, which changes nothing.
+//! The other order could lose a tile.
+//!
+//! The MBTiles file carries the recipe it was cut with (`highwater_recipe`
+//! in its metadata); a drain that finds another recipe rebuilds the file
+//! instead, and says so, so that new logic never mixes with old tiles.
+
+use crate::cut::{cut, cut_feature};
+use crate::derive::{rebuild_shapes, TileLayer};
+use crate::features::{self, feature, signatures, Current, ElementKey, Feature};
+use crate::mvt;
+use crate::ops::TileDataset;
+use crate::store::{DrainOrder, Store, StoreError};
+use highwater_core::tile::Tile;
+use rayon::prelude::*;
+use rusqlite::{params, Connection, OptionalExtension};
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+/// Tiles cut and written per MBTiles transaction: bounds the memory of a
+/// batch and the work a crash can make a drain repeat.
+pub const DRAIN_BATCH_TILES: usize = 512;
+
+#[derive(Debug, Error)]
+pub enum TilesError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("MBTiles {path}: {err}")]
+    Mbtiles { path: PathBuf, err: rusqlite::Error },
+    #[error("{path}: {err}")]
+    Io { path: PathBuf, err: std::io::Error },
+    #[error(
+        "[osm.tiles.{dataset}] has no `mbtiles = \"FILE\"`: add one to build and keep its tiles"
+    )]
+    NoFile { dataset: String },
+    #[error("{path}: tile {tile} does not decode ({err}); run `highwater osm rebuild {dataset}`")]
+    Corrupt {
+        path: PathBuf,
+        dataset: String,
+        tile: String,
+        err: String,
+    },
+    #[error("dataset {dataset}: failed on purpose (HIGHWATER_FAILPOINT)")]
+    Injected { dataset: String },
+}
+
+/// An open MBTiles file (the standard schema: `metadata`, `tiles` with TMS
+/// rows, gzip-compressed MVT).
+pub struct Mbtiles {
+    conn: Connection,
+    path: PathBuf,
+}
+
+fn gzip(b: &[u8]) -> Vec<u8> {
+    // flate2's default header has no time or name: equal tiles, equal bytes.
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    e.write_all(b).expect("writing to memory");
+    e.finish().expect("writing to memory")
+}
+
+fn gunzip(b: &[u8]) -> std::io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(b).read_to_end(&mut out)?;
+    Ok(out)
+}
+
+fn tms_row(t: Tile) -> u32 {
+    (1u32 << t.z) - 1 - t.y
+}
+
+impl Mbtiles {
+    fn err(&self, err: rusqlite::Error) -> TilesError {
+        TilesError::Mbtiles {
+            path: self.path.clone(),
+            err,
+        }
+    }
+
+    fn create(path: &Path, d: &TileDataset) -> Result<Mbtiles, TilesError> {
+        let conn = Connection::open(path).map_err(|err| TilesError::Mbtiles {
+            path: path.to_path_buf(),
+            err,
+        })?;
+        let mb = Mbtiles {
+            conn,
+            path: path.to_path_buf(),
+        };
+        mb.conn
+            .execute_batch(
+                "CREATE TABLE metadata(name TEXT, value TEXT);
+                 CREATE UNIQUE INDEX name ON metadata(name);
+                 CREATE TABLE tiles(zoom_level INTEGER, tile_column INTEGER, tile_row INTEGER, tile_data BLOB);
+                 CREATE UNIQUE INDEX tile_index ON tiles(zoom_level, tile_column, tile_row);",
+            )
+            .map_err(|e| mb.err(e))?;
+        let fields: BTreeMap<String, String> = match &d.layer.keys {
+            Some(k) => k.iter().map(|k| (k.clone(), "String".into())).collect(),
+            None => BTreeMap::new(),
+        };
+        let json = serde_json::json!({"vector_layers": [{
+            "id": d.name, "minzoom": d.layer.zoom_min, "maxzoom": d.layer.zoom_max, "fields": fields,
+        }]});
+        for (k, v) in [
+            ("name", d.name.clone()),
+            ("format", "pbf".into()),
+            ("type", "overlay".into()),
+            ("minzoom", d.layer.zoom_min.to_string()),
+            ("maxzoom", d.layer.zoom_max.to_string()),
+            ("json", json.to_string()),
+            ("highwater_recipe", d.recipe.clone()),
+        ] {
+            mb.conn
+                .execute(
+                    "INSERT INTO metadata(name, value) VALUES(?1, ?2)",
+                    params![k, v],
+                )
+                .map_err(|e| mb.err(e))?;
+        }
+        Ok(mb)
+    }
+
+    /// Opens an existing file; `None` when there is none.
+    pub fn open(path: &Path) -> Result<Option<Mbtiles>, TilesError> {
+        if !path.exists() {
+            return Ok(None);
+        }
+        let conn = Connection::open(path).map_err(|err| TilesError::Mbtiles {
+            path: path.to_path_buf(),
+            err,
+        })?;
+        Ok(Some(Mbtiles {
+            conn,
+            path: path.to_path_buf(),
+        }))
+    }
+
+    pub fn metadata(&self, name: &str) -> Result<Option<String>, TilesError> {
+        self.conn
+            .query_row("SELECT value FROM metadata WHERE name = ?1", [name], |r| {
+                r.get(0)
+            })
+            .optional()
+            .map_err(|e| self.err(e))
+    }
+
+    /// A tile's MVT bytes (decompressed), if the file has it.
+    pub fn get(&self, t: Tile) -> Result<Option<Vec<u8>>, TilesError> {
+        let data: Option<Vec<u8>> = self
+            .conn
+            .query_row(
+                "SELECT tile_data FROM tiles WHERE zoom_level = ?1 AND tile_column = ?2 AND tile_row = ?3",
+                params![t.z, t.x, tms_row(t)],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| self.err(e))?;
+        data.map(|d| {
+            gunzip(&d).map_err(|err| TilesError::Io {
+                path: self.path.clone(),
+                err,
+            })
+        })
+        .transpose()
+    }
+
+    /// Every tile in the file, in (z, x, y) order.
+    pub fn tiles(&self) -> Result<Vec<Tile>, TilesError> {
+        let mut st = self
+            .conn
+            .prepare("SELECT zoom_level, tile_column, tile_row FROM tiles")
+            .map_err(|e| self.err(e))?;
+        let rows = st
+            .query_map([], |r| {
+                let z: u8 = r.get(0)?;
+                let row: u32 = r.get(2)?;
+                Ok(Tile {
+                    z,
+                    x: r.get(1)?,
+                    y: (1u32 << z) - 1 - row,
+                })
+            })
+            .map_err(|e| self.err(e))?;
+        let mut v: Vec<Tile> = rows.collect::<Result<_, _>>().map_err(|e| self.err(e))?;
+        v.sort();
+        Ok(v)
+    }
+
+    /// Writes a batch in one transaction: a tile with bytes is replaced, one
+    /// without is deleted (nothing shows in it any more).
+    fn write(&mut self, batch: &[(Tile, Option<Vec<u8>>)]) -> Result<(), TilesError> {
+        let path = self.path.clone();
+        let e = |err| TilesError::Mbtiles {
+            path: path.clone(),
+            err,
+        };
+        let tx = self.conn.transaction().map_err(e)?;
+        for (t, data) in batch {
+            match data {
+                Some(d) => tx
+                    .execute(
+                        "INSERT OR REPLACE INTO tiles(zoom_level, tile_column, tile_row, tile_data) VALUES(?1, ?2, ?3, ?4)",
+                        params![t.z, t.x, tms_row(*t), gzip(d)],
+                    )
+                    .map_err(e)?,
+                None => tx
+                    .execute(
+                        "DELETE FROM tiles WHERE zoom_level = ?1 AND tile_column = ?2 AND tile_row = ?3",
+                        params![t.z, t.x, tms_row(*t)],
+                    )
+                    .map_err(e)?,
+            };
+        }
+        tx.commit().map_err(e)
+    }
+}
+
+fn path_of(d: &TileDataset) -> Result<&Path, TilesError> {
+    d.mbtiles.as_deref().ok_or_else(|| TilesError::NoFile {
+        dataset: d.name.clone(),
+    })
+}
+
+fn failpoint(name: &str, dataset: &str) -> Result<(), TilesError> {
+    let Some(v) = std::env::var_os("HIGHWATER_FAILPOINT") else {
+        return Ok(());
+    };
+    let v = v.to_string_lossy();
+    if v == format!("{name}:{dataset}") {
+        if name.starts_with("kill") {
+            // For the crash tests: die as a killed process dies.
+            // SAFETY: a signal to our own pid has no memory effects.
+            unsafe {
+                libc::kill(libc::getpid(), libc::SIGKILL);
+            }
+        }
+        return Err(TilesError::Injected {
+            dataset: dataset.to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// The rebuild's view of a layer: every feature, and per tile the features
+/// whose signature shows in it.
+pub struct Rebuild {
+    pub features: Vec<(ElementKey, Feature)>,
+    pub by_tile: BTreeMap<Tile, Vec<usize>>,
+}
+
+/// A full pass over the store: what every tile of the layer should hold.
+pub fn rebuild_view(store: &Store, layer: &TileLayer) -> Result<Rebuild, StoreError> {
+    let features = features::all(store, layer)?;
+    let mut by_tile: BTreeMap<Tile, Vec<usize>> = BTreeMap::new();
+    for (i, (_, f)) in features.iter().enumerate() {
+        for z in layer.zoom_min..=layer.zoom_max {
+            for (x, y) in signatures(&f.shape, z, layer.buffer).into_keys() {
+                by_tile.entry(Tile { z, x, y }).or_default().push(i);
+            }
+        }
+    }
+    Ok(Rebuild { features, by_tile })
+}
+
+impl Rebuild {
+    /// The tile as a rebuild cuts it.
+    pub fn cut(&self, t: Tile, name: &str, buffer: f64) -> Option<Vec<u8>> {
+        let fs: Vec<(ElementKey, &Feature)> = self
+            .by_tile
+            .get(&t)
+            .map(|ix| {
+                ix.iter()
+                    .map(|&i| (self.features[i].0, &self.features[i].1))
+                    .collect()
+            })
+            .unwrap_or_default();
+        cut(t, name, buffer, &fs)
+    }
+}
+
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct BuildReport {
+    pub dataset: String,
+    pub features: usize,
+    pub tiles: usize,
+    pub sequence: Option<i64>,
+    /// Why a drain rebuilt instead, if it did.
+    pub reason: Option<String>,
+}
+
+fn fsync_dir(path: &Path) -> Result<(), TilesError> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    std::fs::File::open(dir)
+        .and_then(|f| f.sync_all())
+        .map_err(|err| TilesError::Io {
+            path: dir.to_path_buf(),
+            err,
+        })
+}
+
+/// Cuts every tile of the dataset into a new MBTiles file, swaps it in
+/// atomically, then empties the dirty set and sets the marker to the
+/// store's sequence. Also rebuilds the shapes index: the always-working
+/// path trusts no incremental state.
+pub fn build(store: &mut Store, d: &TileDataset) -> Result<BuildReport, TilesError> {
+    let path = path_of(d)?.to_path_buf();
+    rebuild_shapes(store)?;
+    let sequence: Option<i64> = store.meta("sequence")?.and_then(|s| s.parse().ok());
+    let view = rebuild_view(store, &d.layer)?;
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let tmp = path.with_file_name(format!(".{name}.hw-tmp-{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    let mut mb = Mbtiles::create(&tmp, d)?;
+    // Nobody reads the temporary file, and it is fsynced whole before the
+    // rename that publishes it: no need to sync each batch.
+    mb.conn
+        .pragma_update(None, "synchronous", "OFF")
+        .map_err(|e| mb.err(e))?;
+    let tiles: Vec<Tile> = view.by_tile.keys().copied().collect();
+    let mut written = 0;
+    for chunk in tiles.chunks(DRAIN_BATCH_TILES) {
+        let batch: Vec<(Tile, Option<Vec<u8>>)> = chunk
+            .par_iter()
+            .map(|t| (*t, view.cut(*t, &d.name, d.layer.buffer)))
+            .filter(|(_, b)| b.is_some())
+            .collect();
+        written += batch.len();
+        mb.write(&batch)?;
+    }
+    drop(mb);
+    std::fs::File::open(&tmp)
+        .and_then(|f| f.sync_all())
+        .map_err(|err| TilesError::Io {
+            path: tmp.clone(),
+            err,
+        })?;
+    std::fs::rename(&tmp, &path).map_err(|err| TilesError::Io {
+        path: path.clone(),
+        err,
+    })?;
+    fsync_dir(&path)?;
+    store.write(|w| {
+        w.clear_dirty(&d.name)?;
+        w.set_marker(&d.name, sequence, &d.recipe)
+    })?;
+    Ok(BuildReport {
+        dataset: d.name.clone(),
+        features: view.features.len(),
+        tiles: written,
+        sequence,
+        reason: None,
+    })
+}
+
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct DrainReport {
+    pub dataset: String,
+    /// Tiles re-cut (written or deleted).
+    pub recut: usize,
+    /// Of those, tiles deleted because nothing shows in them any more.
+    pub deleted: usize,
+    /// Dirty tiles left.
+    pub backlog: i64,
+    /// The backlog after the previous drain, when it was smaller: the
+    /// dirty set grows faster than it drains.
+    pub growing_from: Option<i64>,
+    /// Set when the drain rebuilt the file instead (and why).
+    pub rebuilt: Option<BuildReport>,
+}
+
+/// Re-cuts up to `max` dirty tiles, in `order`, from the store as it is.
+pub fn drain(
+    store: &mut Store,
+    d: &TileDataset,
+    max: usize,
+    order: DrainOrder,
+) -> Result<DrainReport, TilesError> {
+    let path = path_of(d)?.to_path_buf();
+    let mut report = DrainReport {
+        dataset: d.name.clone(),
+        ..Default::default()
+    };
+    let reason = match Mbtiles::open(&path)? {
+        None => Some(format!("{} does not exist yet", path.display())),
+        Some(mb) => match mb.metadata("highwater_recipe")? {
+            Some(r) if r == d.recipe => None,
+            other => Some(format!(
+                "its recipe changed ({} was cut with {}, the config now gives {}): new logic must not mix with old tiles",
+                path.display(),
+                other.as_deref().unwrap_or("no recipe"),
+                d.recipe
+            )),
+        },
+    };
+    if let Some(reason) = reason {
+        let mut b = build(store, d)?;
+        b.reason = Some(reason);
+        report.rebuilt = Some(b);
+        return Ok(report);
+    }
+    if store.meta("shapes")?.is_none() {
+        rebuild_shapes(store)?;
+    }
+    let mut mb = Mbtiles::open(&path)?.expect("checked above");
+    failpoint("fail-drain", &d.name)?;
+    while report.recut < max {
+        let tiles =
+            store.dirty_tiles(&d.name, order, (max - report.recut).min(DRAIN_BATCH_TILES))?;
+        if tiles.is_empty() {
+            break;
+        }
+        // One read transaction per batch: one snapshot, one file lock.
+        let batch = store.snapshot(|s| {
+            let mut batch = Vec::with_capacity(tiles.len());
+            for &t in &tiles {
+                batch.push((t, recut(s, d, t)?));
+            }
+            Ok(batch)
+        })?;
+        report.deleted += batch.iter().filter(|(_, b)| b.is_none()).count();
+        mb.write(&batch)?;
+        failpoint("kill-drain-after-write", &d.name)?;
+        store.write(|w| w.clean(&d.name, &tiles))?;
+        report.recut += tiles.len();
+    }
+    report.backlog = store.dirty_count(&d.name)?;
+    let key = format!("backlog:{}", d.name);
+    let previous: Option<i64> = store.meta(&key)?.and_then(|s| s.parse().ok());
+    if previous.is_some_and(|p| report.backlog > p) {
+        report.growing_from = previous;
+    }
+    store.write(|w| w.set_meta(&key, &report.backlog.to_string()))?;
+    Ok(report)
+}
+
+/// One tile cut from the store as it is: the shapes index finds the
+/// candidates, the cutter keeps what shows.
+fn recut(store: &Store, d: &TileDataset, t: Tile) -> Result<Option<Vec<u8>>, StoreError> {
+    let n = (1u64 << t.z) as f64;
+    let b = d.layer.buffer;
+    let bbox = (
+        (t.x as f64 - b) / n,
+        (t.y as f64 - b) / n,
+        (t.x as f64 + 1.0 + b) / n,
+        (t.y as f64 + 1.0 + b) / n,
+    );
+    let view = Current::new(store);
+    let mut out = Vec::new();
+    for (kind, id) in store.shapes_in(bbox)? {
+        if let Some(f) = feature(&view, kind, id, &d.layer)? {
+            if let Some(tf) = cut_feature(t, b, (kind, id), &f) {
+                out.push(tf);
+            }
+        }
+    }
+    Ok((!out.is_empty()).then(|| mvt::encode(&d.name, &out)))
+}
+
+/// One tile that differs between the file and a rebuild.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Difference {
+    pub tile: String,
+    /// Feature ids (OSM id × 4 + type) only in the file, only in the
+    /// rebuild, or in both but different.
+    pub only_in_file: Vec<u64>,
+    pub only_in_rebuild: Vec<u64>,
+    pub changed: Vec<u64>,
+}
+
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct VerifyReport {
+    pub dataset: String,
+    pub checked: usize,
+    /// Dirty tiles are known to be stale until drained; they are skipped.
+    pub dirty_skipped: i64,
+    pub differences: Vec<Difference>,
+}
+
+fn features_of(
+    path: &Path,
+    dataset: &str,
+    t: Tile,
+    b: Option<&[u8]>,
+) -> Result<BTreeMap<u64, mvt::TileFeature>, TilesError> {
+    let Some(b) = b else {
+        return Ok(BTreeMap::new());
+    };
+    let layers = mvt::decode(b).map_err(|e| TilesError::Corrupt {
+        path: path.to_path_buf(),
+        dataset: dataset.to_string(),
+        tile: t.to_zxy(),
+        err: e.to_string(),
+    })?;
+    Ok(layers
+        .into_iter()
+        .flat_map(|(_, f)| f)
+        .map(|f| (f.id, f))
+        .collect())
+}
+
+/// Re-cuts tiles from a full pass over the store and compares them with
+/// the file: every tile (`sample = None`) or a spread sample of them.
+pub fn verify(
+    store: &Store,
+    d: &TileDataset,
+    sample: Option<usize>,
+) -> Result<VerifyReport, TilesError> {
+    let path = path_of(d)?.to_path_buf();
+    let mb = Mbtiles::open(&path)?.ok_or_else(|| TilesError::Io {
+        path: path.clone(),
+        err: std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!(
+                "not built yet: run `highwater osm tiles build` for {}",
+                d.name
+            ),
+        ),
+    })?;
+    let view = rebuild_view(store, &d.layer)?;
+    let dirty: BTreeSet<Tile> = store
+        .dirty_tiles(&d.name, DrainOrder::LowZoomFirst, usize::MAX)?
+        .into_iter()
+        .collect();
+    let mut universe: BTreeSet<Tile> = view.by_tile.keys().copied().collect();
+    universe.extend(mb.tiles()?);
+    let universe: Vec<Tile> = universe
+        .into_iter()
+        .filter(|t| !dirty.contains(t))
+        .collect();
+    let chosen: Vec<Tile> = match sample {
+        Some(n) if n < universe.len() => {
+            // Spread over the whole range: every k-th tile.
+            let step = universe.len() as f64 / n as f64;
+            (0..n)
+                .map(|i| universe[(i as f64 * step) as usize])
+                .collect()
+        }
+        _ => universe,
+    };
+    let mut report = VerifyReport {
+        dataset: d.name.clone(),
+        checked: chosen.len(),
+        dirty_skipped: dirty.len() as i64,
+        differences: Vec::new(),
+    };
+    mb.conn.execute_batch("BEGIN").map_err(|e| mb.err(e))?;
+    for t in chosen {
+        let want = view.cut(t, &d.name, d.layer.buffer);
+        let have = mb.get(t)?;
+        if want == have {
+            continue;
+        }
+        let a = features_of(&path, &d.name, t, have.as_deref())?;
+        let b = features_of(&path, &d.name, t, want.as_deref())?;
+        report.differences.push(Difference {
+            tile: t.to_zxy(),
+            only_in_file: a.keys().filter(|k| !b.contains_key(k)).copied().collect(),
+            only_in_rebuild: b.keys().filter(|k| !a.contains_key(k)).copied().collect(),
+            changed: a
+                .iter()
+                .filter(|(k, f)| b.get(k).is_some_and(|g| g != *f))
+                .map(|(k, _)| *k)
+                .collect(),
+        });
+    }
+    mb.conn.execute_batch("COMMIT").map_err(|e| mb.err(e))?;
+    Ok(report)
+}
