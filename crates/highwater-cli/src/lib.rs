@@ -200,6 +200,15 @@ enum OsmCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Feature counts, lengths and areas per admin area and class.
+    Aggregates {
+        #[arg(long)]
+        dataset: Option<String>,
+        #[arg(long)]
+        store: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Rebuild a dataset from the store: the always-working path.
     Rebuild {
         dataset: String,
@@ -384,14 +393,16 @@ fn osm(config: &std::path::Path, command: &OsmCommand, out: &mut impl Write) -> 
                 .iter()
                 .filter(|d| d.mbtiles.is_some() && d.drain_on_apply)
                 .collect();
-            drains(
+            let a = agg_drains(&mut st, &cfg, *json, out)?;
+            let t = drains(
                 &mut st,
                 &on_apply,
                 usize::MAX,
                 DrainOrder::LowZoomFirst,
                 *json,
                 out,
-            )
+            )?;
+            Ok(a.max(t))
         }
         OsmCommand::Replicate {
             from,
@@ -412,14 +423,16 @@ fn osm(config: &std::path::Path, command: &OsmCommand, out: &mut impl Write) -> 
                 .iter()
                 .filter(|d| d.mbtiles.is_some() && d.drain_on_apply)
                 .collect();
-            drains(
+            let a = agg_drains(&mut st, &cfg, *json, out)?;
+            let t = drains(
                 &mut st,
                 &on_apply,
                 usize::MAX,
                 DrainOrder::LowZoomFirst,
                 *json,
                 out,
-            )
+            )?;
+            Ok(a.max(t))
         }
         OsmCommand::Status { store, json } => {
             let st = highwater_osm::store::Store::open(&store_dir(store))?;
@@ -479,6 +492,78 @@ fn osm(config: &std::path::Path, command: &OsmCommand, out: &mut impl Write) -> 
                 drains(&mut st, &sets, max.unwrap_or(usize::MAX), order, *json, out)
             }
         },
+        OsmCommand::Aggregates {
+            dataset,
+            store,
+            json,
+        } => {
+            let st = highwater_osm::store::Store::open(&store_dir(store))?;
+            let sets: Vec<_> = cfg
+                .aggregates
+                .iter()
+                .filter(|a| dataset.as_ref().is_none_or(|n| *n == a.name))
+                .collect();
+            anyhow::ensure!(
+                !sets.is_empty(),
+                "no [osm.aggregates.NAME] dataset{} in the config",
+                dataset
+                    .as_ref()
+                    .map_or(String::new(), |n| format!(" named {n:?}"))
+            );
+            let mut rows = Vec::new();
+            for a in sets {
+                rows.extend(highwater_osm::aggregates::stored_totals(&st, a)?);
+            }
+            output::aggregates(out, &rows, *json)?;
+            Ok(0)
+        }
+        OsmCommand::Verify {
+            dataset,
+            sample: _,
+            all: _,
+            store,
+            json,
+        } if cfg.aggregates.iter().any(|a| a.name == *dataset) => {
+            let st = highwater_osm::store::Store::open(&store_dir(store))?;
+            let a = cfg
+                .aggregates
+                .iter()
+                .find(|a| a.name == *dataset)
+                .expect("matched");
+            let (rows, diffs) = highwater_osm::aggregates::verify(&st, a)?;
+            if *json {
+                writeln!(
+                    out,
+                    "{}",
+                    serde_json::json!({"verify": {"dataset": dataset, "checked": rows, "differences": diffs}})
+                )?;
+            } else {
+                writeln!(
+                    out,
+                    "{dataset}: {rows} rows checked against a rebuild, {} differ",
+                    diffs.len()
+                )?;
+                for d in &diffs {
+                    writeln!(out, "  {d}")?;
+                }
+            }
+            Ok(if diffs.is_empty() { 0 } else { 1 })
+        }
+        OsmCommand::Rebuild {
+            dataset,
+            store,
+            json,
+        } if cfg.aggregates.iter().any(|a| a.name == *dataset) => {
+            let mut st = highwater_osm::store::Store::open(&store_dir(store))?;
+            let a = cfg
+                .aggregates
+                .iter()
+                .find(|a| a.name == *dataset)
+                .expect("matched");
+            let r = highwater_osm::aggregates::rebuild(&mut st, a)?;
+            output::agg_drain(out, &r, *json)?;
+            Ok(0)
+        }
         OsmCommand::Verify {
             dataset,
             sample,
@@ -535,6 +620,37 @@ fn tile_datasets<'c>(
             ),
         },
     }
+}
+
+/// Brings each aggregates dataset current on its own; one failing is
+/// reported and the others still run. Exit 1 when any failed.
+fn agg_drains(
+    st: &mut highwater_osm::store::Store,
+    cfg: &highwater_osm::ops::OsmConfig,
+    json: bool,
+    out: &mut impl Write,
+) -> Result<i32> {
+    let mut failed = 0;
+    for a in &cfg.aggregates {
+        let r = if std::env::var("HIGHWATER_FAILPOINT")
+            .is_ok_and(|v| v == format!("fail-drain:{}", a.name))
+        {
+            Err(format!(
+                "dataset {}: failed on purpose (HIGHWATER_FAILPOINT)",
+                a.name
+            ))
+        } else {
+            highwater_osm::aggregates::drain(st, a).map_err(|e| e.to_string())
+        };
+        match r {
+            Ok(r) => output::agg_drain(out, &r, json)?,
+            Err(e) => {
+                failed += 1;
+                output::tiles_drain_failed(out, &a.name, &e, json)?;
+            }
+        }
+    }
+    Ok(if failed > 0 { 1 } else { 0 })
 }
 
 /// Drains each dataset on its own: one failing is reported and the others

@@ -538,3 +538,54 @@ pub fn tiles_verify(
     }
     Ok(())
 }
+
+pub fn agg_drain(
+    out: &mut impl Write,
+    r: &highwater_osm::aggregates::AggReport,
+    as_json: bool,
+) -> io::Result<()> {
+    if as_json {
+        return writeln!(out, "{}", serde_json::json!({"aggregates": r}));
+    }
+    if r.rebuilt {
+        return writeln!(
+            out,
+            "{}: rebuilt from {} contributing features",
+            r.dataset, r.recomputed
+        );
+    }
+    writeln!(
+        out,
+        "{}: recomputed {} features ({} changed), {} admin areas changed",
+        r.dataset, r.recomputed, r.changed, r.areas_changed
+    )
+}
+
+pub fn aggregates(
+    out: &mut impl Write,
+    rows: &[highwater_osm::aggregates::Row],
+    as_json: bool,
+) -> io::Result<()> {
+    if as_json {
+        return writeln!(
+            out,
+            "{}",
+            serde_json::to_string(rows).map_err(io::Error::other)?
+        );
+    }
+    for r in rows {
+        writeln!(
+            out,
+            "{}{}\t{}\tadmin_level {}\t{}\tcount {}\tlength {:.3} m\tarea {:.2} m2",
+            r.area_osm_type,
+            r.area_osm_id,
+            r.area_name.as_deref().unwrap_or("(no name)"),
+            r.admin_level,
+            r.class,
+            r.count,
+            r.length_m,
+            r.area_m2
+        )?;
+    }
+    Ok(())
+}

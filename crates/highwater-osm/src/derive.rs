@@ -265,18 +265,14 @@ pub(crate) fn apply_in(w: &mut Writer<'_>, changes: &[Change]) -> Result<(), Sto
 /// Applies one diff and keeps the shapes index current (when the store has
 /// one): the touched elements are found before the diff lands, their new
 /// shapes after.
-pub(crate) fn apply_indexed(w: &mut Writer<'_>, changes: &[Change]) -> Result<(), StoreError> {
+pub(crate) fn apply_indexed(w: &mut Writer<'_>, changes: &[Change]) -> Result<Touched, StoreError> {
     let live = w.meta("shapes")?.is_some();
-    let t = if live {
-        touched(&*w, &merge(changes))?
-    } else {
-        Touched::default()
-    };
+    let t = touched(&*w, &merge(changes))?;
     apply_in(w, changes)?;
     if live {
         index_shapes(w, &t.all)?;
     }
-    Ok(())
+    Ok(t)
 }
 
 /// Derives and applies a batch of diffs, in order, in one transaction: each

@@ -13,6 +13,7 @@
 //!
 //! Tile math lives in `highwater_core::tile`, since it is pure.
 
+pub mod aggregates;
 pub mod cut;
 pub mod derive;
 pub mod features;

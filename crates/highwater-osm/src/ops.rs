@@ -32,7 +32,16 @@ struct RawOsm {
     store: Option<String>,
     #[serde(default)]
     tiles: BTreeMap<String, RawTiles>,
+    #[serde(default)]
+    aggregates: BTreeMap<String, RawAggregates>,
     rebuild_gap_max: Option<i64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAggregates {
+    classes: Vec<String>,
+    admin_levels: Option<Vec<u8>>,
 }
 
 #[derive(Deserialize)]
@@ -73,6 +82,7 @@ pub struct TileDataset {
 pub struct OsmConfig {
     pub store: PathBuf,
     pub tiles: Vec<TileDataset>,
+    pub aggregates: Vec<crate::aggregates::AggDataset>,
     /// A dataset this many sequences behind is better rebuilt.
     pub rebuild_gap_max: i64,
 }
@@ -81,6 +91,10 @@ pub struct OsmConfig {
 /// expiry, cutting): part of every tile dataset's recipe, so a change to it
 /// forces a rebuild instead of mixing old tiles with new.
 pub const TILES_CODE_VERSION: &str = "tiles-2";
+
+/// The version of the aggregates code (features, areas, contributions):
+/// part of every aggregates dataset's recipe.
+pub const AGGREGATES_CODE_VERSION: &str = "aggregates-1";
 
 /// A relative path without `..`, joined to the project root.
 fn safe_file(root: &Path, f: &str) -> Option<PathBuf> {
@@ -119,9 +133,41 @@ impl OsmConfig {
             None => RawOsm {
                 store: None,
                 tiles: BTreeMap::new(),
+                aggregates: BTreeMap::new(),
                 rebuild_gap_max: None,
             },
         };
+        let mut aggregates = Vec::new();
+        for (name, a) in &raw.aggregates {
+            if raw.tiles.contains_key(name) {
+                return Err(bad(format!(
+                    "[osm.aggregates.{name}]: a tile dataset has that name too; dataset names must be unique"
+                )));
+            }
+            let mut classes = Vec::new();
+            for c in &a.classes {
+                classes.push(crate::aggregates::ClassSpec::parse(c).ok_or_else(|| {
+                    bad(format!(
+                        "[osm.aggregates.{name}] classes: {c:?} is not a key or key=*"
+                    ))
+                })?);
+            }
+            let admin_levels = a.admin_levels.clone().unwrap_or_else(|| vec![2, 4, 6, 8]);
+            let recipe = format!(
+                "r1:{}",
+                &highwater_core::recipe::recipe_id(&highwater_core::recipe::RecipeParts {
+                    version: AGGREGATES_CODE_VERSION.into(),
+                    config: serde_json::json!({"classes": a.classes, "admin_levels": admin_levels}),
+                    ..Default::default()
+                })[3..]
+            );
+            aggregates.push(crate::aggregates::AggDataset {
+                name: name.clone(),
+                classes,
+                admin_levels,
+                recipe,
+            });
+        }
         let mut tiles = Vec::new();
         for (name, t) in raw.tiles {
             let (zoom_min, zoom_max) = parse_zooms(&t.zooms).ok_or_else(|| {
@@ -181,6 +227,7 @@ impl OsmConfig {
         Ok(OsmConfig {
             store: root.join(raw.store.unwrap_or_else(|| ".highwater/osm".into())),
             tiles,
+            aggregates,
             rebuild_gap_max: raw.rebuild_gap_max.unwrap_or(1000),
         })
     }
@@ -266,12 +313,18 @@ pub fn apply(
                 }
                 per[i].extend(t);
             }
-            apply_indexed(w, changes)?;
+            let touched = apply_indexed(w, changes)?;
+            for a in &cfg.aggregates {
+                w.add_dirty_keys(&a.name, &touched.all)?;
+            }
             if let Some(s) = state {
                 report.sequence = Some(s.sequence);
                 w.set_meta("sequence", &s.sequence.to_string())?;
                 w.set_meta("timestamp", &s.timestamp)?;
             }
+        }
+        for a in &cfg.aggregates {
+            w.set_marker(&a.name, report.sequence, &a.recipe)?;
         }
         for (i, d) in cfg.tiles.iter().enumerate() {
             w.add_dirty(&d.name, &per[i])?;
@@ -400,6 +453,28 @@ pub fn status(store: &Store, cfg: &OsmConfig) -> Result<serde_json::Value, OpsEr
             "recipe": d.recipe,
             "recorded_recipe": recipe,
             "rebuild": if rebuild.is_empty() { serde_json::Value::Null } else { serde_json::json!(rebuild.join("; ")) },
+        }));
+    }
+    for a in &cfg.aggregates {
+        let marker = markers.get(&a.name).and_then(|m| m.0);
+        let built = store.meta(&format!("agg_recipe:{}", a.name))?;
+        let rebuild = match &built {
+            None => Some("it was never built: run `highwater osm rebuild NAME`".to_string()),
+            Some(r) if *r != a.recipe => Some(
+                "its recipe changed (classes, admin levels or code): the next apply rebuilds it"
+                    .to_string(),
+            ),
+            Some(_) => None,
+        };
+        datasets.push(serde_json::json!({
+            "name": a.name,
+            "kind": "aggregates",
+            "marker": marker,
+            "gap": match (seq, marker) { (Some(x), Some(y)) => Some(x - y), _ => None },
+            "dirty": store.dirty_keys(&a.name)?.len(),
+            "recipe": a.recipe,
+            "recorded_recipe": built,
+            "rebuild": rebuild,
         }));
     }
     Ok(serde_json::json!({

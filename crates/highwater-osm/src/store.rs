@@ -10,6 +10,7 @@
 
 use crate::model::{Element, Member, MemberKind, Node, Relation, Tags, Way};
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
@@ -31,6 +32,10 @@ CREATE TABLE IF NOT EXISTS markers(dataset TEXT PRIMARY KEY, sequence INTEGER, r
 CREATE TABLE IF NOT EXISTS dirty(dataset TEXT NOT NULL, z INTEGER NOT NULL, x INTEGER NOT NULL, y INTEGER NOT NULL, PRIMARY KEY(dataset, z, x, y)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS member_rels(kind INTEGER NOT NULL, member INTEGER NOT NULL, rel INTEGER NOT NULL, PRIMARY KEY(kind, member, rel)) WITHOUT ROWID;
 CREATE VIRTUAL TABLE IF NOT EXISTS shapes USING rtree(id, minx, maxx, miny, maxy);
+CREATE TABLE IF NOT EXISTS dirty_keys(dataset TEXT NOT NULL, kind INTEGER NOT NULL, id INTEGER NOT NULL, PRIMARY KEY(dataset, kind, id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS agg_contrib(dataset TEXT NOT NULL, kind INTEGER NOT NULL, id INTEGER NOT NULL, area_kind INTEGER NOT NULL, area_id INTEGER NOT NULL, class TEXT NOT NULL, count INTEGER NOT NULL, length_mm INTEGER NOT NULL, area_dm2 INTEGER NOT NULL, PRIMARY KEY(dataset, kind, id, area_kind, area_id, class)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS agg_contrib_area ON agg_contrib(dataset, area_kind, area_id);
+CREATE TABLE IF NOT EXISTS agg_areas(dataset TEXT NOT NULL, kind INTEGER NOT NULL, id INTEGER NOT NULL, name TEXT, level INTEGER NOT NULL, minx REAL NOT NULL, miny REAL NOT NULL, maxx REAL NOT NULL, maxy REAL NOT NULL, rings BLOB NOT NULL, PRIMARY KEY(dataset, kind, id)) WITHOUT ROWID;
 ";
 
 /// SQLite's page cache for the store, in KiB: bounds the memory the store
@@ -50,6 +55,47 @@ pub enum DrainOrder {
 /// two bits.
 fn shape_id(kind: MemberKind, id: i64) -> i64 {
     (id << 2) | kind_code(kind)
+}
+
+/// Rings as bytes, exactly: per ring its point count (u32), then each
+/// point's x and y (f64), little-endian. Text would round the floats, and an
+/// area whose stored shape differs from its real one looks changed.
+fn rings_blob(rings: &[Vec<(f64, f64)>]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for r in rings {
+        out.extend_from_slice(&(r.len() as u32).to_le_bytes());
+        for p in r {
+            out.extend_from_slice(&p.0.to_le_bytes());
+            out.extend_from_slice(&p.1.to_le_bytes());
+        }
+    }
+    out
+}
+
+fn rings_from_blob(b: &[u8]) -> Option<Vec<Vec<(f64, f64)>>> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    let f =
+        |i: usize| -> Option<f64> { Some(f64::from_le_bytes(b.get(i..i + 8)?.try_into().ok()?)) };
+    while i < b.len() {
+        let n = u32::from_le_bytes(b.get(i..i + 4)?.try_into().ok()?) as usize;
+        i += 4;
+        let mut r = Vec::with_capacity(n);
+        for _ in 0..n {
+            r.push((f(i)?, f(i + 8)?));
+            i += 16;
+        }
+        out.push(r);
+    }
+    Some(out)
+}
+
+fn kind_of(code: i64) -> MemberKind {
+    match code {
+        0 => MemberKind::Node,
+        1 => MemberKind::Way,
+        _ => MemberKind::Relation,
+    }
 }
 
 fn unshape_id(v: i64) -> (MemberKind, i64) {
@@ -226,6 +272,128 @@ impl Store {
             .map_err(|e| self.err(e))
     }
 
+    /// Tagged ways and relations whose tags text contains `fragment` (JSON,
+    /// e.g. `"boundary":"administrative"`): a cheap pre-filter, callers
+    /// check the parsed tags.
+    pub fn tagged_like(&self, fragment: &str) -> Result<Vec<(MemberKind, i64)>, StoreError> {
+        let pattern = format!("%{}%", fragment.replace(['%', '_'], ""));
+        let mut out = Vec::new();
+        for (kind, sql) in [
+            (
+                MemberKind::Way,
+                "SELECT id FROM ways WHERE tags LIKE ?1 ORDER BY id",
+            ),
+            (
+                MemberKind::Relation,
+                "SELECT id FROM relations WHERE tags LIKE ?1 ORDER BY id",
+            ),
+        ] {
+            let mut st = self.conn.prepare_cached(sql).map_err(|e| self.err(e))?;
+            let ids = st
+                .query_map([&pattern], |r| r.get::<_, i64>(0))
+                .map_err(|e| self.err(e))?;
+            for id in ids {
+                out.push((kind, id.map_err(|e| self.err(e))?));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The elements a diff touched since a dataset last drained.
+    pub fn dirty_keys(&self, dataset: &str) -> Result<BTreeSet<(MemberKind, i64)>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare_cached("SELECT kind, id FROM dirty_keys WHERE dataset = ?1")
+            .map_err(|e| self.err(e))?;
+        let rows = st
+            .query_map([dataset], |r| Ok((kind_of(r.get(0)?), r.get(1)?)))
+            .map_err(|e| self.err(e))?;
+        rows.collect::<Result<_, _>>().map_err(|e| self.err(e))
+    }
+
+    /// The admin areas as the dataset last saw them.
+    pub fn agg_areas(&self, dataset: &str) -> Result<Vec<crate::aggregates::Area>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare_cached("SELECT kind, id, name, level, minx, miny, maxx, maxy, rings FROM agg_areas WHERE dataset = ?1 ORDER BY kind, id")
+            .map_err(|e| self.err(e))?;
+        let rows = st
+            .query_map([dataset], |r| {
+                Ok((
+                    (kind_of(r.get(0)?), r.get::<_, i64>(1)?),
+                    r.get::<_, Option<String>>(2)?,
+                    r.get::<_, u8>(3)?,
+                    (r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?),
+                    r.get::<_, Vec<u8>>(8)?,
+                ))
+            })
+            .map_err(|e| self.err(e))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (key, name, level, bbox, rings) = row.map_err(|e| self.err(e))?;
+            let rings = rings_from_blob(&rings).ok_or_else(|| StoreError::Corrupt {
+                path: self.path.clone(),
+                what: format!("agg_areas rings of {key:?} do not decode"),
+            })?;
+            out.push(crate::aggregates::Area {
+                key,
+                name,
+                level,
+                rings,
+                bbox,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The features that contributed to an area (the reverse index).
+    pub fn agg_contributors(
+        &self,
+        dataset: &str,
+        area: (MemberKind, i64),
+    ) -> Result<Vec<(MemberKind, i64)>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare_cached("SELECT DISTINCT kind, id FROM agg_contrib WHERE dataset = ?1 AND area_kind = ?2 AND area_id = ?3")
+            .map_err(|e| self.err(e))?;
+        let rows = st
+            .query_map(params![dataset, kind_code(area.0), area.1], |r| {
+                Ok((kind_of(r.get(0)?), r.get(1)?))
+            })
+            .map_err(|e| self.err(e))?;
+        rows.collect::<Result<_, _>>().map_err(|e| self.err(e))
+    }
+
+    /// Every stored contribution of a dataset, by feature.
+    pub fn agg_all(
+        &self,
+        dataset: &str,
+    ) -> Result<Vec<crate::aggregates::Contributed>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare_cached("SELECT kind, id, area_kind, area_id, class, count, length_mm, area_dm2 FROM agg_contrib WHERE dataset = ?1 ORDER BY kind, id")
+            .map_err(|e| self.err(e))?;
+        let rows = st
+            .query_map([dataset], |r| {
+                Ok((
+                    (kind_of(r.get(0)?), r.get::<_, i64>(1)?),
+                    (kind_of(r.get(2)?), r.get::<_, i64>(3)?),
+                    r.get::<_, String>(4)?,
+                    (r.get(5)?, r.get(6)?, r.get(7)?),
+                ))
+            })
+            .map_err(|e| self.err(e))?;
+        let mut out: Vec<crate::aggregates::Contributed> = Vec::new();
+        for row in rows {
+            let (key, area, class, v) = row.map_err(|e| self.err(e))?;
+            if out.last().map(|l| l.0) != Some(key) {
+                out.push((key, Default::default()));
+            }
+            out.last_mut().expect("pushed").1.insert((area, class), v);
+        }
+        Ok(out)
+    }
+
     /// Runs `f` inside one read transaction: every read sees the same
     /// snapshot, and SQLite takes its file lock once instead of once per
     /// statement (a full rebuild reads every tagged element).
@@ -233,6 +401,10 @@ impl Store {
         &self,
         f: impl FnOnce(&Store) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
+        // Nested: the outer snapshot already holds one.
+        if !self.conn.is_autocommit() {
+            return f(self);
+        }
         self.conn
             .execute_batch("BEGIN DEFERRED")
             .map_err(|e| self.err(e))?;
@@ -549,6 +721,139 @@ impl Writer<'_> {
                 )
                 .and_then(|mut st| st.execute(params![key, minx, maxx, miny, maxy]))
                 .map_err(|e| self.err(e))?;
+        }
+        Ok(())
+    }
+
+    /// Records elements a diff touched, for each aggregates dataset.
+    pub fn add_dirty_keys(
+        &mut self,
+        dataset: &str,
+        keys: &BTreeSet<(MemberKind, i64)>,
+    ) -> Result<(), StoreError> {
+        let mut st = self
+            .tx
+            .prepare_cached(
+                "INSERT OR IGNORE INTO dirty_keys(dataset, kind, id) VALUES(?1, ?2, ?3)",
+            )
+            .map_err(|e| self.err(e))?;
+        for (k, id) in keys {
+            st.execute(params![dataset, kind_code(*k), id])
+                .map_err(|e| StoreError::Sqlite {
+                    path: self.path.clone(),
+                    err: e,
+                })?;
+        }
+        Ok(())
+    }
+
+    pub fn clear_dirty_keys(&mut self, dataset: &str) -> Result<(), StoreError> {
+        self.tx
+            .execute("DELETE FROM dirty_keys WHERE dataset = ?1", [dataset])
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    pub fn agg_clear(&mut self, dataset: &str) -> Result<(), StoreError> {
+        self.tx
+            .execute("DELETE FROM agg_contrib WHERE dataset = ?1", [dataset])
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    pub fn agg_get(
+        &self,
+        dataset: &str,
+        key: (MemberKind, i64),
+    ) -> Result<crate::aggregates::Contribution, StoreError> {
+        let mut st = self
+            .tx
+            .prepare_cached("SELECT area_kind, area_id, class, count, length_mm, area_dm2 FROM agg_contrib WHERE dataset = ?1 AND kind = ?2 AND id = ?3")
+            .map_err(|e| self.err(e))?;
+        let rows = st
+            .query_map(params![dataset, kind_code(key.0), key.1], |r| {
+                Ok((
+                    (
+                        (kind_of(r.get(0)?), r.get::<_, i64>(1)?),
+                        r.get::<_, String>(2)?,
+                    ),
+                    (r.get(3)?, r.get(4)?, r.get(5)?),
+                ))
+            })
+            .map_err(|e| self.err(e))?;
+        rows.collect::<Result<_, _>>().map_err(|e| self.err(e))
+    }
+
+    pub fn agg_del(&mut self, dataset: &str, key: (MemberKind, i64)) -> Result<(), StoreError> {
+        self.tx
+            .execute(
+                "DELETE FROM agg_contrib WHERE dataset = ?1 AND kind = ?2 AND id = ?3",
+                params![dataset, kind_code(key.0), key.1],
+            )
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    pub fn agg_put(
+        &mut self,
+        dataset: &str,
+        key: (MemberKind, i64),
+        c: &crate::aggregates::Contribution,
+    ) -> Result<(), StoreError> {
+        let mut st = self
+            .tx
+            .prepare_cached("INSERT INTO agg_contrib(dataset, kind, id, area_kind, area_id, class, count, length_mm, area_dm2) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)")
+            .map_err(|e| self.err(e))?;
+        for ((area, class), (n, mm, dm2)) in c {
+            st.execute(params![
+                dataset,
+                kind_code(key.0),
+                key.1,
+                kind_code(area.0),
+                area.1,
+                class,
+                n,
+                mm,
+                dm2
+            ])
+            .map_err(|e| StoreError::Sqlite {
+                path: self.path.clone(),
+                err: e,
+            })?;
+        }
+        Ok(())
+    }
+
+    pub fn agg_set_areas(
+        &mut self,
+        dataset: &str,
+        areas: &[crate::aggregates::Area],
+    ) -> Result<(), StoreError> {
+        self.tx
+            .execute("DELETE FROM agg_areas WHERE dataset = ?1", [dataset])
+            .map_err(|e| self.err(e))?;
+        let mut st = self
+            .tx
+            .prepare_cached("INSERT INTO agg_areas(dataset, kind, id, name, level, minx, miny, maxx, maxy, rings) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)")
+            .map_err(|e| self.err(e))?;
+        for a in areas {
+            let rings = rings_blob(&a.rings);
+            st.execute(params![
+                dataset,
+                kind_code(a.key.0),
+                a.key.1,
+                a.name,
+                a.level,
+                a.bbox.0,
+                a.bbox.1,
+                a.bbox.2,
+                a.bbox.3,
+                rings
+            ])
+            .map_err(|e| StoreError::Sqlite {
+                path: self.path.clone(),
+                err: e,
+            })?;
         }
         Ok(())
     }

@@ -495,3 +495,65 @@ fn verify_reports_a_tampered_tile_and_rebuild_repairs_it() {
     p.check(&["osm", "rebuild", "b"], 0);
     p.check(&["osm", "verify", "b", "--all"], 0);
 }
+
+const TILES_AND_AGGREGATES: &str = r#"
+[osm]
+store = ".highwater/osm"
+
+[osm.tiles.t]
+zooms = "13-15"
+keys = ["*"]
+mbtiles = "t.mbtiles"
+
+[osm.aggregates.admin]
+classes = ["building", "highway=*"]
+admin_levels = [2, 8, 10]
+"#;
+
+/// `osm aggregates --json` rows have the documented shape; an aggregates
+/// dataset failing leaves the tile dataset advancing, and catches up on the
+/// next apply, equal to a rebuild.
+#[test]
+fn aggregates_rows_and_failure_isolation_across_kinds() {
+    let p = Project::new(TILES_AND_AGGREGATES);
+    let pbf = data().join("monaco-3047-20210801.osm.pbf");
+    p.check(&["osm", "import", pbf.to_str().unwrap()], 0);
+    p.check(&["osm", "tiles", "build"], 0);
+    p.check(&["osm", "rebuild", "admin"], 0);
+    let rows = p.check(&["osm", "aggregates", "--json"], 0).json();
+    let row = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["area_osm_id"] == 2220206 && r["class"] == "building")
+        .expect("Fontvieille's buildings");
+    assert_eq!(row["area_osm_type"], "r");
+    assert_eq!(row["area_name"], "Fontvieille");
+    assert_eq!(row["admin_level"], 10);
+    assert!(row["count"].as_i64().unwrap() > 10 && row["area_m2"].as_f64().unwrap() > 1000.0);
+    assert!(row["length_m"].is_number());
+    let from = data().join("monaco-updates");
+    let out = p
+        .cmd(&["osm", "replicate", "--from", from.to_str().unwrap()])
+        .env("HIGHWATER_FAILPOINT", "fail-drain:admin")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let s = p.check(&["osm", "status", "--json"], 0).json();
+    let by = |n: &str| {
+        s["datasets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["name"] == n)
+            .unwrap()
+            .clone()
+    };
+    assert!(by("admin")["dirty"].as_i64().unwrap() > 0);
+    assert_eq!(by("t")["dirty"], 0);
+    p.check(&["osm", "verify", "t", "--all"], 0);
+    // The next apply (an empty one is enough) brings admin current.
+    p.write("empty.osc", "<osmChange version=\"0.6\"></osmChange>");
+    p.check(&["osm", "apply", "empty.osc"], 0);
+    p.check(&["osm", "verify", "admin"], 0);
+}

@@ -1,0 +1,549 @@
+//! Aggregates: feature counts, lengths and areas per admin area and feature
+//! class, in the store's own SQLite file (`agg_contrib`, `agg_areas`).
+//!
+//! Each feature's contribution is stored on its own (`agg_contrib`: one row
+//! per feature, area and class), and totals are sums over contributions.
+//! A contribution is a pure function of the feature and of the admin areas,
+//! so keeping it current needs only to recompute the contributions that may
+//! have changed:
+//! - of every element a diff touched (the dirty keys, recorded at apply);
+//! - for an admin area that changed (shape, name, level, or gone), of the
+//!   features that contributed to it before (the contributions are the
+//!   reverse index) and of those whose shape meets its new bounding box
+//!   (the shapes index); a point-in-polygon test settles each.
+//!
+//! Contributions are integers (millimetres, square decimetres), so sums do
+//! not depend on the order rows are added in, and incremental totals equal
+//! a rebuild's exactly. A feature counts in the areas containing a point on
+//! its surface; a line's length is clipped to each area it crosses.
+
+use crate::derive::TileLayer;
+use crate::features::{self, feature, inside, Current, ElementKey, Feature, Shape, P};
+use crate::model::MemberKind;
+use crate::store::{Store, StoreError};
+use rstar::{RTree, RTreeObject, AABB};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The Earth's circumference at the equator, in metres (WGS84), the length
+/// of one world unit at latitude 0.
+const EARTH_M: f64 = 40_075_016.686;
+
+/// One declared class: features with `key`, or with `key` split by value
+/// (`key=*`, giving classes like `highway=residential`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClassSpec {
+    pub key: String,
+    pub by_value: bool,
+}
+
+impl ClassSpec {
+    pub fn parse(s: &str) -> Option<ClassSpec> {
+        let (key, by_value) = match s.strip_suffix("=*") {
+            Some(k) => (k, true),
+            None => (s, false),
+        };
+        (!key.is_empty() && !key.contains(['=', '*'])).then(|| ClassSpec {
+            key: key.to_string(),
+            by_value,
+        })
+    }
+}
+
+/// One aggregates dataset.
+#[derive(Clone, Debug)]
+pub struct AggDataset {
+    pub name: String,
+    pub classes: Vec<ClassSpec>,
+    pub admin_levels: Vec<u8>,
+    pub recipe: String,
+}
+
+/// An admin area as the aggregates see it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Area {
+    pub key: ElementKey,
+    pub name: Option<String>,
+    pub level: u8,
+    pub rings: Vec<Vec<P>>,
+    pub bbox: (f64, f64, f64, f64),
+}
+
+struct Indexed(usize, AABB<[f64; 2]>);
+
+impl RTreeObject for Indexed {
+    type Envelope = AABB<[f64; 2]>;
+    fn envelope(&self) -> Self::Envelope {
+        self.1
+    }
+}
+
+/// The admin areas with an R*-tree over their bounding boxes.
+pub struct Areas {
+    pub list: Vec<Area>,
+    tree: RTree<Indexed>,
+}
+
+impl Areas {
+    fn new(list: Vec<Area>) -> Areas {
+        let tree = RTree::bulk_load(
+            list.iter()
+                .enumerate()
+                .map(|(i, a)| {
+                    Indexed(
+                        i,
+                        AABB::from_corners([a.bbox.0, a.bbox.1], [a.bbox.2, a.bbox.3]),
+                    )
+                })
+                .collect(),
+        );
+        Areas { list, tree }
+    }
+
+    /// The areas containing a point.
+    fn containing(&self, p: P) -> Vec<usize> {
+        let mut v: Vec<usize> = self
+            .tree
+            .locate_in_envelope_intersecting(AABB::from_point([p.0, p.1]))
+            .map(|i| i.0)
+            .filter(|&i| in_rings(p, &self.list[i].rings))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// The areas whose bounding box meets a box.
+    fn meeting(&self, b: (f64, f64, f64, f64)) -> Vec<usize> {
+        let mut v: Vec<usize> = self
+            .tree
+            .locate_in_envelope_intersecting(AABB::from_corners([b.0, b.1], [b.2, b.3]))
+            .map(|i| i.0)
+            .collect();
+        v.sort();
+        v
+    }
+}
+
+fn in_rings(p: P, rings: &[Vec<P>]) -> bool {
+    rings.iter().filter(|r| inside(p, r)).count() % 2 == 1
+}
+
+/// Reads the admin areas of the given levels: boundary=administrative
+/// ways and relations whose shape is a polygon.
+pub fn areas(store: &Store, levels: &[u8]) -> Result<Areas, StoreError> {
+    let every = TileLayer::every_key();
+    let view = Current::new(store);
+    let mut list = Vec::new();
+    for (kind, id) in store.tagged_like("\"boundary\":\"administrative\"")? {
+        let Some(f) = feature(&view, kind, id, &every)? else {
+            continue;
+        };
+        let Some(level) = f.tags.get("admin_level").and_then(|l| l.parse::<u8>().ok()) else {
+            continue;
+        };
+        if !levels.contains(&level) {
+            continue;
+        }
+        if let Shape::Polygon(rings) = &f.shape {
+            list.push(Area {
+                key: (kind, id),
+                name: f.tags.get("name").cloned(),
+                level,
+                bbox: f.shape.bbox(),
+                rings: rings.clone(),
+            });
+        }
+    }
+    Ok(Areas::new(list))
+}
+
+/// One contribution: (area, class) -> (count, length in mm, area in dm²).
+pub type Contribution = BTreeMap<(ElementKey, String), (i64, i64, i64)>;
+
+/// A feature and what it contributes.
+pub type Contributed = (ElementKey, Contribution);
+
+fn classes_of(tags: &BTreeMap<String, String>, specs: &[ClassSpec]) -> Vec<String> {
+    specs
+        .iter()
+        .filter_map(|c| {
+            tags.get(&c.key).map(|v| {
+                if c.by_value {
+                    format!("{}={v}", c.key)
+                } else {
+                    c.key.clone()
+                }
+            })
+        })
+        .collect()
+}
+
+/// Metres per world unit at a world y (Web Mercator's scale factor).
+fn metres_per_unit(y: f64) -> f64 {
+    let lat = (std::f64::consts::PI * (1.0 - 2.0 * y)).sinh().atan();
+    EARTH_M * lat.cos()
+}
+
+/// A point on the surface: the point itself, a line's middle vertex, or
+/// for a polygon the middle of the first inside stretch of the horizontal
+/// line through its box's centre.
+pub fn surface_point(shape: &Shape) -> Option<P> {
+    match shape {
+        Shape::Point(p) => Some(*p),
+        Shape::Lines(l) => l.first().map(|l| l[l.len() / 2]),
+        Shape::Polygon(rings) => {
+            let (_, y0, _, y1) = shape.bbox();
+            let y = (y0 + y1) / 2.0;
+            let mut xs = Vec::new();
+            for r in rings {
+                for e in r.windows(2) {
+                    let (a, b) = (e[0], e[1]);
+                    if (a.1 <= y) != (b.1 <= y) {
+                        xs.push(a.0 + (y - a.1) / (b.1 - a.1) * (b.0 - a.0));
+                    }
+                }
+            }
+            xs.sort_by(f64::total_cmp);
+            (xs.len() >= 2).then(|| ((xs[0] + xs[1]) / 2.0, y))
+        }
+    }
+}
+
+/// The length of the part of a segment inside the rings (even-odd), in
+/// world units.
+fn clipped_length(a: P, b: P, rings: &[Vec<P>]) -> f64 {
+    let (dx, dy) = (b.0 - a.0, b.1 - a.1);
+    let mut ts = vec![0.0, 1.0];
+    for r in rings {
+        for e in r.windows(2) {
+            let (c, d) = (e[0], e[1]);
+            let (ex, ey) = (d.0 - c.0, d.1 - c.1);
+            let den = dx * ey - dy * ex;
+            if den == 0.0 {
+                continue;
+            }
+            let t = ((c.0 - a.0) * ey - (c.1 - a.1) * ex) / den;
+            let u = ((c.0 - a.0) * dy - (c.1 - a.1) * dx) / den;
+            if (0.0..=1.0).contains(&t) && (0.0..=1.0).contains(&u) {
+                ts.push(t);
+            }
+        }
+    }
+    ts.sort_by(f64::total_cmp);
+    let len = (dx * dx + dy * dy).sqrt();
+    ts.windows(2)
+        .filter(|w| w[1] > w[0])
+        .filter(|w| {
+            let m = (w[0] + w[1]) / 2.0;
+            in_rings((a.0 + dx * m, a.1 + dy * m), rings)
+        })
+        .map(|w| (w[1] - w[0]) * len)
+        .sum()
+}
+
+fn polygon_area_m2(rings: &[Vec<P>]) -> f64 {
+    let mut a = 0.0;
+    let mut ys = 0.0;
+    let mut n = 0.0;
+    for (r, (depth, _)) in rings.iter().zip(features::nesting(rings)) {
+        let mut s = 0.0;
+        for e in r.windows(2) {
+            s += e[0].0 * e[1].1 - e[1].0 * e[0].1;
+            ys += e[0].1;
+            n += 1.0;
+        }
+        // Even-odd: a ring inside an odd number of others is a hole.
+        a += s.abs() / 2.0 * if depth % 2 == 0 { 1.0 } else { -1.0 };
+    }
+    let m = metres_per_unit(if n > 0.0 { ys / n } else { 0.5 });
+    a.abs() * m * m
+}
+
+/// What one feature adds to the totals.
+pub fn contribution(f: &Feature, specs: &[ClassSpec], areas: &Areas) -> Contribution {
+    let mut out = Contribution::new();
+    let classes = classes_of(&f.tags, specs);
+    if classes.is_empty() {
+        return out;
+    }
+    let counted: BTreeSet<usize> = surface_point(&f.shape)
+        .map(|p| areas.containing(p).into_iter().collect())
+        .unwrap_or_default();
+    let mut lengths: BTreeMap<usize, f64> = BTreeMap::new();
+    if let Shape::Lines(lines) = &f.shape {
+        for i in areas.meeting(f.shape.bbox()) {
+            let mut m = 0.0;
+            for l in lines {
+                for s in l.windows(2) {
+                    let mid = (s[0].1 + s[1].1) / 2.0;
+                    m += clipped_length(s[0], s[1], &areas.list[i].rings) * metres_per_unit(mid);
+                }
+            }
+            if m > 0.0 {
+                lengths.insert(i, m);
+            }
+        }
+    }
+    let area_dm2 = match &f.shape {
+        Shape::Polygon(rings) => (polygon_area_m2(rings) * 100.0).round() as i64,
+        _ => 0,
+    };
+    let touched: BTreeSet<usize> = counted.iter().chain(lengths.keys()).copied().collect();
+    for i in touched {
+        let count = i64::from(counted.contains(&i));
+        let mm = lengths.get(&i).map_or(0, |m| (m * 1000.0).round() as i64);
+        for c in &classes {
+            out.insert(
+                (areas.list[i].key, c.clone()),
+                (count, mm, if count == 1 { area_dm2 } else { 0 }),
+            );
+        }
+    }
+    out
+}
+
+/// The bounding box of the segments in one ring set and not the other:
+/// the region between an old and a new boundary lies inside it.
+fn changed_box(old: &[Vec<P>], new: &[Vec<P>]) -> Option<(f64, f64, f64, f64)> {
+    let segs = |rings: &[Vec<P>]| -> BTreeSet<[u64; 4]> {
+        rings
+            .iter()
+            .flat_map(|r| r.windows(2))
+            .map(|s| {
+                let (a, b) = if (s[0].0, s[0].1) <= (s[1].0, s[1].1) {
+                    (s[0], s[1])
+                } else {
+                    (s[1], s[0])
+                };
+                [a.0.to_bits(), a.1.to_bits(), b.0.to_bits(), b.1.to_bits()]
+            })
+            .collect()
+    };
+    let (a, b) = (segs(old), segs(new));
+    a.symmetric_difference(&b)
+        .flat_map(|s| {
+            [
+                (f64::from_bits(s[0]), f64::from_bits(s[1])),
+                (f64::from_bits(s[2]), f64::from_bits(s[3])),
+            ]
+        })
+        .fold(None, |acc: Option<(f64, f64, f64, f64)>, p| {
+            Some(match acc {
+                None => (p.0, p.1, p.0, p.1),
+                Some(b) => (b.0.min(p.0), b.1.min(p.1), b.2.max(p.0), b.3.max(p.1)),
+            })
+        })
+}
+
+/// One row of the output.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Row {
+    pub area_osm_type: &'static str,
+    pub area_osm_id: i64,
+    pub area_name: Option<String>,
+    pub admin_level: u8,
+    pub class: String,
+    pub count: i64,
+    pub length_m: f64,
+    pub area_m2: f64,
+}
+
+fn type_letter(k: MemberKind) -> &'static str {
+    match k {
+        MemberKind::Node => "n",
+        MemberKind::Way => "w",
+        MemberKind::Relation => "r",
+    }
+}
+
+/// Totals from contributions, one row per (area, class), ordered.
+pub fn totals(areas: &[Area], contrib: &[(ElementKey, Contribution)]) -> Vec<Row> {
+    let mut sums: BTreeMap<(ElementKey, String), (i64, i64, i64)> = BTreeMap::new();
+    for (_, c) in contrib {
+        for (k, v) in c {
+            let e = sums.entry(k.clone()).or_default();
+            e.0 += v.0;
+            e.1 += v.1;
+            e.2 += v.2;
+        }
+    }
+    let by_key: BTreeMap<ElementKey, &Area> = areas.iter().map(|a| (a.key, a)).collect();
+    sums.into_iter()
+        .filter_map(|((ak, class), (count, mm, dm2))| {
+            let a = by_key.get(&ak)?;
+            Some(Row {
+                area_osm_type: type_letter(ak.0),
+                area_osm_id: ak.1,
+                area_name: a.name.clone(),
+                admin_level: a.level,
+                class,
+                count,
+                length_m: mm as f64 / 1000.0,
+                area_m2: dm2 as f64 / 100.0,
+            })
+        })
+        .collect()
+}
+
+/// Every feature's contribution, from a full pass: the rebuild.
+pub fn rebuild_contributions(
+    store: &Store,
+    d: &AggDataset,
+) -> Result<(Areas, Vec<(ElementKey, Contribution)>), StoreError> {
+    store.snapshot(|s| {
+        let areas = areas(s, &d.admin_levels)?;
+        let mut out = Vec::new();
+        for (key, f) in features::all(s, &TileLayer::every_key())? {
+            let c = contribution(&f, &d.classes, &areas);
+            if !c.is_empty() {
+                out.push((key, c));
+            }
+        }
+        Ok((areas, out))
+    })
+}
+
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct AggReport {
+    pub dataset: String,
+    /// Features whose contribution was recomputed.
+    pub recomputed: usize,
+    /// Of those, the ones whose contribution changed.
+    pub changed: usize,
+    /// Admin areas that changed (shape, name, level, appeared, went).
+    pub areas_changed: usize,
+    pub rebuilt: bool,
+}
+
+/// Rebuilds the dataset's contributions and areas from the store.
+pub fn rebuild(store: &mut Store, d: &AggDataset) -> Result<AggReport, StoreError> {
+    let (areas, contrib) = rebuild_contributions(store, d)?;
+    let sequence = store.meta("sequence")?;
+    store.write(|w| {
+        w.agg_clear(&d.name)?;
+        for (k, c) in &contrib {
+            w.agg_put(&d.name, *k, c)?;
+        }
+        w.agg_set_areas(&d.name, &areas.list)?;
+        w.clear_dirty_keys(&d.name)?;
+        w.set_meta(&format!("agg_recipe:{}", d.name), &d.recipe)?;
+        w.set_marker(&d.name, sequence.and_then(|s| s.parse().ok()), &d.recipe)
+    })?;
+    Ok(AggReport {
+        dataset: d.name.clone(),
+        recomputed: contrib.len(),
+        changed: contrib.len(),
+        areas_changed: areas.list.len(),
+        rebuilt: true,
+    })
+}
+
+/// Recomputes what the dirty keys and changed areas may have changed, in
+/// one store transaction (contributions, areas and the dirty keys commit
+/// together, so a crash repeats the whole drain or none of it).
+pub fn drain(store: &mut Store, d: &AggDataset) -> Result<AggReport, StoreError> {
+    if store.meta(&format!("agg_recipe:{}", d.name))?.as_deref() != Some(d.recipe.as_str()) {
+        return rebuild(store, d);
+    }
+    let every = TileLayer::every_key();
+    let (new_areas, old_areas, dirty) = store.snapshot(|s| {
+        Ok((
+            areas(s, &d.admin_levels)?,
+            s.agg_areas(&d.name)?,
+            s.dirty_keys(&d.name)?,
+        ))
+    })?;
+    let old_by: BTreeMap<ElementKey, &Area> = old_areas.iter().map(|a| (a.key, a)).collect();
+    let new_by: BTreeMap<ElementKey, &Area> = new_areas.list.iter().map(|a| (a.key, a)).collect();
+    // Contributions name areas by key, so a name or level change alone
+    // recomputes nothing; a shape change recomputes the features whose
+    // shape meets the box of the segments that changed (the region between
+    // the old and the new boundary lies inside it); an area that appeared
+    // or went recomputes everything it covers or covered.
+    let mut candidates: BTreeSet<ElementKey> = dirty.iter().copied().collect();
+    let mut changed = 0;
+    for k in old_by.keys().chain(new_by.keys()).collect::<BTreeSet<_>>() {
+        let (old, new) = (old_by.get(k), new_by.get(k));
+        if old == new {
+            continue;
+        }
+        changed += 1;
+        match (old, new) {
+            (Some(o), Some(n)) if o.rings == n.rings => {}
+            (Some(o), Some(n)) => {
+                if let Some(b) = changed_box(&o.rings, &n.rings) {
+                    candidates.extend(store.shapes_in(b)?);
+                }
+            }
+            (Some(o), None) => {
+                candidates.extend(store.agg_contributors(&d.name, o.key)?);
+            }
+            (None, Some(n)) => candidates.extend(store.shapes_in(n.bbox)?),
+            (None, None) => unreachable!("k came from one of the maps"),
+        }
+    }
+    let mut report = AggReport {
+        dataset: d.name.clone(),
+        areas_changed: changed,
+        ..Default::default()
+    };
+    let mut updates: Vec<(ElementKey, Contribution)> = Vec::new();
+    store.snapshot(|s| {
+        let view = Current::new(s);
+        for &k in &candidates {
+            let c = match feature(&view, k.0, k.1, &every)? {
+                Some(f) => contribution(&f, &d.classes, &new_areas),
+                None => Contribution::new(),
+            };
+            updates.push((k, c));
+        }
+        Ok(())
+    })?;
+    report.recomputed = updates.len();
+    let sequence = store.meta("sequence")?;
+    store.write(|w| {
+        for (k, c) in &updates {
+            if w.agg_get(&d.name, *k)? != *c {
+                report.changed += 1;
+                w.agg_del(&d.name, *k)?;
+                w.agg_put(&d.name, *k, c)?;
+            }
+        }
+        w.agg_set_areas(&d.name, &new_areas.list)?;
+        w.clear_dirty_keys(&d.name)?;
+        w.set_marker(&d.name, sequence.and_then(|s| s.parse().ok()), &d.recipe)
+    })?;
+    Ok(report)
+}
+
+/// The stored totals, one row per (area, class).
+pub fn stored_totals(store: &Store, d: &AggDataset) -> Result<Vec<Row>, StoreError> {
+    store.snapshot(|s| {
+        let areas = s.agg_areas(&d.name)?;
+        let contrib = s.agg_all(&d.name)?;
+        Ok(totals(&areas, &contrib))
+    })
+}
+
+/// Rows that differ between the stored totals and a rebuild's.
+pub fn verify(store: &Store, d: &AggDataset) -> Result<(usize, Vec<String>), StoreError> {
+    let (areas, contrib) = rebuild_contributions(store, d)?;
+    let want = totals(&areas.list, &contrib);
+    let have = stored_totals(store, d)?;
+    let key = |r: &Row| (r.area_osm_type, r.area_osm_id, r.class.clone());
+    let a: BTreeMap<_, &Row> = have.iter().map(|r| (key(r), r)).collect();
+    let b: BTreeMap<_, &Row> = want.iter().map(|r| (key(r), r)).collect();
+    let mut diffs = Vec::new();
+    for k in a.keys().chain(b.keys()).collect::<BTreeSet<_>>() {
+        if a.get(k) != b.get(k) {
+            diffs.push(format!(
+                "{}{} {}: stored {:?}, rebuild {:?}",
+                k.0,
+                k.1,
+                k.2,
+                a.get(k).map(|r| (r.count, r.length_m, r.area_m2)),
+                b.get(k).map(|r| (r.count, r.length_m, r.area_m2))
+            ));
+        }
+    }
+    Ok((want.len().max(have.len()), diffs))
+}
