@@ -200,6 +200,24 @@ enum OsmCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Search the named places; each hit carries its street, place and
+    /// admin areas.
+    Search {
+        /// Words to find (tantivy's query syntax); omit with --all.
+        #[arg(required_unless_present = "all")]
+        query: Option<String>,
+        /// List every document instead.
+        #[arg(long)]
+        all: bool,
+        #[arg(long, default_value_t = 10)]
+        limit: usize,
+        #[arg(long)]
+        dataset: Option<String>,
+        #[arg(long)]
+        store: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Feature counts, lengths and areas per admin area and class.
     Aggregates {
         #[arg(long)]
@@ -492,6 +510,81 @@ fn osm(config: &std::path::Path, command: &OsmCommand, out: &mut impl Write) -> 
                 drains(&mut st, &sets, max.unwrap_or(usize::MAX), order, *json, out)
             }
         },
+        OsmCommand::Search {
+            query,
+            all,
+            limit,
+            dataset,
+            store: _,
+            json,
+        } => {
+            let q = cfg
+                .search
+                .iter()
+                .find(|q| dataset.as_ref().is_none_or(|n| *n == q.name))
+                .ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "no [osm.search.NAME] dataset{} in the config",
+                        dataset
+                            .as_ref()
+                            .map_or(String::new(), |n| format!(" named {n:?}"))
+                    )
+                })?;
+            let hits = match (all, query) {
+                (true, _) => highwater_osm::search::all(q)?,
+                (false, Some(text)) => highwater_osm::search::search(q, text, *limit)?,
+                (false, None) => anyhow::bail!("give a query, or --all"),
+            };
+            output::search_hits(out, &hits, *json)?;
+            Ok(0)
+        }
+        OsmCommand::Verify {
+            dataset,
+            sample: _,
+            all: _,
+            store,
+            json,
+        } if cfg.search.iter().any(|q| q.name == *dataset) => {
+            let st = highwater_osm::store::Store::open(&store_dir(store))?;
+            let q = cfg
+                .search
+                .iter()
+                .find(|q| q.name == *dataset)
+                .expect("matched");
+            let (n, diffs) = highwater_osm::search::verify(&st, q)?;
+            if *json {
+                writeln!(
+                    out,
+                    "{}",
+                    serde_json::json!({"verify": {"dataset": dataset, "checked": n, "differences": diffs}})
+                )?;
+            } else {
+                writeln!(
+                    out,
+                    "{dataset}: {n} documents checked against a rebuild, {} differ",
+                    diffs.len()
+                )?;
+                for (k, have, want) in &diffs {
+                    writeln!(out, "  {k}: index {have:?}, rebuild {want:?}")?;
+                }
+            }
+            Ok(if diffs.is_empty() { 0 } else { 1 })
+        }
+        OsmCommand::Rebuild {
+            dataset,
+            store,
+            json,
+        } if cfg.search.iter().any(|q| q.name == *dataset) => {
+            let mut st = highwater_osm::store::Store::open(&store_dir(store))?;
+            let q = cfg
+                .search
+                .iter()
+                .find(|q| q.name == *dataset)
+                .expect("matched");
+            let r = highwater_osm::search::rebuild(&mut st, q)?;
+            output::search_drain(out, &r, *json)?;
+            Ok(0)
+        }
         OsmCommand::Aggregates {
             dataset,
             store,
@@ -622,7 +715,7 @@ fn tile_datasets<'c>(
     }
 }
 
-/// Brings each aggregates dataset current on its own; one failing is
+/// Brings each search and aggregates dataset current on its own; one failing is
 /// reported and the others still run. Exit 1 when any failed.
 fn agg_drains(
     st: &mut highwater_osm::store::Store,
@@ -631,6 +724,15 @@ fn agg_drains(
     out: &mut impl Write,
 ) -> Result<i32> {
     let mut failed = 0;
+    for q in &cfg.search {
+        match highwater_osm::search::drain(st, q) {
+            Ok(r) => output::search_drain(out, &r, json)?,
+            Err(e) => {
+                failed += 1;
+                output::tiles_drain_failed(out, &q.name, &e.to_string(), json)?;
+            }
+        }
+    }
     for a in &cfg.aggregates {
         let r = if std::env::var("HIGHWATER_FAILPOINT")
             .is_ok_and(|v| v == format!("fail-drain:{}", a.name))

@@ -589,3 +589,49 @@ pub fn aggregates(
     }
     Ok(())
 }
+
+pub fn search_drain(
+    out: &mut impl Write,
+    r: &highwater_osm::search::SearchReport,
+    as_json: bool,
+) -> io::Result<()> {
+    if as_json {
+        return writeln!(out, "{}", serde_json::json!({"search": r}));
+    }
+    if r.rebuilt {
+        return writeln!(out, "{}: rebuilt, {} documents", r.dataset, r.documents);
+    }
+    writeln!(
+        out,
+        "{}: recomputed {} documents, reindexed {}, {} context areas changed; {} documents",
+        r.dataset, r.recomputed, r.reindexed, r.areas_changed, r.documents
+    )
+}
+
+pub fn search_hits(
+    out: &mut impl Write,
+    hits: &[highwater_osm::search::Doc],
+    as_json: bool,
+) -> io::Result<()> {
+    if as_json {
+        return writeln!(
+            out,
+            "{}",
+            serde_json::to_string(hits).map_err(io::Error::other)?
+        );
+    }
+    for h in hits {
+        let admin: Vec<&str> = h.admin.values().flatten().map(String::as_str).collect();
+        writeln!(
+            out,
+            "{}{}\t{}\t{}\t{}\t{}",
+            h.osm_type,
+            h.osm_id,
+            h.name,
+            h.street.as_deref().unwrap_or("-"),
+            h.place.as_deref().unwrap_or("-"),
+            admin.join(", ")
+        )?;
+    }
+    Ok(())
+}

@@ -100,7 +100,7 @@ impl Areas {
     }
 
     /// The areas containing a point.
-    fn containing(&self, p: P) -> Vec<usize> {
+    pub fn containing(&self, p: P) -> Vec<usize> {
         let mut v: Vec<usize> = self
             .tree
             .locate_in_envelope_intersecting(AABB::from_point([p.0, p.1]))
@@ -123,6 +123,35 @@ impl Areas {
     }
 }
 
+/// Reads the place areas (place=city, town, village, ... as given): ways and
+/// relations whose shape is a polygon. Their level is 0.
+pub fn place_areas(store: &Store, places: &[String]) -> Result<Areas, StoreError> {
+    let every = TileLayer::every_key();
+    let view = Current::new(store);
+    let mut list = Vec::new();
+    for (kind, id) in store.tagged_like("\"place\":")? {
+        if kind == MemberKind::Node {
+            continue;
+        }
+        let Some(f) = feature(&view, kind, id, &every)? else {
+            continue;
+        };
+        if !f.tags.get("place").is_some_and(|p| places.contains(p)) {
+            continue;
+        }
+        if let Shape::Polygon(rings) = &f.shape {
+            list.push(Area {
+                key: (kind, id),
+                name: f.tags.get("name").cloned(),
+                level: 0,
+                bbox: f.shape.bbox(),
+                rings: rings.clone(),
+            });
+        }
+    }
+    Ok(Areas::new(list))
+}
+
 fn in_rings(p: P, rings: &[Vec<P>]) -> bool {
     rings.iter().filter(|r| inside(p, r)).count() % 2 == 1
 }
@@ -137,6 +166,9 @@ pub fn areas(store: &Store, levels: &[u8]) -> Result<Areas, StoreError> {
         let Some(f) = feature(&view, kind, id, &every)? else {
             continue;
         };
+        if f.tags.get("boundary").map(String::as_str) != Some("administrative") {
+            continue;
+        }
         let Some(level) = f.tags.get("admin_level").and_then(|l| l.parse::<u8>().ok()) else {
             continue;
         };
@@ -303,7 +335,7 @@ pub fn contribution(f: &Feature, specs: &[ClassSpec], areas: &Areas) -> Contribu
 
 /// The bounding box of the segments in one ring set and not the other:
 /// the region between an old and a new boundary lies inside it.
-fn changed_box(old: &[Vec<P>], new: &[Vec<P>]) -> Option<(f64, f64, f64, f64)> {
+pub(crate) fn changed_box(old: &[Vec<P>], new: &[Vec<P>]) -> Option<(f64, f64, f64, f64)> {
     let segs = |rings: &[Vec<P>]| -> BTreeSet<[u64; 4]> {
         rings
             .iter()

@@ -21,6 +21,7 @@ pub mod import;
 pub mod model;
 pub mod mvt;
 pub mod ops;
+pub mod search;
 pub mod store;
 pub mod tiles;
 pub mod xml;

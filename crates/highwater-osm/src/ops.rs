@@ -34,7 +34,17 @@ struct RawOsm {
     tiles: BTreeMap<String, RawTiles>,
     #[serde(default)]
     aggregates: BTreeMap<String, RawAggregates>,
+    #[serde(default)]
+    search: BTreeMap<String, RawSearch>,
     rebuild_gap_max: Option<i64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSearch {
+    index: String,
+    admin_levels: Option<Vec<u8>>,
+    places: Option<Vec<String>>,
 }
 
 #[derive(Deserialize)]
@@ -83,6 +93,7 @@ pub struct OsmConfig {
     pub store: PathBuf,
     pub tiles: Vec<TileDataset>,
     pub aggregates: Vec<crate::aggregates::AggDataset>,
+    pub search: Vec<crate::search::SearchDataset>,
     /// A dataset this many sequences behind is better rebuilt.
     pub rebuild_gap_max: i64,
 }
@@ -95,6 +106,10 @@ pub const TILES_CODE_VERSION: &str = "tiles-2";
 /// The version of the aggregates code (features, areas, contributions):
 /// part of every aggregates dataset's recipe.
 pub const AGGREGATES_CODE_VERSION: &str = "aggregates-1";
+
+/// The version of the search code (documents, context): part of every
+/// search dataset's recipe.
+pub const SEARCH_CODE_VERSION: &str = "search-1";
 
 /// A relative path without `..`, joined to the project root.
 fn safe_file(root: &Path, f: &str) -> Option<PathBuf> {
@@ -134,9 +149,44 @@ impl OsmConfig {
                 store: None,
                 tiles: BTreeMap::new(),
                 aggregates: BTreeMap::new(),
+                search: BTreeMap::new(),
                 rebuild_gap_max: None,
             },
         };
+        let mut search = Vec::new();
+        for (name, s) in &raw.search {
+            if raw.tiles.contains_key(name) || raw.aggregates.contains_key(name) {
+                return Err(bad(format!(
+                    "[osm.search.{name}]: another dataset has that name; dataset names must be unique"
+                )));
+            }
+            let index = safe_file(root, &s.index).ok_or_else(|| {
+                bad(format!(
+                    "[osm.search.{name}] index = {:?}: give a folder inside the project (no `..`, not absolute)",
+                    s.index
+                ))
+            })?;
+            let admin_levels = s.admin_levels.clone().unwrap_or_else(|| vec![2, 4, 6, 8]);
+            let places = s
+                .places
+                .clone()
+                .unwrap_or_else(|| vec!["city".into(), "town".into(), "village".into()]);
+            let recipe = format!(
+                "r1:{}",
+                &highwater_core::recipe::recipe_id(&highwater_core::recipe::RecipeParts {
+                    version: SEARCH_CODE_VERSION.into(),
+                    config: serde_json::json!({"admin_levels": admin_levels, "places": places}),
+                    ..Default::default()
+                })[3..]
+            );
+            search.push(crate::search::SearchDataset {
+                name: name.clone(),
+                index,
+                admin_levels,
+                places,
+                recipe,
+            });
+        }
         let mut aggregates = Vec::new();
         for (name, a) in &raw.aggregates {
             if raw.tiles.contains_key(name) {
@@ -228,6 +278,7 @@ impl OsmConfig {
             store: root.join(raw.store.unwrap_or_else(|| ".highwater/osm".into())),
             tiles,
             aggregates,
+            search,
             rebuild_gap_max: raw.rebuild_gap_max.unwrap_or(1000),
         })
     }
@@ -317,6 +368,9 @@ pub fn apply(
             for a in &cfg.aggregates {
                 w.add_dirty_keys(&a.name, &touched.all)?;
             }
+            for q in &cfg.search {
+                w.add_dirty_keys(&q.name, &touched.all)?;
+            }
             if let Some(s) = state {
                 report.sequence = Some(s.sequence);
                 w.set_meta("sequence", &s.sequence.to_string())?;
@@ -325,6 +379,9 @@ pub fn apply(
         }
         for a in &cfg.aggregates {
             w.set_marker(&a.name, report.sequence, &a.recipe)?;
+        }
+        for q in &cfg.search {
+            w.set_marker(&q.name, report.sequence, &q.recipe)?;
         }
         for (i, d) in cfg.tiles.iter().enumerate() {
             w.add_dirty(&d.name, &per[i])?;
@@ -473,6 +530,29 @@ pub fn status(store: &Store, cfg: &OsmConfig) -> Result<serde_json::Value, OpsEr
             "gap": match (seq, marker) { (Some(x), Some(y)) => Some(x - y), _ => None },
             "dirty": store.dirty_keys(&a.name)?.len(),
             "recipe": a.recipe,
+            "recorded_recipe": built,
+            "rebuild": rebuild,
+        }));
+    }
+    for q in &cfg.search {
+        let marker = markers.get(&q.name).and_then(|m| m.0);
+        let built = store.meta(&format!("search_recipe:{}", q.name))?;
+        let rebuild = match &built {
+            None => Some("it was never built: run `highwater osm rebuild NAME`".to_string()),
+            Some(r) if *r != q.recipe => Some(
+                "its recipe changed (admin levels, places or code): the next apply rebuilds it"
+                    .to_string(),
+            ),
+            Some(_) => None,
+        };
+        datasets.push(serde_json::json!({
+            "name": q.name,
+            "kind": "search",
+            "marker": marker,
+            "gap": match (seq, marker) { (Some(x), Some(y)) => Some(x - y), _ => None },
+            "dirty": store.dirty_keys(&q.name)?.len(),
+            "documents": store.search_count(&q.name)?,
+            "recipe": q.recipe,
             "recorded_recipe": built,
             "rebuild": rebuild,
         }));

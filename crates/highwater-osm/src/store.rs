@@ -35,6 +35,9 @@ CREATE VIRTUAL TABLE IF NOT EXISTS shapes USING rtree(id, minx, maxx, miny, maxy
 CREATE TABLE IF NOT EXISTS dirty_keys(dataset TEXT NOT NULL, kind INTEGER NOT NULL, id INTEGER NOT NULL, PRIMARY KEY(dataset, kind, id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS agg_contrib(dataset TEXT NOT NULL, kind INTEGER NOT NULL, id INTEGER NOT NULL, area_kind INTEGER NOT NULL, area_id INTEGER NOT NULL, class TEXT NOT NULL, count INTEGER NOT NULL, length_mm INTEGER NOT NULL, area_dm2 INTEGER NOT NULL, PRIMARY KEY(dataset, kind, id, area_kind, area_id, class)) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS agg_contrib_area ON agg_contrib(dataset, area_kind, area_id);
+CREATE TABLE IF NOT EXISTS search_docs(dataset TEXT NOT NULL, kind INTEGER NOT NULL, id INTEGER NOT NULL, doc TEXT NOT NULL, PRIMARY KEY(dataset, kind, id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS search_context(dataset TEXT NOT NULL, area_kind INTEGER NOT NULL, area_id INTEGER NOT NULL, kind INTEGER NOT NULL, id INTEGER NOT NULL, PRIMARY KEY(dataset, area_kind, area_id, kind, id)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS search_context_doc ON search_context(dataset, kind, id);
 CREATE TABLE IF NOT EXISTS agg_areas(dataset TEXT NOT NULL, kind INTEGER NOT NULL, id INTEGER NOT NULL, name TEXT, level INTEGER NOT NULL, minx REAL NOT NULL, miny REAL NOT NULL, maxx REAL NOT NULL, maxy REAL NOT NULL, rings BLOB NOT NULL, PRIMARY KEY(dataset, kind, id)) WITHOUT ROWID;
 ";
 
@@ -272,13 +275,17 @@ impl Store {
             .map_err(|e| self.err(e))
     }
 
-    /// Tagged ways and relations whose tags text contains `fragment` (JSON,
-    /// e.g. `"boundary":"administrative"`): a cheap pre-filter, callers
-    /// check the parsed tags.
+    /// Tagged elements whose tags text contains `fragment` (JSON, e.g.
+    /// `"boundary":"administrative"`): a cheap pre-filter, callers check the
+    /// parsed tags.
     pub fn tagged_like(&self, fragment: &str) -> Result<Vec<(MemberKind, i64)>, StoreError> {
         let pattern = format!("%{}%", fragment.replace(['%', '_'], ""));
         let mut out = Vec::new();
         for (kind, sql) in [
+            (
+                MemberKind::Node,
+                "SELECT id FROM nodes WHERE tags LIKE ?1 ORDER BY id",
+            ),
             (
                 MemberKind::Way,
                 "SELECT id FROM ways WHERE tags LIKE ?1 ORDER BY id",
@@ -392,6 +399,70 @@ impl Store {
             out.last_mut().expect("pushed").1.insert((area, class), v);
         }
         Ok(out)
+    }
+
+    /// A search document as last indexed, with the areas it embeds.
+    pub fn search_doc(
+        &self,
+        dataset: &str,
+        key: (MemberKind, i64),
+    ) -> Result<Option<crate::search::Embedded>, StoreError> {
+        let doc: Option<String> = self
+            .conn
+            .prepare_cached(
+                "SELECT doc FROM search_docs WHERE dataset = ?1 AND kind = ?2 AND id = ?3",
+            )
+            .and_then(|mut st| {
+                st.query_row(params![dataset, kind_code(key.0), key.1], |r| r.get(0))
+                    .optional()
+            })
+            .map_err(|e| self.err(e))?;
+        let Some(doc) = doc else { return Ok(None) };
+        let doc = serde_json::from_str(&doc).map_err(|e| StoreError::Corrupt {
+            path: self.path.clone(),
+            what: format!("search_docs {key:?}: {e}"),
+        })?;
+        let mut st = self
+            .conn
+            .prepare_cached("SELECT area_kind, area_id FROM search_context WHERE dataset = ?1 AND kind = ?2 AND id = ?3 ORDER BY area_kind, area_id")
+            .map_err(|e| self.err(e))?;
+        let embeds = st
+            .query_map(params![dataset, kind_code(key.0), key.1], |r| {
+                Ok((kind_of(r.get(0)?), r.get(1)?))
+            })
+            .map_err(|e| self.err(e))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| self.err(e))?;
+        Ok(Some((doc, embeds)))
+    }
+
+    /// The documents that embed an area's name (the reverse index).
+    pub fn search_embedders(
+        &self,
+        dataset: &str,
+        area: (MemberKind, i64),
+    ) -> Result<Vec<(MemberKind, i64)>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare_cached("SELECT kind, id FROM search_context WHERE dataset = ?1 AND area_kind = ?2 AND area_id = ?3")
+            .map_err(|e| self.err(e))?;
+        let rows = st
+            .query_map(params![dataset, kind_code(area.0), area.1], |r| {
+                Ok((kind_of(r.get(0)?), r.get(1)?))
+            })
+            .map_err(|e| self.err(e))?;
+        rows.collect::<Result<_, _>>().map_err(|e| self.err(e))
+    }
+
+    pub fn search_count(&self, dataset: &str) -> Result<usize, StoreError> {
+        self.conn
+            .query_row(
+                "SELECT count(*) FROM search_docs WHERE dataset = ?1",
+                [dataset],
+                |r| r.get::<_, i64>(0),
+            )
+            .map(|n| n as usize)
+            .map_err(|e| self.err(e))
     }
 
     /// Runs `f` inside one read transaction: every read sees the same
@@ -720,6 +791,54 @@ impl Writer<'_> {
                     "INSERT INTO shapes(id, minx, maxx, miny, maxy) VALUES(?1, ?2, ?3, ?4, ?5)",
                 )
                 .and_then(|mut st| st.execute(params![key, minx, maxx, miny, maxy]))
+                .map_err(|e| self.err(e))?;
+        }
+        Ok(())
+    }
+
+    pub fn search_clear(&mut self, dataset: &str) -> Result<(), StoreError> {
+        for sql in [
+            "DELETE FROM search_docs WHERE dataset = ?1",
+            "DELETE FROM search_context WHERE dataset = ?1",
+        ] {
+            self.tx.execute(sql, [dataset]).map_err(|e| self.err(e))?;
+        }
+        Ok(())
+    }
+
+    pub fn search_del(&mut self, dataset: &str, key: (MemberKind, i64)) -> Result<(), StoreError> {
+        for sql in [
+            "DELETE FROM search_docs WHERE dataset = ?1 AND kind = ?2 AND id = ?3",
+            "DELETE FROM search_context WHERE dataset = ?1 AND kind = ?2 AND id = ?3",
+        ] {
+            self.tx
+                .prepare_cached(sql)
+                .and_then(|mut st| st.execute(params![dataset, kind_code(key.0), key.1]))
+                .map_err(|e| self.err(e))?;
+        }
+        Ok(())
+    }
+
+    pub fn search_put(
+        &mut self,
+        dataset: &str,
+        key: (MemberKind, i64),
+        doc: &crate::search::Doc,
+        embeds: &[(MemberKind, i64)],
+    ) -> Result<(), StoreError> {
+        let text = serde_json::to_string(doc).expect("documents serialize");
+        self.tx
+            .prepare_cached(
+                "INSERT INTO search_docs(dataset, kind, id, doc) VALUES(?1, ?2, ?3, ?4)",
+            )
+            .and_then(|mut st| st.execute(params![dataset, kind_code(key.0), key.1, text]))
+            .map_err(|e| self.err(e))?;
+        for a in embeds {
+            self.tx
+                .prepare_cached("INSERT OR IGNORE INTO search_context(dataset, area_kind, area_id, kind, id) VALUES(?1, ?2, ?3, ?4, ?5)")
+                .and_then(|mut st| {
+                    st.execute(params![dataset, kind_code(a.0), a.1, kind_code(key.0), key.1])
+                })
                 .map_err(|e| self.err(e))?;
         }
         Ok(())

@@ -557,3 +557,42 @@ fn aggregates_rows_and_failure_isolation_across_kinds() {
     p.check(&["osm", "apply", "empty.osc"], 0);
     p.check(&["osm", "verify", "admin"], 0);
 }
+
+/// `osm search QUERY --json` and `osm search --all --json` print documents
+/// in the documented shape, context included, and stay equal to a rebuild
+/// after the daily diffs.
+#[test]
+fn search_prints_documents_with_their_context() {
+    let p = Project::new(
+        r#"
+[osm]
+store = ".highwater/osm"
+
+[osm.search.places]
+index = "search"
+"#,
+    );
+    let pbf = data().join("monaco-3047-20210801.osm.pbf");
+    p.check(&["osm", "import", pbf.to_str().unwrap()], 0);
+    p.check(&["osm", "rebuild", "places"], 0);
+    let hits = p
+        .check(&["osm", "search", "Casino", "--limit", "3", "--json"], 0)
+        .json();
+    let hits = hits.as_array().unwrap();
+    assert!(!hits.is_empty() && hits.len() <= 3);
+    let h = &hits[0];
+    for k in ["osm_type", "osm_id", "name", "street", "place", "admin"] {
+        assert!(h.get(k).is_some(), "{k} in {h}");
+    }
+    assert!(["n", "w", "r"].contains(&h["osm_type"].as_str().unwrap()));
+    let admin = h["admin"].as_object().unwrap();
+    assert_eq!(admin.keys().collect::<Vec<_>>(), ["2", "4", "6", "8"]);
+    let all = p.check(&["osm", "search", "--all", "--json"], 0).json();
+    assert!(all.as_array().unwrap().len() > 2000);
+    let from = data().join("monaco-updates");
+    p.check(&["osm", "replicate", "--from", from.to_str().unwrap()], 0);
+    p.check(&["osm", "verify", "places"], 0);
+    // A query tantivy cannot parse is refused with the query named.
+    let r = p.check(&["osm", "search", "name:(", "--json"], 2);
+    assert!(r.stderr.contains("name:("), "{}", r.stderr);
+}

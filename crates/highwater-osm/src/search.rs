@@ -1,0 +1,506 @@
+//! The search dataset: one document per named element, with its context
+//! denormalised into it (its `addr:street`, the names of the admin areas of
+//! each configured level and of the place area containing a point on its
+//! surface), in a tantivy index.
+//!
+//! Identity alone cannot find the documents an area's edit touches: a city
+//! renamed changes no document's own element. So the store keeps, per
+//! search dataset, the reverse index from context area to documents
+//! (`search_context`) and each document as last indexed (`search_docs`).
+//! A drain recomputes the documents of the elements a diff touched, of the
+//! areas that embedded a changed area (the reverse index: a rename
+//! reindexes exactly those), and for a boundary that moved, of the elements
+//! whose shape meets the box of the changed boundary segments; it writes
+//! only documents that actually changed.
+//!
+//! Order of a drain: write and commit the tantivy index, then commit the
+//! store (documents, reverse index, areas, dirty keys). A crash in between
+//! leaves the dirty keys, and the next drain writes the same documents
+//! again. A rebuild writes a new index beside the old one and swaps them.
+
+use crate::aggregates::{changed_box, place_areas, surface_point, Area, Areas};
+use crate::derive::TileLayer;
+use crate::features::{feature, Current, ElementKey, View};
+use crate::model::MemberKind;
+use crate::store::{Store, StoreError};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use tantivy::collector::TopDocs;
+use tantivy::query::{AllQuery, QueryParser};
+use tantivy::schema::{Field, Schema, Value, STORED, STRING, TEXT};
+use tantivy::{Index, IndexWriter, TantivyDocument, Term};
+use thiserror::Error;
+
+/// Memory the tantivy writer may buffer before it flushes a segment, in
+/// bytes: bounds a drain's or a rebuild's memory.
+pub const SEARCH_WRITER_BYTES: usize = 64 * 1024 * 1024;
+
+/// Hits a query returns at most, whatever `--limit` asks.
+pub const SEARCH_HITS_MAX: usize = 10_000;
+
+#[derive(Debug, Error)]
+pub enum SearchError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("search index {path}: {err}")]
+    Index {
+        path: PathBuf,
+        err: tantivy::TantivyError,
+    },
+    #[error("search index {path}: {err}")]
+    Io { path: PathBuf, err: std::io::Error },
+    #[error("query {query:?}: {err}; quote words with special characters, e.g. \"\\\"Rue Grimaldi\\\"\"")]
+    Query { query: String, err: String },
+    #[error("search index {path} does not exist: run `highwater osm rebuild {dataset}`")]
+    Missing { path: PathBuf, dataset: String },
+    #[error("dataset {dataset}: failed on purpose (HIGHWATER_FAILPOINT)")]
+    Injected { dataset: String },
+}
+
+/// One search dataset (`[osm.search.NAME]`).
+#[derive(Clone, Debug)]
+pub struct SearchDataset {
+    pub name: String,
+    pub index: PathBuf,
+    pub admin_levels: Vec<u8>,
+    pub places: Vec<String>,
+    pub recipe: String,
+}
+
+/// A document with the context areas it embeds.
+pub type Embedded = (Doc, Vec<ElementKey>);
+
+/// A document that differs: its key, as in the index, as in a rebuild.
+pub type DocDiff = (String, Option<Doc>, Option<Doc>);
+
+/// One document, as `osm search --json` prints it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Doc {
+    pub osm_type: String,
+    pub osm_id: i64,
+    pub name: String,
+    pub street: Option<String>,
+    pub place: Option<String>,
+    /// Every configured level, with null when no area of it contains the
+    /// element.
+    pub admin: BTreeMap<String, Option<String>>,
+}
+
+fn letter(k: MemberKind) -> &'static str {
+    match k {
+        MemberKind::Node => "n",
+        MemberKind::Way => "w",
+        MemberKind::Relation => "r",
+    }
+}
+
+fn doc_key(k: ElementKey) -> String {
+    format!("{}{}", letter(k.0), k.1)
+}
+
+/// The context areas: admin areas of the configured levels and places.
+pub struct Context {
+    pub admin: Areas,
+    pub places: Areas,
+}
+
+pub fn context(store: &Store, d: &SearchDataset) -> Result<Context, StoreError> {
+    store.snapshot(|s| {
+        Ok(Context {
+            admin: crate::aggregates::areas(s, &d.admin_levels)?,
+            places: place_areas(s, &d.places)?,
+        })
+    })
+}
+
+/// The document of one element, and the context areas it embeds.
+pub fn document(
+    view: &dyn View,
+    key: ElementKey,
+    d: &SearchDataset,
+    ctx: &Context,
+) -> Result<Option<Embedded>, StoreError> {
+    let tags = match key.0 {
+        MemberKind::Node => view.node_tags(key.1)?,
+        MemberKind::Way => view.way(key.1)?.map(|w| w.tags),
+        MemberKind::Relation => view.relation(key.1)?.map(|r| r.tags),
+    };
+    let Some(tags) = tags else { return Ok(None) };
+    let Some(name) = tags.get("name") else {
+        return Ok(None);
+    };
+    let point =
+        feature(view, key.0, key.1, &TileLayer::every_key())?.and_then(|f| surface_point(&f.shape));
+    let mut embeds = Vec::new();
+    // The first (lowest key) containing area of each kind: deterministic
+    // where areas overlap.
+    let mut pick = |areas: &Areas, level: Option<u8>| -> Option<String> {
+        let p = point?;
+        let i = areas
+            .containing(p)
+            .into_iter()
+            .filter(|&i| level.is_none_or(|l| areas.list[i].level == l))
+            .min_by_key(|&i| areas.list[i].key)?;
+        embeds.push(areas.list[i].key);
+        areas.list[i].name.clone()
+    };
+    let mut admin = BTreeMap::new();
+    for l in &d.admin_levels {
+        admin.insert(l.to_string(), pick(&ctx.admin, Some(*l)));
+    }
+    let place = pick(&ctx.places, None);
+    embeds.sort();
+    embeds.dedup();
+    Ok(Some((
+        Doc {
+            osm_type: letter(key.0).to_string(),
+            osm_id: key.1,
+            name: name.clone(),
+            street: tags.get("addr:street").cloned(),
+            place,
+            admin,
+        },
+        embeds,
+    )))
+}
+
+struct Fields {
+    key: Field,
+    name: Field,
+    street: Field,
+    place: Field,
+    admin: Field,
+    json: Field,
+}
+
+fn schema() -> (Schema, Fields) {
+    let mut b = Schema::builder();
+    let f = Fields {
+        key: b.add_text_field("key", STRING | STORED),
+        name: b.add_text_field("name", TEXT),
+        street: b.add_text_field("street", TEXT),
+        place: b.add_text_field("place", TEXT),
+        admin: b.add_text_field("admin", TEXT),
+        json: b.add_text_field("json", STORED),
+    };
+    (b.build(), f)
+}
+
+fn fields(index: &Index) -> Fields {
+    let s = index.schema();
+    let get = |n: &str| s.get_field(n).expect("our own schema");
+    Fields {
+        key: get("key"),
+        name: get("name"),
+        street: get("street"),
+        place: get("place"),
+        admin: get("admin"),
+        json: get("json"),
+    }
+}
+
+fn to_tantivy(f: &Fields, doc: &Doc) -> TantivyDocument {
+    let mut t = TantivyDocument::default();
+    t.add_text(f.key, format!("{}{}", doc.osm_type, doc.osm_id));
+    t.add_text(f.name, &doc.name);
+    if let Some(s) = &doc.street {
+        t.add_text(f.street, s);
+    }
+    if let Some(p) = &doc.place {
+        t.add_text(f.place, p);
+    }
+    for a in doc.admin.values().flatten() {
+        t.add_text(f.admin, a);
+    }
+    t.add_text(
+        f.json,
+        serde_json::to_string(doc).expect("documents serialize"),
+    );
+    t
+}
+
+fn ierr(path: &Path) -> impl Fn(tantivy::TantivyError) -> SearchError + '_ {
+    move |err| SearchError::Index {
+        path: path.to_path_buf(),
+        err,
+    }
+}
+
+fn open(d: &SearchDataset) -> Result<Index, SearchError> {
+    if !d.index.join("meta.json").exists() {
+        return Err(SearchError::Missing {
+            path: d.index.clone(),
+            dataset: d.name.clone(),
+        });
+    }
+    Index::open_in_dir(&d.index).map_err(ierr(&d.index))
+}
+
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct SearchReport {
+    pub dataset: String,
+    /// Documents recomputed.
+    pub recomputed: usize,
+    /// Of those, written to the index (changed, new or deleted).
+    pub reindexed: usize,
+    pub areas_changed: usize,
+    pub documents: usize,
+    pub rebuilt: bool,
+}
+
+/// Every document from a full pass over the store: the rebuild.
+pub fn rebuild_documents(
+    store: &Store,
+    d: &SearchDataset,
+) -> Result<(Context, BTreeMap<ElementKey, Embedded>), StoreError> {
+    store.snapshot(|s| {
+        let ctx = context(s, d)?;
+        let view = Current::uncached(s);
+        let mut out = BTreeMap::new();
+        for key in s.tagged_like("\"name\":")? {
+            if let Some(doc) = document(&view, key, d, &ctx)? {
+                out.insert(key, doc);
+            }
+        }
+        Ok((ctx, out))
+    })
+}
+
+/// Writes a new index from a full pass, swaps it in, and resets the
+/// store's documents, reverse index and areas for the dataset.
+pub fn rebuild(store: &mut Store, d: &SearchDataset) -> Result<SearchReport, SearchError> {
+    let (ctx, docs) = rebuild_documents(store, d)?;
+    let name = d.index.file_name().unwrap_or_default().to_string_lossy();
+    let tmp = d
+        .index
+        .with_file_name(format!(".{name}.hw-tmp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |err| SearchError::Io { path, err }
+    };
+    std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
+    let (schema, f) = schema();
+    let index = Index::create_in_dir(&tmp, schema).map_err(ierr(&tmp))?;
+    let mut w: IndexWriter = index.writer(SEARCH_WRITER_BYTES).map_err(ierr(&tmp))?;
+    for (doc, _) in docs.values() {
+        w.add_document(to_tantivy(&f, doc)).map_err(ierr(&tmp))?;
+    }
+    w.commit().map_err(ierr(&tmp))?;
+    w.wait_merging_threads().map_err(ierr(&tmp))?;
+    drop(index);
+    // Swap: the old index (if any) moves aside, the new one into place.
+    let old = d
+        .index
+        .with_file_name(format!(".{name}.hw-old-{}", std::process::id()));
+    let had_old = d.index.exists();
+    if had_old {
+        std::fs::rename(&d.index, &old).map_err(io(&d.index))?;
+    }
+    std::fs::rename(&tmp, &d.index).map_err(io(&d.index))?;
+    if had_old {
+        std::fs::remove_dir_all(&old).map_err(io(&old))?;
+    }
+    let sequence = store.meta("sequence")?;
+    store.write(|w| {
+        w.search_clear(&d.name)?;
+        for (key, (doc, embeds)) in &docs {
+            w.search_put(&d.name, *key, doc, embeds)?;
+        }
+        w.agg_set_areas(&d.name, &ctx.admin.list)?;
+        w.agg_set_areas(&format!("{}#places", d.name), &ctx.places.list)?;
+        w.clear_dirty_keys(&d.name)?;
+        w.set_meta(&format!("search_recipe:{}", d.name), &d.recipe)?;
+        w.set_marker(&d.name, sequence.and_then(|s| s.parse().ok()), &d.recipe)
+    })?;
+    Ok(SearchReport {
+        dataset: d.name.clone(),
+        recomputed: docs.len(),
+        reindexed: docs.len(),
+        documents: docs.len(),
+        rebuilt: true,
+        ..Default::default()
+    })
+}
+
+/// The elements an area change may have changed the documents of.
+fn affected_by_areas(
+    store: &Store,
+    d: &SearchDataset,
+    old: &[Area],
+    new: &[Area],
+    out: &mut BTreeSet<ElementKey>,
+) -> Result<usize, StoreError> {
+    let old_by: BTreeMap<ElementKey, &Area> = old.iter().map(|a| (a.key, a)).collect();
+    let new_by: BTreeMap<ElementKey, &Area> = new.iter().map(|a| (a.key, a)).collect();
+    let mut changed = 0;
+    for k in old_by.keys().chain(new_by.keys()).collect::<BTreeSet<_>>() {
+        let (o, n) = (old_by.get(k), new_by.get(k));
+        if o == n {
+            continue;
+        }
+        changed += 1;
+        // Whoever embedded the area: a rename reaches exactly these.
+        out.extend(store.search_embedders(&d.name, *k)?);
+        match (o, n) {
+            (Some(o), Some(n)) if o.rings != n.rings => {
+                if let Some(b) = changed_box(&o.rings, &n.rings) {
+                    out.extend(store.shapes_in(b)?);
+                }
+            }
+            (None, Some(n)) => out.extend(store.shapes_in(n.bbox)?),
+            _ => {}
+        }
+    }
+    Ok(changed)
+}
+
+/// Brings the index current with the elements touched since the last drain
+/// and the areas that changed.
+pub fn drain(store: &mut Store, d: &SearchDataset) -> Result<SearchReport, SearchError> {
+    if store.meta(&format!("search_recipe:{}", d.name))?.as_deref() != Some(d.recipe.as_str())
+        || !d.index.join("meta.json").exists()
+    {
+        return rebuild(store, d);
+    }
+    let ctx = context(store, d)?;
+    let old_admin = store.agg_areas(&d.name)?;
+    let old_places = store.agg_areas(&format!("{}#places", d.name))?;
+    let mut candidates: BTreeSet<ElementKey> = store.dirty_keys(&d.name)?;
+    let mut report = SearchReport {
+        dataset: d.name.clone(),
+        ..Default::default()
+    };
+    report.areas_changed +=
+        affected_by_areas(store, d, &old_admin, &ctx.admin.list, &mut candidates)?;
+    report.areas_changed +=
+        affected_by_areas(store, d, &old_places, &ctx.places.list, &mut candidates)?;
+    let mut changes: Vec<(ElementKey, Option<Embedded>)> = Vec::new();
+    store.snapshot(|s| {
+        let view = Current::new(s);
+        for &k in &candidates {
+            let new = document(&view, k, d, &ctx)?;
+            let old = s.search_doc(&d.name, k)?;
+            if old.as_ref() != new.as_ref() {
+                changes.push((k, new));
+            }
+        }
+        Ok(())
+    })?;
+    report.recomputed = candidates.len();
+    report.reindexed = changes.len();
+    if std::env::var("HIGHWATER_FAILPOINT").is_ok_and(|v| v == format!("fail-drain:{}", d.name)) {
+        return Err(SearchError::Injected {
+            dataset: d.name.clone(),
+        });
+    }
+    if !changes.is_empty() {
+        let index = open(d)?;
+        let f = fields(&index);
+        let mut w: IndexWriter = index.writer(SEARCH_WRITER_BYTES).map_err(ierr(&d.index))?;
+        for (k, new) in &changes {
+            w.delete_term(Term::from_field_text(f.key, &doc_key(*k)));
+            if let Some((doc, _)) = new {
+                w.add_document(to_tantivy(&f, doc))
+                    .map_err(ierr(&d.index))?;
+            }
+        }
+        w.commit().map_err(ierr(&d.index))?;
+        w.wait_merging_threads().map_err(ierr(&d.index))?;
+    }
+    let sequence = store.meta("sequence")?;
+    store.write(|w| {
+        for (k, new) in &changes {
+            w.search_del(&d.name, *k)?;
+            if let Some((doc, embeds)) = new {
+                w.search_put(&d.name, *k, doc, embeds)?;
+            }
+        }
+        w.agg_set_areas(&d.name, &ctx.admin.list)?;
+        w.agg_set_areas(&format!("{}#places", d.name), &ctx.places.list)?;
+        w.clear_dirty_keys(&d.name)?;
+        w.set_marker(&d.name, sequence.and_then(|s| s.parse().ok()), &d.recipe)
+    })?;
+    report.documents = store.search_count(&d.name)?;
+    Ok(report)
+}
+
+fn stored_doc(f: &Fields, t: &TantivyDocument, path: &Path) -> Result<Doc, SearchError> {
+    let json = t
+        .get_first(f.json)
+        .and_then(|v| v.as_str())
+        .unwrap_or_default();
+    serde_json::from_str(json).map_err(|e| SearchError::Io {
+        path: path.to_path_buf(),
+        err: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+    })
+}
+
+/// Runs a query (tantivy's query syntax over name, street, place and admin
+/// names; the name counts triple) and returns the hits, best first.
+pub fn search(d: &SearchDataset, query: &str, limit: usize) -> Result<Vec<Doc>, SearchError> {
+    let index = open(d)?;
+    let f = fields(&index);
+    let reader = index.reader().map_err(ierr(&d.index))?;
+    let searcher = reader.searcher();
+    let mut parser = QueryParser::for_index(&index, vec![f.name, f.street, f.place, f.admin]);
+    parser.set_field_boost(f.name, 3.0);
+    let q = parser.parse_query(query).map_err(|e| SearchError::Query {
+        query: query.to_string(),
+        err: e.to_string(),
+    })?;
+    let hits = searcher
+        .search(
+            &q,
+            &TopDocs::with_limit(limit.clamp(1, SEARCH_HITS_MAX)).order_by_score(),
+        )
+        .map_err(ierr(&d.index))?;
+    let mut out = Vec::new();
+    for (_, addr) in hits {
+        let t: TantivyDocument = searcher.doc(addr).map_err(ierr(&d.index))?;
+        out.push(stored_doc(&f, &t, &d.index)?);
+    }
+    Ok(out)
+}
+
+/// Every document in the index, ordered by type and id.
+pub fn all(d: &SearchDataset) -> Result<Vec<Doc>, SearchError> {
+    let index = open(d)?;
+    let f = fields(&index);
+    let reader = index.reader().map_err(ierr(&d.index))?;
+    let searcher = reader.searcher();
+    let n = searcher.num_docs() as usize;
+    let mut out = Vec::with_capacity(n);
+    if n > 0 {
+        for (_, addr) in searcher
+            .search(&AllQuery, &TopDocs::with_limit(n).order_by_score())
+            .map_err(ierr(&d.index))?
+        {
+            let t: TantivyDocument = searcher.doc(addr).map_err(ierr(&d.index))?;
+            out.push(stored_doc(&f, &t, &d.index)?);
+        }
+    }
+    out.sort_by(|a, b| (&a.osm_type, a.osm_id).cmp(&(&b.osm_type, b.osm_id)));
+    Ok(out)
+}
+
+/// Documents that differ between the index and a rebuild: (key, in the
+/// index, in the rebuild).
+pub fn verify(store: &Store, d: &SearchDataset) -> Result<(usize, Vec<DocDiff>), SearchError> {
+    let (_, want) = rebuild_documents(store, d)?;
+    let want: BTreeMap<String, Doc> = want
+        .into_iter()
+        .map(|(k, (doc, _))| (doc_key(k), doc))
+        .collect();
+    let have: BTreeMap<String, Doc> = all(d)?
+        .into_iter()
+        .map(|doc| (format!("{}{}", doc.osm_type, doc.osm_id), doc))
+        .collect();
+    let mut diffs = Vec::new();
+    for k in have.keys().chain(want.keys()).collect::<BTreeSet<_>>() {
+        if have.get(k) != want.get(k) {
+            diffs.push((k.clone(), have.get(k).cloned(), want.get(k).cloned()));
+        }
+    }
+    Ok((have.len().max(want.len()), diffs))
+}
