@@ -489,8 +489,9 @@ fn osm(config: &std::path::Path, command: &OsmCommand, out: &mut impl Write) -> 
             } => {
                 let mut st = highwater_osm::store::Store::open(&store_dir(store))?;
                 for d in tile_datasets(&cfg, dataset.as_deref())? {
+                    let t0 = std::time::Instant::now();
                     let r = highwater_osm::tiles::build(&mut st, d)?;
-                    output::tiles_build(out, &r, *json)?;
+                    output::tiles_build(out, &r, t0.elapsed(), *json)?;
                 }
                 Ok(0)
             }
@@ -538,53 +539,6 @@ fn osm(config: &std::path::Path, command: &OsmCommand, out: &mut impl Write) -> 
             output::search_hits(out, &hits, *json)?;
             Ok(0)
         }
-        OsmCommand::Verify {
-            dataset,
-            sample: _,
-            all: _,
-            store,
-            json,
-        } if cfg.search.iter().any(|q| q.name == *dataset) => {
-            let st = highwater_osm::store::Store::open(&store_dir(store))?;
-            let q = cfg
-                .search
-                .iter()
-                .find(|q| q.name == *dataset)
-                .expect("matched");
-            let (n, diffs) = highwater_osm::search::verify(&st, q)?;
-            if *json {
-                writeln!(
-                    out,
-                    "{}",
-                    serde_json::json!({"verify": {"dataset": dataset, "checked": n, "differences": diffs}})
-                )?;
-            } else {
-                writeln!(
-                    out,
-                    "{dataset}: {n} documents checked against a rebuild, {} differ",
-                    diffs.len()
-                )?;
-                for (k, have, want) in &diffs {
-                    writeln!(out, "  {k}: index {have:?}, rebuild {want:?}")?;
-                }
-            }
-            Ok(if diffs.is_empty() { 0 } else { 1 })
-        }
-        OsmCommand::Rebuild {
-            dataset,
-            store,
-            json,
-        } if cfg.search.iter().any(|q| q.name == *dataset) => {
-            let mut st = highwater_osm::store::Store::open(&store_dir(store))?;
-            let q = cfg
-                .search
-                .iter()
-                .find(|q| q.name == *dataset)
-                .expect("matched");
-            let r = highwater_osm::search::rebuild(&mut st, q)?;
-            output::search_drain(out, &r, *json)?;
-            Ok(0)
-        }
         OsmCommand::Aggregates {
             dataset,
             store,
@@ -612,68 +566,50 @@ fn osm(config: &std::path::Path, command: &OsmCommand, out: &mut impl Write) -> 
         }
         OsmCommand::Verify {
             dataset,
-            sample: _,
-            all: _,
-            store,
-            json,
-        } if cfg.aggregates.iter().any(|a| a.name == *dataset) => {
-            let st = highwater_osm::store::Store::open(&store_dir(store))?;
-            let a = cfg
-                .aggregates
-                .iter()
-                .find(|a| a.name == *dataset)
-                .expect("matched");
-            let (rows, diffs) = highwater_osm::aggregates::verify(&st, a)?;
-            if *json {
-                writeln!(
-                    out,
-                    "{}",
-                    serde_json::json!({"verify": {"dataset": dataset, "checked": rows, "differences": diffs}})
-                )?;
-            } else {
-                writeln!(
-                    out,
-                    "{dataset}: {rows} rows checked against a rebuild, {} differ",
-                    diffs.len()
-                )?;
-                for d in &diffs {
-                    writeln!(out, "  {d}")?;
-                }
-            }
-            Ok(if diffs.is_empty() { 0 } else { 1 })
-        }
-        OsmCommand::Rebuild {
-            dataset,
-            store,
-            json,
-        } if cfg.aggregates.iter().any(|a| a.name == *dataset) => {
-            let mut st = highwater_osm::store::Store::open(&store_dir(store))?;
-            let a = cfg
-                .aggregates
-                .iter()
-                .find(|a| a.name == *dataset)
-                .expect("matched");
-            let r = highwater_osm::aggregates::rebuild(&mut st, a)?;
-            output::agg_drain(out, &r, *json)?;
-            Ok(0)
-        }
-        OsmCommand::Verify {
-            dataset,
             sample,
             all,
             store,
             json,
         } => {
             let st = highwater_osm::store::Store::open(&store_dir(store))?;
-            let d = tile_datasets(&cfg, Some(dataset))?[0];
-            let sample = if *all {
-                None
-            } else {
-                Some(sample.unwrap_or(200))
+            let (checked, differences): (usize, Vec<String>) = match named(&cfg, dataset)? {
+                Named::Tiles(d) => {
+                    let sample = if *all {
+                        None
+                    } else {
+                        Some(sample.unwrap_or(200))
+                    };
+                    let r = highwater_osm::tiles::verify(&st, d, sample)?;
+                    output::tiles_verify(out, &r, *json)?;
+                    return Ok(if r.differences.is_empty() { 0 } else { 1 });
+                }
+                Named::Aggregates(a) => highwater_osm::aggregates::verify(&st, a)?,
+                Named::Search(q) => {
+                    let (n, diffs) = highwater_osm::search::verify(&st, q)?;
+                    let diffs = diffs
+                        .iter()
+                        .map(|(k, have, want)| format!("{k}: index {have:?}, rebuild {want:?}"))
+                        .collect();
+                    (n, diffs)
+                }
             };
-            let r = highwater_osm::tiles::verify(&st, d, sample)?;
-            output::tiles_verify(out, &r, *json)?;
-            Ok(if r.differences.is_empty() { 0 } else { 1 })
+            if *json {
+                writeln!(
+                    out,
+                    "{}",
+                    serde_json::json!({"verify": {"dataset": dataset, "checked": checked, "differences": differences}})
+                )?;
+            } else {
+                writeln!(
+                    out,
+                    "{dataset}: {checked} checked against a rebuild, {} differ",
+                    differences.len()
+                )?;
+                for d in &differences {
+                    writeln!(out, "  {d}")?;
+                }
+            }
+            Ok(if differences.is_empty() { 0 } else { 1 })
         }
         OsmCommand::Rebuild {
             dataset,
@@ -681,12 +617,41 @@ fn osm(config: &std::path::Path, command: &OsmCommand, out: &mut impl Write) -> 
             json,
         } => {
             let mut st = highwater_osm::store::Store::open(&store_dir(store))?;
-            let d = tile_datasets(&cfg, Some(dataset))?[0];
-            let r = highwater_osm::tiles::build(&mut st, d)?;
-            output::tiles_build(out, &r, *json)?;
+            let t0 = std::time::Instant::now();
+            match named(&cfg, dataset)? {
+                Named::Tiles(d) => {
+                    let r = highwater_osm::tiles::build(&mut st, d)?;
+                    output::tiles_build(out, &r, t0.elapsed(), *json)?;
+                }
+                Named::Aggregates(a) => {
+                    let r = highwater_osm::aggregates::rebuild(&mut st, a)?;
+                    output::agg_drain(out, &r, t0.elapsed(), *json)?;
+                }
+                Named::Search(q) => {
+                    let r = highwater_osm::search::rebuild(&mut st, q)?;
+                    output::search_drain(out, &r, t0.elapsed(), *json)?;
+                }
+            }
             Ok(0)
         }
     }
+}
+
+/// A dataset of any kind, by name.
+enum Named<'c> {
+    Tiles(&'c highwater_osm::ops::TileDataset),
+    Aggregates(&'c highwater_osm::aggregates::AggDataset),
+    Search(&'c highwater_osm::search::SearchDataset),
+}
+
+fn named<'c>(cfg: &'c highwater_osm::ops::OsmConfig, name: &str) -> Result<Named<'c>> {
+    if let Some(a) = cfg.aggregates.iter().find(|a| a.name == name) {
+        return Ok(Named::Aggregates(a));
+    }
+    if let Some(q) = cfg.search.iter().find(|q| q.name == name) {
+        return Ok(Named::Search(q));
+    }
+    Ok(Named::Tiles(tile_datasets(cfg, Some(name))?[0]))
 }
 
 /// The tile datasets with a file: one by name, or all of them.
@@ -703,14 +668,23 @@ fn tile_datasets<'c>(
                 dataset: n.to_string(),
             }
             .into()),
-            None => anyhow::bail!(
-                "no dataset {n:?}: the config declares {}",
-                cfg.tiles
+            None => {
+                let names: Vec<&str> = cfg
+                    .tiles
                     .iter()
                     .map(|d| d.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
+                    .chain(cfg.aggregates.iter().map(|a| a.name.as_str()))
+                    .chain(cfg.search.iter().map(|q| q.name.as_str()))
+                    .collect();
+                anyhow::bail!(
+                    "no dataset {n:?}: the config declares {}",
+                    if names.is_empty() {
+                        "none".to_string()
+                    } else {
+                        names.join(", ")
+                    }
+                )
+            }
         },
     }
 }
@@ -725,8 +699,9 @@ fn agg_drains(
 ) -> Result<i32> {
     let mut failed = 0;
     for q in &cfg.search {
+        let t0 = std::time::Instant::now();
         match highwater_osm::search::drain(st, q) {
-            Ok(r) => output::search_drain(out, &r, json)?,
+            Ok(r) => output::search_drain(out, &r, t0.elapsed(), json)?,
             Err(e) => {
                 failed += 1;
                 output::tiles_drain_failed(out, &q.name, &e.to_string(), json)?;
@@ -734,6 +709,7 @@ fn agg_drains(
         }
     }
     for a in &cfg.aggregates {
+        let t0 = std::time::Instant::now();
         let r = if std::env::var("HIGHWATER_FAILPOINT")
             .is_ok_and(|v| v == format!("fail-drain:{}", a.name))
         {
@@ -745,7 +721,7 @@ fn agg_drains(
             highwater_osm::aggregates::drain(st, a).map_err(|e| e.to_string())
         };
         match r {
-            Ok(r) => output::agg_drain(out, &r, json)?,
+            Ok(r) => output::agg_drain(out, &r, t0.elapsed(), json)?,
             Err(e) => {
                 failed += 1;
                 output::tiles_drain_failed(out, &a.name, &e, json)?;
@@ -767,8 +743,9 @@ fn drains(
 ) -> Result<i32> {
     let mut failed = 0;
     for d in sets {
+        let t0 = std::time::Instant::now();
         match highwater_osm::tiles::drain(st, d, max, order) {
-            Ok(r) => output::tiles_drain(out, &r, json)?,
+            Ok(r) => output::tiles_drain(out, &r, t0.elapsed(), json)?,
             Err(e) => {
                 failed += 1;
                 output::tiles_drain_failed(out, &d.name, &e.to_string(), json)?;

@@ -454,18 +454,24 @@ pub fn osm_apply(
 pub fn tiles_build(
     out: &mut impl Write,
     r: &highwater_osm::tiles::BuildReport,
+    took: std::time::Duration,
     as_json: bool,
 ) -> io::Result<()> {
     if as_json {
-        return writeln!(out, "{}", serde_json::json!({"build": r}));
+        return writeln!(
+            out,
+            "{}",
+            serde_json::json!({"build": r, "elapsed_ms": took.as_millis() as u64})
+        );
     }
     writeln!(
         out,
-        "{}: built {} tiles from {} features at sequence {}{}",
+        "{}: built {} tiles from {} features at sequence {} in {:.2} s{}",
         r.dataset,
         r.tiles,
         r.features,
         r.sequence.map_or("(none)".into(), |s| s.to_string()),
+        took.as_secs_f64(),
         r.reason
             .as_ref()
             .map_or(String::new(), |why| format!(" (rebuilt because {why})"))
@@ -475,6 +481,7 @@ pub fn tiles_build(
 pub fn tiles_drain(
     out: &mut impl Write,
     r: &highwater_osm::tiles::DrainReport,
+    took: std::time::Duration,
     as_json: bool,
 ) -> io::Result<()> {
     if let Some(from) = r.growing_from {
@@ -484,15 +491,23 @@ pub fn tiles_drain(
         );
     }
     if as_json {
-        return writeln!(out, "{}", serde_json::json!({"drain": r}));
+        return writeln!(
+            out,
+            "{}",
+            serde_json::json!({"drain": r, "elapsed_ms": took.as_millis() as u64})
+        );
     }
     if let Some(b) = &r.rebuilt {
-        return tiles_build(out, b, false);
+        return tiles_build(out, b, took, false);
     }
     writeln!(
         out,
-        "{}: re-cut {} tiles ({} now empty, deleted); backlog {} dirty tiles",
-        r.dataset, r.recut, r.deleted, r.backlog
+        "{}: re-cut {} tiles ({} now empty, deleted) in {:.2} s; backlog {} dirty tiles",
+        r.dataset,
+        r.recut,
+        r.deleted,
+        took.as_secs_f64(),
+        r.backlog
     )
 }
 
@@ -542,22 +557,36 @@ pub fn tiles_verify(
 pub fn agg_drain(
     out: &mut impl Write,
     r: &highwater_osm::aggregates::AggReport,
+    took: std::time::Duration,
     as_json: bool,
 ) -> io::Result<()> {
     if as_json {
-        return writeln!(out, "{}", serde_json::json!({"aggregates": r}));
+        return writeln!(
+            out,
+            "{}",
+            serde_json::json!({"aggregates": r, "elapsed_ms": took.as_millis() as u64})
+        );
     }
     if r.rebuilt {
         return writeln!(
             out,
-            "{}: rebuilt from {} contributing features",
-            r.dataset, r.recomputed
+            "{}: rebuilt from {} contributing features in {:.2} s{}",
+            r.dataset,
+            r.recomputed,
+            took.as_secs_f64(),
+            r.reason
+                .as_ref()
+                .map_or(String::new(), |why| format!(" (because {why})"))
         );
     }
     writeln!(
         out,
-        "{}: recomputed {} features ({} changed), {} admin areas changed",
-        r.dataset, r.recomputed, r.changed, r.areas_changed
+        "{}: recomputed {} features ({} changed), {} admin areas changed, in {:.2} s",
+        r.dataset,
+        r.recomputed,
+        r.changed,
+        r.areas_changed,
+        took.as_secs_f64()
     )
 }
 
@@ -593,18 +622,37 @@ pub fn aggregates(
 pub fn search_drain(
     out: &mut impl Write,
     r: &highwater_osm::search::SearchReport,
+    took: std::time::Duration,
     as_json: bool,
 ) -> io::Result<()> {
     if as_json {
-        return writeln!(out, "{}", serde_json::json!({"search": r}));
+        return writeln!(
+            out,
+            "{}",
+            serde_json::json!({"search": r, "elapsed_ms": took.as_millis() as u64})
+        );
     }
     if r.rebuilt {
-        return writeln!(out, "{}: rebuilt, {} documents", r.dataset, r.documents);
+        return writeln!(
+            out,
+            "{}: rebuilt, {} documents, in {:.2} s{}",
+            r.dataset,
+            r.documents,
+            took.as_secs_f64(),
+            r.reason
+                .as_ref()
+                .map_or(String::new(), |why| format!(" (because {why})"))
+        );
     }
     writeln!(
         out,
-        "{}: recomputed {} documents, reindexed {}, {} context areas changed; {} documents",
-        r.dataset, r.recomputed, r.reindexed, r.areas_changed, r.documents
+        "{}: recomputed {} documents, reindexed {}, {} context areas changed, in {:.2} s; {} documents",
+        r.dataset,
+        r.recomputed,
+        r.reindexed,
+        r.areas_changed,
+        took.as_secs_f64(),
+        r.documents
     )
 }
 

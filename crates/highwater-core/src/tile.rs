@@ -212,6 +212,45 @@ pub fn fill_cells(rings: &[Vec<(f64, f64)>], z: u8, f: &mut impl FnMut((u32, u32
     }
 }
 
+/// Liang–Barsky: the part of segment a-b inside the closed box
+/// (x0, y0, x1, y1), if any. The tile cutter clips with it, and the tests
+/// use it as the plain definition of "a segment meets a tile".
+pub fn clip_segment(
+    a: (f64, f64),
+    b: (f64, f64),
+    (x0, y0, x1, y1): (f64, f64, f64, f64),
+) -> Option<((f64, f64), (f64, f64))> {
+    let (dx, dy) = (b.0 - a.0, b.1 - a.1);
+    let (mut t0, mut t1) = (0.0f64, 1.0f64);
+    for (p, q) in [
+        (-dx, a.0 - x0),
+        (dx, x1 - a.0),
+        (-dy, a.1 - y0),
+        (dy, y1 - a.1),
+    ] {
+        if p == 0.0 {
+            if q < 0.0 {
+                return None;
+            }
+        } else {
+            let r = q / p;
+            if p < 0.0 {
+                t0 = t0.max(r);
+            } else {
+                t1 = t1.min(r);
+            }
+            if t0 > t1 {
+                return None;
+            }
+        }
+    }
+    let at = |t: f64| (a.0 + dx * t, a.1 + dy * t);
+    Some((
+        if t0 == 0.0 { a } else { at(t0) },
+        if t1 == 1.0 { b } else { at(t1) },
+    ))
+}
+
 /// The cells of zoom `z_max` and all their parents down to `z_min`.
 pub fn with_parents(cells: &Cells, z_max: u8, z_min: u8) -> BTreeSet<Tile> {
     assert!(z_min <= z_max && z_max <= ZOOM_MAX);

@@ -4,31 +4,9 @@
 use highwater_core::tile::{add_line, add_polygon, Cells};
 use proptest::prelude::*;
 
-/// Whether the segment a-b meets the closed box [x0, x1] × [y0, y1]
-/// (Liang–Barsky clipping).
+/// Whether the segment a-b meets the closed box [x0, x1] × [y0, y1].
 fn segment_meets_box(a: (f64, f64), b: (f64, f64), x0: f64, y0: f64, x1: f64, y1: f64) -> bool {
-    let (dx, dy) = (b.0 - a.0, b.1 - a.1);
-    let (mut t0, mut t1) = (0.0f64, 1.0f64);
-    for (p, q) in [
-        (-dx, a.0 - x0),
-        (dx, x1 - a.0),
-        (-dy, a.1 - y0),
-        (dy, y1 - a.1),
-    ] {
-        if p == 0.0 {
-            if q < 0.0 {
-                return false;
-            }
-        } else {
-            let r = q / p;
-            if p < 0.0 {
-                t0 = t0.max(r);
-            } else {
-                t1 = t1.min(r);
-            }
-        }
-    }
-    t0 <= t1
+    highwater_core::tile::clip_segment(a, b, (x0, y0, x1, y1)).is_some()
 }
 
 fn inside(rings: &[Vec<(f64, f64)>], x: f64, y: f64) -> bool {

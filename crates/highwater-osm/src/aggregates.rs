@@ -444,6 +444,8 @@ pub struct AggReport {
     /// Admin areas that changed (shape, name, level, appeared, went).
     pub areas_changed: usize,
     pub rebuilt: bool,
+    /// Why a drain rebuilt instead, if it did.
+    pub reason: Option<String>,
 }
 
 /// Rebuilds the dataset's contributions and areas from the store.
@@ -466,6 +468,7 @@ pub fn rebuild(store: &mut Store, d: &AggDataset) -> Result<AggReport, StoreErro
         changed: contrib.len(),
         areas_changed: areas.list.len(),
         rebuilt: true,
+        reason: None,
     })
 }
 
@@ -473,8 +476,17 @@ pub fn rebuild(store: &mut Store, d: &AggDataset) -> Result<AggReport, StoreErro
 /// one store transaction (contributions, areas and the dirty keys commit
 /// together, so a crash repeats the whole drain or none of it).
 pub fn drain(store: &mut Store, d: &AggDataset) -> Result<AggReport, StoreError> {
-    if store.meta(&format!("agg_recipe:{}", d.name))?.as_deref() != Some(d.recipe.as_str()) {
-        return rebuild(store, d);
+    let built = store.meta(&format!("agg_recipe:{}", d.name))?;
+    if built.as_deref() != Some(d.recipe.as_str()) {
+        let mut r = rebuild(store, d)?;
+        r.reason = Some(match built {
+            None => "it was never built".to_string(),
+            Some(old) => format!(
+                "its recipe changed ({old} -> {}): new logic must not mix with old totals",
+                d.recipe
+            ),
+        });
+        return Ok(r);
     }
     let every = TileLayer::every_key();
     let (new_areas, old_areas, dirty) = store.snapshot(|s| {

@@ -57,44 +57,6 @@ fn quantize(p: (f64, f64)) -> (i32, i32) {
     (p.0.round() as i32, p.1.round() as i32)
 }
 
-/// Liang–Barsky: the part of segment a-b inside the box, if any.
-fn clip_segment(
-    a: (f64, f64),
-    b: (f64, f64),
-    lo: f64,
-    hi: f64,
-) -> Option<((f64, f64), (f64, f64))> {
-    let (dx, dy) = (b.0 - a.0, b.1 - a.1);
-    let (mut t0, mut t1) = (0.0f64, 1.0f64);
-    for (p, q) in [
-        (-dx, a.0 - lo),
-        (dx, hi - a.0),
-        (-dy, a.1 - lo),
-        (dy, hi - a.1),
-    ] {
-        if p == 0.0 {
-            if q < 0.0 {
-                return None;
-            }
-        } else {
-            let r = q / p;
-            if p < 0.0 {
-                t0 = t0.max(r);
-            } else {
-                t1 = t1.min(r);
-            }
-            if t0 > t1 {
-                return None;
-            }
-        }
-    }
-    let at = |t: f64| (a.0 + dx * t, a.1 + dy * t);
-    Some((
-        if t0 == 0.0 { a } else { at(t0) },
-        if t1 == 1.0 { b } else { at(t1) },
-    ))
-}
-
 fn dedupe(v: &mut Vec<(i32, i32)>) {
     v.dedup();
 }
@@ -104,7 +66,7 @@ fn clip_line(f: &Frame, line: &[P]) -> Vec<Vec<(i32, i32)>> {
     let mut cur: Vec<(i32, i32)> = Vec::new();
     for s in line.windows(2) {
         let (a, b) = (f.local(s[0]), f.local(s[1]));
-        match clip_segment(a, b, f.lo, f.hi) {
+        match tile::clip_segment(a, b, (f.lo, f.lo, f.hi, f.hi)) {
             Some((ca, cb)) => {
                 let (qa, qb) = (quantize(ca), quantize(cb));
                 // A piece continues while the line stays inside: the clipped

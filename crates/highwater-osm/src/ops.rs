@@ -361,6 +361,11 @@ pub fn apply(
                 r.filtered += s.filtered;
                 if z.is_some() {
                     r.zoomed_out_to = z.min(r.zoomed_out_to.or(z));
+                    if d.mbtiles.is_some() {
+                        // Coarse dirty tiles stand for their whole subtree,
+                        // which a drain would not re-cut: the file is rebuilt.
+                        w.set_meta(&format!("tiles_rebuild:{}", d.name), "1")?;
+                    }
                 }
                 per[i].extend(t);
             }

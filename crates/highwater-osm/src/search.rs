@@ -246,6 +246,8 @@ pub struct SearchReport {
     pub areas_changed: usize,
     pub documents: usize,
     pub rebuilt: bool,
+    /// Why a drain rebuilt instead, if it did.
+    pub reason: Option<String>,
 }
 
 /// Every document from a full pass over the store: the rebuild.
@@ -358,10 +360,22 @@ fn affected_by_areas(
 /// Brings the index current with the elements touched since the last drain
 /// and the areas that changed.
 pub fn drain(store: &mut Store, d: &SearchDataset) -> Result<SearchReport, SearchError> {
-    if store.meta(&format!("search_recipe:{}", d.name))?.as_deref() != Some(d.recipe.as_str())
-        || !d.index.join("meta.json").exists()
-    {
-        return rebuild(store, d);
+    let built = store.meta(&format!("search_recipe:{}", d.name))?;
+    let reason = match built {
+        None => Some("it was never built".to_string()),
+        Some(old) if old != d.recipe => Some(format!(
+            "its recipe changed ({old} -> {}): new logic must not mix with old documents",
+            d.recipe
+        )),
+        Some(_) if !d.index.join("meta.json").exists() => {
+            Some(format!("{} is missing", d.index.display()))
+        }
+        Some(_) => None,
+    };
+    if let Some(reason) = reason {
+        let mut r = rebuild(store, d)?;
+        r.reason = Some(reason);
+        return Ok(r);
     }
     let ctx = context(store, d)?;
     let old_admin = store.agg_areas(&d.name)?;

@@ -735,6 +735,13 @@ impl Writer<'_> {
             .map_err(|e| self.err(e))
     }
 
+    pub fn del_meta(&mut self, key: &str) -> Result<(), StoreError> {
+        self.tx
+            .execute("DELETE FROM meta WHERE key = ?1", [key])
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
     pub fn set_meta(&mut self, key: &str, value: &str) -> Result<(), StoreError> {
         self.tx
             .execute(

@@ -355,6 +355,7 @@ pub fn build(store: &mut Store, d: &TileDataset) -> Result<BuildReport, TilesErr
     fsync_dir(&path)?;
     store.write(|w| {
         w.clear_dirty(&d.name)?;
+        w.del_meta(&format!("tiles_rebuild:{}", d.name))?;
         w.set_marker(&d.name, sequence, &d.recipe)
     })?;
     Ok(BuildReport {
@@ -394,8 +395,13 @@ pub fn drain(
         dataset: d.name.clone(),
         ..Default::default()
     };
+    let too_many = store.meta(&format!("tiles_rebuild:{}", d.name))?.is_some();
     let reason = match Mbtiles::open(&path)? {
         None => Some(format!("{} does not exist yet", path.display())),
+        Some(_) if too_many => Some(format!(
+            "a diff affected more than tiles_affected_max = {} tiles at z{}",
+            d.tiles_affected_max, d.layer.zoom_max
+        )),
         Some(mb) => match mb.metadata("highwater_recipe")? {
             Some(r) if r == d.recipe => None,
             other => Some(format!(

@@ -199,3 +199,23 @@ fn renaming_an_admin_area_recomputes_nothing() {
         .iter()
         .any(|r| r.area_osm_id == 2220206 && r.area_name.as_deref() == Some("Fontvieille-Neuf")));
 }
+
+/// A changed recipe (another class list) rebuilds instead of mixing old
+/// totals with new, and says why.
+#[test]
+fn a_recipe_change_rebuilds_and_says_why() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = config(tmp.path());
+    let mut store = monaco(&tmp.path().join("store"));
+    aggregates::rebuild(&mut store, &cfg.aggregates[0]).unwrap();
+    let mut other = cfg.aggregates[0].clone();
+    other
+        .classes
+        .push(aggregates::ClassSpec::parse("shop").unwrap());
+    other.recipe.push_str("-shop");
+    let r = aggregates::drain(&mut store, &other).unwrap();
+    assert!(r.rebuilt, "{r:?}");
+    assert!(r.reason.unwrap_or_default().contains("recipe changed"));
+    let rows = check(&store, &other);
+    assert!(rows.iter().any(|r| r.class == "shop"));
+}

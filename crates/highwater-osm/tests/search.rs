@@ -186,3 +186,17 @@ fn a_city_boundary_moving_updates_the_documents_that_crossed_it() {
     assert_eq!(cafe.place.as_deref(), Some("Alpha"));
     check(&store, d);
 }
+
+/// A changed recipe (other admin levels) rebuilds the index, and says why.
+#[test]
+fn a_recipe_change_rebuilds_the_index_and_says_why() {
+    let (_tmp, cfg, mut store) = city();
+    let mut other = cfg.search[0].clone();
+    other.admin_levels = vec![2, 4];
+    other.recipe.push_str("-levels");
+    let r = search::drain(&mut store, &other).unwrap();
+    assert!(r.rebuilt && r.reason.unwrap_or_default().contains("recipe changed"));
+    let cafe = &search::search(&other, "Café", 1).unwrap()[0];
+    assert_eq!(cafe.admin.keys().collect::<Vec<_>>(), ["2", "4"]);
+    check(&store, &other);
+}

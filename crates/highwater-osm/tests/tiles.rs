@@ -301,3 +301,29 @@ fn tiles_gunzip(b: &[u8]) -> Vec<u8> {
         .unwrap();
     out
 }
+
+/// Beyond tiles_affected_max, expiry zooms out to coarse tiles, which stand
+/// for their whole subtree: the drain rebuilds the file instead of
+/// re-cutting only those, and says why.
+#[test]
+fn too_many_affected_tiles_rebuild_the_file_and_say_why() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = config(
+        tmp.path(),
+        "[osm.tiles.m]\nzooms = \"12-16\"\nkeys = [\"*\"]\nmbtiles = \"m.mbtiles\"\ntiles_affected_max = 2\n",
+    );
+    let d = &cfg.tiles[0];
+    let mut store = monaco(&tmp.path().join("store"));
+    tiles::build(&mut store, d).unwrap();
+    let files = ops::pending(&store, &data("monaco-updates")).unwrap();
+    let diffs = ops::read_diffs(&files).unwrap();
+    let r = ops::apply(&mut store, &cfg, &diffs, false).unwrap();
+    assert!(r.datasets[0].zoomed_out_to.is_some(), "{r:?}");
+    let r = tiles::drain(&mut store, d, usize::MAX, DrainOrder::LowZoomFirst).unwrap();
+    let why = r.rebuilt.and_then(|b| b.reason).unwrap_or_default();
+    assert!(why.contains("tiles_affected_max"), "{why}");
+    check(&store, d);
+    // The next drain is an ordinary one again.
+    let r = tiles::drain(&mut store, d, usize::MAX, DrainOrder::LowZoomFirst).unwrap();
+    assert!(r.rebuilt.is_none());
+}
