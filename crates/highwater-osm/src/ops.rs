@@ -65,6 +65,7 @@ struct RawTiles {
     tiles_affected_max: Option<usize>,
     mbtiles: Option<String>,
     drain: Option<String>,
+    drain_rebuild_share: Option<f64>,
 }
 
 /// A parsed diff and the replication state beside it, if any.
@@ -86,6 +87,13 @@ pub struct TileDataset {
     /// Whether `osm apply` re-cuts the dirty tiles right away (true) or
     /// leaves them for `osm tiles drain`.
     pub drain_on_apply: bool,
+    /// Above this share of the file's tiles dirty, a drain rebuilds the
+    /// file instead: it bounds a drain's cost by a full pass's. Measured
+    /// (bench/osm-datasets.sh): re-cutting 98% of Monaco's tiles took 0.6x
+    /// a rebuild; re-cutting 2.6 times Liechtenstein's tile count (a
+    /// three-year diff, old and new tiles) took 1.0x. The default, 1,
+    /// rebuilds a little early, on the side that is always correct.
+    pub drain_rebuild_share: f64,
 }
 
 #[derive(Clone, Debug)]
@@ -243,6 +251,12 @@ impl OsmConfig {
                     )))
                 }
             };
+            let drain_rebuild_share = t.drain_rebuild_share.unwrap_or(1.0);
+            if !(drain_rebuild_share > 0.0 && drain_rebuild_share.is_finite()) {
+                return Err(bad(format!(
+                    "[osm.tiles.{name}] drain_rebuild_share = {drain_rebuild_share}: give a share above 0 (1: rebuild when more tiles are dirty than the file holds)"
+                )));
+            }
             let mbtiles = match t.mbtiles.as_deref() {
                 None => None,
                 Some(f) => Some(safe_file(root, f).ok_or_else(|| {
@@ -272,6 +286,7 @@ impl OsmConfig {
                 name,
                 mbtiles,
                 drain_on_apply,
+                drain_rebuild_share,
             });
         }
         Ok(OsmConfig {

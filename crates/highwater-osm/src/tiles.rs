@@ -13,7 +13,7 @@
 //! in its metadata); a drain that finds another recipe rebuilds the file
 //! instead, and says so, so that new logic never mixes with old tiles.
 
-use crate::cut::{cut, cut_feature};
+use crate::cut::cut;
 use crate::derive::{rebuild_shapes, TileLayer};
 use crate::features::{self, feature, signatures, Current, ElementKey, Feature};
 use crate::mvt;
@@ -22,7 +22,7 @@ use crate::store::{DrainOrder, Store, StoreError};
 use highwater_core::tile::Tile;
 use rayon::prelude::*;
 use rusqlite::{params, Connection, OptionalExtension};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use thiserror::Error;
@@ -171,6 +171,13 @@ impl Mbtiles {
             })
         })
         .transpose()
+    }
+
+    /// The number of tiles in the file.
+    pub fn count(&self) -> Result<i64, TilesError> {
+        self.conn
+            .query_row("SELECT count(*) FROM tiles", [], |r| r.get(0))
+            .map_err(|e| self.err(e))
     }
 
     /// Every tile in the file, in (z, x, y) order.
@@ -396,8 +403,16 @@ pub fn drain(
         ..Default::default()
     };
     let too_many = store.meta(&format!("tiles_rebuild:{}", d.name))?.is_some();
+    let dirty = store.dirty_count(&d.name)?;
     let reason = match Mbtiles::open(&path)? {
         None => Some(format!("{} does not exist yet", path.display())),
+        Some(mb) if dirty > 0 && dirty as f64 > d.drain_rebuild_share * mb.count()? as f64 => {
+            Some(format!(
+                "{dirty} of its {} tiles are dirty, more than drain_rebuild_share = {}: a full pass is cheaper",
+                mb.count()?,
+                d.drain_rebuild_share
+            ))
+        }
         Some(_) if too_many => Some(format!(
             "a diff affected more than tiles_affected_max = {} tiles at z{}",
             d.tiles_affected_max, d.layer.zoom_max
@@ -429,12 +444,33 @@ pub fn drain(
         if tiles.is_empty() {
             break;
         }
-        // One read transaction per batch: one snapshot, one file lock.
+        // One read transaction per batch: one snapshot, one file lock; and
+        // each feature built once per batch, however many tiles show it
+        // (a low-zoom tile shows most of them).
         let batch = store.snapshot(|s| {
-            let mut batch = Vec::with_capacity(tiles.len());
+            let view = Current::new(s);
+            let mut built: HashMap<ElementKey, Option<Feature>> = HashMap::new();
+            let mut cands = Vec::with_capacity(tiles.len());
             for &t in &tiles {
-                batch.push((t, recut(s, d, t)?));
+                let keys = s.shapes_in(tile_box(t, d.layer.buffer))?;
+                for &k in &keys {
+                    if let std::collections::hash_map::Entry::Vacant(e) = built.entry(k) {
+                        e.insert(feature(&view, k.0, k.1, &d.layer)?);
+                    }
+                }
+                cands.push(keys);
             }
+            let batch: Vec<(Tile, Option<Vec<u8>>)> = tiles
+                .par_iter()
+                .zip(&cands)
+                .map(|(&t, keys)| {
+                    let fs: Vec<(ElementKey, &Feature)> = keys
+                        .iter()
+                        .filter_map(|k| built[k].as_ref().map(|f| (*k, f)))
+                        .collect();
+                    (t, cut(t, &d.name, d.layer.buffer, &fs))
+                })
+                .collect();
             Ok(batch)
         })?;
         report.deleted += batch.iter().filter(|(_, b)| b.is_none()).count();
@@ -453,27 +489,15 @@ pub fn drain(
     Ok(report)
 }
 
-/// One tile cut from the store as it is: the shapes index finds the
-/// candidates, the cutter keeps what shows.
-fn recut(store: &Store, d: &TileDataset, t: Tile) -> Result<Option<Vec<u8>>, StoreError> {
+/// A tile's box grown by the buffer, in world coordinates.
+fn tile_box(t: Tile, b: f64) -> (f64, f64, f64, f64) {
     let n = (1u64 << t.z) as f64;
-    let b = d.layer.buffer;
-    let bbox = (
+    (
         (t.x as f64 - b) / n,
         (t.y as f64 - b) / n,
         (t.x as f64 + 1.0 + b) / n,
         (t.y as f64 + 1.0 + b) / n,
-    );
-    let view = Current::new(store);
-    let mut out = Vec::new();
-    for (kind, id) in store.shapes_in(bbox)? {
-        if let Some(f) = feature(&view, kind, id, &d.layer)? {
-            if let Some(tf) = cut_feature(t, b, (kind, id), &f) {
-                out.push(tf);
-            }
-        }
-    }
-    Ok((!out.is_empty()).then(|| mvt::encode(&d.name, &out)))
+    )
 }
 
 /// One tile that differs between the file and a rebuild.

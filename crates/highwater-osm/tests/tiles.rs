@@ -21,12 +21,14 @@ keys = ["*"]
 buffer = 0.1
 diff_expire = true
 mbtiles = "a.mbtiles"
+drain_rebuild_share = 1000
 
 [osm.tiles.b]
 zooms = "13-16"
 keys = ["highway", "building", "name", "landuse", "route"]
 buffer = 0
 mbtiles = "b.mbtiles"
+drain_rebuild_share = 1000
 "#;
 
 fn config(dir: &Path, tiles: &str) -> OsmConfig {
@@ -159,6 +161,7 @@ zooms = "12-16"
 keys = ["*"]
 mbtiles = "d.mbtiles"
 drain = "deferred"
+drain_rebuild_share = 1000
 "#,
     );
     let d = &cfg.tiles[0];
@@ -228,7 +231,7 @@ fn a_tile_that_becomes_empty_is_deleted() {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = config(
         tmp.path(),
-        "[osm.tiles.e]\nzooms = \"14-15\"\nkeys = [\"*\"]\nmbtiles = \"e.mbtiles\"\n",
+        "[osm.tiles.e]\nzooms = \"14-15\"\nkeys = [\"*\"]\nmbtiles = \"e.mbtiles\"\ndrain_rebuild_share = 1000\n",
     );
     let mut store = Store::open(&tmp.path().join("store")).unwrap();
     let osm = tmp.path().join("one.osm");
@@ -326,4 +329,25 @@ fn too_many_affected_tiles_rebuild_the_file_and_say_why() {
     // The next drain is an ordinary one again.
     let r = tiles::drain(&mut store, d, usize::MAX, DrainOrder::LowZoomFirst).unwrap();
     assert!(r.rebuilt.is_none());
+}
+
+/// A drain that finds more than drain_rebuild_share of the file's tiles
+/// dirty rebuilds instead, and says why.
+#[test]
+fn a_large_backlog_is_rebuilt_instead_of_drained() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = config(
+        tmp.path(),
+        "[osm.tiles.s]\nzooms = \"12-16\"\nkeys = [\"*\"]\nmbtiles = \"s.mbtiles\"\ndrain = \"deferred\"\ndrain_rebuild_share = 0.1\n",
+    );
+    let d = &cfg.tiles[0];
+    let mut store = monaco(&tmp.path().join("store"));
+    tiles::build(&mut store, d).unwrap();
+    let files = ops::pending(&store, &data("monaco-updates")).unwrap();
+    ops::apply(&mut store, &cfg, &ops::read_diffs(&files).unwrap(), false).unwrap();
+    let r = tiles::drain(&mut store, d, usize::MAX, DrainOrder::LowZoomFirst).unwrap();
+    let why = r.rebuilt.and_then(|b| b.reason).unwrap_or_default();
+    assert!(why.contains("drain_rebuild_share"), "{why}");
+    assert_eq!(store.dirty_count("s").unwrap(), 0);
+    check(&store, d);
 }

@@ -379,6 +379,7 @@ store = ".highwater/osm"
 zooms = "12-15"
 keys = ["*"]
 mbtiles = "a.mbtiles"
+drain_rebuild_share = 1000
 
 [osm.tiles.b]
 zooms = "13-16"
@@ -386,6 +387,7 @@ keys = ["highway", "building"]
 buffer = 0.1
 diff_expire = true
 mbtiles = "b.mbtiles"
+drain_rebuild_share = 1000
 "#;
 
 fn built() -> Project {
@@ -504,6 +506,7 @@ store = ".highwater/osm"
 zooms = "13-15"
 keys = ["*"]
 mbtiles = "t.mbtiles"
+drain_rebuild_share = 1000
 
 [osm.aggregates.admin]
 classes = ["building", "highway=*"]
