@@ -86,7 +86,10 @@ impl Mbtiles {
         }
     }
 
-    fn create(path: &Path, d: &TileDataset) -> Result<Mbtiles, TilesError> {
+    /// A new file with the standard schema and metadata. `seen` are the
+    /// keys the features carry, listed as the layer's fields when the layer
+    /// reads every key (readers such as GDAL build their columns from it).
+    fn create(path: &Path, d: &TileDataset, seen: &BTreeSet<&str>) -> Result<Mbtiles, TilesError> {
         let conn = Connection::open(path).map_err(|err| TilesError::Mbtiles {
             path: path.to_path_buf(),
             err,
@@ -105,7 +108,10 @@ impl Mbtiles {
             .map_err(|e| mb.err(e))?;
         let fields: BTreeMap<String, String> = match &d.layer.keys {
             Some(k) => k.iter().map(|k| (k.clone(), "String".into())).collect(),
-            None => BTreeMap::new(),
+            None => seen
+                .iter()
+                .map(|k| (k.to_string(), "String".into()))
+                .collect(),
         };
         let json = serde_json::json!({"vector_layers": [{
             "id": d.name, "minzoom": d.layer.zoom_min, "maxzoom": d.layer.zoom_max, "fields": fields,
@@ -331,7 +337,12 @@ pub fn build(store: &mut Store, d: &TileDataset) -> Result<BuildReport, TilesErr
     let name = path.file_name().unwrap_or_default().to_string_lossy();
     let tmp = path.with_file_name(format!(".{name}.hw-tmp-{}", std::process::id()));
     let _ = std::fs::remove_file(&tmp);
-    let mut mb = Mbtiles::create(&tmp, d)?;
+    let seen: BTreeSet<&str> = view
+        .features
+        .iter()
+        .flat_map(|(_, f)| f.tags.keys().map(String::as_str))
+        .collect();
+    let mut mb = Mbtiles::create(&tmp, d, &seen)?;
     // Nobody reads the temporary file, and it is fsynced whole before the
     // rename that publishes it: no need to sync each batch.
     mb.conn

@@ -599,3 +599,44 @@ index = "search"
     let r = p.check(&["osm", "search", "name:(", "--json"], 2);
     assert!(r.stderr.contains("name:("), "{}", r.stderr);
 }
+
+/// An independent MBTiles and MVT reader, GDAL's (`ogrinfo`), reads the
+/// file as it is: the layer, its fields, and a feature where it belongs.
+#[test]
+fn gdal_reads_the_mbtiles_file_as_is() {
+    let p = built();
+    let path = p.path("b.mbtiles");
+    let ogr = |args: &[&str]| {
+        let out = std::process::Command::new("ogrinfo")
+            .args(["-ro"])
+            .arg(&path)
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("ogrinfo is needed for this check ({e}); install Debian's gdal-bin (.ci/run does)")
+            });
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let info = ogr(&["-so", "-oo", "ZOOM_LEVEL=16", "b"]);
+    assert!(info.contains("format=pbf"), "{info}");
+    assert!(info.contains("highway: String") && info.contains("building: String"), "{info}");
+    let count: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("Feature Count: "))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("a feature count");
+    assert!(count > 1000, "{count}");
+    // Boulevard Albert 1er, in Web Mercator metres: inside Monaco.
+    let f = ogr(&["-oo", "ZOOM_LEVEL=16", "b", "-where", "highway = 'primary'"]);
+    let line = f
+        .lines()
+        .find(|l| l.trim_start().starts_with("LINESTRING") || l.trim_start().starts_with("MULTILINESTRING"))
+        .expect("a primary road");
+    let x: f64 = line
+        .split(['(', ' ', ','])
+        .filter_map(|t| t.parse().ok())
+        .next()
+        .unwrap();
+    assert!((820_000.0..830_000.0).contains(&x), "{line}");
+}
