@@ -374,6 +374,39 @@ fn osm(config: &std::path::Path, command: &OsmCommand, out: &mut impl Write) -> 
         }
         Ok(())
     };
+    // Apply (or rehearse) diffs, write the expire and GeoJSON files, then
+    // bring every dataset that drains on apply current, each on its own.
+    let apply_then_drain = |st: &mut highwater_osm::store::Store,
+                            d: &[ops::Diff],
+                            dry_run: bool,
+                            expire_output: &Option<PathBuf>,
+                            geojson: &Option<PathBuf>,
+                            json: bool,
+                            mut out: &mut dyn Write|
+     -> Result<i32> {
+        let r = ops::apply(st, &cfg, d, dry_run)?;
+        write_expire(expire_output, &r.tiles)?;
+        write_geojson(geojson, &r.tiles)?;
+        output::osm_apply(&mut out, &r, json)?;
+        if dry_run {
+            return Ok(0);
+        }
+        let on_apply: Vec<_> = cfg
+            .tiles
+            .iter()
+            .filter(|d| d.mbtiles.is_some() && d.drain_on_apply)
+            .collect();
+        let a = agg_drains(st, &cfg, json, &mut out)?;
+        let t = drains(
+            st,
+            &on_apply,
+            usize::MAX,
+            DrainOrder::LowZoomFirst,
+            json,
+            &mut out,
+        )?;
+        Ok(a.max(t))
+    };
     match command {
         OsmCommand::Import { extract, store } => {
             let mut st = highwater_osm::store::Store::open(&store_dir(store))?;
@@ -399,28 +432,7 @@ fn osm(config: &std::path::Path, command: &OsmCommand, out: &mut impl Write) -> 
             anyhow::ensure!(!diffs.is_empty(), "give at least one diff file");
             let mut st = highwater_osm::store::Store::open(&store_dir(store))?;
             let d = ops::read_diffs(diffs)?;
-            let r = ops::apply(&mut st, &cfg, &d, *dry_run)?;
-            write_expire(expire_output, &r.tiles)?;
-            write_geojson(geojson, &r.tiles)?;
-            output::osm_apply(out, &r, *json)?;
-            if *dry_run {
-                return Ok(0);
-            }
-            let on_apply: Vec<_> = cfg
-                .tiles
-                .iter()
-                .filter(|d| d.mbtiles.is_some() && d.drain_on_apply)
-                .collect();
-            let a = agg_drains(&mut st, &cfg, *json, out)?;
-            let t = drains(
-                &mut st,
-                &on_apply,
-                usize::MAX,
-                DrainOrder::LowZoomFirst,
-                *json,
-                out,
-            )?;
-            Ok(a.max(t))
+            apply_then_drain(&mut st, &d, *dry_run, expire_output, geojson, *json, out)
         }
         OsmCommand::Replicate {
             from,
@@ -432,25 +444,7 @@ fn osm(config: &std::path::Path, command: &OsmCommand, out: &mut impl Write) -> 
             let mut st = highwater_osm::store::Store::open(&store_dir(store))?;
             let files = ops::pending(&st, from)?;
             let d = ops::read_diffs(&files)?;
-            let r = ops::apply(&mut st, &cfg, &d, false)?;
-            write_expire(expire_output, &r.tiles)?;
-            write_geojson(geojson, &r.tiles)?;
-            output::osm_apply(out, &r, *json)?;
-            let on_apply: Vec<_> = cfg
-                .tiles
-                .iter()
-                .filter(|d| d.mbtiles.is_some() && d.drain_on_apply)
-                .collect();
-            let a = agg_drains(&mut st, &cfg, *json, out)?;
-            let t = drains(
-                &mut st,
-                &on_apply,
-                usize::MAX,
-                DrainOrder::LowZoomFirst,
-                *json,
-                out,
-            )?;
-            Ok(a.max(t))
+            apply_then_drain(&mut st, &d, false, expire_output, geojson, *json, out)
         }
         OsmCommand::Status { store, json } => {
             let st = highwater_osm::store::Store::open(&store_dir(store))?;

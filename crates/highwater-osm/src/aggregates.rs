@@ -20,7 +20,7 @@
 use crate::derive::TileLayer;
 use crate::features::{self, feature, inside, Current, ElementKey, Feature, Shape, P};
 use crate::model::MemberKind;
-use crate::store::{Store, StoreError};
+use crate::store::{built_recipe_key, Store, StoreError};
 use rstar::{RTree, RTreeObject, AABB};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -459,7 +459,7 @@ pub fn rebuild(store: &mut Store, d: &AggDataset) -> Result<AggReport, StoreErro
         }
         w.agg_set_areas(&d.name, &areas.list)?;
         w.clear_dirty_keys(&d.name)?;
-        w.set_meta(&format!("agg_recipe:{}", d.name), &d.recipe)?;
+        w.set_meta(&built_recipe_key(&d.name), &d.recipe)?;
         w.set_marker(&d.name, sequence.and_then(|s| s.parse().ok()), &d.recipe)
     })?;
     Ok(AggReport {
@@ -476,7 +476,7 @@ pub fn rebuild(store: &mut Store, d: &AggDataset) -> Result<AggReport, StoreErro
 /// one store transaction (contributions, areas and the dirty keys commit
 /// together, so a crash repeats the whole drain or none of it).
 pub fn drain(store: &mut Store, d: &AggDataset) -> Result<AggReport, StoreError> {
-    let built = store.meta(&format!("agg_recipe:{}", d.name))?;
+    let built = store.meta(&built_recipe_key(&d.name))?;
     if built.as_deref() != Some(d.recipe.as_str()) {
         let mut r = rebuild(store, d)?;
         r.reason = Some(match built {

@@ -139,6 +139,19 @@ fn parse_zooms(s: &str) -> Option<(u8, u8)> {
 }
 
 impl OsmConfig {
+    /// The datasets kept current from dirty keys (search, aggregates), as
+    /// (kind, name, recipe).
+    pub fn keyed(&self) -> impl Iterator<Item = (&'static str, &str, &str)> {
+        self.search
+            .iter()
+            .map(|q| ("search", q.name.as_str(), q.recipe.as_str()))
+            .chain(
+                self.aggregates
+                    .iter()
+                    .map(|a| ("aggregates", a.name.as_str(), a.recipe.as_str())),
+            )
+    }
+
     pub fn parse(
         value: Option<&toml::Value>,
         config_path: &Path,
@@ -385,11 +398,8 @@ pub fn apply(
                 per[i].extend(t);
             }
             let touched = apply_indexed(w, changes)?;
-            for a in &cfg.aggregates {
-                w.add_dirty_keys(&a.name, &touched.all)?;
-            }
-            for q in &cfg.search {
-                w.add_dirty_keys(&q.name, &touched.all)?;
+            for (_, name, _) in cfg.keyed() {
+                w.add_dirty_keys(name, &touched.all)?;
             }
             if let Some(s) = state {
                 report.sequence = Some(s.sequence);
@@ -397,11 +407,8 @@ pub fn apply(
                 w.set_meta("timestamp", &s.timestamp)?;
             }
         }
-        for a in &cfg.aggregates {
-            w.set_marker(&a.name, report.sequence, &a.recipe)?;
-        }
-        for q in &cfg.search {
-            w.set_marker(&q.name, report.sequence, &q.recipe)?;
+        for (_, name, recipe) in cfg.keyed() {
+            w.set_marker(name, report.sequence, recipe)?;
         }
         for (i, d) in cfg.tiles.iter().enumerate() {
             w.add_dirty(&d.name, &per[i])?;
@@ -532,47 +539,26 @@ pub fn status(store: &Store, cfg: &OsmConfig) -> Result<serde_json::Value, OpsEr
             "rebuild": if rebuild.is_empty() { serde_json::Value::Null } else { serde_json::json!(rebuild.join("; ")) },
         }));
     }
-    for a in &cfg.aggregates {
-        let marker = markers.get(&a.name).and_then(|m| m.0);
-        let built = store.meta(&format!("agg_recipe:{}", a.name))?;
+    for (kind, name, recipe) in cfg.keyed() {
+        let marker = markers.get(name).and_then(|m| m.0);
+        let built = store.meta(&crate::store::built_recipe_key(name))?;
         let rebuild = match &built {
-            None => Some("it was never built: run `highwater osm rebuild NAME`".to_string()),
-            Some(r) if *r != a.recipe => Some(
-                "its recipe changed (classes, admin levels or code): the next apply rebuilds it"
-                    .to_string(),
-            ),
+            None => Some(format!(
+                "it was never built: run `highwater osm rebuild {name}`"
+            )),
+            Some(r) if r != recipe => {
+                Some("its recipe changed (config or code): the next apply rebuilds it".to_string())
+            }
             Some(_) => None,
         };
         datasets.push(serde_json::json!({
-            "name": a.name,
-            "kind": "aggregates",
+            "name": name,
+            "kind": kind,
             "marker": marker,
             "gap": match (seq, marker) { (Some(x), Some(y)) => Some(x - y), _ => None },
-            "dirty": store.dirty_keys(&a.name)?.len(),
-            "recipe": a.recipe,
-            "recorded_recipe": built,
-            "rebuild": rebuild,
-        }));
-    }
-    for q in &cfg.search {
-        let marker = markers.get(&q.name).and_then(|m| m.0);
-        let built = store.meta(&format!("search_recipe:{}", q.name))?;
-        let rebuild = match &built {
-            None => Some("it was never built: run `highwater osm rebuild NAME`".to_string()),
-            Some(r) if *r != q.recipe => Some(
-                "its recipe changed (admin levels, places or code): the next apply rebuilds it"
-                    .to_string(),
-            ),
-            Some(_) => None,
-        };
-        datasets.push(serde_json::json!({
-            "name": q.name,
-            "kind": "search",
-            "marker": marker,
-            "gap": match (seq, marker) { (Some(x), Some(y)) => Some(x - y), _ => None },
-            "dirty": store.dirty_keys(&q.name)?.len(),
-            "documents": store.search_count(&q.name)?,
-            "recipe": q.recipe,
+            "dirty": store.dirty_keys(name)?.len(),
+            "documents": if kind == "search" { Some(store.search_count(name)?) } else { None },
+            "recipe": recipe,
             "recorded_recipe": built,
             "rebuild": rebuild,
         }));

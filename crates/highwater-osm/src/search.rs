@@ -22,7 +22,7 @@ use crate::aggregates::{changed_box, place_areas, surface_point, Area, Areas};
 use crate::derive::TileLayer;
 use crate::features::{feature, Current, ElementKey, View};
 use crate::model::MemberKind;
-use crate::store::{Store, StoreError};
+use crate::store::{built_recipe_key, Store, StoreError};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use tantivy::collector::TopDocs;
@@ -312,7 +312,7 @@ pub fn rebuild(store: &mut Store, d: &SearchDataset) -> Result<SearchReport, Sea
         w.agg_set_areas(&d.name, &ctx.admin.list)?;
         w.agg_set_areas(&format!("{}#places", d.name), &ctx.places.list)?;
         w.clear_dirty_keys(&d.name)?;
-        w.set_meta(&format!("search_recipe:{}", d.name), &d.recipe)?;
+        w.set_meta(&built_recipe_key(&d.name), &d.recipe)?;
         w.set_marker(&d.name, sequence.and_then(|s| s.parse().ok()), &d.recipe)
     })?;
     Ok(SearchReport {
@@ -360,7 +360,7 @@ fn affected_by_areas(
 /// Brings the index current with the elements touched since the last drain
 /// and the areas that changed.
 pub fn drain(store: &mut Store, d: &SearchDataset) -> Result<SearchReport, SearchError> {
-    let built = store.meta(&format!("search_recipe:{}", d.name))?;
+    let built = store.meta(&built_recipe_key(&d.name))?;
     let reason = match built {
         None => Some("it was never built".to_string()),
         Some(old) if old != d.recipe => Some(format!(

@@ -45,6 +45,12 @@ CREATE TABLE IF NOT EXISTS agg_areas(dataset TEXT NOT NULL, kind INTEGER NOT NUL
 /// may hold beyond the operating system's page cache.
 pub const STORE_CACHE_KIB: i64 = 64 * 1024;
 
+/// The meta key under which a search or aggregates dataset records the
+/// recipe it was last rebuilt with.
+pub fn built_recipe_key(dataset: &str) -> String {
+    format!("built_recipe:{dataset}")
+}
+
 /// Which dirty tiles a drain takes first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DrainOrder {
