@@ -1,15 +1,24 @@
-//! OpenStreetMap for highwater.
+//! OpenStreetMap for highwater: the primary store kept current from
+//! replication diffs, the affected set of each diff derived before it is
+//! applied, and the derived datasets (vector tiles, a search index,
+//! aggregates) kept equal to their rebuilds.
 //!
-//! This crate is where OSM formats are parsed and nowhere else. It is being
-//! built in steps (see issue 4); what exists now:
+//! This crate is where OSM formats are parsed and nowhere else. Layout:
 //!
 //! - [`model`]: nodes, ways, relations and the actions of a change file.
-//! - [`import`]: extracts (PBF in parallel, or XML) into the store; replication state files.
-//! - [`derive`]: derive-before-apply: affected tiles from old and new state.
-//! - [`ops`]: config, apply (dry run, dirty sets, markers), replicate, status.
-//! - [`store`]: the primary store (SQLite) with its reverse indexes.
 //! - [`xml`]: a streaming reader for `.osm` and `.osc` (optionally gzipped)
 //!   whose errors name the file, line and element.
+//! - [`import`]: extracts (PBF in parallel, or XML) into the store; replication state files.
+//! - [`store`]: the primary store (SQLite) with its reverse indexes, the
+//!   shapes index, dirty sets, markers, and the search and aggregates tables.
+//! - [`features`]: what a layer sees of an element, and per-tile content
+//!   signatures; expiry and the cutter both read features from here.
+//! - [`derive`]: derive-before-apply: affected tiles from old and new state.
+//! - [`cut`] and [`mvt`]: one tile cut from features, encoded as MVT.
+//! - [`tiles`]: the MBTiles dataset: build, drain, verify.
+//! - [`search`]: the tantivy dataset with denormalised context.
+//! - [`aggregates`]: counts, lengths and areas per admin area and class.
+//! - [`ops`]: config, apply (dry run, dirty sets, markers), replicate, status.
 //!
 //! Tile math lives in `highwater_core::tile`, since it is pure.
 
