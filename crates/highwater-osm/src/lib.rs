@@ -13,7 +13,7 @@
 //!   shapes index, dirty sets, markers, and the search and aggregates tables.
 //! - [`features`]: what a layer sees of an element, and per-tile content
 //!   signatures; expiry and the cutter both read features from here.
-//! - [`derive`]: derive-before-apply: affected tiles from old and new state.
+//! - [`derive`](mod@derive): derive-before-apply: affected tiles from old and new state.
 //! - [`cut`] and [`mvt`]: one tile cut from features, encoded as MVT.
 //! - [`tiles`]: the MBTiles dataset: build, drain, verify.
 //! - [`search`]: the tantivy dataset with denormalised context.
