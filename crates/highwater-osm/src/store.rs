@@ -777,10 +777,7 @@ impl Writer<'_> {
             .map_err(|e| self.err(e))?;
         for t in tiles {
             st.execute(params![dataset, t.z, t.x, t.y])
-                .map_err(|e| StoreError::Sqlite {
-                    path: self.path.clone(),
-                    err: e,
-                })?;
+                .map_err(|e| self.err(e))?;
         }
         Ok(())
     }
@@ -810,13 +807,7 @@ impl Writer<'_> {
     }
 
     pub fn search_clear(&mut self, dataset: &str) -> Result<(), StoreError> {
-        for sql in [
-            "DELETE FROM search_docs WHERE dataset = ?1",
-            "DELETE FROM search_context WHERE dataset = ?1",
-        ] {
-            self.tx.execute(sql, [dataset]).map_err(|e| self.err(e))?;
-        }
-        Ok(())
+        self.clear_dataset(&["search_docs", "search_context"], dataset)
     }
 
     pub fn search_del(&mut self, dataset: &str, key: (MemberKind, i64)) -> Result<(), StoreError> {
@@ -871,25 +862,27 @@ impl Writer<'_> {
             .map_err(|e| self.err(e))?;
         for (k, id) in keys {
             st.execute(params![dataset, kind_code(*k), id])
-                .map_err(|e| StoreError::Sqlite {
-                    path: self.path.clone(),
-                    err: e,
-                })?;
+                .map_err(|e| self.err(e))?;
         }
         Ok(())
     }
 
     pub fn clear_dirty_keys(&mut self, dataset: &str) -> Result<(), StoreError> {
-        self.tx
-            .execute("DELETE FROM dirty_keys WHERE dataset = ?1", [dataset])
-            .map_err(|e| self.err(e))?;
-        Ok(())
+        self.clear_dataset(&["dirty_keys"], dataset)
     }
 
     pub fn agg_clear(&mut self, dataset: &str) -> Result<(), StoreError> {
-        self.tx
-            .execute("DELETE FROM agg_contrib WHERE dataset = ?1", [dataset])
-            .map_err(|e| self.err(e))?;
+        self.clear_dataset(&["agg_contrib"], dataset)
+    }
+
+    /// Deletes a dataset's rows from our own tables (names are constants
+    /// of this file, never input).
+    fn clear_dataset(&mut self, tables: &[&'static str], dataset: &str) -> Result<(), StoreError> {
+        for t in tables {
+            self.tx
+                .execute(&format!("DELETE FROM {t} WHERE dataset = ?1"), [dataset])
+                .map_err(|e| self.err(e))?;
+        }
         Ok(())
     }
 
@@ -948,10 +941,7 @@ impl Writer<'_> {
                 mm,
                 dm2
             ])
-            .map_err(|e| StoreError::Sqlite {
-                path: self.path.clone(),
-                err: e,
-            })?;
+            .map_err(|e| self.err(e))?;
         }
         Ok(())
     }
@@ -961,9 +951,7 @@ impl Writer<'_> {
         dataset: &str,
         areas: &[crate::aggregates::Area],
     ) -> Result<(), StoreError> {
-        self.tx
-            .execute("DELETE FROM agg_areas WHERE dataset = ?1", [dataset])
-            .map_err(|e| self.err(e))?;
+        self.clear_dataset(&["agg_areas"], dataset)?;
         let mut st = self
             .tx
             .prepare_cached("INSERT INTO agg_areas(dataset, kind, id, name, level, minx, miny, maxx, maxy, rings) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)")
@@ -982,10 +970,7 @@ impl Writer<'_> {
                 a.bbox.3,
                 rings
             ])
-            .map_err(|e| StoreError::Sqlite {
-                path: self.path.clone(),
-                err: e,
-            })?;
+            .map_err(|e| self.err(e))?;
         }
         Ok(())
     }
@@ -1010,20 +995,14 @@ impl Writer<'_> {
             .map_err(|e| self.err(e))?;
         for t in tiles {
             st.execute(params![dataset, t.z, t.x, t.y])
-                .map_err(|e| StoreError::Sqlite {
-                    path: self.path.clone(),
-                    err: e,
-                })?;
+                .map_err(|e| self.err(e))?;
         }
         Ok(())
     }
 
     /// Empties a dataset's dirty set (after a rebuild).
     pub fn clear_dirty(&mut self, dataset: &str) -> Result<(), StoreError> {
-        self.tx
-            .execute("DELETE FROM dirty WHERE dataset = ?1", [dataset])
-            .map_err(|e| self.err(e))?;
-        Ok(())
+        self.clear_dataset(&["dirty"], dataset)
     }
 
     pub fn set_marker(
@@ -1082,11 +1061,7 @@ impl Writer<'_> {
                     .prepare_cached("INSERT OR IGNORE INTO node_ways(node, way) VALUES(?1, ?2)")
                     .map_err(|e| self.err(e))?;
                 for r in &w.refs {
-                    st.execute(params![r, w.id])
-                        .map_err(|e| StoreError::Sqlite {
-                            path: self.path.clone(),
-                            err: e,
-                        })?;
+                    st.execute(params![r, w.id]).map_err(|e| self.err(e))?;
                 }
             }
             Element::Relation(r) => {
@@ -1116,10 +1091,7 @@ impl Writer<'_> {
                     .map_err(|e| self.err(e))?;
                 for m in &r.members {
                     st.execute(params![kind_code(m.kind), m.id, r.id])
-                        .map_err(|e| StoreError::Sqlite {
-                            path: self.path.clone(),
-                            err: e,
-                        })?;
+                        .map_err(|e| self.err(e))?;
                 }
             }
         }
@@ -1133,10 +1105,7 @@ impl Writer<'_> {
                 .prepare_cached("DELETE FROM node_ways WHERE node = ?1 AND way = ?2")
                 .map_err(|e| self.err(e))?;
             for r in &old.refs {
-                st.execute(params![r, id]).map_err(|e| StoreError::Sqlite {
-                    path: self.path.clone(),
-                    err: e,
-                })?;
+                st.execute(params![r, id]).map_err(|e| self.err(e))?;
             }
         }
         Ok(())
@@ -1152,10 +1121,7 @@ impl Writer<'_> {
                 .map_err(|e| self.err(e))?;
             for m in &old.members {
                 st.execute(params![kind_code(m.kind), m.id, id])
-                    .map_err(|e| StoreError::Sqlite {
-                        path: self.path.clone(),
-                        err: e,
-                    })?;
+                    .map_err(|e| self.err(e))?;
             }
         }
         Ok(())
