@@ -458,11 +458,7 @@ pub fn tiles_build(
     as_json: bool,
 ) -> io::Result<()> {
     if as_json {
-        return writeln!(
-            out,
-            "{}",
-            serde_json::json!({"build": r, "elapsed_ms": took.as_millis() as u64})
-        );
+        return timed_json(out, "build", serde_json::json!(r), took);
     }
     writeln!(
         out,
@@ -491,11 +487,7 @@ pub fn tiles_drain(
         );
     }
     if as_json {
-        return writeln!(
-            out,
-            "{}",
-            serde_json::json!({"drain": r, "elapsed_ms": took.as_millis() as u64})
-        );
+        return timed_json(out, "drain", serde_json::json!(r), took);
     }
     if let Some(b) = &r.rebuilt {
         return tiles_build(out, b, took, false);
@@ -561,11 +553,7 @@ pub fn agg_drain(
     as_json: bool,
 ) -> io::Result<()> {
     if as_json {
-        return writeln!(
-            out,
-            "{}",
-            serde_json::json!({"aggregates": r, "elapsed_ms": took.as_millis() as u64})
-        );
+        return timed_json(out, "aggregates", serde_json::json!(r), took);
     }
     if r.rebuilt {
         return writeln!(
@@ -626,11 +614,7 @@ pub fn search_drain(
     as_json: bool,
 ) -> io::Result<()> {
     if as_json {
-        return writeln!(
-            out,
-            "{}",
-            serde_json::json!({"search": r, "elapsed_ms": took.as_millis() as u64})
-        );
+        return timed_json(out, "search", serde_json::json!(r), took);
     }
     if r.rebuilt {
         return writeln!(
@@ -682,4 +666,17 @@ pub fn search_hits(
         )?;
     }
     Ok(())
+}
+
+/// One JSON line for a dataset report: `{"<kind>": report, "elapsed_ms": N}`.
+fn timed_json(
+    out: &mut impl Write,
+    kind: &str,
+    report: serde_json::Value,
+    took: std::time::Duration,
+) -> io::Result<()> {
+    let mut v = serde_json::Map::new();
+    v.insert(kind.to_string(), report);
+    v.insert("elapsed_ms".into(), (took.as_millis() as u64).into());
+    writeln!(out, "{}", serde_json::Value::Object(v))
 }
