@@ -28,9 +28,10 @@ use std::path::PathBuf;
     about = "Incremental batch pipelines that are never stale"
 )]
 struct Cli {
-    /// The config file; paths in it are relative to its folder.
-    #[arg(long, global = true, default_value = "highwater.toml")]
-    config: PathBuf,
+    /// The config file (default: highwater.toml); paths in it are relative
+    /// to its folder. One named here must exist.
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -39,8 +40,10 @@ struct Cli {
 enum Command {
     /// List the items that changed, with their reasons. Changes nothing.
     Plan {
+        /// Only this stage (and nothing downstream).
         #[arg(long)]
         stage: Option<String>,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
         /// Read every byte instead of trusting the stat cache.
@@ -49,38 +52,46 @@ enum Command {
     },
     /// Process the changed items and record them.
     Run {
+        /// Only this stage.
         #[arg(long)]
         stage: Option<String>,
         /// Worker threads (default: the number of cores).
         #[arg(long)]
         jobs: Option<usize>,
-        /// Run even when the guard refuses a mass rebuild.
+        /// Run even when the guard refuses a mass rebuild or mass deletion.
         #[arg(long)]
         force: bool,
+        /// Read every byte instead of trusting the stat cache.
         #[arg(long)]
         rehash: bool,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Record the current inputs and existing outputs as done, running nothing.
     Adopt {
+        /// Only this stage.
         #[arg(long)]
         stage: Option<String>,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Re-make a sample of unchanged items in a scratch folder and compare bytes.
     Verify {
+        /// Only this stage.
         #[arg(long)]
         stage: Option<String>,
         /// How many items per stage; 0 means all.
         #[arg(long, default_value_t = 20)]
         sample: usize,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Per stage: the last run, the counts, the failures.
     Status {
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -107,17 +118,24 @@ enum Command {
         /// Wait for another run's lease instead of exiting.
         #[arg(long)]
         wait: bool,
+        /// Re-land windows published under another recipe even past the guard.
+        #[arg(long)]
+        force: bool,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
     /// The completion grid of a source: one cell per expected window.
     Windows {
+        /// The source, as in `[sources.NAME]`.
         source: String,
         /// How many of the newest windows to show.
         #[arg(long, default_value_t = 168)]
         last: usize,
+        /// What time it is (RFC 3339; default: the clock).
         #[arg(long)]
         now: Option<String>,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -135,48 +153,80 @@ enum Command {
 
 #[derive(Subcommand)]
 enum OsmCommand {
-    /// Import an extract (.osm.pbf or .osm) into the store.
+    /// Import an extract (.osm.pbf or .osm): creates the store. Only into
+    /// an empty place, or with --replace.
     Import {
+        /// The extract file.
         extract: PathBuf,
         /// The store folder (default: [osm] store, or .highwater/osm).
         #[arg(long)]
         store: Option<PathBuf>,
+        /// Build a new store from the extract beside the old one and swap it in.
+        #[arg(long)]
+        replace: bool,
+        /// Wait for another writer's lease instead of exiting.
+        #[arg(long)]
+        wait: bool,
     },
     /// Derive every dataset's affected tiles from the old state, then apply
-    /// the diffs in one transaction.
+    /// the diffs in one transaction. A diff with a state file applies only
+    /// as the store's next sequence.
     Apply {
+        /// The .osc or .osc.gz files, in order.
         diffs: Vec<PathBuf>,
+        /// The store folder (default: [osm] store, or .highwater/osm).
         #[arg(long)]
         store: Option<PathBuf>,
         /// Derive and report, change nothing.
         #[arg(long)]
         dry_run: bool,
+        /// Write the affected tiles in osm2pgsql's z/x/y form (durable
+        /// before the store commits).
+        #[arg(long)]
+        expire_output: Option<PathBuf>,
+        /// Write the affected tiles as GeoJSON polygons (durable before the
+        /// store commits).
+        #[arg(long)]
+        geojson: Option<PathBuf>,
+        /// Wait for another writer's lease instead of exiting.
+        #[arg(long)]
+        wait: bool,
+        /// After these diffs the store is at this replication sequence: for
+        /// diffs without state files (osmium derive-changes) whose result
+        /// you vouch for. The store then follows a sequence again.
+        #[arg(long)]
+        sequence: Option<i64>,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Apply every diff after the store's sequence from a replication folder.
+    Replicate {
+        /// The replication folder (AAA/BBB/CCC.osc.gz with state files).
+        #[arg(long)]
+        from: PathBuf,
+        /// The store folder (default: [osm] store, or .highwater/osm).
+        #[arg(long)]
+        store: Option<PathBuf>,
         /// Write the affected tiles in osm2pgsql's z/x/y form.
         #[arg(long)]
         expire_output: Option<PathBuf>,
         /// Write the affected tiles as GeoJSON polygons.
         #[arg(long)]
         geojson: Option<PathBuf>,
+        /// Wait for another writer's lease instead of exiting.
         #[arg(long)]
-        json: bool,
-    },
-    /// Apply every diff after the store's sequence from a replication folder.
-    Replicate {
-        #[arg(long)]
-        from: PathBuf,
-        #[arg(long)]
-        store: Option<PathBuf>,
-        #[arg(long)]
-        expire_output: Option<PathBuf>,
-        #[arg(long)]
-        geojson: Option<PathBuf>,
+        wait: bool,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
     /// The store's sequence, each dataset's marker, gap, dirty set, recipe.
     Status {
+        /// The store folder (default: [osm] store, or .highwater/osm).
         #[arg(long)]
         store: Option<PathBuf>,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -188,6 +238,8 @@ enum OsmCommand {
     /// Re-cut tiles from a full pass over the store and compare them with
     /// the dataset's file; exit 1 on any difference.
     Verify {
+        /// The dataset, as in `[osm.tiles.NAME]`, `[osm.search.NAME]` or
+        /// `[osm.aggregates.NAME]`.
         dataset: String,
         /// Check this many tiles, spread over the whole set (default 200).
         #[arg(long, conflicts_with = "all")]
@@ -195,8 +247,10 @@ enum OsmCommand {
         /// Check every tile.
         #[arg(long)]
         all: bool,
+        /// The store folder (default: [osm] store, or .highwater/osm).
         #[arg(long)]
         store: Option<PathBuf>,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -209,29 +263,39 @@ enum OsmCommand {
         /// List every document instead.
         #[arg(long)]
         all: bool,
-        #[arg(long, default_value_t = 10)]
-        limit: usize,
+        /// How many hits at most (1 or more).
+        #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
+        limit: u32,
+        /// The search dataset (default: the first).
         #[arg(long)]
         dataset: Option<String>,
-        #[arg(long)]
-        store: Option<PathBuf>,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Feature counts, lengths and areas per admin area and class.
     Aggregates {
+        /// The aggregates dataset (default: all).
         #[arg(long)]
         dataset: Option<String>,
+        /// The store folder (default: [osm] store, or .highwater/osm).
         #[arg(long)]
         store: Option<PathBuf>,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Rebuild a dataset from the store: the always-working path.
     Rebuild {
+        /// The dataset to rebuild.
         dataset: String,
+        /// The store folder (default: [osm] store, or .highwater/osm).
         #[arg(long)]
         store: Option<PathBuf>,
+        /// Wait for another writer's lease instead of exiting.
+        #[arg(long)]
+        wait: bool,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -241,24 +305,37 @@ enum OsmCommand {
 enum TilesCommand {
     /// Cut every tile of each dataset with an `mbtiles` file (or of one).
     Build {
+        /// Only this tile dataset.
         #[arg(long)]
         dataset: Option<String>,
+        /// The store folder (default: [osm] store, or .highwater/osm).
         #[arg(long)]
         store: Option<PathBuf>,
+        /// Wait for another writer's lease instead of exiting.
+        #[arg(long)]
+        wait: bool,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Re-cut dirty tiles from the store as it is; report the backlog.
     Drain {
+        /// Only this tile dataset.
         #[arg(long)]
         dataset: Option<String>,
         /// Re-cut at most this many tiles per dataset.
         #[arg(long)]
         max: Option<usize>,
+        /// Which dirty tiles first.
         #[arg(long, value_enum, default_value = "low-zoom-first")]
         priority: Priority,
+        /// The store folder (default: [osm] store, or .highwater/osm).
         #[arg(long)]
         store: Option<PathBuf>,
+        /// Wait for another writer's lease instead of exiting.
+        #[arg(long)]
+        wait: bool,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -266,7 +343,9 @@ enum TilesCommand {
 
 #[derive(Clone, Copy, clap::ValueEnum)]
 enum Priority {
+    /// Coarse tiles first: the most people see them.
     LowZoomFirst,
+    /// Tiles dirtied by the most diffs first.
     MostEdited,
 }
 
@@ -274,6 +353,7 @@ enum Priority {
 enum StateCommand {
     /// Write the manifest as JSON (to stdout, or to --output).
     Export {
+        /// The file to write (durably: temp file, fsync, rename).
         #[arg(long)]
         output: Option<PathBuf>,
     },
@@ -295,10 +375,24 @@ pub fn main() -> i32 {
             if is_broken_pipe(&e) {
                 return 0;
             }
-            let _ = writeln!(std::io::stderr(), "error: {e:#}");
+            let _ = writeln!(std::io::stderr(), "error: {}", message(&e));
             2
         }
     }
+}
+
+/// The error with its causes, each said once: errors that embed their
+/// source in their own message are not repeated by the chain.
+fn message(e: &anyhow::Error) -> String {
+    let mut msg = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !msg.contains(&c) {
+            msg.push_str(": ");
+            msg.push_str(&c);
+        }
+    }
+    msg
 }
 
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
@@ -317,10 +411,29 @@ fn clock_us(now: Option<&str>) -> Result<i64> {
     })
 }
 
+/// Loads the config and validates it whole: stages, the OSM table, and that
+/// no two places it names (config, state store, OSM store, MBTiles files,
+/// indexes, output roots) overlap.
+fn load_config(
+    config: &std::path::Path,
+) -> Result<(
+    Pipeline,
+    highwater_osm::ops::OsmConfig,
+    highwater_files::PipelineSpec,
+)> {
+    let mut spec = highwater_files::config::load(config)?;
+    let root = std::path::absolute(&spec.root)?;
+    let cfg = highwater_osm::ops::OsmConfig::parse(spec.osm.as_ref(), config, &root)?;
+    if spec.osm.is_some() {
+        spec.places.extend(cfg.paths());
+    }
+    let pipeline = Pipeline::open(spec.clone())?;
+    Ok((pipeline, cfg, spec))
+}
+
 fn ingestor(cli_config: &std::path::Path, name: &str) -> Result<highwater_ingest::Ingestor> {
-    let spec = highwater_files::config::load(cli_config)?;
+    let (pipeline, _, spec) = load_config(cli_config)?;
     let raw = spec.sources.clone();
-    let pipeline = Pipeline::open(spec)?;
     let Some(value) = raw.get(name) else {
         return Err(highwater_ingest::IngestError::UnknownSource {
             name: name.to_string(),
@@ -336,47 +449,70 @@ fn ingestor(cli_config: &std::path::Path, name: &str) -> Result<highwater_ingest
     ))
 }
 
-fn osm(config: &std::path::Path, command: &OsmCommand, out: &mut impl Write) -> Result<i32> {
+/// Writes `bytes` to `path` durably: a temp file beside it, fsynced, renamed
+/// into place, the folder fsynced. Errors name the path.
+fn write_durably(path: &std::path::Path, bytes: &[u8]) -> Result<(), highwater_osm::ops::OpsError> {
+    let bad = |e: std::io::Error| highwater_osm::ops::OpsError::Output {
+        path: path.to_path_buf(),
+        message: format!("cannot write it ({e}); nothing was applied"),
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| highwater_osm::ops::OpsError::Output {
+            path: path.to_path_buf(),
+            message: "not a file name".into(),
+        })?;
+    let tmp = path.with_file_name(format!(
+        ".{}.hw-tmp-{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let r = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => std::path::Path::new("."),
+        };
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    if r.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    r.map_err(bad)
+}
+
+fn osm(
+    config: &std::path::Path,
+    named_config: bool,
+    command: &OsmCommand,
+    out: &mut impl Write,
+) -> Result<i32> {
     use highwater_osm::ops;
-    use highwater_osm::store::DrainOrder;
+    use highwater_osm::store::{DrainOrder, Store};
     // The config is optional for OSM commands: without one, the defaults.
-    let (raw, root) = if config.exists() {
-        let spec = highwater_files::config::load(config)?;
-        let root = std::path::absolute(&spec.root)?;
-        (spec.osm, root)
+    // One named with --config must exist: running on the defaults instead
+    // would record no dirty set for the datasets it declares.
+    let cfg = if config.exists() || named_config {
+        load_config(config)?.1
     } else {
-        (None, std::env::current_dir()?)
+        ops::OsmConfig::parse(None, config, &std::env::current_dir()?)?
     };
-    let cfg = ops::OsmConfig::parse(raw.as_ref(), config, &root)?;
     let store_dir = |s: &Option<PathBuf>| s.clone().unwrap_or_else(|| cfg.store.clone());
-    let write_geojson = |path: &Option<PathBuf>,
-                         tiles: &std::collections::BTreeSet<highwater_core::tile::Tile>|
-     -> Result<()> {
-        if let Some(p) = path {
-            let tmp = p.with_extension("tmp");
-            std::fs::write(&tmp, ops::tiles_geojson(tiles).to_string())?;
-            std::fs::rename(&tmp, p)?;
-        }
-        Ok(())
+    // Opens the store for writing: the writer lease first (or exit 2
+    // naming its holder), so no other writer interleaves with this command.
+    let writer = |s: &Option<PathBuf>, wait: bool| -> Result<Store> {
+        let mut st = Store::open(&store_dir(s))?;
+        st.set_lease_duration_s(cfg.lease_duration_s);
+        st.lease_writer(wait)?;
+        Ok(st)
     };
-    let write_expire = |path: &Option<PathBuf>,
-                        tiles: &std::collections::BTreeSet<highwater_core::tile::Tile>|
-     -> Result<()> {
-        if let Some(p) = path {
-            let mut text = String::new();
-            for t in tiles {
-                text.push_str(&t.to_zxy());
-                text.push('\n');
-            }
-            let tmp = p.with_extension("tmp");
-            std::fs::write(&tmp, text)?;
-            std::fs::rename(&tmp, p)?;
-        }
-        Ok(())
-    };
-    // Apply (or rehearse) diffs, write the expire and GeoJSON files, then
-    // bring every dataset that drains on apply current, each on its own.
-    let apply_then_drain = |st: &mut highwater_osm::store::Store,
+    // Apply (or rehearse) diffs; the expire and GeoJSON files are durable
+    // before the store commits (or nothing is applied); then bring every
+    // dataset that drains on apply current, each on its own.
+    let apply_then_drain = |st: &mut Store,
                             d: &[ops::Diff],
                             dry_run: bool,
                             expire_output: &Option<PathBuf>,
@@ -384,9 +520,21 @@ fn osm(config: &std::path::Path, command: &OsmCommand, out: &mut impl Write) -> 
                             json: bool,
                             mut out: &mut dyn Write|
      -> Result<i32> {
-        let r = ops::apply(st, &cfg, d, dry_run)?;
-        write_expire(expire_output, &r.tiles)?;
-        write_geojson(geojson, &r.tiles)?;
+        let mut publish = |r: &ops::ApplyReport| -> Result<(), ops::OpsError> {
+            if let Some(p) = expire_output {
+                let mut text = String::new();
+                for t in &r.tiles {
+                    text.push_str(&t.to_zxy());
+                    text.push('\n');
+                }
+                write_durably(p, text.as_bytes())?;
+            }
+            if let Some(p) = geojson {
+                write_durably(p, ops::tiles_geojson(&r.tiles).to_string().as_bytes())?;
+            }
+            Ok(())
+        };
+        let r = ops::apply_with(st, &cfg, d, dry_run, &mut publish)?;
         output::osm_apply(&mut out, &r, json)?;
         if dry_run {
             return Ok(0);
@@ -408,9 +556,14 @@ fn osm(config: &std::path::Path, command: &OsmCommand, out: &mut impl Write) -> 
         Ok(a.max(t))
     };
     match command {
-        OsmCommand::Import { extract, store } => {
-            let mut st = highwater_osm::store::Store::open(&store_dir(store))?;
-            let s = highwater_osm::import::import(&mut st, extract)?;
+        OsmCommand::Import {
+            extract,
+            store,
+            replace,
+            wait,
+        } => {
+            let s =
+                highwater_osm::import::import_into(&store_dir(store), extract, *replace, *wait)?;
             writeln!(
                 out,
                 "imported {} nodes, {} ways, {} relations; sequence {}",
@@ -427,11 +580,28 @@ fn osm(config: &std::path::Path, command: &OsmCommand, out: &mut impl Write) -> 
             dry_run,
             expire_output,
             geojson,
+            wait,
+            sequence,
             json,
         } => {
             anyhow::ensure!(!diffs.is_empty(), "give at least one diff file");
-            let mut st = highwater_osm::store::Store::open(&store_dir(store))?;
+            let mut st = if *dry_run {
+                Store::open(&store_dir(store))?
+            } else {
+                writer(store, *wait)?
+            };
             let d = ops::read_diffs(diffs)?;
+            if let Some(s) = sequence {
+                anyhow::ensure!(
+                    d.iter().all(|(_, state)| state.is_none()),
+                    "--sequence is for diffs without state files; these carry their own sequence"
+                );
+                anyhow::ensure!(!*dry_run, "--sequence with --dry-run would declare nothing");
+                let code =
+                    apply_then_drain(&mut st, &d, false, expire_output, geojson, *json, out)?;
+                ops::declare_sequence(&mut st, *s)?;
+                return Ok(code);
+            }
             apply_then_drain(&mut st, &d, *dry_run, expire_output, geojson, *json, out)
         }
         OsmCommand::Replicate {
@@ -439,15 +609,16 @@ fn osm(config: &std::path::Path, command: &OsmCommand, out: &mut impl Write) -> 
             store,
             expire_output,
             geojson,
+            wait,
             json,
         } => {
-            let mut st = highwater_osm::store::Store::open(&store_dir(store))?;
+            let mut st = writer(store, *wait)?;
             let files = ops::pending(&st, from)?;
             let d = ops::read_diffs(&files)?;
             apply_then_drain(&mut st, &d, false, expire_output, geojson, *json, out)
         }
         OsmCommand::Status { store, json } => {
-            let st = highwater_osm::store::Store::open(&store_dir(store))?;
+            let st = Store::open(&store_dir(store))?;
             let v = ops::status(&st, &cfg)?;
             if *json {
                 writeln!(out, "{v}")?;
@@ -458,14 +629,35 @@ fn osm(config: &std::path::Path, command: &OsmCommand, out: &mut impl Write) -> 
                     v["sequence"],
                     v["timestamp"].as_str().unwrap_or("-")
                 )?;
+                if let Some(n) = v["unsequenced"].as_i64() {
+                    writeln!(
+                        out,
+                        "  the store no longer follows a replication sequence: {n} diff(s) without a state file were applied after it (import a current extract with --replace to follow one again)"
+                    )?;
+                }
+                if let Some(w) = v["writer"].as_object() {
+                    writeln!(
+                        out,
+                        "  writer: {} (pid {} on {}), lease until {}",
+                        w["owner"].as_str().unwrap_or("?"),
+                        w["pid"],
+                        w["host"].as_str().unwrap_or("?"),
+                        w["expires"].as_str().unwrap_or("?")
+                    )?;
+                }
                 for d in v["datasets"].as_array().into_iter().flatten() {
                     writeln!(
                         out,
-                        "  {}: marker {}, gap {}, {} dirty tiles, recipe {}{}",
+                        "  {}: marker {}, gap {}, {} {}, recipe {}{}",
                         d["name"].as_str().unwrap_or("?"),
                         d["marker"],
                         d["gap"],
                         d["dirty"],
+                        if d["kind"].is_string() {
+                            "dirty keys"
+                        } else {
+                            "dirty tiles"
+                        },
                         d["recipe"].as_str().unwrap_or("?"),
                         d["rebuild"]
                             .as_str()
@@ -479,9 +671,10 @@ fn osm(config: &std::path::Path, command: &OsmCommand, out: &mut impl Write) -> 
             TilesCommand::Build {
                 dataset,
                 store,
+                wait,
                 json,
             } => {
-                let mut st = highwater_osm::store::Store::open(&store_dir(store))?;
+                let mut st = writer(store, *wait)?;
                 for d in tile_datasets(&cfg, dataset.as_deref())? {
                     let t0 = std::time::Instant::now();
                     let r = highwater_osm::tiles::build(&mut st, d)?;
@@ -494,9 +687,10 @@ fn osm(config: &std::path::Path, command: &OsmCommand, out: &mut impl Write) -> 
                 max,
                 priority,
                 store,
+                wait,
                 json,
             } => {
-                let mut st = highwater_osm::store::Store::open(&store_dir(store))?;
+                let mut st = writer(store, *wait)?;
                 let order = match priority {
                     Priority::LowZoomFirst => DrainOrder::LowZoomFirst,
                     Priority::MostEdited => DrainOrder::MostEdited,
@@ -510,7 +704,6 @@ fn osm(config: &std::path::Path, command: &OsmCommand, out: &mut impl Write) -> 
             all,
             limit,
             dataset,
-            store: _,
             json,
         } => {
             let q = cfg
@@ -527,7 +720,7 @@ fn osm(config: &std::path::Path, command: &OsmCommand, out: &mut impl Write) -> 
                 })?;
             let hits = match (all, query) {
                 (true, _) => highwater_osm::search::all(q)?,
-                (false, Some(text)) => highwater_osm::search::search(q, text, *limit)?,
+                (false, Some(text)) => highwater_osm::search::search(q, text, *limit as usize)?,
                 (false, None) => anyhow::bail!("give a query, or --all"),
             };
             output::search_hits(out, &hits, *json)?;
@@ -538,7 +731,7 @@ fn osm(config: &std::path::Path, command: &OsmCommand, out: &mut impl Write) -> 
             store,
             json,
         } => {
-            let st = highwater_osm::store::Store::open(&store_dir(store))?;
+            let st = Store::open(&store_dir(store))?;
             let sets: Vec<_> = cfg
                 .aggregates
                 .iter()
@@ -565,7 +758,7 @@ fn osm(config: &std::path::Path, command: &OsmCommand, out: &mut impl Write) -> 
             store,
             json,
         } => {
-            let st = highwater_osm::store::Store::open(&store_dir(store))?;
+            let st = Store::open(&store_dir(store))?;
             let (checked, differences): (usize, Vec<String>) = match named(&cfg, dataset)? {
                 Named::Tiles(d) => {
                     let sample = if *all {
@@ -608,9 +801,10 @@ fn osm(config: &std::path::Path, command: &OsmCommand, out: &mut impl Write) -> 
         OsmCommand::Rebuild {
             dataset,
             store,
+            wait,
             json,
         } => {
-            let mut st = highwater_osm::store::Store::open(&store_dir(store))?;
+            let mut st = writer(store, *wait)?;
             let t0 = std::time::Instant::now();
             match named(&cfg, dataset)? {
                 Named::Tiles(d) => {
@@ -698,7 +892,7 @@ fn agg_drains(
             Ok(r) => output::search_drain(out, &r, t0.elapsed(), json)?,
             Err(e) => {
                 failed += 1;
-                output::tiles_drain_failed(out, &q.name, &e.to_string(), json)?;
+                output::drain_failed(out, &q.name, "dirty keys", &e.to_string(), json)?;
             }
         }
     }
@@ -718,7 +912,7 @@ fn agg_drains(
             Ok(r) => output::agg_drain(out, &r, t0.elapsed(), json)?,
             Err(e) => {
                 failed += 1;
-                output::tiles_drain_failed(out, &a.name, &e, json)?;
+                output::drain_failed(out, &a.name, "dirty keys", &e, json)?;
             }
         }
     }
@@ -742,15 +936,64 @@ fn drains(
             Ok(r) => output::tiles_drain(out, &r, t0.elapsed(), json)?,
             Err(e) => {
                 failed += 1;
-                output::tiles_drain_failed(out, &d.name, &e.to_string(), json)?;
+                output::drain_failed(out, &d.name, "dirty tiles", &e.to_string(), json)?;
             }
         }
     }
     Ok(if failed > 0 { 1 } else { 0 })
 }
 
+/// Stdout that a reader may close (`highwater osm replicate | head -1`):
+/// once the pipe is broken, output is dropped and the work goes on, so the
+/// command still does everything asked and its exit code says how it went.
+struct QuietPipe<W> {
+    inner: W,
+    closed: bool,
+}
+
+impl<W: Write> Write for QuietPipe<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.closed {
+            return Ok(buf.len());
+        }
+        match self.inner.write(buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                self.closed = true;
+                Ok(buf.len())
+            }
+            r => r,
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        if self.closed {
+            return Ok(());
+        }
+        match self.inner.flush() {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                self.closed = true;
+                Ok(())
+            }
+            r => r,
+        }
+    }
+}
+
 fn run(cli: Cli) -> Result<i32> {
-    let mut out = std::io::stdout().lock();
+    let mut out = QuietPipe {
+        inner: std::io::stdout().lock(),
+        closed: false,
+    };
+    let named_config = cli.config.is_some();
+    let config = cli
+        .config
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("highwater.toml"));
+    if named_config && !config.exists() {
+        anyhow::bail!(
+            "{}: the config named with --config does not exist (a typo, or a share that is not mounted?)",
+            config.display()
+        );
+    }
     match &cli.command {
         Command::Ingest {
             source,
@@ -760,9 +1003,10 @@ fn run(cli: Cli) -> Result<i32> {
             max_parallel,
             now,
             wait,
+            force,
             json,
         } => {
-            let ing = ingestor(&cli.config, source)?;
+            let ing = ingestor(&config, source)?;
             anyhow::ensure!(*max_parallel >= 1, "--max-parallel must be at least 1");
             let opts = highwater_ingest::IngestOptions {
                 window: window
@@ -780,7 +1024,16 @@ fn run(cli: Cli) -> Result<i32> {
                 max_parallel: *max_parallel,
                 now_us: clock_us(now.as_deref())?,
                 wait: *wait,
+                force: *force,
             };
+            if let (Some(f), Some(t)) = (opts.from_us, opts.to_us) {
+                anyhow::ensure!(
+                    f < t,
+                    "--from {} is not before --to {}: the range [from, to) holds no window",
+                    from.as_deref().unwrap_or(""),
+                    to.as_deref().unwrap_or("")
+                );
+            }
             let report = ing.run(&opts)?;
             output::ingest(&mut out, &report, *json)?;
             return Ok(if report.failed() > 0 { 1 } else { 0 });
@@ -791,7 +1044,7 @@ fn run(cli: Cli) -> Result<i32> {
             now,
             json,
         } => {
-            let ing = ingestor(&cli.config, source)?;
+            let ing = ingestor(&config, source)?;
             let (rows, bookmark) = ing.grid(clock_us(now.as_deref())?, *last)?;
             output::grid(
                 &mut out,
@@ -803,10 +1056,10 @@ fn run(cli: Cli) -> Result<i32> {
             )?;
             return Ok(0);
         }
-        Command::Osm { command } => return osm(&cli.config, command, &mut out),
+        Command::Osm { command } => return osm(&config, named_config, command, &mut out),
         _ => {}
     }
-    let pipeline = Pipeline::from_config(&cli.config)?;
+    let (pipeline, _, _) = load_config(&config)?;
     match cli.command {
         Command::Plan {
             stage,
@@ -867,11 +1120,9 @@ fn run(cli: Cli) -> Result<i32> {
             let text = serde_json::to_string_pretty(&v)?;
             match output {
                 Some(path) => {
-                    // Written beside the target and renamed, so a crash never
-                    // leaves half an export.
-                    let tmp = path.with_extension("json.tmp");
-                    std::fs::write(&tmp, text + "\n")?;
-                    std::fs::rename(&tmp, &path)?;
+                    // Written beside the target, fsynced and renamed, so a
+                    // crash never leaves half an export; errors name it.
+                    write_durably(&path, (text + "\n").as_bytes())?;
                 }
                 None => writeln!(out, "{text}")?,
             }

@@ -113,6 +113,9 @@ fn stage_lines(out: &mut impl Write, s: &StageReport) -> io::Result<()> {
             f.error.replace('\n', "\n    ")
         )?;
     }
+    if let Some(b) = &s.blocked {
+        writeln!(out, "  {b}")?;
+    }
     Ok(())
 }
 
@@ -503,13 +506,16 @@ pub fn tiles_drain(
     )
 }
 
-pub fn tiles_drain_failed(
+/// A dataset whose drain failed; `what` names its dirty set ("dirty
+/// tiles", "dirty keys").
+pub fn drain_failed(
     out: &mut impl Write,
     dataset: &str,
+    what: &str,
     error: &str,
     as_json: bool,
 ) -> io::Result<()> {
-    eprintln!("error: {dataset}: {error}; its dirty tiles stay for the next drain");
+    eprintln!("error: {dataset}: {error}; its {what} stay for the next drain");
     if as_json {
         return writeln!(
             out,

@@ -79,7 +79,7 @@ impl fmt::Display for Refusal {
 /// output yet (a fresh delivery, or the rest of a run that crashed) are new
 /// work, not a rebuild, and never trip the guard. Fewer than `items_min`
 /// redone items never trip it either: one edited file in a stage of two is
-/// not a suspicious mass rebuild.
+/// not a suspicious mass rebuild; but every input gone always does.
 pub fn check(
     plan: &StagePlan,
     threshold: f64,
@@ -89,6 +89,16 @@ pub fn check(
 ) -> Result<(), Refusal> {
     let deleted = plan.count(Reason::Deleted);
     let total = plan.total + deleted;
+    // A deleted input had a recorded output: deletions mean outputs exist,
+    // even when the output folders are no longer listed (no input renders
+    // to them). Every input vanishing is the likeliest sign of an empty or
+    // unmounted input folder, refused however few the items.
+    let outputs_exist = outputs_exist || deleted > 0;
+    let items_min = if deleted > 0 && plan.total == 0 {
+        1
+    } else {
+        items_min
+    };
     let redo: Vec<_> = plan
         .changed
         .iter()

@@ -21,7 +21,8 @@ pub enum TemplateError {
         known: &'static str,
     },
     #[error(
-        "template `{template}` renders `{rendered}` for input `{relpath}`, which escapes the output root `{root}`; remove `..` from the template"
+        "template `{template}` renders `{rendered}` for input `{relpath}`, which escapes the output root `{}`; remove `..` from the template",
+        if root.is_empty() { "." } else { root.as_str() }
     )]
     Escapes {
         template: String,

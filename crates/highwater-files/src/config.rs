@@ -71,7 +71,10 @@ pub fn load(path: &Path) -> Result<PipelineSpec, FilesError> {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    parse(&text, path, &root)
+    let mut spec = parse(&text, path, &root)?;
+    spec.places
+        .push(("the config file".into(), path.to_path_buf()));
+    Ok(spec)
 }
 
 /// Parses config text. `path` is only used in messages.

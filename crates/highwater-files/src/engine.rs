@@ -87,6 +87,9 @@ pub struct StageReport {
     pub processed: usize,
     pub deleted: usize,
     pub failed: Vec<FailedItem>,
+    /// Set when the stage did not run because an upstream stage has failed
+    /// items: an aggregate made from part of its inputs would be wrong.
+    pub blocked: Option<String>,
     pub reasons: BTreeMap<String, usize>,
     pub changes: Vec<ChangeRow>,
     pub duration_ms: u64,
@@ -141,7 +144,10 @@ pub struct RunReport {
 
 impl RunReport {
     pub fn failed(&self) -> usize {
-        self.stages.iter().map(|s| s.failed.len()).sum()
+        self.stages
+            .iter()
+            .map(|s| s.failed.len() + usize::from(s.blocked.is_some()))
+            .sum()
     }
 }
 
@@ -188,6 +194,8 @@ struct Stage {
     template: OutputTemplate,
     args: Vec<ArgTemplate>,
     settings: PlanSettings,
+    /// The stages whose outputs this one reads.
+    upstream: Vec<String>,
 }
 
 /// What discovery and evidence found for a stage, with its plan.
@@ -238,6 +246,31 @@ impl Pipeline {
         let state_path = PathBuf::from(normalize_lexically(
             &absolute(&root.join(&spec.state))?.to_string_lossy(),
         ));
+        // Every named place, absolute: none may overlap another.
+        let mut places: Vec<(String, String)> = vec![(
+            "the state store".into(),
+            state_path.to_string_lossy().into_owned(),
+        )];
+        for (what, p) in &spec.places {
+            let abs = if p.is_absolute() {
+                p.clone()
+            } else {
+                absolute(p)?
+            };
+            places.push((what.clone(), normalize_lexically(&abs.to_string_lossy())));
+        }
+        for (i, (wa, a)) in places.iter().enumerate() {
+            for (wb, b) in &places[i + 1..] {
+                if is_within(a, b) || is_within(b, a) {
+                    return Err(FilesError::PlacesCollide {
+                        first_what: wa.clone(),
+                        first: a.into(),
+                        second_what: wb.clone(),
+                        second: b.into(),
+                    });
+                }
+            }
+        }
         let mut stages = Vec::new();
         for s in spec.stages {
             let tpl_err = |source| FilesError::Template {
@@ -268,8 +301,22 @@ impl Pipeline {
                 return Err(FilesError::StateInsideOutput {
                     state: state_path.clone(),
                     stage: s.name.clone(),
-                    root: template.root().to_string(),
+                    root: if template.root().is_empty() {
+                        ".".to_string()
+                    } else {
+                        template.root().to_string()
+                    },
                 });
+            }
+            for (what, p) in places.iter().skip(1) {
+                if is_within(p, &out_root_abs) || is_within(&out_root_abs, p) {
+                    return Err(FilesError::PlacesCollide {
+                        first_what: what.clone(),
+                        first: p.into(),
+                        second_what: format!("the output root of stage `{}`", s.name),
+                        second: out_root_abs.clone().into(),
+                    });
+                }
             }
             let recipe = stage_recipe_id(&root, &s)?;
             let settings = PlanSettings {
@@ -283,6 +330,7 @@ impl Pipeline {
                 template,
                 args,
                 settings,
+                upstream: Vec::new(),
             });
         }
         let stages = topo_order(stages)?;
@@ -466,6 +514,26 @@ impl Pipeline {
             stage: name.clone(),
             source,
         };
+        // An input that is where the stage writes, or that it wrote itself,
+        // would be overwritten or fed back: refused before any work.
+        let recorded_outputs: std::collections::HashSet<&str> =
+            prev.items.values().map(|e| e.output.as_str()).collect();
+        if let Some(f) = found
+            .iter()
+            .find(|f| recorded_outputs.contains(f.item.as_str()))
+        {
+            return Err(FilesError::InputIsOwnOutput {
+                stage: name.clone(),
+                input: f.item.clone(),
+                root: if st.template.root().is_empty() {
+                    ".".to_string()
+                } else {
+                    st.template.root().to_string()
+                },
+            });
+        }
+        let found_items: std::collections::HashSet<&str> =
+            found.iter().map(|f| f.item.as_str()).collect();
         let inputs: Vec<String> = if st.template.is_aggregate() {
             found.iter().map(|f| f.item.clone()).collect()
         } else {
@@ -473,6 +541,13 @@ impl Pipeline {
         };
         let (plan, listing, output_dirs) = if st.template.is_aggregate() {
             let output = st.template.render("").map_err(tpl_err)?;
+            if found_items.contains(output.as_str()) {
+                return Err(FilesError::OutputOverwritesInput {
+                    stage: name.clone(),
+                    input: output.clone(),
+                    output,
+                });
+            }
             let output_dirs = discover::output_dirs(std::iter::once(output.as_str()));
             let listing = discover::scan_output_dirs(
                 &self.root,
@@ -516,6 +591,16 @@ impl Pipeline {
                 .iter()
                 .map(|f| st.template.render(&f.relpath).map_err(tpl_err))
                 .collect::<Result<Vec<_>, _>>()?;
+            if let Some(i) = outputs
+                .iter()
+                .position(|o| found_items.contains(o.as_str()))
+            {
+                return Err(FilesError::OutputOverwritesInput {
+                    stage: name.clone(),
+                    input: outputs[i].clone(),
+                    output: outputs[i].clone(),
+                });
+            }
             // Two inputs rendering to one output would overwrite each other.
             let mut order: Vec<usize> = (0..outputs.len()).collect();
             order.sort_unstable_by(|&a, &b| outputs[a].cmp(&outputs[b]));
@@ -604,6 +689,17 @@ impl Pipeline {
             // Upstream work changed this stage's inputs: look again. The
             // guard is not applied again, since these changes are real ones
             // that a guarded (or forced) upstream run made.
+            if st.template.is_aggregate() {
+                if let Some(why) = self.upstream_failures(&store, st)? {
+                    let mut r = StageReport::from_plan(
+                        &observed[i].take().expect("observed once per stage").plan,
+                    );
+                    r.changes.clear();
+                    r.blocked = Some(why);
+                    report.stages.push(r);
+                    continue;
+                }
+            }
             let o = if upstream_worked {
                 self.observe(st, opts.rehash, None)?
             } else {
@@ -614,6 +710,31 @@ impl Pipeline {
             report.stages.push(r);
         }
         Ok(report)
+    }
+
+    /// Why an aggregate must wait: an upstream stage has items recorded as
+    /// failed (in this run or before), so its inputs are incomplete.
+    fn upstream_failures(
+        &self,
+        store: &SqliteStore,
+        st: &Stage,
+    ) -> Result<Option<String>, FilesError> {
+        for up in &st.upstream {
+            let failed: Vec<String> = store
+                .load(up)?
+                .items
+                .into_iter()
+                .filter(|(_, e)| e.status == Status::Failed)
+                .map(|(k, _)| k)
+                .collect();
+            if let Some(first) = failed.first() {
+                return Ok(Some(format!(
+                    "blocked: upstream stage `{up}` has {} failed item(s) (first: {first}); this aggregate waits until they succeed, so it is never made from part of its inputs",
+                    failed.len()
+                )));
+            }
+        }
+        Ok(None)
     }
 
     fn remove_output(&self, st: &Stage, output: &str) -> Result<(), String> {
@@ -1056,6 +1177,11 @@ fn topo_order(stages: Vec<Stage>) -> Result<Vec<Stage>, FilesError> {
                 deps[b].push(a);
             }
         }
+    }
+    let names: Vec<String> = stages.iter().map(|s| s.spec.name.clone()).collect();
+    let mut stages = stages;
+    for (b, st) in stages.iter_mut().enumerate() {
+        st.upstream = deps[b].iter().map(|&a| names[a].clone()).collect();
     }
     let mut order = Vec::with_capacity(n);
     let mut done = vec![false; n];

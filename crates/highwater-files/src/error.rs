@@ -45,6 +45,25 @@ pub enum FilesError {
         first: String,
         second: String,
     },
+    #[error("stage `{stage}`: input `{input}` is also where the stage writes (output `{output}`); running would overwrite the input. Change `output` or narrow `inputs`")]
+    OutputOverwritesInput {
+        stage: String,
+        input: String,
+        output: String,
+    },
+    #[error("stage `{stage}`: input `{input}` is one of the stage's own outputs; its outputs would become its inputs on every run (out/out/...). Narrow `inputs` so they exclude `{root}`")]
+    InputIsOwnOutput {
+        stage: String,
+        input: String,
+        root: String,
+    },
+    #[error("{first_what} {first} and {second_what} {second} are the same place, or one lies inside the other: one would destroy the other. Give them separate paths")]
+    PlacesCollide {
+        first_what: String,
+        first: PathBuf,
+        second_what: String,
+        second: PathBuf,
+    },
     #[error("the state store {state} is inside the output root `{root}` of stage `{stage}`; anything that syncs the outputs would ship it. Move `[state] store` elsewhere")]
     StateInsideOutput {
         state: PathBuf,
@@ -64,7 +83,7 @@ pub enum FilesError {
         command: String,
         message: String,
     },
-    #[error("another highwater run holds the lock {path}; wait for it to finish (or remove the lock file if no highwater process is running)")]
+    #[error("another highwater run holds the lock {path}; wait for it to finish. The lock is released when that process exits, even when it is killed, so do not delete the lock file: that would let two runs in at once")]
     Locked { path: PathBuf },
     #[error("stages form a cycle through {stages}: each one's inputs match the next one's outputs. Break the cycle")]
     Cycle { stages: String },

@@ -126,6 +126,10 @@ pub struct PipelineSpec {
     pub sources: std::collections::BTreeMap<String, toml::Value>,
     /// The `[osm]` table, left raw: `highwater-osm` reads it.
     pub osm: Option<toml::Value>,
+    /// Other places the config names (the config file itself, the OSM
+    /// store, MBTiles files, search indexes), each with what it is: no two
+    /// places, and no place and an output root, may overlap.
+    pub places: Vec<(String, PathBuf)>,
 }
 
 impl PipelineSpec {
@@ -136,6 +140,7 @@ impl PipelineSpec {
             stages: Vec::new(),
             sources: Default::default(),
             osm: None,
+            places: Vec::new(),
         }
     }
 

@@ -9,8 +9,7 @@ use crate::sink::ParquetSink;
 use crate::source::{self, Pred, Reader};
 use highwater_core::window::{format_rfc3339, Window};
 use highwater_store::{
-    Bookmark, Fence, LeaseOutcome, SqliteStore, StateStore, WindowCommit, WindowRecord,
-    WindowStatus,
+    Bookmark, Fence, SqliteStore, StateStore, WindowCommit, WindowRecord, WindowStatus,
 };
 use serde::Serialize;
 use serde_json::json;
@@ -36,22 +35,7 @@ fn kill_self() -> ! {
     unreachable!("SIGKILL cannot be caught")
 }
 
-/// Whether a process exists on this host (signal 0 checks without sending).
-fn process_alive(pid: i64) -> bool {
-    let Ok(pid) = libc::pid_t::try_from(pid) else {
-        return false;
-    };
-    // SAFETY: kill with signal 0 performs only the existence and permission
-    // check; no signal is sent.
-    let r = unsafe { libc::kill(pid, 0) };
-    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
-}
-
-fn now_ns() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as i64)
-}
+use highwater_store::lease::now_ns;
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -67,6 +51,9 @@ pub struct IngestOptions {
     pub now_us: i64,
     /// Wait for a held lease instead of exiting.
     pub wait: bool,
+    /// Re-land windows published under another recipe even when they are
+    /// more than the guard's share of the published ones.
+    pub force: bool,
 }
 
 /// What happened to one window.
@@ -551,9 +538,7 @@ impl Ingestor {
         let store = Mutex::new(SqliteStore::open(&self.state_path)?);
         let name = &self.spec.name;
         let lease_ns = self.spec.lease_duration_s as i64 * 1_000_000_000;
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|s| s.trim().to_string())
-            .unwrap_or_else(|_| "localhost".into());
+        let host = highwater_store::lease::host();
         let owner = format!("{host}:{}:{}", std::process::id(), &self.token(-1)[..8]);
         let lease_name = format!("ingest:{name}");
         let deadline = Instant::now()
@@ -571,27 +556,16 @@ impl Ingestor {
                     lease_ns,
                 )
         };
-        let lease = loop {
-            match acquire(now_ns())? {
-                LeaseOutcome::Acquired(l) => break l,
-                // An owner on this host whose process is gone holds nothing:
-                // take its lease over now rather than after it expires. The
-                // takeover raises the token like any other.
-                LeaseOutcome::Held(h) if h.host == host && !process_alive(h.pid) => {
-                    if let LeaseOutcome::Acquired(l) = acquire(now_ns().max(h.expires_at_ns + 1))? {
-                        break l;
-                    }
-                }
-                LeaseOutcome::Held(h) if !opts.wait || Instant::now() > deadline => {
-                    return Err(IngestError::Held {
-                        name: name.clone(),
-                        owner: h.owner,
-                        host: h.host,
-                        pid: h.pid,
-                        expires: format_rfc3339(h.expires_at_ns / 1000),
-                    })
-                }
-                LeaseOutcome::Held(_) => std::thread::sleep(Duration::from_millis(200)),
+        let lease = match highwater_store::lease::take(acquire, opts.wait, deadline)? {
+            Ok(l) => l,
+            Err(h) => {
+                return Err(IngestError::Held {
+                    name: name.clone(),
+                    owner: h.owner,
+                    host: h.host,
+                    pid: h.pid,
+                    expires: format_rfc3339(h.expires_at_ns / 1000),
+                })
             }
         };
         let fence = Fence {

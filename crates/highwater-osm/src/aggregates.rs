@@ -450,15 +450,16 @@ pub struct AggReport {
 
 /// Rebuilds the dataset's contributions and areas from the store.
 pub fn rebuild(store: &mut Store, d: &AggDataset) -> Result<AggReport, StoreError> {
+    store.lease_writer(false)?;
+    let (sequence, generation) = store.snapshot(|s| Ok((s.meta("sequence")?, s.generation()?)))?;
     let (areas, contrib) = rebuild_contributions(store, d)?;
-    let sequence = store.meta("sequence")?;
     store.write(|w| {
         w.agg_clear(&d.name)?;
         for (k, c) in &contrib {
             w.agg_put(&d.name, *k, c)?;
         }
         w.agg_set_areas(&d.name, &areas.list)?;
-        w.clear_dirty_keys(&d.name)?;
+        w.clear_dirty_keys(&d.name, generation)?;
         w.set_meta(&built_recipe_key(&d.name), &d.recipe)?;
         w.set_marker(&d.name, sequence.and_then(|s| s.parse().ok()), &d.recipe)
     })?;
@@ -476,6 +477,7 @@ pub fn rebuild(store: &mut Store, d: &AggDataset) -> Result<AggReport, StoreErro
 /// one store transaction (contributions, areas and the dirty keys commit
 /// together, so a crash repeats the whole drain or none of it).
 pub fn drain(store: &mut Store, d: &AggDataset) -> Result<AggReport, StoreError> {
+    store.lease_writer(false)?;
     let built = store.meta(&built_recipe_key(&d.name))?;
     if built.as_deref() != Some(d.recipe.as_str()) {
         let mut r = rebuild(store, d)?;
@@ -489,6 +491,7 @@ pub fn drain(store: &mut Store, d: &AggDataset) -> Result<AggReport, StoreError>
         return Ok(r);
     }
     let every = TileLayer::every_key();
+    let (sequence, generation) = store.snapshot(|s| Ok((s.meta("sequence")?, s.generation()?)))?;
     let (new_areas, old_areas, dirty) = store.snapshot(|s| {
         Ok((
             areas(s, &d.admin_levels)?,
@@ -543,7 +546,6 @@ pub fn drain(store: &mut Store, d: &AggDataset) -> Result<AggReport, StoreError>
         Ok(())
     })?;
     report.recomputed = updates.len();
-    let sequence = store.meta("sequence")?;
     store.write(|w| {
         for (k, c) in &updates {
             if w.agg_get(&d.name, *k)? != *c {
@@ -553,7 +555,7 @@ pub fn drain(store: &mut Store, d: &AggDataset) -> Result<AggReport, StoreError>
             }
         }
         w.agg_set_areas(&d.name, &new_areas.list)?;
-        w.clear_dirty_keys(&d.name)?;
+        w.clear_dirty_keys(&d.name, generation)?;
         w.set_marker(&d.name, sequence.and_then(|s| s.parse().ok()), &d.recipe)
     })?;
     Ok(report)

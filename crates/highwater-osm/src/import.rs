@@ -18,6 +18,128 @@ pub enum ImportError {
     Store(#[from] StoreError),
     #[error("{path}: {message}")]
     State { path: PathBuf, message: String },
+    #[error("{}: {message}", path.display())]
+    Refused { path: PathBuf, message: String },
+}
+
+/// Removes what killed runs left beside `target`: files or folders named
+/// `.NAME.hw-tmp-*`, `.NAME.hw-old-*` or `.NAME.hw-new-*`. Call it only
+/// under the writer lease, when no other run can be writing them.
+pub fn sweep_leftovers(target: &Path) {
+    let (Some(dir), Some(name)) = (target.parent(), target.file_name()) else {
+        return;
+    };
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let name = name.to_string_lossy();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let n = e.file_name().to_string_lossy().into_owned();
+        let leftover = ["hw-tmp-", "hw-old-", "hw-new-"]
+            .iter()
+            .any(|k| n.starts_with(&format!(".{name}.{k}")));
+        if leftover {
+            let p = e.path();
+            let _ = if p.is_dir() {
+                std::fs::remove_dir_all(&p)
+            } else {
+                std::fs::remove_file(&p)
+            };
+        }
+    }
+}
+
+/// `osm import`: the only way a store is made. Into an empty place only;
+/// with `replace`, the new store is built beside the old one and swapped
+/// in, under the old one's writer lease, so a reader sees one or the other.
+pub fn import_into(
+    dir: &Path,
+    extract: &Path,
+    replace: bool,
+    wait: bool,
+) -> Result<ImportStats, ImportError> {
+    check_extract(extract)?;
+    let exists = dir.join("store.db").exists();
+    if !replace {
+        let mut store = Store::create(dir)?;
+        store.lease_writer(wait)?;
+        if !store.is_empty()? {
+            return Err(ImportError::Refused {
+                path: dir.to_path_buf(),
+                message: "the store already holds data; importing into it would merge two snapshots. Give --replace to build a new store from the extract and swap it in, or another --store".into(),
+            });
+        }
+        return import(&mut store, extract);
+    }
+    if !exists {
+        let mut store = Store::create(dir)?;
+        store.lease_writer(wait)?;
+        return import(&mut store, extract);
+    }
+    let mut old = Store::open(dir)?;
+    old.lease_writer(wait)?;
+    sweep_leftovers(dir);
+    let name = dir.file_name().unwrap_or_default().to_string_lossy();
+    let new_dir = dir.with_file_name(format!(".{name}.hw-new-{}", std::process::id()));
+    let aside = dir.with_file_name(format!(".{name}.hw-old-{}", std::process::id()));
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |e: std::io::Error| ImportError::Refused {
+            path,
+            message: e.to_string(),
+        }
+    };
+    let stats = {
+        let mut new = Store::create(&new_dir)?;
+        let stats = import(&mut new, extract)?;
+        new.checkpoint()?;
+        stats
+    };
+    // Anyone who opened the old store and waits for its lease finds it
+    // retired, not writable.
+    old.write(|w| w.set_meta("retired", "replaced by osm import --replace"))?;
+    std::fs::rename(dir, &aside).map_err(io(dir))?;
+    std::fs::rename(&new_dir, dir).map_err(io(dir))?;
+    if let Some(parent) = dir.parent() {
+        let parent = if parent.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            parent
+        };
+        std::fs::File::open(parent)
+            .and_then(|f| f.sync_all())
+            .map_err(io(parent))?;
+    }
+    drop(old);
+    std::fs::remove_dir_all(&aside).map_err(io(&aside))?;
+    Ok(stats)
+}
+
+/// Refuses an extract that cannot be one: missing, empty, or a change file.
+fn check_extract(path: &Path) -> Result<(), ImportError> {
+    let bad = |message: &str| ImportError::Refused {
+        path: path.to_path_buf(),
+        message: message.to_string(),
+    };
+    let meta =
+        std::fs::metadata(path).map_err(|e| bad(&format!("cannot read the extract: {e}")))?;
+    if meta.len() == 0 {
+        return Err(bad(
+            "the file is empty (0 bytes): a failed download? Fetch the extract again",
+        ));
+    }
+    let name = path.to_string_lossy();
+    if name.ends_with(".osc") || name.ends_with(".osc.gz") {
+        return Err(bad(
+            "this is a change file: apply it with `highwater osm apply`; import takes an extract (.osm.pbf or .osm)",
+        ));
+    }
+    Ok(())
 }
 
 /// A decoded blob: the header's (sequence, timestamp), or elements.
@@ -94,6 +216,21 @@ fn pbf_elements(block: &osmpbf::PrimitiveBlock) -> Result<Vec<Element>, String> 
     }
 }
 
+/// The first id of an element (its own, a node ref, a member) beyond
+/// [`crate::model::ID_ABS_MAX`].
+fn id_out_of_range(e: &Element) -> Option<i64> {
+    let ok = crate::model::id_in_range;
+    match e {
+        Element::Node(n) => (!ok(n.id)).then_some(n.id),
+        Element::Way(w) => std::iter::once(w.id)
+            .chain(w.refs.iter().copied())
+            .find(|&i| !ok(i)),
+        Element::Relation(r) => std::iter::once(r.id)
+            .chain(r.members.iter().map(|m| m.id))
+            .find(|&i| !ok(i)),
+    }
+}
+
 fn count(stats: &mut ImportStats, e: &Element) {
     match e {
         Element::Node(_) => stats.nodes += 1,
@@ -114,11 +251,19 @@ pub fn import(store: &mut Store, path: &Path) -> Result<ImportStats, ImportError
             elements.push(e);
             Ok(())
         })?;
+        if elements.is_empty() {
+            return Err(ImportError::Refused {
+                path: path.to_path_buf(),
+                message: "the extract holds no element: nothing to import".into(),
+            });
+        }
         store.write(|w| {
             for e in &elements {
                 count(&mut stats, e);
                 w.put(e)?;
             }
+            w.set_meta("imported", &path.display().to_string())?;
+            w.bump_generation()?;
             Ok(())
         })?;
         crate::derive::rebuild_shapes(store)?;
@@ -167,11 +312,28 @@ pub fn import(store: &mut Store, path: &Path) -> Result<ImportStats, ImportError
                     stats.timestamp = ts;
                 }
                 for e in &elements {
+                    if let Some(id) = id_out_of_range(e) {
+                        return Err(StoreError::Corrupt {
+                            path: path.to_path_buf(),
+                            what: format!(
+                                "{}: id {id} is beyond ±2^60, the largest id highwater stores; nothing was imported",
+                                e.key()
+                            ),
+                        });
+                    }
                     count(&mut stats, e);
                     w.put(e)?;
                 }
             }
         }
+        if stats.nodes + stats.ways + stats.relations == 0 {
+            return Err(StoreError::Corrupt {
+                path: path.to_path_buf(),
+                what: "the extract holds no element: nothing was imported".into(),
+            });
+        }
+        w.set_meta("imported", &path.display().to_string())?;
+        w.bump_generation()?;
         if let Some(seq) = stats.sequence {
             w.set_meta("sequence", &seq.to_string())?;
         }
@@ -194,6 +356,8 @@ pub fn import(store: &mut Store, path: &Path) -> Result<ImportStats, ImportError
 pub struct State {
     pub sequence: i64,
     pub timestamp: String,
+    /// The state file it was read from, for messages.
+    pub path: PathBuf,
 }
 
 pub fn read_state(path: &Path) -> Result<State, ImportError> {
@@ -216,6 +380,7 @@ pub fn read_state(path: &Path) -> Result<State, ImportError> {
         }
     }
     Ok(State {
+        path: path.to_path_buf(),
         sequence: seq.ok_or_else(|| bad("no sequenceNumber".into()))?,
         timestamp: ts.ok_or_else(|| bad("no timestamp".into()))?,
     })

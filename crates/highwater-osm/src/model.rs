@@ -9,6 +9,16 @@ pub type Tags = BTreeMap<String, String>;
 /// Degrees times 10^7.
 pub const COORD_SCALE: f64 = 1e7;
 
+/// The largest element id (in absolute value) the store takes: an id keeps
+/// its type in two more bits in the shapes index and in MVT feature ids,
+/// and those must not wrap. OSM's ids are near 2^34 today.
+pub const ID_ABS_MAX: i64 = 1 << 60;
+
+/// Whether an element id (or a reference) is within [`ID_ABS_MAX`].
+pub fn id_in_range(id: i64) -> bool {
+    id.checked_abs().is_some_and(|a| a < ID_ABS_MAX)
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Node {
     pub id: i64,

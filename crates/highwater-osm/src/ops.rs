@@ -24,6 +24,10 @@ pub enum OpsError {
     Store(#[from] StoreError),
     #[error("{0}")]
     Replication(String),
+    #[error("{}: {message}", path.display())]
+    Sequence { path: PathBuf, message: String },
+    #[error("{}: {message}", path.display())]
+    Output { path: PathBuf, message: String },
 }
 
 #[derive(Deserialize)]
@@ -37,6 +41,7 @@ struct RawOsm {
     #[serde(default)]
     search: BTreeMap<String, RawSearch>,
     rebuild_gap_max: Option<i64>,
+    lease_duration_s: Option<i64>,
 }
 
 #[derive(Deserialize)]
@@ -104,6 +109,8 @@ pub struct OsmConfig {
     pub search: Vec<crate::search::SearchDataset>,
     /// A dataset this many sequences behind is better rebuilt.
     pub rebuild_gap_max: i64,
+    /// How long the store's writer lease lasts without renewal.
+    pub lease_duration_s: i64,
 }
 
 /// The version of the code that decides what a tile shows (features,
@@ -172,6 +179,7 @@ impl OsmConfig {
                 aggregates: BTreeMap::new(),
                 search: BTreeMap::new(),
                 rebuild_gap_max: None,
+                lease_duration_s: None,
             },
         };
         let mut search = Vec::new();
@@ -308,7 +316,34 @@ impl OsmConfig {
             aggregates,
             search,
             rebuild_gap_max: raw.rebuild_gap_max.unwrap_or(1000),
+            lease_duration_s: match raw.lease_duration_s {
+                None => crate::store::WRITER_LEASE_DURATION_S,
+                Some(s) if (1..=86_400).contains(&s) => s,
+                Some(s) => {
+                    return Err(bad(format!(
+                        "lease_duration_s = {s}: give 1 to 86400 seconds"
+                    )))
+                }
+            },
         })
+    }
+
+    /// Every place the config names, with what it is, for the collision
+    /// check at config load.
+    pub fn paths(&self) -> Vec<(String, PathBuf)> {
+        let mut out = vec![(
+            "the OSM store ([osm] store)".to_string(),
+            self.store.clone(),
+        )];
+        for d in &self.tiles {
+            if let Some(m) = &d.mbtiles {
+                out.push((format!("[osm.tiles.{}] mbtiles", d.name), m.clone()));
+            }
+        }
+        for q in &self.search {
+            out.push((format!("[osm.search.{}] index", q.name), q.index.clone()));
+        }
+        out
     }
 }
 
@@ -356,16 +391,69 @@ fn bound(tiles: BTreeSet<Tile>, layer: &TileLayer, max: usize) -> (BTreeSet<Tile
     )
 }
 
+/// Whether a diff may follow the store: a diff with a sequence applies only
+/// as the store's next; a store that took a diff without one no longer
+/// follows a sequence and takes no sequenced diff (it cannot know which is
+/// next). `diff` names the file for the message.
+fn check_sequence(
+    store_seq: Option<i64>,
+    unsequenced: bool,
+    state: Option<&State>,
+) -> Result<(), OpsError> {
+    let Some(s) = state else { return Ok(()) };
+    let diff = &s.path;
+    match store_seq {
+        _ if unsequenced => Err(OpsError::Sequence {
+            path: diff.to_path_buf(),
+            message: format!(
+                "it has sequence {}, but the store took diffs without a state file and no longer follows a replication sequence: import a current extract with `highwater osm import EXTRACT --replace`",
+                s.sequence
+            ),
+        }),
+        Some(have) if s.sequence != have + 1 => Err(OpsError::Sequence {
+            path: diff.to_path_buf(),
+            message: if s.sequence <= have {
+                format!(
+                    "it has sequence {}, but the store is already at {have}: it was applied before (or is older); nothing was applied",
+                    s.sequence
+                )
+            } else {
+                format!(
+                    "it has sequence {}, but the store is at {have}: sequences {}..{} are missing; apply them first (nothing was applied)",
+                    s.sequence,
+                    have + 1,
+                    s.sequence - 1
+                )
+            },
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// Derives and applies diffs in order, in one transaction (rolled back on a
 /// dry run): each dataset's affected tiles from the state before each diff,
-/// then the diff, then the dirty sets and markers.
+/// then the diff, then the dirty sets and markers. `before_commit` runs
+/// inside the transaction with the report, for what must be durable before
+/// the store moves (the expire list): its error rolls everything back.
 pub fn apply(
     store: &mut Store,
     cfg: &OsmConfig,
     diffs: &[Diff],
     dry_run: bool,
 ) -> Result<ApplyReport, OpsError> {
-    let run = |w: &mut Writer<'_>| -> Result<ApplyReport, StoreError> {
+    apply_with(store, cfg, diffs, dry_run, &mut |_| Ok(()))
+}
+
+/// [`apply`] with a step that runs inside the transaction, before it
+/// commits.
+pub fn apply_with(
+    store: &mut Store,
+    cfg: &OsmConfig,
+    diffs: &[Diff],
+    dry_run: bool,
+    before_commit: &mut dyn FnMut(&ApplyReport) -> Result<(), OpsError>,
+) -> Result<ApplyReport, OpsError> {
+    let run = |w: &mut Writer<'_>| -> Result<ApplyReport, OpsError> {
         let mut report = ApplyReport {
             diffs: diffs.len(),
             dry_run,
@@ -379,6 +467,20 @@ pub fn apply(
                 .collect(),
             ..Default::default()
         };
+        // Every diff is checked against the sequence the ones before it
+        // leave, before anything is derived: a refusal touches nothing.
+        let mut seq: Option<i64> = w.meta("sequence")?.and_then(|s| s.parse().ok());
+        let mut unsequenced = w.meta("unsequenced")?.is_some();
+        for (_, state) in diffs {
+            check_sequence(seq, unsequenced, state.as_ref())?;
+            match state {
+                Some(s) => seq = Some(s.sequence),
+                None => unsequenced = true,
+            }
+        }
+        if !diffs.is_empty() {
+            w.bump_generation()?;
+        }
         let mut per: Vec<BTreeSet<Tile>> = vec![BTreeSet::new(); cfg.tiles.len()];
         for (changes, state) in diffs {
             for (i, d) in cfg.tiles.iter().enumerate() {
@@ -401,12 +503,25 @@ pub fn apply(
             for (_, name, _) in cfg.keyed() {
                 w.add_dirty_keys(name, &touched.all)?;
             }
-            if let Some(s) = state {
-                report.sequence = Some(s.sequence);
-                w.set_meta("sequence", &s.sequence.to_string())?;
-                w.set_meta("timestamp", &s.timestamp)?;
+            match state {
+                Some(s) => {
+                    w.set_meta("sequence", &s.sequence.to_string())?;
+                    w.set_meta("timestamp", &s.timestamp)?;
+                }
+                None => {
+                    // Recorded, so status can say the store no longer
+                    // follows a replication sequence.
+                    let n: i64 = w
+                        .meta("unsequenced")?
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(0);
+                    w.set_meta("unsequenced", &(n + 1).to_string())?;
+                }
             }
         }
+        // The markers say up to which sequence the dirty sets are recorded:
+        // the store's, whether or not these diffs carried one.
+        report.sequence = w.meta("sequence")?.and_then(|s| s.parse().ok());
         for (_, name, recipe) in cfg.keyed() {
             w.set_marker(name, report.sequence, recipe)?;
         }
@@ -416,6 +531,7 @@ pub fn apply(
             report.datasets[i].tiles = per[i].len();
             report.tiles.extend(per[i].iter().copied());
         }
+        before_commit(&report)?;
         if std::env::var_os("HIGHWATER_FAILPOINT").is_some_and(|v| v == "osm-before-commit") {
             // For the crash test: die with everything written but not
             // committed, the way a killed process dies.
@@ -426,15 +542,39 @@ pub fn apply(
         }
         Ok(report)
     };
-    Ok(if dry_run {
-        store.rehearse(run)?
+    if dry_run {
+        store.rehearse_then(run)
     } else {
-        store.write(run)?
-    })
+        store.write_then(run)
+    }
+}
+
+/// Says that the store now stands at replication sequence `sequence`: for
+/// diffs made without state files (e.g. by `osmium derive-changes` between
+/// two snapshots) whose result the operator vouches for. The store follows
+/// a sequence again from there.
+pub fn declare_sequence(store: &mut Store, sequence: i64) -> Result<(), OpsError> {
+    store.write(|w| {
+        w.set_meta("sequence", &sequence.to_string())?;
+        w.del_meta("unsequenced")
+    })?;
+    Ok(())
+}
+
+/// The sequence a replication path `AAA/BBB/CCC.osc.gz` stands for.
+pub fn sequence_of_path(p: &Path) -> Option<i64> {
+    let name = p.file_name()?.to_str()?;
+    let c = name.split('.').next()?;
+    let b = p.parent()?.file_name()?.to_str()?;
+    let a = p.parent()?.parent()?.file_name()?.to_str()?;
+    let three = |s: &str| s.len() == 3 && s.bytes().all(|x| x.is_ascii_digit());
+    (three(a) && three(b) && three(c)).then(|| format!("{a}{b}{c}").parse().ok())?
 }
 
 /// Reads diff files (refusing any malformed one before anything moves), with
-/// the state file beside each when there is one.
+/// the state file beside each when there is one. A state file whose
+/// sequence disagrees with its replication path is refused: trusting it
+/// would move the store to the wrong sequence.
 pub fn read_diffs(paths: &[PathBuf]) -> Result<Vec<Diff>, OpsError> {
     let mut out = Vec::new();
     for p in paths {
@@ -446,14 +586,39 @@ pub fn read_diffs(paths: &[PathBuf]) -> Result<Vec<Diff>, OpsError> {
             .exists()
             .then(|| read_state(&state_path))
             .transpose()?;
+        if let (Some(s), Some(want)) = (&state, sequence_of_path(p)) {
+            if s.sequence != want {
+                return Err(OpsError::Sequence {
+                    path: state_path,
+                    message: format!(
+                        "sequenceNumber={} but its path says {want}: the replication folder is inconsistent; re-fetch it (nothing was applied)",
+                        s.sequence
+                    ),
+                });
+            }
+        }
         out.push((changes, state));
     }
     Ok(out)
 }
 
 /// The diffs after the store's sequence in a replication directory, in
-/// order. Refuses a gap: a missing sequence with later ones present.
+/// order, each with its state file. Refuses a missing folder, a store that
+/// follows no sequence, a diff without its state file, and a gap: a missing
+/// sequence with a later one present anywhere in the folder (the top
+/// `state.txt`, or the newest `AAA/BBB/CCC.osc.gz`).
 pub fn pending(store: &Store, dir: &Path) -> Result<Vec<PathBuf>, OpsError> {
+    if !dir.is_dir() {
+        return Err(OpsError::Replication(format!(
+            "replication folder {} does not exist (a typo, or a share that is not mounted?)",
+            dir.display()
+        )));
+    }
+    if let Some(n) = store.meta("unsequenced")? {
+        return Err(OpsError::Replication(format!(
+            "the store took {n} diff(s) without a state file and no longer follows a replication sequence: import a current extract with `highwater osm import EXTRACT --replace`"
+        )));
+    }
     let seq: i64 = store
         .meta("sequence")?
         .and_then(|s| s.parse().ok())
@@ -466,34 +631,60 @@ pub fn pending(store: &Store, dir: &Path) -> Result<Vec<PathBuf>, OpsError> {
         if !osc.exists() {
             break;
         }
+        let state = base.with_extension("state.txt");
+        if !state.exists() {
+            return Err(OpsError::Replication(format!(
+                "{} has no state file {}: re-fetch it (nothing was applied)",
+                osc.display(),
+                state.display()
+            )));
+        }
         out.push(osc);
         next += 1;
     }
-    // A later state file after the first missing one is a gap.
-    let parent = dir
-        .join(sequence_path(next))
-        .parent()
-        .map(Path::to_path_buf);
-    if let Some(parent) = parent {
-        if let Ok(rd) = std::fs::read_dir(&parent) {
-            for e in rd.flatten() {
+    let top = newest_sequence(dir)?;
+    if let Some(top) = top.filter(|&t| t >= next) {
+        return Err(OpsError::Replication(format!(
+            "gap in {}: sequence {next} ({}) is missing but {top} is there; fetch {next} first",
+            dir.display(),
+            sequence_path(next)
+        )));
+    }
+    Ok(out)
+}
+
+/// The newest sequence a replication folder offers: its top `state.txt`,
+/// or else the largest `AAA/BBB/CCC.osc.gz` (three folder listings).
+fn newest_sequence(dir: &Path) -> Result<Option<i64>, OpsError> {
+    let top_state = dir.join("state.txt");
+    let from_state = if top_state.exists() {
+        Some(read_state(&top_state)?.sequence)
+    } else {
+        None
+    };
+    let largest = |d: &Path, suffix: &str| -> Option<(i64, PathBuf)> {
+        std::fs::read_dir(d)
+            .ok()?
+            .flatten()
+            .filter_map(|e| {
                 let n = e.file_name().to_string_lossy().into_owned();
-                if let Some(s) = n
-                    .strip_suffix(".osc.gz")
-                    .and_then(|s| s.parse::<i64>().ok())
-                {
-                    let later = (next / 1000) * 1000 + s;
-                    if later > next {
-                        return Err(OpsError::Replication(format!(
-                            "gap in {}: sequence {next} is missing but {later} is there; fetch {next} first",
-                            dir.display()
-                        )));
-                    }
-                }
+                let num = n.strip_suffix(suffix)?;
+                (num.len() == 3)
+                    .then(|| num.parse::<i64>().ok())
+                    .flatten()
+                    .map(|v| (v, e.path()))
+            })
+            .max()
+    };
+    let mut from_files = None;
+    if let Some((a, pa)) = largest(dir, "") {
+        if let Some((b, pb)) = largest(&pa, "") {
+            if let Some((c, _)) = largest(&pb, ".osc.gz") {
+                from_files = Some(a * 1_000_000 + b * 1000 + c);
             }
         }
     }
-    Ok(out)
+    Ok(from_state.max(from_files))
 }
 
 /// Status of the store and each dataset.
@@ -563,9 +754,22 @@ pub fn status(store: &Store, cfg: &OsmConfig) -> Result<serde_json::Value, OpsEr
             "rebuild": rebuild,
         }));
     }
+    let writer = store
+        .writer_lease()?
+        .filter(|l| l.expires_at_ns > highwater_store::lease::now_ns());
     Ok(serde_json::json!({
         "sequence": seq,
         "timestamp": store.meta("timestamp")?,
+        // Diffs applied without a state file: the store no longer follows
+        // a replication sequence.
+        "unsequenced": store.meta("unsequenced")?.and_then(|n| n.parse::<i64>().ok()),
+        "writer": writer.map(|l| serde_json::json!({
+            "owner": l.owner,
+            "host": l.host,
+            "pid": l.pid,
+            "token": l.token,
+            "expires": highwater_core::window::format_rfc3339(l.expires_at_ns / 1000),
+        })),
         "datasets": datasets,
     }))
 }

@@ -271,6 +271,9 @@ pub fn rebuild_documents(
 /// Writes a new index from a full pass, swaps it in, and resets the
 /// store's documents, reverse index and areas for the dataset.
 pub fn rebuild(store: &mut Store, d: &SearchDataset) -> Result<SearchReport, SearchError> {
+    store.lease_writer(false)?;
+    crate::import::sweep_leftovers(&d.index);
+    let (sequence, generation) = store.snapshot(|s| Ok((s.meta("sequence")?, s.generation()?)))?;
     let (ctx, docs) = rebuild_documents(store, d)?;
     let name = d.index.file_name().unwrap_or_default().to_string_lossy();
     let tmp = d
@@ -303,7 +306,6 @@ pub fn rebuild(store: &mut Store, d: &SearchDataset) -> Result<SearchReport, Sea
     if had_old {
         std::fs::remove_dir_all(&old).map_err(io(&old))?;
     }
-    let sequence = store.meta("sequence")?;
     store.write(|w| {
         w.search_clear(&d.name)?;
         for (key, (doc, embeds)) in &docs {
@@ -311,7 +313,7 @@ pub fn rebuild(store: &mut Store, d: &SearchDataset) -> Result<SearchReport, Sea
         }
         w.agg_set_areas(&d.name, &ctx.admin.list)?;
         w.agg_set_areas(&format!("{}#places", d.name), &ctx.places.list)?;
-        w.clear_dirty_keys(&d.name)?;
+        w.clear_dirty_keys(&d.name, generation)?;
         w.set_meta(&built_recipe_key(&d.name), &d.recipe)?;
         w.set_marker(&d.name, sequence.and_then(|s| s.parse().ok()), &d.recipe)
     })?;
@@ -360,6 +362,7 @@ fn affected_by_areas(
 /// Brings the index current with the elements touched since the last drain
 /// and the areas that changed.
 pub fn drain(store: &mut Store, d: &SearchDataset) -> Result<SearchReport, SearchError> {
+    store.lease_writer(false)?;
     let built = store.meta(&built_recipe_key(&d.name))?;
     let reason = match built {
         None => Some("it was never built".to_string()),
@@ -377,6 +380,7 @@ pub fn drain(store: &mut Store, d: &SearchDataset) -> Result<SearchReport, Searc
         r.reason = Some(reason);
         return Ok(r);
     }
+    let (sequence, generation) = store.snapshot(|s| Ok((s.meta("sequence")?, s.generation()?)))?;
     let ctx = context(store, d)?;
     let old_admin = store.agg_areas(&d.name)?;
     let old_places = store.agg_areas(&format!("{}#places", d.name))?;
@@ -422,7 +426,6 @@ pub fn drain(store: &mut Store, d: &SearchDataset) -> Result<SearchReport, Searc
         w.commit().map_err(ierr(&d.index))?;
         w.wait_merging_threads().map_err(ierr(&d.index))?;
     }
-    let sequence = store.meta("sequence")?;
     store.write(|w| {
         for (k, new) in &changes {
             w.search_del(&d.name, *k)?;
@@ -432,7 +435,7 @@ pub fn drain(store: &mut Store, d: &SearchDataset) -> Result<SearchReport, Searc
         }
         w.agg_set_areas(&d.name, &ctx.admin.list)?;
         w.agg_set_areas(&format!("{}#places", d.name), &ctx.places.list)?;
-        w.clear_dirty_keys(&d.name)?;
+        w.clear_dirty_keys(&d.name, generation)?;
         w.set_marker(&d.name, sequence.and_then(|s| s.parse().ok()), &d.recipe)
     })?;
     report.documents = store.search_count(&d.name)?;

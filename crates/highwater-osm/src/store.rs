@@ -20,6 +20,20 @@ pub enum StoreError {
     Sqlite { path: PathBuf, err: rusqlite::Error },
     #[error("OSM store {path}: {what}")]
     Corrupt { path: PathBuf, what: String },
+    #[error("no OSM store at {}: run `highwater osm import EXTRACT` to create one (or check --store and [osm] store for a typo, or a share that is not mounted)", dir.display())]
+    Missing { dir: PathBuf },
+    #[error("OSM store {}: the file is empty (0 bytes), not a store. Restore it from a backup, or import an extract again with `highwater osm import EXTRACT --replace`", path.display())]
+    Empty { path: PathBuf },
+    #[error("OSM store {}: another process writes it (owner {owner}, pid {pid} on {host}, lease until {expires}). Wait for it with --wait, or stop that process; its lease expires on its own if it died", path.display())]
+    Held {
+        path: PathBuf,
+        owner: String,
+        host: String,
+        pid: i64,
+        expires: String,
+    },
+    #[error("OSM store {}: this process lost its writer lease to another (its token is no longer current); it wrote nothing more. Run the command again", path.display())]
+    Fenced { path: PathBuf },
 }
 
 const SCHEMA: &str = "
@@ -40,6 +54,17 @@ CREATE TABLE IF NOT EXISTS search_context(dataset TEXT NOT NULL, area_kind INTEG
 CREATE INDEX IF NOT EXISTS search_context_doc ON search_context(dataset, kind, id);
 CREATE TABLE IF NOT EXISTS agg_areas(dataset TEXT NOT NULL, kind INTEGER NOT NULL, id INTEGER NOT NULL, name TEXT, level INTEGER NOT NULL, minx REAL NOT NULL, miny REAL NOT NULL, maxx REAL NOT NULL, maxy REAL NOT NULL, rings BLOB NOT NULL, PRIMARY KEY(dataset, kind, id)) WITHOUT ROWID;
 ";
+
+/// The writer lease's name in the store's `leases` table.
+pub const WRITER_LEASE: &str = "osm-writer";
+
+/// How long a writer lease lasts without renewal, in seconds. The holder's
+/// heartbeat renews it every third of that; a holder that paused longer
+/// loses it and its next write is refused.
+pub const WRITER_LEASE_DURATION_S: i64 = 60;
+
+/// How long `--wait` waits for the writer lease, in lease durations.
+pub const WRITER_WAIT_LEASES_MAX: u32 = 3;
 
 /// SQLite's page cache for the store, in KiB: bounds the memory the store
 /// may hold beyond the operating system's page cache.
@@ -122,6 +147,19 @@ pub type DatasetRow = (String, Option<i64>, String, i64);
 pub struct Store {
     conn: Connection,
     path: PathBuf,
+    /// The writer lease, once taken: every write transaction checks its
+    /// token. Released when the store is dropped.
+    writer: Option<(highwater_store::Fence, highwater_store::lease::Heartbeat)>,
+    lease_duration_s: i64,
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        if let Some((fence, hb)) = self.writer.take() {
+            drop(hb);
+            let _ = highwater_store::lease::release(&self.conn, &fence);
+        }
+    }
 }
 
 fn tags_text(t: &Tags) -> Option<String> {
@@ -141,16 +179,45 @@ fn refs_blob(refs: &[i64]) -> Vec<u8> {
 }
 
 impl Store {
-    /// Opens (creating) the store in `dir`.
+    /// Opens the store in `dir`. A missing or empty store is an error: only
+    /// [`Store::create`] (`osm import`) makes one, so a typo in a path never
+    /// turns into a fresh, empty store that looks current.
     pub fn open(dir: &Path) -> Result<Store, StoreError> {
         let path = dir.join("store.db");
+        match std::fs::metadata(&path) {
+            Err(_) => {
+                return Err(StoreError::Missing {
+                    dir: dir.to_path_buf(),
+                })
+            }
+            Ok(m) if m.len() == 0 => return Err(StoreError::Empty { path }),
+            Ok(_) => {}
+        }
+        Self::open_path(path)
+    }
+
+    /// Opens the store in `dir`, creating the folder and an empty store
+    /// when there is none (`osm import` only).
+    pub fn create(dir: &Path) -> Result<Store, StoreError> {
+        let path = dir.join("store.db");
+        if std::fs::metadata(&path).is_ok_and(|m| m.len() == 0) {
+            return Err(StoreError::Empty { path });
+        }
+        std::fs::create_dir_all(dir).map_err(|e| StoreError::Corrupt {
+            path: dir.to_path_buf(),
+            what: format!("cannot create the store folder: {e}"),
+        })?;
+        Self::open_path(path)
+    }
+
+    fn open_path(path: PathBuf) -> Result<Store, StoreError> {
         let err = |err| StoreError::Sqlite {
             path: path.clone(),
             err,
         };
-        std::fs::create_dir_all(dir)
-            .map_err(|e| err(rusqlite::Error::ToSqlConversionFailure(Box::new(e))))?;
         let conn = Connection::open(&path).map_err(err)?;
+        conn.busy_timeout(std::time::Duration::from_secs(30))
+            .map_err(err)?;
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(err)?;
         conn.pragma_update(None, "synchronous", "FULL")
@@ -173,7 +240,146 @@ impl Store {
             conn.execute_batch("ALTER TABLE dirty ADD COLUMN hits INTEGER NOT NULL DEFAULT 1")
                 .map_err(err)?;
         }
-        Ok(Store { conn, path })
+        // Stores made before dirty rows recorded the generation that
+        // dirtied them.
+        for table in ["dirty", "dirty_keys"] {
+            let has_gen: bool = conn
+                .query_row(
+                    &format!(
+                        "SELECT count(*) FROM pragma_table_info('{table}') WHERE name = 'gen'"
+                    ),
+                    [],
+                    |r| r.get::<_, i64>(0),
+                )
+                .map_err(err)?
+                > 0;
+            if !has_gen {
+                conn.execute_batch(&format!(
+                    "ALTER TABLE {table} ADD COLUMN gen INTEGER NOT NULL DEFAULT 0"
+                ))
+                .map_err(err)?;
+            }
+        }
+        conn.execute_batch(highwater_store::lease::LEASES_SQL)
+            .map_err(err)?;
+        Ok(Store {
+            conn,
+            path,
+            writer: None,
+            lease_duration_s: WRITER_LEASE_DURATION_S,
+        })
+    }
+
+    /// Folds the write-ahead log into the database file.
+    pub fn checkpoint(&self) -> Result<(), StoreError> {
+        self.conn
+            .execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
+            .map_err(|e| self.err(e))
+    }
+
+    /// The store file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Sets how long the writer lease lasts without renewal (before it is
+    /// taken).
+    pub fn set_lease_duration_s(&mut self, s: i64) {
+        assert!(s > 0, "a lease lasts a positive time");
+        self.lease_duration_s = s;
+    }
+
+    /// Takes the store's writer lease (one writer per store): waits for it
+    /// with `wait` (up to a few lease durations), takes it over at once
+    /// from a dead process of this host, or refuses naming the holder. A
+    /// heartbeat renews it until the store is dropped.
+    pub fn lease_writer(&mut self, wait: bool) -> Result<(), StoreError> {
+        if self.writer.is_some() {
+            return Ok(());
+        }
+        let host = highwater_store::lease::host();
+        let pid = std::process::id() as i64;
+        let owner = format!("{host}:{pid}:{}", highwater_store::lease::now_ns());
+        let duration_ns = self.lease_duration_s * 1_000_000_000;
+        let deadline = std::time::Instant::now()
+            + std::time::Duration::from_secs(
+                (self.lease_duration_s as u64) * u64::from(WRITER_WAIT_LEASES_MAX),
+            );
+        let path = self.path.clone();
+        let conn = &mut self.conn;
+        let got = highwater_store::lease::take(
+            |at| {
+                highwater_store::lease::acquire(
+                    conn,
+                    WRITER_LEASE,
+                    &owner,
+                    &host,
+                    pid,
+                    at,
+                    duration_ns,
+                )
+            },
+            wait,
+            deadline,
+        )
+        .map_err(|err| StoreError::Sqlite {
+            path: path.clone(),
+            err,
+        })?;
+        match got {
+            Ok(lease) => {
+                let fence = highwater_store::Fence {
+                    name: WRITER_LEASE.into(),
+                    token: lease.token,
+                };
+                let hb = highwater_store::lease::Heartbeat::start(
+                    path.clone(),
+                    fence.clone(),
+                    duration_ns,
+                );
+                self.writer = Some((fence, hb));
+                Ok(())
+            }
+            Err(h) => Err(StoreError::Held {
+                path,
+                owner: h.owner,
+                host: h.host,
+                pid: h.pid,
+                expires: highwater_core::window::format_rfc3339(h.expires_at_ns / 1000),
+            }),
+        }
+    }
+
+    /// The writer lease as it stands (whoever holds it), for status.
+    pub fn writer_lease(&self) -> Result<Option<highwater_store::Lease>, StoreError> {
+        highwater_store::lease::current(&self.conn, WRITER_LEASE).map_err(|e| self.err(e))
+    }
+
+    /// The store's generation: how many write transactions that change OSM
+    /// data (imports and diffs) have committed. Dirty rows record theirs, so
+    /// a rebuild or drain that read generation G removes only rows of G or
+    /// older: a diff applied after its read stays dirty.
+    pub fn generation(&self) -> Result<i64, StoreError> {
+        Ok(self
+            .meta("generation")?
+            .and_then(|g| g.parse().ok())
+            .unwrap_or(0))
+    }
+
+    /// Whether the store holds no element and follows no sequence.
+    pub fn is_empty(&self) -> Result<bool, StoreError> {
+        let n: i64 = self
+            .conn
+            .query_row(
+                "SELECT (SELECT count(*) FROM (SELECT 1 FROM nodes LIMIT 1))
+                      + (SELECT count(*) FROM (SELECT 1 FROM ways LIMIT 1))
+                      + (SELECT count(*) FROM (SELECT 1 FROM relations LIMIT 1))
+                      + (SELECT count(*) FROM meta WHERE key IN ('sequence', 'imported'))",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(|e| self.err(e))?;
+        Ok(n == 0)
     }
 
     fn err(&self, err: rusqlite::Error) -> StoreError {
@@ -188,6 +394,14 @@ impl Store {
         &mut self,
         f: impl FnOnce(&mut Writer<'_>) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
+        self.rehearse_then(f)
+    }
+
+    /// [`Store::rehearse`] for callers with their own error type.
+    pub fn rehearse_then<T, E: From<StoreError>>(
+        &mut self,
+        f: impl FnOnce(&mut Writer<'_>) -> Result<T, E>,
+    ) -> Result<T, E> {
         let path = self.path.clone();
         let tx = self
             .conn
@@ -491,12 +705,27 @@ impl Store {
         out
     }
 
-    /// Runs `f` in one write transaction.
+    /// Runs `f` in one write transaction, under the writer lease (taken
+    /// now, without waiting, if this process does not hold it yet). The
+    /// transaction commits only while the lease's token is current.
     pub fn write<T>(
         &mut self,
         f: impl FnOnce(&mut Writer<'_>) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
+        self.write_then(f)
+    }
+
+    /// [`Store::write`] for callers with their own error type.
+    pub fn write_then<T, E: From<StoreError>>(
+        &mut self,
+        f: impl FnOnce(&mut Writer<'_>) -> Result<T, E>,
+    ) -> Result<T, E> {
+        self.lease_writer(false)?;
         let path = self.path.clone();
+        let (fence, hb) = self.writer.as_ref().expect("the lease was just taken");
+        if hb.lost() {
+            return Err(StoreError::Fenced { path }.into());
+        }
         let tx = self
             .conn
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
@@ -504,6 +733,30 @@ impl Store {
                 path: path.clone(),
                 err,
             })?;
+        let holds =
+            highwater_store::lease::holds(&tx, fence).map_err(|err| StoreError::Sqlite {
+                path: path.clone(),
+                err,
+            })?;
+        if !holds {
+            return Err(StoreError::Fenced { path }.into());
+        }
+        let retired: Option<String> = tx
+            .query_row("SELECT value FROM meta WHERE key = 'retired'", [], |r| {
+                r.get(0)
+            })
+            .optional()
+            .map_err(|err| StoreError::Sqlite {
+                path: path.clone(),
+                err,
+            })?;
+        if let Some(why) = retired {
+            return Err(StoreError::Corrupt {
+                path,
+                what: format!("this store was {why} while this command waited; run it again"),
+            }
+            .into());
+        }
         let mut w = Writer {
             tx,
             path: path.clone(),
@@ -771,8 +1024,9 @@ impl Writer<'_> {
         let mut st = self
             .tx
             .prepare_cached(
-                "INSERT INTO dirty(dataset, z, x, y, hits) VALUES(?1, ?2, ?3, ?4, 1)
-                 ON CONFLICT DO UPDATE SET hits = hits + 1",
+                "INSERT INTO dirty(dataset, z, x, y, hits, gen) VALUES(?1, ?2, ?3, ?4, 1,
+                    COALESCE((SELECT CAST(value AS INTEGER) FROM meta WHERE key = 'generation'), 0))
+                 ON CONFLICT DO UPDATE SET hits = hits + 1, gen = excluded.gen",
             )
             .map_err(|e| self.err(e))?;
         for t in tiles {
@@ -857,7 +1111,9 @@ impl Writer<'_> {
         let mut st = self
             .tx
             .prepare_cached(
-                "INSERT OR IGNORE INTO dirty_keys(dataset, kind, id) VALUES(?1, ?2, ?3)",
+                "INSERT INTO dirty_keys(dataset, kind, id, gen) VALUES(?1, ?2, ?3,
+                    COALESCE((SELECT CAST(value AS INTEGER) FROM meta WHERE key = 'generation'), 0))
+                 ON CONFLICT DO UPDATE SET gen = excluded.gen",
             )
             .map_err(|e| self.err(e))?;
         for (k, id) in keys {
@@ -867,8 +1123,28 @@ impl Writer<'_> {
         Ok(())
     }
 
-    pub fn clear_dirty_keys(&mut self, dataset: &str) -> Result<(), StoreError> {
-        self.clear_dataset(&["dirty_keys"], dataset)
+    /// Removes the dirty keys recorded at generation `upto` or before:
+    /// what the caller read at `upto` covers them; later ones stay.
+    pub fn clear_dirty_keys(&mut self, dataset: &str, upto: i64) -> Result<(), StoreError> {
+        self.tx
+            .execute(
+                "DELETE FROM dirty_keys WHERE dataset = ?1 AND gen <= ?2",
+                params![dataset, upto],
+            )
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    /// Counts one more change of OSM data (an import or a diff); returns the
+    /// new generation, which the dirty rows written after it record.
+    pub fn bump_generation(&mut self) -> Result<i64, StoreError> {
+        let g = self
+            .meta("generation")?
+            .and_then(|g| g.parse::<i64>().ok())
+            .unwrap_or(0)
+            + 1;
+        self.set_meta("generation", &g.to_string())?;
+        Ok(g)
     }
 
     pub fn agg_clear(&mut self, dataset: &str) -> Result<(), StoreError> {
@@ -983,26 +1259,37 @@ impl Writer<'_> {
         Ok(())
     }
 
-    /// Removes tiles from a dataset's dirty set (they have been re-cut).
+    /// Removes tiles from a dataset's dirty set (they have been re-cut from
+    /// the store as of generation `upto`; tiles dirtied later stay).
     pub fn clean(
         &mut self,
         dataset: &str,
         tiles: &[highwater_core::tile::Tile],
+        upto: i64,
     ) -> Result<(), StoreError> {
         let mut st = self
             .tx
-            .prepare_cached("DELETE FROM dirty WHERE dataset = ?1 AND z = ?2 AND x = ?3 AND y = ?4")
+            .prepare_cached(
+                "DELETE FROM dirty WHERE dataset = ?1 AND z = ?2 AND x = ?3 AND y = ?4 AND gen <= ?5",
+            )
             .map_err(|e| self.err(e))?;
         for t in tiles {
-            st.execute(params![dataset, t.z, t.x, t.y])
+            st.execute(params![dataset, t.z, t.x, t.y, upto])
                 .map_err(|e| self.err(e))?;
         }
         Ok(())
     }
 
-    /// Empties a dataset's dirty set (after a rebuild).
-    pub fn clear_dirty(&mut self, dataset: &str) -> Result<(), StoreError> {
-        self.clear_dataset(&["dirty"], dataset)
+    /// Empties a dataset's dirty set after a rebuild that read the store at
+    /// generation `upto`: tiles dirtied by later diffs stay.
+    pub fn clear_dirty(&mut self, dataset: &str, upto: i64) -> Result<(), StoreError> {
+        self.tx
+            .execute(
+                "DELETE FROM dirty WHERE dataset = ?1 AND gen <= ?2",
+                params![dataset, upto],
+            )
+            .map_err(|e| self.err(e))?;
+        Ok(())
     }
 
     pub fn set_marker(

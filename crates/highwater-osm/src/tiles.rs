@@ -331,8 +331,19 @@ fn fsync_dir(path: &Path) -> Result<(), TilesError> {
 /// path trusts no incremental state.
 pub fn build(store: &mut Store, d: &TileDataset) -> Result<BuildReport, TilesError> {
     let path = path_of(d)?.to_path_buf();
+    // Under the writer lease from the start: the rebuild's read and its
+    // clearing of the dirty set must not interleave with another writer,
+    // and only then are leftovers of killed builds safe to sweep.
+    store.lease_writer(false)?;
+    crate::import::sweep_leftovers(&path);
     rebuild_shapes(store)?;
-    let sequence: Option<i64> = store.meta("sequence")?.and_then(|s| s.parse().ok());
+    // What the rebuild reads: diffs applied after this stay dirty for it.
+    let (sequence, generation) = store.snapshot(|s| {
+        Ok((
+            s.meta("sequence")?.and_then(|q| q.parse::<i64>().ok()),
+            s.generation()?,
+        ))
+    })?;
     let view = rebuild_view(store, &d.layer)?;
     let name = path.file_name().unwrap_or_default().to_string_lossy();
     let tmp = path.with_file_name(format!(".{name}.hw-tmp-{}", std::process::id()));
@@ -372,7 +383,7 @@ pub fn build(store: &mut Store, d: &TileDataset) -> Result<BuildReport, TilesErr
     })?;
     fsync_dir(&path)?;
     store.write(|w| {
-        w.clear_dirty(&d.name)?;
+        w.clear_dirty(&d.name, generation)?;
         w.del_meta(&format!("tiles_rebuild:{}", d.name))?;
         w.set_marker(&d.name, sequence, &d.recipe)
     })?;
@@ -409,6 +420,7 @@ pub fn drain(
     order: DrainOrder,
 ) -> Result<DrainReport, TilesError> {
     let path = path_of(d)?.to_path_buf();
+    store.lease_writer(false)?;
     let mut report = DrainReport {
         dataset: d.name.clone(),
         ..Default::default()
@@ -450,6 +462,7 @@ pub fn drain(
     let mut mb = Mbtiles::open(&path)?.expect("checked above");
     failpoint("fail-drain", &d.name)?;
     while report.recut < max {
+        let generation = store.generation()?;
         let tiles =
             store.dirty_tiles(&d.name, order, (max - report.recut).min(DRAIN_BATCH_TILES))?;
         if tiles.is_empty() {
@@ -487,7 +500,7 @@ pub fn drain(
         report.deleted += batch.iter().filter(|(_, b)| b.is_none()).count();
         mb.write(&batch)?;
         failpoint("kill-drain-after-write", &d.name)?;
-        store.write(|w| w.clean(&d.name, &tiles))?;
+        store.write(|w| w.clean(&d.name, &tiles, generation))?;
         report.recut += tiles.len();
     }
     report.backlog = store.dirty_count(&d.name)?;

@@ -112,8 +112,23 @@ impl Parser<'_> {
 
     fn id(&self, attrs: &[(String, String)], what: &str) -> Result<i64, OsmError> {
         let v = get(attrs, "id").ok_or_else(|| self.bad(what, "missing `id`"))?;
-        v.parse()
-            .map_err(|_| self.bad(what, format!("`id` is not an integer: {v:?}")))
+        let id: i64 = v
+            .parse()
+            .map_err(|_| self.bad(what, format!("`id` is not an integer: {v:?}")))?;
+        self.in_range(id, what)
+    }
+
+    fn in_range(&self, id: i64, what: &str) -> Result<i64, OsmError> {
+        if crate::model::id_in_range(id) {
+            Ok(id)
+        } else {
+            Err(self.bad(
+                what,
+                format!(
+                    "id {id} is beyond ±2^60, the largest id highwater stores (OSM ids are near 2^34)"
+                ),
+            ))
+        }
     }
 
     fn coord(
@@ -149,6 +164,7 @@ fn get<'a>(attrs: &'a [(String, String)], key: &str) -> Option<&'a str> {
 /// order (`action` is `None` outside change blocks, as in a `.osm` file).
 fn read(
     path: &Path,
+    want_root: &str,
     mut sink: impl FnMut(Option<Action>, Element) -> Result<(), OsmError>,
 ) -> Result<(), OsmError> {
     let mut reader = quick_xml::Reader::from_reader(LineCounter {
@@ -195,7 +211,19 @@ fn read(
         };
         let name = e.name().as_ref().to_string();
         match name.as_str() {
-            "osm" | "osmChange" => saw_root = true,
+            "osm" | "osmChange" if !saw_root => {
+                saw_root = true;
+                if name != want_root {
+                    return Err(p.bad(
+                        &name,
+                        if want_root == "osmChange" {
+                            "this is an .osm extract (root <osm>), not a change file (<osmChange>): import it with `highwater osm import`, or give the .osc diff"
+                        } else {
+                            "this is a change file (root <osmChange>), not an extract: apply it with `highwater osm apply`, or give the .osm extract"
+                        },
+                    ));
+                }
+            }
             "create" | "modify" | "delete" => {
                 if pending.is_some() {
                     return Err(p.bad("change block", "a change block inside an element"));
@@ -269,11 +297,10 @@ fn read(
                     ("nd", Element::Way(w)) => {
                         let r =
                             get(&attrs, "ref").ok_or_else(|| p.bad(&key, "an nd without `ref`"))?;
-                        w.refs.push(
-                            r.parse().map_err(|_| {
-                                p.bad(&key, format!("nd ref {r:?} is not an integer"))
-                            })?,
-                        );
+                        let id = r
+                            .parse()
+                            .map_err(|_| p.bad(&key, format!("nd ref {r:?} is not an integer")))?;
+                        w.refs.push(p.in_range(id, &key)?);
                     }
                     ("member", Element::Relation(rel)) => {
                         let kind = match get(&attrs, "type") {
@@ -291,9 +318,12 @@ fn read(
                             .ok_or_else(|| p.bad(&key, "a member without `ref`"))?;
                         rel.members.push(Member {
                             kind,
-                            id: r.parse().map_err(|_| {
-                                p.bad(&key, format!("member ref {r:?} is not an integer"))
-                            })?,
+                            id: p.in_range(
+                                r.parse().map_err(|_| {
+                                    p.bad(&key, format!("member ref {r:?} is not an integer"))
+                                })?,
+                                &key,
+                            )?,
                             role: get(&attrs, "role").unwrap_or("").to_string(),
                         });
                     }
@@ -319,7 +349,7 @@ fn read(
 /// change at hand anyway.
 pub fn read_changes(path: &Path) -> Result<Vec<Change>, OsmError> {
     let mut out = Vec::new();
-    read(path, |action, element| {
+    read(path, "osmChange", |action, element| {
         let Some(action) = action else {
             return Err(OsmError::Malformed {
                 path: path.to_path_buf(),
@@ -339,7 +369,7 @@ pub fn read_osm(
     path: &Path,
     mut sink: impl FnMut(Element) -> Result<(), OsmError>,
 ) -> Result<(), OsmError> {
-    read(path, |_, e| sink(e))
+    read(path, "osm", |_, e| sink(e))
 }
 
 #[cfg(test)]

@@ -8,10 +8,13 @@
 //! Layout:
 //! - this file: the trait, the batch and run types, the error type.
 //! - [`sqlite`]: the SQLite implementation and its forward-only migrations.
+//! - [`lease`]: leases with fencing tokens on any SQLite database, the
+//!   acquisition loop and the heartbeat (ingestion and the OSM writer).
 //!
 //! Invariants: only this crate knows SQL for state; a store refuses to open a
 //! database whose schema is newer than it understands rather than guess.
 
+pub mod lease;
 pub mod sqlite;
 
 use highwater_core::{Entry, EntryKind};
@@ -21,9 +24,26 @@ use thiserror::Error;
 
 pub use sqlite::SqliteStore;
 
+/// What to do about an SQLite error, by its kind.
+fn sqlite_hint(e: &rusqlite::Error) -> &'static str {
+    use rusqlite::ErrorCode;
+    match e.sqlite_error_code() {
+        Some(ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase) => {
+            "The state database is damaged: restore it from a backup, or delete it and run `highwater adopt` to record the existing outputs again"
+        }
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => {
+            "Another process holds the database; wait for it, and check that the folder is not on a filesystem without locking"
+        }
+        Some(ErrorCode::ReadOnly | ErrorCode::PermissionDenied | ErrorCode::CannotOpen) => {
+            "Check that the folder exists and is writable"
+        }
+        _ => "Check that the folder is writable and not on a filesystem without locking",
+    }
+}
+
 #[derive(Debug, Error)]
 pub enum StoreError {
-    #[error("state store {path}: {source}. Check that the folder is writable and not on a filesystem without locking")]
+    #[error("state store {path}: {source}. {}", sqlite_hint(source))]
     Sqlite {
         path: PathBuf,
         #[source]

@@ -1,7 +1,7 @@
 //! The SQLite state store: bundled SQLite, WAL, forward-only migrations.
 
 use crate::{
-    Batch, Bookmark, DirRecord, Fence, Lease, LeaseOutcome, RunRecord, StageEntries, StateStore,
+    Batch, Bookmark, DirRecord, Fence, LeaseOutcome, RunRecord, StageEntries, StateStore,
     StoreError, WindowCommit, WindowRecord, WindowStatus,
 };
 use highwater_core::evidence::Digest;
@@ -695,71 +695,8 @@ impl StateStore for SqliteStore {
         now_ns: i64,
         duration_ns: i64,
     ) -> Result<LeaseOutcome, StoreError> {
-        assert!(duration_ns > 0);
-        let path = self.path.clone();
-        let err = |source| StoreError::Sqlite {
-            path: path.clone(),
-            source,
-        };
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(err)?;
-        let current: Option<Lease> = tx
-            .query_row(
-                "SELECT owner, host, pid, acquired_at_ns, expires_at_ns, token FROM leases WHERE name = ?1",
-                [name],
-                |r| {
-                    Ok(Lease {
-                        name: name.to_string(),
-                        owner: r.get(0)?,
-                        host: r.get(1)?,
-                        pid: r.get(2)?,
-                        acquired_at_ns: r.get(3)?,
-                        expires_at_ns: r.get(4)?,
-                        token: r.get(5)?,
-                    })
-                },
-            )
-            .optional()
-            .map_err(err)?;
-        if let Some(c) = &current {
-            if c.owner != owner && c.expires_at_ns > now_ns {
-                return Ok(LeaseOutcome::Held(c.clone()));
-            }
-        }
-        // A takeover (or a first acquisition) gets a new, larger token; a
-        // renewal by the same owner keeps its token.
-        let token = match &current {
-            Some(c) if c.owner == owner => c.token,
-            Some(c) => c.token + 1,
-            None => 1,
-        };
-        let lease = Lease {
-            name: name.to_string(),
-            owner: owner.to_string(),
-            host: host.to_string(),
-            pid,
-            acquired_at_ns: now_ns,
-            expires_at_ns: now_ns.saturating_add(duration_ns),
-            token,
-        };
-        tx.execute(
-            "INSERT OR REPLACE INTO leases(name, owner, host, pid, acquired_at_ns, expires_at_ns, token)
-             VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-            params![
-                lease.name,
-                lease.owner,
-                lease.host,
-                lease.pid,
-                lease.acquired_at_ns,
-                lease.expires_at_ns,
-                lease.token
-            ],
-        )
-        .map_err(err)?;
-        tx.commit().map_err(err)?;
-        Ok(LeaseOutcome::Acquired(lease))
+        crate::lease::acquire(&mut self.conn, name, owner, host, pid, now_ns, duration_ns)
+            .map_err(|e| self.err(e))
     }
 
     fn renew_lease(
@@ -768,25 +705,11 @@ impl StateStore for SqliteStore {
         now_ns: i64,
         duration_ns: i64,
     ) -> Result<bool, StoreError> {
-        let n = self
-            .conn
-            .execute(
-                "UPDATE leases SET expires_at_ns = ?3 WHERE name = ?1 AND token = ?2",
-                params![fence.name, fence.token, now_ns.saturating_add(duration_ns)],
-            )
-            .map_err(|e| self.err(e))?;
-        Ok(n == 1)
+        crate::lease::renew(&self.conn, fence, now_ns, duration_ns).map_err(|e| self.err(e))
     }
 
     fn release_lease(&mut self, fence: &Fence) -> Result<(), StoreError> {
-        // Expire rather than delete, so that the token keeps growing.
-        self.conn
-            .execute(
-                "UPDATE leases SET expires_at_ns = 0 WHERE name = ?1 AND token = ?2",
-                params![fence.name, fence.token],
-            )
-            .map_err(|e| self.err(e))?;
-        Ok(())
+        crate::lease::release(&self.conn, fence).map_err(|e| self.err(e))
     }
 }
 

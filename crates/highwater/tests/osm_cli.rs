@@ -134,24 +134,25 @@ fn a_gap_in_the_replication_folder_is_refused() {
 #[test]
 fn a_dry_run_changes_nothing_and_a_recipe_change_asks_for_a_rebuild() {
     let p = imported();
-    let diff = data().join("monaco-updates/000/003/052.osc.gz");
+    // The store is at 3047: 048 through 052 are its next five diffs.
+    let diffs: Vec<String> = (48..=52)
+        .map(|n| {
+            data()
+                .join(format!("monaco-updates/000/003/0{n}.osc.gz"))
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    let mut args = vec!["osm", "apply"];
+    args.extend(diffs.iter().map(String::as_str));
     let r = p
-        .check(
-            &[
-                "osm",
-                "apply",
-                diff.to_str().unwrap(),
-                "--dry-run",
-                "--json",
-            ],
-            0,
-        )
+        .check(&[&args[..], &["--dry-run", "--json"]].concat(), 0)
         .json();
     assert_eq!(r["dry_run"], true);
     let s = p.check(&["osm", "status", "--json"], 0).json();
     assert_eq!(s["sequence"], 3047);
     assert_eq!(s["datasets"][0]["dirty"], 0);
-    p.check(&["osm", "apply", diff.to_str().unwrap()], 0);
+    p.check(&args, 0);
     let s = p.check(&["osm", "status", "--json"], 0).json();
     assert_eq!(
         s["sequence"], 3052,

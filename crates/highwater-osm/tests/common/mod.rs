@@ -221,7 +221,7 @@ pub fn monaco(dir: &Path) -> Store {
         let pbf =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/monaco-3047-20210801.osm.pbf");
         let t = tempfile::tempdir().unwrap();
-        let mut store = Store::open(t.path()).unwrap();
+        let mut store = Store::create(t.path()).unwrap();
         highwater_osm::import::import(&mut store, &pbf).unwrap();
         // Closing checkpoints the write-ahead log into store.db.
         drop(store);
