@@ -532,6 +532,11 @@ pub fn apply_with(
             report.tiles.extend(per[i].iter().copied());
         }
         before_commit(&report)?;
+        if std::env::var_os("HIGHWATER_FAILPOINT").is_some_and(|v| v == "osm-slow-commit") {
+            // For the overlap tests: hold the writer lease a while, the way a
+            // large batch does.
+            std::thread::sleep(std::time::Duration::from_secs(3));
+        }
         if std::env::var_os("HIGHWATER_FAILPOINT").is_some_and(|v| v == "osm-before-commit") {
             // For the crash test: die with everything written but not
             // committed, the way a killed process dies.
