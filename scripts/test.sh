@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The whole test suite, as README.md gives it and as .ci/run calls it.
-# Starts a throw-away PostgreSQL cluster on loopback for the tests that need
-# a real server, and stops it afterwards. Without PostgreSQL it fails: no
-# test skips silently.
+# Installs what is missing (scripts/deps.sh), starts a throw-away PostgreSQL
+# cluster on loopback for the tests that need a real server, and stops it
+# afterwards. Without PostgreSQL it fails: no test skips silently.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/deps.sh
+. scripts/deps.sh
+deps_install
 # shellcheck source=scripts/pg.sh
 . scripts/pg.sh
 pg_start

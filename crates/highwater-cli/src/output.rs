@@ -358,7 +358,7 @@ pub fn grid(
     }
     writeln!(
         out,
-        "{source}: bookmark {}; interval {}; # published, F failed, R running, . missing",
+        "{source}: bookmark {}; interval {}; # published, S stale (another recipe), F failed, R running, . missing",
         bookmark.map_or("(none)".to_string(), |b| {
             highwater_core::window::format_rfc3339(b.last_end_us)
         }),
@@ -379,6 +379,7 @@ pub fn grid(
             "published" => '#',
             "failed" => 'F',
             "running" => 'R',
+            "stale" => 'S',
             _ => '.',
         });
     }

@@ -312,7 +312,17 @@ impl SourceSpec {
     /// The recipe id: everything that shapes a window's files (never the
     /// connection string).
     pub fn recipe_id(&self) -> String {
-        let parts = serde_json::json!({
+        let parts = self.recipe_parts();
+        format!(
+            "r1:{}",
+            &blake3::hash(parts.to_string().as_bytes()).to_hex()[..32]
+        )
+    }
+
+    /// What the recipe id is made of, each part by name: recorded with
+    /// every window, so a changed definition can be named part by part.
+    pub fn recipe_parts(&self) -> serde_json::Value {
+        serde_json::json!({
             "format": 1,
             "kind": format!("{:?}", self.kind),
             "relation": format!("{:?}", self.relation),
@@ -323,11 +333,7 @@ impl SourceSpec {
             "start_us": self.grid.start_us,
             "lookback_us": self.lookback_us,
             "output": self.output,
-        });
-        format!(
-            "r1:{}",
-            &blake3::hash(parts.to_string().as_bytes()).to_hex()[..32]
-        )
+        })
     }
 
     pub fn relation_sql(&self) -> String {

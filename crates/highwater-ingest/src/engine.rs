@@ -21,6 +21,14 @@ use std::time::{Duration, Instant};
 
 const DAY_US: i64 = 86_400 * 1_000_000;
 
+/// Re-landing more than this share of the published windows after a
+/// recipe change needs --force (as the files guard's default).
+pub const STALE_GUARD_SHARE: f64 = 0.5;
+
+/// Fewer stale windows than this never trip the share (one edited window
+/// of two is not a mass change).
+pub const STALE_GUARD_ITEMS_MIN: usize = 10;
+
 /// How long `--wait` waits for a held lease before giving up: a few lease
 /// lifetimes, so a dead owner's lease has surely expired by then.
 pub const LEASE_WAIT_LEASES_MAX: u64 = 3;
@@ -214,6 +222,102 @@ impl Ingestor {
         Ok(ks.into_iter().collect())
     }
 
+    /// The parts of the recipe that differ between the current definition
+    /// and the windows published under another recipe.
+    fn changed_parts(&self, records: &BTreeMap<i64, WindowRecord>) -> Vec<String> {
+        let now = self.spec.recipe_parts();
+        let mut changed = BTreeSet::new();
+        for r in records
+            .values()
+            .filter(|r| r.status == WindowStatus::Published && r.recipe != self.recipe)
+        {
+            match r.extra["recipe_parts"].as_object() {
+                Some(old) => {
+                    for (k, v) in old {
+                        if now.get(k) != Some(v) {
+                            changed.insert(match k.as_str() {
+                                "relation" => "table or query".to_string(),
+                                "interval_us" => "interval".to_string(),
+                                "start_us" => "start".to_string(),
+                                "lookback_us" => "lookback".to_string(),
+                                other => other.to_string(),
+                            });
+                        }
+                    }
+                }
+                None => {
+                    changed.insert("a part recorded before recipe parts were".to_string());
+                }
+            }
+        }
+        changed.into_iter().collect()
+    }
+
+    /// The published windows whose recipe is not the current one, oldest
+    /// first. Refuses when the change moves the grid (interval, start: old
+    /// windows are not windows of the new grid) or changes the cursor
+    /// without --force (it changes what a window means), and, like the
+    /// files guard, when the stale windows are more than half of those
+    /// published, unless --force.
+    fn stale_windows(
+        &self,
+        opts: &IngestOptions,
+        records: &BTreeMap<i64, WindowRecord>,
+    ) -> Result<Vec<i64>, IngestError> {
+        let published = records
+            .values()
+            .filter(|r| r.status == WindowStatus::Published)
+            .count();
+        let stale: Vec<i64> = records
+            .iter()
+            .filter(|(_, r)| r.status == WindowStatus::Published && r.recipe != self.recipe)
+            .map(|(k, _)| *k)
+            .collect();
+        if stale.is_empty() {
+            return Ok(stale);
+        }
+        let changed = self.changed_parts(records);
+        let first = &records[&stale[0]];
+        let span = format!(
+            "{} windows from {}",
+            stale.len(),
+            Window {
+                start_us: first.start_us,
+                end_us: first.end_us
+            }
+        );
+        if changed.iter().any(|c| c == "interval" || c == "start") {
+            return Err(IngestError::RecipeChanged {
+                name: self.spec.name.clone(),
+                message: format!(
+                    "its {} changed ({}), which changes what a window means: the {span} on the old grid are not windows of the new one. Give the source a new name and output to land on the new grid, or restore the old setting",
+                    changed.join(", "),
+                    "old windows keep their bounds",
+                ),
+            });
+        }
+        let share = stale.len() as f64 / published.max(1) as f64;
+        let cursor = changed.iter().any(|c| c == "cursor");
+        if !opts.force
+            && (cursor || (stale.len() >= STALE_GUARD_ITEMS_MIN && share > STALE_GUARD_SHARE))
+        {
+            return Err(IngestError::RecipeChanged {
+                name: self.spec.name.clone(),
+                message: format!(
+                    "its definition changed ({}); {span} ({:.0}% of the published) were landed under the old one and would be re-landed{}. Nothing was touched; re-run with --force if this is intended",
+                    changed.join(", "),
+                    share * 100.0,
+                    if cursor {
+                        ": a new cursor column changes which rows a window holds"
+                    } else {
+                        ""
+                    }
+                ),
+            });
+        }
+        Ok(stale)
+    }
+
     /// Finishes what a run that died left: a window whose swap happened
     /// (its `_manifest.json` carries the attempt's token) is recorded as
     /// published; any other attempt is recorded as failed and re-runs.
@@ -306,6 +410,7 @@ impl Ingestor {
     }
 
     fn record(&self, w: &Window, status: WindowStatus, token: &str) -> WindowRecord {
+        let (path, _) = self.window_path(w);
         WindowRecord {
             source: self.spec.name.clone(),
             start_us: w.start_us,
@@ -318,7 +423,7 @@ impl Ingestor {
             recipe: self.recipe.clone(),
             updated_at_ns: now_ns(),
             error: None,
-            extra: json!({}),
+            extra: json!({"recipe_parts": self.spec.recipe_parts(), "path": path}),
         }
     }
 
@@ -361,7 +466,7 @@ impl Ingestor {
             },
             Mode::AppendId => {
                 let (lo, hi) = ctx.id_ranges[&k];
-                rec.extra = json!({"id_range": {"after": lo, "through": hi}});
+                rec.extra["id_range"] = json!({"after": lo, "through": hi});
                 Pred::Ids { lo, hi }
             }
         };
@@ -652,7 +757,27 @@ impl Ingestor {
         } else {
             (None, Vec::new())
         };
-        let ks = self.choose(opts, bookmark.as_ref(), &records, &late)?;
+        let stale = self.stale_windows(opts, &records)?;
+        let mut ks = self.choose(opts, bookmark.as_ref(), &records, &late)?;
+        if opts.window.is_none() && opts.from_us.is_none() && opts.to_us.is_none() {
+            // Windows published under another recipe are re-landed first,
+            // oldest first, within the catch-up cap.
+            let mut all: BTreeSet<i64> = stale.iter().copied().collect();
+            for k in ks {
+                if all.len() >= self.spec.catch_up_windows_max {
+                    break;
+                }
+                all.insert(k);
+            }
+            ks = all.into_iter().collect();
+            if !stale.is_empty() {
+                report.warnings.push(format!(
+                    "{} window(s) were published under another recipe ({}): re-landing them, oldest first",
+                    stale.len(),
+                    self.changed_parts(&records).join(", ")
+                ));
+            }
+        }
         // append_id: ranges are given out in window order. A re-run reads
         // its recorded range; a new window takes what arrived since.
         let mut id_ranges = BTreeMap::new();
@@ -682,6 +807,17 @@ impl Ingestor {
         for &k in &ks {
             publish::sweep_staging(&self.window_path(&self.spec.grid.window(k)).1);
         }
+        // Where the stale windows were published, when the output moved:
+        // the old folder goes once the window is published at the new one.
+        let moved: BTreeMap<String, String> = stale
+            .iter()
+            .filter_map(|k| {
+                let r = &records[k];
+                let old = r.extra["path"].as_str()?;
+                let new = self.window_path(&self.spec.grid.window(*k)).0;
+                (old != new).then(|| (format_rfc3339(r.start_us), old.to_string()))
+            })
+            .collect();
         let ctx = Ctx {
             store,
             fence,
@@ -721,6 +857,21 @@ impl Ingestor {
         let mut outcomes = outcomes.into_inner().unwrap_or_else(|e| e.into_inner());
         outcomes.sort_by(|a, b| a.start.cmp(&b.start));
         let all_ok = outcomes.iter().all(|o| o.status == "published");
+        for o in outcomes.iter().filter(|o| o.status == "published") {
+            let Some(old) = moved.get(&o.start) else {
+                continue;
+            };
+            // Our own rendering, relative and without `..`; checked anyway,
+            // since it was read back from the state store.
+            let safe = Path::new(old)
+                .components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)));
+            let abs = self.root.join(old);
+            if safe && abs.is_dir() {
+                std::fs::remove_dir_all(&abs)
+                    .map_err(|e| IngestError::io("removing the old window", &abs, e))?;
+            }
+        }
         report.windows = outcomes;
         let mut s = store.lock().unwrap_or_else(|e| e.into_inner());
         let after = s.bookmark(name)?;
@@ -790,7 +941,14 @@ impl Ingestor {
                 GridRow {
                     start: format_rfc3339(w.start_us),
                     end: format_rfc3339(w.end_us),
-                    status: r.map_or("missing", |r| r.status.as_str()),
+                    // Published under another recipe: stale until re-landed.
+                    status: r.map_or("missing", |r| {
+                        if r.status == WindowStatus::Published && r.recipe != self.recipe {
+                            "stale"
+                        } else {
+                            r.status.as_str()
+                        }
+                    }),
                     rows: r
                         .filter(|r| r.status == WindowStatus::Published)
                         .map(|r| r.rows),

@@ -639,3 +639,99 @@ fn parallel_windows_keep_the_bookmark_contiguous() {
         rows.len()
     );
 }
+
+/// Issue 9, failure 10: a source whose definition changed no longer carries
+/// on silently from its bookmark. Windows published under the old recipe
+/// show as stale, are re-landed oldest first under the guard, and a changed
+/// interval or cursor is named.
+#[test]
+fn issue9_10_a_changed_source_definition_re_lands_its_windows() {
+    let (p, c) = project();
+    for h in 8..20 {
+        put(&c, h, &format!("2026-03-01T{h:02}:30:00Z"));
+    }
+    let now = "2026-03-01T20:05:00Z";
+    let r = ingest(&p, now, &[], 0);
+    assert_eq!(statuses(&r).len(), 12);
+    let before = latest(&landed(&p.path("raw/orders")));
+    assert_eq!(before.len(), 12);
+    // The output moves: every window is stale, more than the guard allows.
+    p.write(
+        "highwater.toml",
+        &SQLITE_SOURCE.replace(
+            "output = \"raw/orders/ingest_date={date}/ingest_hour={hour}\"",
+            "output = \"moved/orders/{date}/{hour}\"",
+        ),
+    );
+    let grid = p
+        .check(
+            &["windows", "orders", "--json", "--now", now, "--last", "12"],
+            0,
+        )
+        .json();
+    let cells: Vec<&str> = grid["windows"]
+        .as_array()
+        .or_else(|| grid.as_array())
+        .unwrap()
+        .iter()
+        .map(|w| w["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(cells, vec!["stale"; 12], "{grid}");
+    let text = p
+        .check(&["windows", "orders", "--now", now, "--last", "12"], 0)
+        .stdout;
+    assert!(text.contains("SSSSSSSSSSSS"), "{text}");
+    let r = p.hw(&["ingest", "orders", "--now", now]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("output") && r.stderr.contains("--force"),
+        "{}",
+        r.stderr
+    );
+    assert!(p.exists("raw/orders"), "nothing was touched");
+    // --force re-lands them, oldest first; the old folders go.
+    let r = ingest(&p, now, &["--force"], 0);
+    let st = statuses(&r);
+    assert_eq!(st.first().unwrap().0, "08:00");
+    assert!(st.iter().all(|(_, s)| s == "published"), "{st:?}");
+    assert_eq!(latest(&landed(&p.path("moved/orders"))), before);
+    assert!(
+        landed(&p.path("raw/orders")).is_empty(),
+        "the old windows are gone"
+    );
+    let grid = p
+        .check(
+            &["windows", "orders", "--json", "--now", now, "--last", "12"],
+            0,
+        )
+        .json();
+    assert!(!grid.to_string().contains("stale"), "{grid}");
+    // A new cursor column changes what a window holds: named, and refused
+    // without --force however few the windows.
+    p.write(
+        "highwater.toml",
+        &SQLITE_SOURCE
+            .replace(
+                "output = \"raw/orders/ingest_date={date}/ingest_hour={hour}\"",
+                "output = \"moved/orders/{date}/{hour}\"",
+            )
+            .replace("cursor = \"updated_at\"", "cursor = \"note\""),
+    );
+    let r = p.hw(&["ingest", "orders", "--now", now]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("cursor"), "{}", r.stderr);
+    // A new interval moves the grid: refused even with --force.
+    p.write(
+        "highwater.toml",
+        &SQLITE_SOURCE
+            .replace(
+                "output = \"raw/orders/ingest_date={date}/ingest_hour={hour}\"",
+                "output = \"moved/orders/{date}/{hour}\"",
+            )
+            .replace("interval = \"1h\"", "interval = \"2h\""),
+    );
+    let r = p.hw(&["ingest", "orders", "--now", now, "--force"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("interval"), "{}", r.stderr);
+    assert_eq!(latest(&landed(&p.path("moved/orders"))), before);
+}
