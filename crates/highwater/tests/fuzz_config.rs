@@ -1,0 +1,146 @@
+//! Issue 9: the fuzz test's `highwater.toml` part. Real configs (a file
+//! stage, a table source, OSM datasets) are mutated by truncation, bit
+//! flips, splices, and repeated and reordered blocks, with a fixed seed and
+//! a bounded count (`HIGHWATER_FUZZ_CASES`, default 40; seed
+//! `HIGHWATER_FUZZ_SEED`). Every read-only command on a mutated config ends
+//! in a clear error (exit 2, one `error:` line) or a result, never a panic,
+//! and the recorded state is untouched.
+
+mod common;
+use common::*;
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn mutate(rng: &mut Rng, b: &[u8]) -> Vec<u8> {
+    let mut v = b.to_vec();
+    let len = b.len();
+    let block = |rng: &mut Rng| {
+        let n = 1 + rng.below(len.min(64));
+        (rng.below(len - n + 1), n)
+    };
+    match rng.below(5) {
+        0 => v.truncate(rng.below(len)),
+        1 => {
+            for _ in 0..1 + rng.below(4) {
+                let i = rng.below(v.len());
+                v[i] ^= 1 << rng.below(8);
+            }
+        }
+        2 => {
+            let (at, n) = block(rng);
+            let to = rng.below(v.len());
+            v.splice(to..to, b[at..at + n].iter().copied());
+        }
+        3 => {
+            let (at, n) = block(rng);
+            v.splice(at..at, b[at..at + n].iter().copied());
+        }
+        _ => {
+            let lines: Vec<&[u8]> = b.split_inclusive(|c| *c == b'\n').collect();
+            let (i, j) = (rng.below(lines.len()), rng.below(lines.len()));
+            let mut l = lines.clone();
+            l.swap(i, j);
+            v = l.concat();
+        }
+    }
+    v
+}
+
+const BASE: &str = r#"
+[state]
+store = "sqlite:.highwater/state.db"
+
+[stages.upper]
+inputs = ["data/**/*.txt"]
+output = "out/{relpath}.upper"
+command = ["sh", "up.sh", "{input}", "{output}"]
+signal = "hash"
+guard = 0.5
+on_delete = "remove"
+[stages.upper.recipe]
+version = "1"
+files = ["up.sh"]
+
+[sources.orders]
+kind = "sqlite"
+path = "src.db"
+table = "orders"
+key = ["id"]
+mode = "updated_at"
+cursor = "updated_at"
+interval = "1h"
+start = "2026-03-01T08:00:00Z"
+output = "raw/orders/{date}/{hour}"
+
+[osm]
+store = ".highwater/osm"
+[osm.tiles.base]
+zooms = "12-14"
+keys = ["building"]
+mbtiles = "base.mbtiles"
+[osm.search.places]
+index = "search-index"
+"#;
+
+#[test]
+fn fuzz_config() {
+    let p = Project::new(BASE);
+    p.write("data/a.txt", "a");
+    p.check(&["run"], 0);
+    let state = p.export();
+    let mut rng = Rng(env("HIGHWATER_FUZZ_SEED", 0x9e37_79b9_7f4a_7c15) ^ 3);
+    let cases = env("HIGHWATER_FUZZ_CASES", 40);
+    let mut refused = 0;
+    for case in 0..cases {
+        let text = mutate(&mut rng, BASE.as_bytes());
+        std::fs::write(p.path("case.toml"), &text).unwrap();
+        for args in [
+            &["--config", "case.toml", "plan"][..],
+            &["--config", "case.toml", "status"],
+            &["--config", "case.toml", "osm", "status"],
+            &[
+                "--config",
+                "case.toml",
+                "windows",
+                "orders",
+                "--now",
+                "2026-03-01T12:00:00Z",
+            ],
+        ] {
+            let r = p.hw(args);
+            let what = format!(
+                "case {case} {args:?}:\n{}\nstderr: {}",
+                String::from_utf8_lossy(&text),
+                r.stderr
+            );
+            assert!(!r.stderr.contains("panicked"), "{what}");
+            assert!(matches!(r.code, 0 | 1 | 2), "{what}");
+            if r.code == 2 {
+                refused += 1;
+                assert!(r.stderr.contains("error:"), "{what}");
+                assert!(r.stderr.trim().len() > 10, "{what}");
+            }
+        }
+        assert_eq!(p.export(), state, "case {case}: the state moved");
+    }
+    eprintln!("{cases} configs, {refused} refusals");
+}
