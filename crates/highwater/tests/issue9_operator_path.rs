@@ -527,13 +527,18 @@ fn issue9_11_messages_name_their_path_and_say_what_to_do() {
         "{}",
         r.stderr
     );
-    // --limit 0 is refused; so is --from after --to.
-    assert_eq!(
-        osm_project()
-            .hw(&["osm", "search", "x", "--limit", "0"])
-            .code,
-        2
+    // An output root that is the project folder is named as `.`.
+    let q = Project::new(
+        "[stages.s]\ninputs = [\"data/*\"]\noutput = \".\"\ncommand = [\"sh\", \"up.sh\", \"{input}\", \"{output}\"]\n",
     );
+    refused(&q.hw(&["plan"]), &["output root `.`"]);
+    // Search and aggregates datasets have dirty keys, not tiles.
+    let o = osm_project();
+    let text = o.check(&["osm", "status"], 0).stdout;
+    let places = text.lines().find(|l| l.contains("places:")).unwrap();
+    assert!(places.contains("dirty keys"), "{text}");
+    // --limit 0 is refused; so is --from after --to.
+    assert_eq!(o.hw(&["osm", "search", "x", "--limit", "0"]).code, 2);
     let i = Project::new(
         "[sources.s]\nkind = \"sqlite\"\npath = \"db.sqlite\"\ntable = \"t\"\nkey = [\"id\"]\nmode = \"updated_at\"\ninterval = \"1h\"\nstart = \"2026-01-01T00:00:00Z\"\ncursor = \"ts\"\noutput = \"land/s/{date}/{hour}\"\n",
     );
