@@ -741,6 +741,18 @@ impl Store {
         if !holds {
             return Err(StoreError::Fenced { path }.into());
         }
+        // Each write extends the lease too, so a long run of writes never
+        // leaves it to the heartbeat alone.
+        highwater_store::lease::renew(
+            &tx,
+            fence,
+            highwater_store::lease::now_ns(),
+            self.lease_duration_s * 1_000_000_000,
+        )
+        .map_err(|err| StoreError::Sqlite {
+            path: path.clone(),
+            err,
+        })?;
         let retired: Option<String> = tx
             .query_row("SELECT value FROM meta WHERE key = 'retired'", [], |r| {
                 r.get(0)

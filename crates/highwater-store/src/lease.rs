@@ -195,8 +195,9 @@ pub fn take<E>(
 }
 
 /// A thread that renews a lease on its own connection every third of its
-/// duration. `lost()` turns true when a renewal fails: another process took
-/// the lease over, and the holder must write nothing more.
+/// duration. `lost()` turns true when a renewal finds another token:
+/// another process took the lease over, and the holder must write nothing
+/// more.
 pub struct Heartbeat {
     stop: Arc<AtomicBool>,
     lost: Arc<AtomicBool>,
@@ -225,9 +226,18 @@ impl Heartbeat {
                         continue;
                     }
                     last = Instant::now();
-                    if !matches!(renew(&conn, &fence, now_ns(), duration_ns), Ok(true)) {
-                        l.store(true, Ordering::SeqCst);
-                        return;
+                    match renew(&conn, &fence, now_ns(), duration_ns) {
+                        Ok(true) => {}
+                        // Another owner's token: lost for good.
+                        Ok(false) => {
+                            l.store(true, Ordering::SeqCst);
+                            return;
+                        }
+                        // Busy: the holder's own long write transaction
+                        // has the database. Nobody can take the lease over
+                        // meanwhile (that needs the same write lock); try
+                        // again at the next step.
+                        Err(_) => {}
                     }
                 }
             })

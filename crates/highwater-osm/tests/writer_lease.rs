@@ -1,0 +1,89 @@
+//! The OSM store's writer lease (issue 9): one writer per store, fenced.
+//! A second writer is refused naming the holder; a holder whose lease was
+//! taken over (it paused past its expiry) writes nothing more; a dirty row
+//! written after a rebuild's read survives the rebuild's clearing.
+
+use highwater_core::tile::Tile;
+use highwater_osm::store::{Store, StoreError, WRITER_LEASE};
+use std::collections::BTreeSet;
+
+mod common;
+use common::*;
+
+#[test]
+fn a_second_writer_is_refused_naming_the_holder() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut a = monaco(&tmp.path().join("s"));
+    a.lease_writer(false).unwrap();
+    let mut b = Store::open(&tmp.path().join("s")).unwrap();
+    match b.write(|w| w.set_meta("x", "1")) {
+        Err(StoreError::Held { pid, .. }) => assert_eq!(pid, std::process::id() as i64),
+        other => panic!("{other:?}"),
+    }
+    a.write(|w| w.set_meta("x", "a")).unwrap();
+    drop(a);
+    // Released on drop: the next writer takes it with a larger token.
+    b.write(|w| w.set_meta("x", "b")).unwrap();
+    assert_eq!(b.meta("x").unwrap().as_deref(), Some("b"));
+}
+
+#[test]
+fn a_holder_whose_lease_was_taken_over_writes_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("s");
+    let mut a = monaco(&dir);
+    a.lease_writer(false).unwrap();
+    a.write(|w| w.set_meta("x", "a")).unwrap();
+    let token_a = a.writer_lease().unwrap().unwrap().token;
+    // A pauses past its lease (as under SIGSTOP): its expiry passes.
+    rusqlite::Connection::open(dir.join("store.db"))
+        .unwrap()
+        .execute(
+            "UPDATE leases SET expires_at_ns = 1 WHERE name = ?1",
+            [WRITER_LEASE],
+        )
+        .unwrap();
+    let mut b = Store::open(&dir).unwrap();
+    b.write(|w| w.set_meta("x", "b")).unwrap();
+    // A wakes up: fenced, and nothing it writes lands.
+    match a.write(|w| w.set_meta("x", "late")) {
+        Err(StoreError::Fenced { .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(b.meta("x").unwrap().as_deref(), Some("b"));
+    let lease = b.writer_lease().unwrap().unwrap();
+    assert_eq!(lease.token, token_a + 1, "the takeover raised the token");
+}
+
+#[test]
+fn dirty_rows_newer_than_a_rebuilds_read_survive_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut s = monaco(&tmp.path().join("s"));
+    let t = |x| Tile { z: 14, x, y: 5000 };
+    s.write(|w| {
+        w.bump_generation()?;
+        w.add_dirty("d", &BTreeSet::from([t(1)]))
+    })
+    .unwrap();
+    let read_at = s.generation().unwrap();
+    // A diff lands after the rebuild read the store.
+    s.write(|w| {
+        w.bump_generation()?;
+        w.add_dirty("d", &BTreeSet::from([t(1), t(2)]))
+    })
+    .unwrap();
+    s.write(|w| w.clear_dirty("d", read_at)).unwrap();
+    let left = s
+        .dirty_tiles("d", highwater_osm::store::DrainOrder::LowZoomFirst, 10)
+        .unwrap();
+    assert_eq!(
+        left,
+        vec![t(1), t(2)],
+        "both were dirtied again after the read"
+    );
+    s.write(|w| w.clean("d", &[t(1)], read_at + 1)).unwrap();
+    let left = s
+        .dirty_tiles("d", highwater_osm::store::DrainOrder::LowZoomFirst, 10)
+        .unwrap();
+    assert_eq!(left, vec![t(2)]);
+}
