@@ -677,38 +677,16 @@ impl Ingestor {
             name: lease_name,
             token: lease.token,
         };
-        let lost = AtomicBool::new(false);
-        let done = AtomicBool::new(false);
-        let result = std::thread::scope(|scope| {
-            // The heartbeat: renews the lease on its own connection; a
-            // failed renewal means another run took over, and this run
-            // publishes nothing more.
-            scope.spawn(|| {
-                let Ok(mut s) = SqliteStore::open(&self.state_path) else {
-                    lost.store(true, Ordering::SeqCst);
-                    return;
-                };
-                let step = Duration::from_millis((self.spec.lease_duration_s * 1000 / 3).max(50));
-                let mut last = Instant::now();
-                while !done.load(Ordering::SeqCst) {
-                    std::thread::sleep(Duration::from_millis(50));
-                    if last.elapsed() < step {
-                        continue;
-                    }
-                    last = Instant::now();
-                    match s.renew_lease(&fence, now_ns(), lease_ns) {
-                        Ok(true) => {}
-                        _ => {
-                            lost.store(true, Ordering::SeqCst);
-                            return;
-                        }
-                    }
-                }
-            });
-            let r = self.run_leased(opts, &store, &fence, &lost);
-            done.store(true, Ordering::SeqCst);
-            r
-        });
+        // The heartbeat renews the lease on its own connection; a renewal
+        // that finds another token means another run took over, and this
+        // run publishes nothing more.
+        let heartbeat = highwater_store::lease::Heartbeat::start(
+            self.state_path.clone(),
+            fence.clone(),
+            lease_ns,
+        );
+        let result = self.run_leased(opts, &store, &fence, heartbeat.lost_flag());
+        drop(heartbeat);
         let _ = store
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -252,6 +252,11 @@ impl Heartbeat {
     pub fn lost(&self) -> bool {
         self.lost.load(Ordering::SeqCst)
     }
+
+    /// The flag behind [`Heartbeat::lost`], for workers that check it.
+    pub fn lost_flag(&self) -> &AtomicBool {
+        &self.lost
+    }
 }
 
 impl Drop for Heartbeat {

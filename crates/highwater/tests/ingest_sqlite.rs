@@ -655,14 +655,17 @@ fn issue9_10_a_changed_source_definition_re_lands_its_windows() {
     assert_eq!(statuses(&r).len(), 12);
     let before = latest(&landed(&p.path("raw/orders")));
     assert_eq!(before.len(), 12);
+    // The source with its output moved, and one more change.
+    let moved = |from: &str, to: &str| {
+        SQLITE_SOURCE
+            .replace(
+                "output = \"raw/orders/ingest_date={date}/ingest_hour={hour}\"",
+                "output = \"moved/orders/{date}/{hour}\"",
+            )
+            .replace(from, to)
+    };
     // The output moves: every window is stale, more than the guard allows.
-    p.write(
-        "highwater.toml",
-        &SQLITE_SOURCE.replace(
-            "output = \"raw/orders/ingest_date={date}/ingest_hour={hour}\"",
-            "output = \"moved/orders/{date}/{hour}\"",
-        ),
-    );
+    p.write("highwater.toml", &moved("", ""));
     let grid = p
         .check(
             &["windows", "orders", "--json", "--now", now, "--last", "12"],
@@ -710,12 +713,7 @@ fn issue9_10_a_changed_source_definition_re_lands_its_windows() {
     // without --force however few the windows.
     p.write(
         "highwater.toml",
-        &SQLITE_SOURCE
-            .replace(
-                "output = \"raw/orders/ingest_date={date}/ingest_hour={hour}\"",
-                "output = \"moved/orders/{date}/{hour}\"",
-            )
-            .replace("cursor = \"updated_at\"", "cursor = \"note\""),
+        &moved("cursor = \"updated_at\"", "cursor = \"note\""),
     );
     let r = p.hw(&["ingest", "orders", "--now", now]);
     assert_eq!(r.code, 2, "{}", r.stderr);
@@ -723,12 +721,7 @@ fn issue9_10_a_changed_source_definition_re_lands_its_windows() {
     // A new interval moves the grid: refused even with --force.
     p.write(
         "highwater.toml",
-        &SQLITE_SOURCE
-            .replace(
-                "output = \"raw/orders/ingest_date={date}/ingest_hour={hour}\"",
-                "output = \"moved/orders/{date}/{hour}\"",
-            )
-            .replace("interval = \"1h\"", "interval = \"2h\""),
+        &moved("interval = \"1h\"", "interval = \"2h\""),
     );
     let r = p.hw(&["ingest", "orders", "--now", now, "--force"]);
     assert_eq!(r.code, 2, "{}", r.stderr);
