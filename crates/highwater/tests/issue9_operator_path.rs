@@ -579,3 +579,61 @@ fn issue9_11_messages_name_their_path_and_say_what_to_do() {
         }
     }
 }
+
+// 2, again: rounds of replicate, rebuilds, builds and drains started at
+// once (as overlapping cron jobs), each waiting for the writer lease. Every
+// command succeeds, and every dataset then equals its rebuild.
+#[test]
+fn issue9_2_overlapping_cron_jobs_end_current() {
+    let p = osm_project();
+    let mirror = tempfile::tempdir().unwrap();
+    let dir = mirror.path().join("000/003");
+    std::fs::create_dir_all(&dir).unwrap();
+    let from = mirror.path().to_str().unwrap().to_string();
+    let mut next = 3048;
+    for round in 0..4 {
+        // The mirror grows by a few diffs, as a replication folder does.
+        for _ in 0..4 {
+            let src = updates(next);
+            std::fs::copy(&src, dir.join(src.file_name().unwrap())).unwrap();
+            let st = src.with_file_name(format!("{:03}.state.txt", next - 3000));
+            std::fs::copy(&st, dir.join(st.file_name().unwrap())).unwrap();
+            next += 1;
+        }
+        let jobs: Vec<Vec<&str>> = vec![
+            vec!["osm", "replicate", "--from", &from, "--wait"],
+            vec!["osm", "rebuild", "base", "--wait"],
+            vec!["osm", "tiles", "drain", "--wait"],
+            vec!["osm", "rebuild", "places", "--wait"],
+            vec!["osm", "replicate", "--from", &from, "--wait"],
+            vec!["osm", "tiles", "build", "--wait"],
+        ];
+        // Each round starts the jobs in another order.
+        let mut order: Vec<usize> = (0..jobs.len()).collect();
+        order.rotate_left(round);
+        let children: Vec<_> = order
+            .iter()
+            .map(|&i| {
+                let c = p
+                    .cmd(&jobs[i])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap();
+                (i, c)
+            })
+            .collect();
+        for (i, c) in children {
+            let out = c.wait_with_output().unwrap();
+            assert!(
+                out.status.success(),
+                "round {round}: {:?}: {}",
+                jobs[i],
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let s = status(&p);
+        assert_eq!(s["sequence"], next - 1, "round {round}");
+        all_verified(&p);
+    }
+}
