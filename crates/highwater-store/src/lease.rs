@@ -220,8 +220,13 @@ impl Heartbeat {
                 let _ = conn.busy_timeout(Duration::from_secs(5));
                 let step = Duration::from_nanos((duration_ns / 3).max(50_000_000) as u64);
                 let mut last = Instant::now();
-                while !s.load(Ordering::SeqCst) {
-                    std::thread::sleep(Duration::from_millis(50));
+                loop {
+                    // Parked until the next renewal is due; Drop unparks it,
+                    // so stopping costs no wait.
+                    std::thread::park_timeout(step.saturating_sub(last.elapsed()));
+                    if s.load(Ordering::SeqCst) {
+                        return;
+                    }
                     if last.elapsed() < step {
                         continue;
                     }
@@ -263,6 +268,7 @@ impl Drop for Heartbeat {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
         if let Some(t) = self.thread.take() {
+            t.thread().unpark();
             let _ = t.join();
         }
     }
