@@ -362,6 +362,30 @@ impl Store {
         }
     }
 
+    /// The token of the writer lease this process holds, if it holds one.
+    pub fn writer_token(&self) -> Option<i64> {
+        self.writer.as_ref().map(|(f, _)| f.token)
+    }
+
+    /// Whether this process still holds the writer lease (its token is the
+    /// current one and its heartbeat found no other): for steps outside a
+    /// store transaction, such as swapping in a rebuilt file.
+    pub fn check_fence(&self) -> Result<(), StoreError> {
+        let path = self.path.clone();
+        let Some((fence, hb)) = &self.writer else {
+            return Err(StoreError::Fenced { path });
+        };
+        let holds =
+            highwater_store::lease::holds(&self.conn, fence).map_err(|err| StoreError::Sqlite {
+                path: path.clone(),
+                err,
+            })?;
+        if hb.lost() || !holds {
+            return Err(StoreError::Fenced { path });
+        }
+        Ok(())
+    }
+
     /// The writer lease as it stands (whoever holds it), for status.
     pub fn writer_lease(&self) -> Result<Option<highwater_store::Lease>, StoreError> {
         highwater_store::lease::current(&self.conn, WRITER_LEASE).map_err(|e| self.err(e))

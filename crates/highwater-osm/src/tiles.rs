@@ -52,7 +52,18 @@ pub enum TilesError {
     },
     #[error("dataset {dataset}: failed on purpose (HIGHWATER_FAILPOINT)")]
     Injected { dataset: String },
+    #[error("MBTiles {}: a newer writer (lease token {theirs}, ours {ours}) wrote it; this process lost its writer lease and writes nothing more. Run the command again", path.display())]
+    Fenced {
+        path: PathBuf,
+        theirs: i64,
+        ours: i64,
+    },
 }
+
+/// The metadata row that fences writes to an MBTiles file: the largest
+/// writer-lease token that wrote it. A write under a smaller token is a
+/// writer that lost its lease, and is refused.
+pub const WRITER_TOKEN_KEY: &str = "highwater_writer_token";
 
 /// An open MBTiles file (the standard schema: `metadata`, `tiles` with TMS
 /// rows, gzip-compressed MVT).
@@ -210,13 +221,50 @@ impl Mbtiles {
 
     /// Writes a batch in one transaction: a tile with bytes is replaced, one
     /// without is deleted (nothing shows in it any more).
-    fn write(&mut self, batch: &[(Tile, Option<Vec<u8>>)]) -> Result<(), TilesError> {
+    /// The writer token recorded in the file, if any.
+    fn writer_token(&self) -> Result<Option<i64>, TilesError> {
+        Ok(self
+            .metadata(WRITER_TOKEN_KEY)?
+            .and_then(|v| v.parse().ok()))
+    }
+
+    /// Writes a batch in one transaction, fenced by the writer-lease token:
+    /// refused if a larger token wrote the file, and records ours.
+    fn write(
+        &mut self,
+        batch: &[(Tile, Option<Vec<u8>>)],
+        token: Option<i64>,
+    ) -> Result<(), TilesError> {
         let path = self.path.clone();
         let e = |err| TilesError::Mbtiles {
             path: path.clone(),
             err,
         };
-        let tx = self.conn.transaction().map_err(e)?;
+        let tx = self
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(e)?;
+        if let Some(ours) = token {
+            let theirs: Option<i64> = tx
+                .query_row(
+                    "SELECT value FROM metadata WHERE name = ?1",
+                    [WRITER_TOKEN_KEY],
+                    |r| r.get::<_, String>(0),
+                )
+                .optional()
+                .map_err(e)?
+                .and_then(|v| v.parse().ok());
+            if let Some(theirs) = theirs.filter(|t| *t > ours) {
+                return Err(TilesError::Fenced { path, theirs, ours });
+            }
+            if theirs != Some(ours) {
+                tx.execute(
+                    "INSERT OR REPLACE INTO metadata(name, value) VALUES(?1, ?2)",
+                    params![WRITER_TOKEN_KEY, ours.to_string()],
+                )
+                .map_err(e)?;
+            }
+        }
         for (t, data) in batch {
             match data {
                 Some(d) => tx
@@ -335,6 +383,7 @@ pub fn build(store: &mut Store, d: &TileDataset) -> Result<BuildReport, TilesErr
     // clearing of the dirty set must not interleave with another writer,
     // and only then are leftovers of killed builds safe to sweep.
     store.lease_writer(false)?;
+    let token = store.writer_token();
     crate::import::sweep_leftovers(&path);
     rebuild_shapes(store)?;
     // What the rebuild reads: diffs applied after this stay dirty for it.
@@ -368,7 +417,7 @@ pub fn build(store: &mut Store, d: &TileDataset) -> Result<BuildReport, TilesErr
             .filter(|(_, b)| b.is_some())
             .collect();
         written += batch.len();
-        mb.write(&batch)?;
+        mb.write(&batch, token)?;
     }
     drop(mb);
     std::fs::File::open(&tmp)
@@ -377,6 +426,15 @@ pub fn build(store: &mut Store, d: &TileDataset) -> Result<BuildReport, TilesErr
             path: tmp.clone(),
             err,
         })?;
+    // Swap in only while still the writer: a file written under a newer
+    // token, or a lost lease, means another build or drain took over.
+    store.check_fence()?;
+    if let (Some(ours), Some(old)) = (token, Mbtiles::open(&path)?) {
+        if let Some(theirs) = old.writer_token()?.filter(|t| *t > ours) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(TilesError::Fenced { path, theirs, ours });
+        }
+    }
     std::fs::rename(&tmp, &path).map_err(|err| TilesError::Io {
         path: path.clone(),
         err,
@@ -460,6 +518,7 @@ pub fn drain(
         rebuild_shapes(store)?;
     }
     let mut mb = Mbtiles::open(&path)?.expect("checked above");
+    let token = store.writer_token();
     failpoint("fail-drain", &d.name)?;
     while report.recut < max {
         let generation = store.generation()?;
@@ -498,7 +557,7 @@ pub fn drain(
             Ok(batch)
         })?;
         report.deleted += batch.iter().filter(|(_, b)| b.is_none()).count();
-        mb.write(&batch)?;
+        mb.write(&batch, token)?;
         failpoint("kill-drain-after-write", &d.name)?;
         store.write(|w| w.clean(&d.name, &tiles, generation))?;
         report.recut += tiles.len();

@@ -87,3 +87,60 @@ fn dirty_rows_newer_than_a_rebuilds_read_survive_it() {
         .unwrap();
     assert_eq!(left, vec![t(2)]);
 }
+
+/// The MBTiles file is fenced too: after a takeover, the old holder's
+/// drain and build write nothing into it and swap nothing in.
+#[test]
+fn a_holder_that_lost_its_lease_writes_no_tile() {
+    use highwater_osm::ops::OsmConfig;
+    use highwater_osm::tiles::{self, Mbtiles, TilesError};
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("s");
+    let text = "[osm]\nstore = \"s\"\n[osm.tiles.t]\nzooms = \"13-14\"\nkeys = [\"building\"]\nmbtiles = \"t.mbtiles\"\ndrain_rebuild_share = 1000\n";
+    let v: toml::Value = toml::from_str(text).unwrap();
+    let cfg = OsmConfig::parse(v.get("osm"), &tmp.path().join("h.toml"), tmp.path()).unwrap();
+    let d = &cfg.tiles[0];
+    let mut a = monaco(&dir);
+    tiles::build(&mut a, d).unwrap();
+    rusqlite::Connection::open(dir.join("store.db"))
+        .unwrap()
+        .execute(
+            "UPDATE leases SET expires_at_ns = 1 WHERE name = ?1",
+            [WRITER_LEASE],
+        )
+        .unwrap();
+    let mut b = Store::open(&dir).unwrap();
+    tiles::build(&mut b, d).unwrap();
+    let file = d.mbtiles.as_ref().unwrap();
+    let before: Vec<_> = Mbtiles::open(file).unwrap().unwrap().tiles().unwrap();
+    let some = before[0];
+    b.write(|w| {
+        w.bump_generation()?;
+        w.add_dirty("t", &BTreeSet::from([some]))
+    })
+    .unwrap();
+    match tiles::drain(
+        &mut a,
+        d,
+        usize::MAX,
+        highwater_osm::store::DrainOrder::LowZoomFirst,
+    ) {
+        Err(TilesError::Fenced { .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    match tiles::build(&mut a, d) {
+        Err(TilesError::Store(StoreError::Fenced { .. })) => {}
+        other => panic!("{other:?}"),
+    }
+    // B, the holder, drains as usual; the tile stays dirty until it does.
+    assert_eq!(b.dirty_count("t").unwrap(), 1);
+    tiles::drain(
+        &mut b,
+        d,
+        usize::MAX,
+        highwater_osm::store::DrainOrder::LowZoomFirst,
+    )
+    .unwrap();
+    assert_eq!(b.dirty_count("t").unwrap(), 0);
+    assert!(tiles::verify(&b, d, None).unwrap().differences.is_empty());
+}
