@@ -10,6 +10,18 @@ use std::collections::BTreeSet;
 mod common;
 use common::*;
 
+/// What a holder paused past its lease (SIGSTOP) looks like to the others:
+/// its lease's expiry has passed.
+fn pause_past_expiry(dir: &std::path::Path) {
+    rusqlite::Connection::open(dir.join("store.db"))
+        .unwrap()
+        .execute(
+            "UPDATE leases SET expires_at_ns = 1 WHERE name = ?1",
+            [WRITER_LEASE],
+        )
+        .unwrap();
+}
+
 #[test]
 fn a_second_writer_is_refused_naming_the_holder() {
     let tmp = tempfile::tempdir().unwrap();
@@ -35,14 +47,7 @@ fn a_holder_whose_lease_was_taken_over_writes_nothing() {
     a.lease_writer(false).unwrap();
     a.write(|w| w.set_meta("x", "a")).unwrap();
     let token_a = a.writer_lease().unwrap().unwrap().token;
-    // A pauses past its lease (as under SIGSTOP): its expiry passes.
-    rusqlite::Connection::open(dir.join("store.db"))
-        .unwrap()
-        .execute(
-            "UPDATE leases SET expires_at_ns = 1 WHERE name = ?1",
-            [WRITER_LEASE],
-        )
-        .unwrap();
+    pause_past_expiry(&dir);
     let mut b = Store::open(&dir).unwrap();
     b.write(|w| w.set_meta("x", "b")).unwrap();
     // A wakes up: fenced, and nothing it writes lands.
@@ -102,13 +107,7 @@ fn a_holder_that_lost_its_lease_writes_no_tile() {
     let d = &cfg.tiles[0];
     let mut a = monaco(&dir);
     tiles::build(&mut a, d).unwrap();
-    rusqlite::Connection::open(dir.join("store.db"))
-        .unwrap()
-        .execute(
-            "UPDATE leases SET expires_at_ns = 1 WHERE name = ?1",
-            [WRITER_LEASE],
-        )
-        .unwrap();
+    pause_past_expiry(&dir);
     let mut b = Store::open(&dir).unwrap();
     tiles::build(&mut b, d).unwrap();
     let file = d.mbtiles.as_ref().unwrap();
