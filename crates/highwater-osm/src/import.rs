@@ -64,8 +64,9 @@ pub fn import_into(
     wait: bool,
 ) -> Result<ImportStats, ImportError> {
     check_extract(extract)?;
-    let exists = dir.join("store.db").exists();
-    if !replace {
+    // A first import, or --replace with nothing to replace: into the place
+    // itself, which must hold no data.
+    if !replace || !dir.join("store.db").exists() {
         let mut store = Store::create(dir)?;
         store.lease_writer(wait)?;
         if !store.is_empty()? {
@@ -74,11 +75,6 @@ pub fn import_into(
                 message: "the store already holds data; importing into it would merge two snapshots. Give --replace to build a new store from the extract and swap it in, or another --store".into(),
             });
         }
-        return import(&mut store, extract);
-    }
-    if !exists {
-        let mut store = Store::create(dir)?;
-        store.lease_writer(wait)?;
         return import(&mut store, extract);
     }
     let mut old = Store::open(dir)?;
