@@ -12,6 +12,7 @@
 //! - [`entry`]: the manifest entry, i.e. what is recorded for a finished item.
 //! - [`plan`]: the planner and its reasons.
 //! - [`guard`]: the refusal of suspicious mass rebuilds.
+//! - [`mutate`]: seeded damage to inputs, for the fuzz tests.
 //! - [`recipe`]: the recipe id, a hash of everything but the input.
 //! - [`template`]: output path templates and their escape checks.
 //! - [`tile`]: Web Mercator tiles and the tiles a point, line or area covers.
@@ -21,6 +22,7 @@
 pub mod entry;
 pub mod evidence;
 pub mod guard;
+pub mod mutate;
 pub mod plan;
 pub mod recipe;
 pub mod template;

@@ -20,20 +20,7 @@ use std::path::Path;
 mod common;
 use common::*;
 
-/// xorshift64*: a fixed seed gives the same cases on every machine.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
+use highwater_core::mutate::{mutate, Rng};
 
 fn cases() -> usize {
     std::env::var("HIGHWATER_FUZZ_CASES")
@@ -49,55 +36,8 @@ fn seed() -> u64 {
         .unwrap_or(0x9e37_79b9_7f4a_7c15)
 }
 
-/// One mutation of `b`, named for the failure message.
-fn mutate(rng: &mut Rng, b: &[u8]) -> (Vec<u8>, &'static str) {
-    let mut v = b.to_vec();
-    if v.is_empty() {
-        return (v, "empty");
-    }
-    let block = |rng: &mut Rng, len: usize| {
-        let n = 1 + rng.below(len.min(4096));
-        let at = rng.below(len - n + 1);
-        (at, n)
-    };
-    match rng.below(5) {
-        0 => {
-            v.truncate(rng.below(v.len()));
-            (v, "truncation")
-        }
-        1 => {
-            for _ in 0..1 + rng.below(8) {
-                let i = rng.below(v.len());
-                v[i] ^= 1 << rng.below(8);
-            }
-            (v, "bit flips")
-        }
-        2 => {
-            let (at, n) = block(rng, b.len());
-            let to = rng.below(v.len());
-            v.splice(to..to, b[at..at + n].iter().copied());
-            (v, "splice")
-        }
-        3 => {
-            let (at, n) = block(rng, b.len());
-            v.splice(at..at, b[at..at + n].iter().copied());
-            (v, "repeated block")
-        }
-        _ => {
-            let (a, n) = block(rng, b.len());
-            let (c, m) = block(rng, b.len());
-            if a + n <= c {
-                let mut out = b[..a].to_vec();
-                out.extend_from_slice(&b[c..c + m]);
-                out.extend_from_slice(&b[a + n..c]);
-                out.extend_from_slice(&b[a..a + n]);
-                out.extend_from_slice(&b[c + m..]);
-                v = out;
-            }
-            (v, "reordered blocks")
-        }
-    }
-}
+/// Blocks moved by a mutation, at most: a few XML elements or PBF bytes.
+const BLOCK_MAX_BYTES: usize = 4096;
 
 /// What "untouched" compares: every element, the sequence and the
 /// generation (which every applied write moves).
@@ -179,14 +119,14 @@ fn fuzz_diffs(gz: bool) {
             // Half the cases damage the compressed bytes (the CRC's job),
             // half the XML inside a sound gzip stream.
             if case % 2 == 0 {
-                let (b, how) = mutate(&mut rng, base);
+                let (b, how) = mutate(&mut rng, base, BLOCK_MAX_BYTES);
                 (b, how, "case.osc.gz")
             } else {
-                let (b, how) = mutate(&mut rng, &gunzip(base));
+                let (b, how) = mutate(&mut rng, &gunzip(base), BLOCK_MAX_BYTES);
                 (gzip(&b), how, "case.osc.gz")
             }
         } else {
-            let (b, how) = mutate(&mut rng, &gunzip(base));
+            let (b, how) = mutate(&mut rng, &gunzip(base), BLOCK_MAX_BYTES);
             (b, how, "case.osc")
         };
         let file = tmp.path().join(name);
@@ -226,7 +166,7 @@ fn fuzz_pbf() {
     let n = cases().div_ceil(4).max(1);
     let (mut refused, mut accepted) = (0, 0);
     for case in 0..n {
-        let (bytes, how) = mutate(&mut rng, &base);
+        let (bytes, how) = mutate(&mut rng, &base, BLOCK_MAX_BYTES);
         let file = tmp.path().join(format!("case{case}.osm.pbf"));
         std::fs::write(&file, &bytes).unwrap();
         let dir = tmp.path().join(format!("store{case}"));

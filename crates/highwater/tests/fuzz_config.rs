@@ -9,60 +9,13 @@
 mod common;
 use common::*;
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
+use highwater_core::mutate::{mutate, Rng};
 
 fn env(name: &str, default: u64) -> u64 {
     std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-fn mutate(rng: &mut Rng, b: &[u8]) -> Vec<u8> {
-    let mut v = b.to_vec();
-    let len = b.len();
-    let block = |rng: &mut Rng| {
-        let n = 1 + rng.below(len.min(64));
-        (rng.below(len - n + 1), n)
-    };
-    match rng.below(5) {
-        0 => v.truncate(rng.below(len)),
-        1 => {
-            for _ in 0..1 + rng.below(4) {
-                let i = rng.below(v.len());
-                v[i] ^= 1 << rng.below(8);
-            }
-        }
-        2 => {
-            let (at, n) = block(rng);
-            let to = rng.below(v.len());
-            v.splice(to..to, b[at..at + n].iter().copied());
-        }
-        3 => {
-            let (at, n) = block(rng);
-            v.splice(at..at, b[at..at + n].iter().copied());
-        }
-        _ => {
-            let lines: Vec<&[u8]> = b.split_inclusive(|c| *c == b'\n').collect();
-            let (i, j) = (rng.below(lines.len()), rng.below(lines.len()));
-            let mut l = lines.clone();
-            l.swap(i, j);
-            v = l.concat();
-        }
-    }
-    v
 }
 
 const BASE: &str = r#"
@@ -111,7 +64,7 @@ fn fuzz_config() {
     let cases = env("HIGHWATER_FUZZ_CASES", 40);
     let mut refused = 0;
     for case in 0..cases {
-        let text = mutate(&mut rng, BASE.as_bytes());
+        let (text, _) = mutate(&mut rng, BASE.as_bytes(), 64);
         std::fs::write(p.path("case.toml"), &text).unwrap();
         for args in [
             &["--config", "case.toml", "plan"][..],
