@@ -22,18 +22,27 @@ pub enum ImportError {
     Refused { path: PathBuf, message: String },
 }
 
+/// The folder `path` lies in (`.` for a bare name).
+pub(crate) fn parent_dir(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
+
+/// Fsyncs the folder `path` lies in, so a rename into it is durable.
+pub(crate) fn sync_parent(path: &Path) -> std::io::Result<()> {
+    std::fs::File::open(parent_dir(path))?.sync_all()
+}
+
 /// Removes what killed runs left beside `target`: files or folders named
 /// `.NAME.hw-tmp-*`, `.NAME.hw-old-*` or `.NAME.hw-new-*`. Call it only
 /// under the writer lease, when no other run can be writing them.
 pub fn sweep_leftovers(target: &Path) {
-    let (Some(dir), Some(name)) = (target.parent(), target.file_name()) else {
+    let Some(name) = target.file_name() else {
         return;
     };
-    let dir = if dir.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        dir
-    };
+    let dir = parent_dir(target);
     let name = name.to_string_lossy();
     let Ok(rd) = std::fs::read_dir(dir) else {
         return;
@@ -101,16 +110,7 @@ pub fn import_into(
     old.write(|w| w.set_meta("retired", "replaced by osm import --replace"))?;
     std::fs::rename(dir, &aside).map_err(io(dir))?;
     std::fs::rename(&new_dir, dir).map_err(io(dir))?;
-    if let Some(parent) = dir.parent() {
-        let parent = if parent.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            parent
-        };
-        std::fs::File::open(parent)
-            .and_then(|f| f.sync_all())
-            .map_err(io(parent))?;
-    }
+    sync_parent(dir).map_err(io(parent_dir(dir)))?;
     drop(old);
     std::fs::remove_dir_all(&aside).map_err(io(&aside))?;
     Ok(stats)

@@ -358,21 +358,6 @@ pub struct BuildReport {
     pub reason: Option<String>,
 }
 
-fn fsync_dir(path: &Path) -> Result<(), TilesError> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let dir = if dir.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        dir
-    };
-    std::fs::File::open(dir)
-        .and_then(|f| f.sync_all())
-        .map_err(|err| TilesError::Io {
-            path: dir.to_path_buf(),
-            err,
-        })
-}
-
 /// Cuts every tile of the dataset into a new MBTiles file, swaps it in
 /// atomically, then empties the dirty set and sets the marker to the
 /// store's sequence. Also rebuilds the shapes index: the always-working
@@ -439,7 +424,10 @@ pub fn build(store: &mut Store, d: &TileDataset) -> Result<BuildReport, TilesErr
         path: path.clone(),
         err,
     })?;
-    fsync_dir(&path)?;
+    crate::import::sync_parent(&path).map_err(|err| TilesError::Io {
+        path: crate::import::parent_dir(&path).to_path_buf(),
+        err,
+    })?;
     store.write(|w| {
         w.clear_dirty(&d.name, generation)?;
         w.del_meta(&format!("tiles_rebuild:{}", d.name))?;
