@@ -122,6 +122,34 @@ struct Raw {
     file_rows_max: Option<usize>,
     lease_duration_s: Option<u64>,
     catch_up_windows_max: Option<usize>,
+    chunk_by: Option<String>,
+    chunk_rows: Option<usize>,
+    compact: Option<RawCompact>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCompact {
+    into: String,
+    target_file_mb: Option<u64>,
+}
+
+/// `chunk_by`: a window's extraction split into key ranges.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Chunking {
+    /// An indexed integer column of the table.
+    pub by: String,
+    /// The target rows per chunk.
+    pub rows: usize,
+}
+
+/// `[sources.NAME.compact]`: published windows rolled up into periods.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Compaction {
+    /// The period's length, a whole number of intervals.
+    pub into_us: i64,
+    /// Files of a compacted period roll over near this size.
+    pub target_file_bytes: u64,
 }
 
 /// What a window reads from.
@@ -162,7 +190,16 @@ pub struct SourceSpec {
     /// Windows one run takes on after an outage: bounds the load a catch-up
     /// puts on a source that may still be fragile.
     pub catch_up_windows_max: usize,
+    pub chunking: Option<Chunking>,
+    pub compaction: Option<Compaction>,
 }
+
+/// Rows per chunk unless `chunk_rows` says otherwise.
+pub const CHUNK_ROWS_DEFAULT: usize = 1_000_000;
+
+/// The smallest `chunk_rows`: below it a chunk costs more in connections
+/// and records than it saves.
+pub const CHUNK_ROWS_MIN: usize = 1_000;
 
 /// Quotes an SQL identifier (`a.b` as two parts). Nothing from the config is
 /// ever spliced into SQL unquoted.
@@ -240,6 +277,45 @@ impl SourceSpec {
             .transpose()?
             .unwrap_or(0);
         let grid = Grid::new(start_us, interval_us);
+        let chunking = match (raw.chunk_by, raw.chunk_rows) {
+            (None, None) => None,
+            (None, Some(_)) => return Err(bad(
+                "`chunk_rows` needs `chunk_by`, the indexed integer column to cut the key space on"
+                    .into(),
+            )),
+            (Some(by), rows) => {
+                if raw.kind != Kind::Postgres || !matches!(relation, Relation::Table(_)) {
+                    return Err(bad("`chunk_by` needs a PostgreSQL `table`: chunk boundaries come from the table's statistics and a sample of its pages, and the chunks share one exported snapshot".into()));
+                }
+                let rows = rows.unwrap_or(CHUNK_ROWS_DEFAULT);
+                if rows < CHUNK_ROWS_MIN {
+                    return Err(bad(format!(
+                        "`chunk_rows` is {rows}; give at least {CHUNK_ROWS_MIN}"
+                    )));
+                }
+                Some(Chunking { by, rows })
+            }
+        };
+        let compaction = match raw.compact {
+            None => None,
+            Some(c) => {
+                let into_us = dur("compact.into", &c.into)?;
+                if into_us <= interval_us || into_us % interval_us != 0 {
+                    return Err(bad(format!(
+                        "compact.into `{}` must be a whole number of intervals, more than one",
+                        c.into
+                    )));
+                }
+                let mb = c.target_file_mb.unwrap_or(128);
+                if mb == 0 {
+                    return Err(bad("compact.target_file_mb must be at least 1".into()));
+                }
+                Some(Compaction {
+                    into_us,
+                    target_file_bytes: mb << 20,
+                })
+            }
+        };
         let spec = SourceSpec {
             name: name.to_string(),
             kind: raw.kind,
@@ -258,6 +334,8 @@ impl SourceSpec {
             file_rows_max: raw.file_rows_max.unwrap_or(4_000_000).max(1),
             lease_duration_s: raw.lease_duration_s.unwrap_or(60).max(1),
             catch_up_windows_max: raw.catch_up_windows_max.unwrap_or(720).max(1),
+            chunking,
+            compaction,
         };
         // The output path must be a pure function of the window, distinct
         // for distinct windows, and stay where it was put.
@@ -276,7 +354,72 @@ impl SourceSpec {
                 )));
             }
         }
+        if spec.compaction.is_some() {
+            // Periods are swapped as one folder: every period must have one
+            // that holds its windows and nothing else.
+            for p in [0, 1, 2, 30, 365] {
+                spec.period_dir(p).map_err(bad)?;
+            }
+        }
         Ok(spec)
+    }
+
+    /// Windows per compaction period.
+    pub fn windows_per_period(&self) -> i64 {
+        let c = self
+            .compaction
+            .as_ref()
+            .expect("only asked with compaction");
+        c.into_us / self.grid.interval_us
+    }
+
+    /// The period (by index) that window `k` lies in.
+    pub fn period_of(&self, k: i64) -> i64 {
+        k.div_euclid(self.windows_per_period())
+    }
+
+    /// The window indices of period `p`.
+    pub fn period_windows(&self, p: i64) -> std::ops::Range<i64> {
+        let n = self.windows_per_period();
+        p * n..(p + 1) * n
+    }
+
+    /// The folder that holds period `p`'s windows and nothing else: the
+    /// deepest folder common to their paths. Compaction swaps it whole,
+    /// so a reader sees the windows or the compacted period, never both.
+    pub fn period_dir(&self, p: i64) -> Result<String, String> {
+        let ks = self.period_windows(p);
+        let paths: Vec<String> = ks
+            .clone()
+            .map(|k| self.window_path(&self.grid.window(k)))
+            .collect::<Result<_, _>>()?;
+        let split: Vec<Vec<&str>> = paths.iter().map(|p| p.split('/').collect()).collect();
+        let mut common: Vec<&str> = split[0].clone();
+        for s in &split[1..] {
+            let n = common.iter().zip(s).take_while(|(a, b)| a == b).count();
+            common.truncate(n);
+        }
+        let shared = common.join("/");
+        let refuse = || {
+            format!(
+                "compact.into needs each period's windows in a folder of their own, and output `{}` does not give that (period starting {} would share `{shared}`); put the period first, e.g. `raw/orders/{{date}}/{{hour}}` for hourly windows compacted into days",
+                self.output,
+                highwater_core::window::format_rfc3339(self.grid.window(ks.start).start_us)
+            )
+        };
+        if common.is_empty() || split.iter().any(|s| s.len() <= common.len()) {
+            return Err(refuse());
+        }
+        for k in [ks.start - 1, ks.end] {
+            if k < 0 {
+                continue;
+            }
+            let other = self.window_path(&self.grid.window(k))?;
+            if other == shared || other.starts_with(&format!("{shared}/")) {
+                return Err(refuse());
+            }
+        }
+        Ok(shared)
     }
 
     /// The window's output path (relative to the config folder), a pure

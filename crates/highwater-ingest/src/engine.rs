@@ -5,8 +5,8 @@
 use crate::config::{Mode, Policy, SourceSpec};
 use crate::error::IngestError;
 use crate::publish;
-use crate::sink::ParquetSink;
-use crate::source::{self, Pred, Reader};
+use crate::sink::{FileInfo, ParquetSink, Written};
+use crate::source::{self, KeyRange, Pred, Reader, Scope};
 use highwater_core::window::{format_rfc3339, Window};
 use highwater_store::{
     Bookmark, Fence, SqliteStore, StateStore, WindowCommit, WindowRecord, WindowStatus,
@@ -116,6 +116,64 @@ pub struct Ingestor {
     recipe: String,
 }
 
+/// One chunk of a window, as its record keeps it.
+#[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq)]
+pub struct ChunkRecord {
+    /// The key range: `lo <= chunk_by < hi`, open ends unbounded.
+    pub lo: Option<i64>,
+    pub hi: Option<i64>,
+    /// pending, running, done or failed.
+    pub status: String,
+    pub rows: u64,
+    pub files: Vec<FileInfo>,
+    pub digest: Option<String>,
+    /// The exported snapshot it was read in.
+    pub snapshot: Option<String>,
+    /// How many times it was read: a resumed window reads only the
+    /// chunks that had not finished.
+    pub reads: u32,
+    pub error: Option<String>,
+}
+
+impl ChunkRecord {
+    fn pending(r: KeyRange) -> ChunkRecord {
+        ChunkRecord {
+            lo: r.lo,
+            hi: r.hi,
+            status: "pending".into(),
+            rows: 0,
+            files: Vec::new(),
+            digest: None,
+            snapshot: None,
+            reads: 0,
+            error: None,
+        }
+    }
+
+    fn range(&self) -> KeyRange {
+        KeyRange {
+            lo: self.lo,
+            hi: self.hi,
+        }
+    }
+}
+
+/// Removes what chunk `i` wrote into `staging` (a torn write of a run that
+/// died while reading it).
+fn remove_chunk_files(staging: &Path, i: usize) -> Result<(), IngestError> {
+    let prefix = format!("part-{i:04}-");
+    let Ok(rd) = std::fs::read_dir(staging) else {
+        return Ok(());
+    };
+    for e in rd.flatten() {
+        if e.file_name().to_string_lossy().starts_with(&prefix) {
+            std::fs::remove_file(e.path())
+                .map_err(|err| IngestError::io("removing", e.path(), err))?;
+        }
+    }
+    Ok(())
+}
+
 /// The shared context of one run's window workers.
 struct Ctx<'a> {
     store: &'a Mutex<SqliteStore>,
@@ -124,6 +182,8 @@ struct Ctx<'a> {
     records: BTreeMap<i64, WindowRecord>,
     columns: Vec<crate::sink::Column>,
     id_ranges: BTreeMap<i64, (Option<i64>, i64)>,
+    /// Chunks of one window read at once.
+    chunk_parallel: usize,
 }
 
 fn median(mut v: Vec<f64>) -> Option<f64> {
@@ -427,6 +487,226 @@ impl Ingestor {
         }
     }
 
+    /// The attempt a chunked window resumes: its last record, not
+    /// published, under the current recipe, with chunk records and its
+    /// staging folder still there.
+    fn resumable(
+        &self,
+        k: i64,
+        records: &BTreeMap<i64, WindowRecord>,
+        abs: &Path,
+    ) -> Option<WindowRecord> {
+        let by = &self.spec.chunking.as_ref()?.by;
+        let r = records.get(&k)?;
+        (r.status != WindowStatus::Published
+            && r.recipe == self.recipe
+            && r.extra["chunking"]["by"].as_str() == Some(by.as_str())
+            && r.extra["chunks"].is_array()
+            && publish::staging_path(abs, &r.token).is_dir())
+        .then(|| r.clone())
+    }
+
+    /// Extracts a chunked window into `staging`: plans the chunks in an
+    /// exported snapshot (or takes the recorded plan of the attempt it
+    /// resumes), then reads the unfinished chunks `max_parallel` at a
+    /// time, each on its own connection in that snapshot, recording each
+    /// chunk as it finishes.
+    #[allow(clippy::too_many_arguments)]
+    fn extract_chunks(
+        &self,
+        w: &Window,
+        pred: &Pred,
+        staging: &Path,
+        reader: &mut dyn Reader,
+        ctx: &Ctx<'_>,
+        rec: &Mutex<WindowRecord>,
+        unique: bool,
+    ) -> Result<(Option<u64>, Written), IngestError> {
+        let chunking = self
+            .spec
+            .chunking
+            .as_ref()
+            .expect("called for chunked sources");
+        let label = Self::label(w);
+        let plan = reader.plan_chunks(pred, unique, &chunking.by, chunking.rows, &label)?;
+        let result = (|| {
+            let recorded: Option<Vec<ChunkRecord>> = {
+                let r = rec.lock().unwrap_or_else(|e| e.into_inner());
+                serde_json::from_value(r.extra["chunks"].clone()).ok()
+            };
+            let mut chunks: Vec<ChunkRecord> = match recorded {
+                Some(c) if !c.is_empty() => c,
+                _ => plan
+                    .ranges
+                    .iter()
+                    .map(|r| ChunkRecord::pending(*r))
+                    .collect(),
+            };
+            // A finished chunk counts only if its files are all there, as
+            // written; anything else of it in staging is a torn write.
+            for (i, c) in chunks.iter_mut().enumerate() {
+                let whole = c.files.iter().all(|f| {
+                    std::fs::metadata(staging.join(&f.path)).is_ok_and(|m| m.len() == f.bytes)
+                });
+                if c.status != "done" || !whole {
+                    c.status = "pending".into();
+                    remove_chunk_files(staging, i)?;
+                }
+            }
+            {
+                let mut r = rec.lock().unwrap_or_else(|e| e.into_inner());
+                r.extra["chunking"] = json!({
+                    "by": chunking.by,
+                    "rows_target": chunking.rows,
+                    "estimate_rows": plan.estimate_rows,
+                });
+                r.extra["chunks"] = json!(chunks);
+                let mut s = ctx.store.lock().unwrap_or_else(|e| e.into_inner());
+                if s.commit_window(&r, None, ctx.fence)? == WindowCommit::Fenced {
+                    return Err(self.taken_over(&label));
+                }
+            }
+            let todo: Vec<usize> = (0..chunks.len())
+                .filter(|i| chunks[*i].status != "done")
+                .collect();
+            let chunks = Mutex::new(chunks);
+            let next = AtomicUsize::new(0);
+            let workers = ctx.chunk_parallel.clamp(1, 64).min(todo.len().max(1));
+            std::thread::scope(|scope| -> Result<(), IngestError> {
+                let handles: Vec<_> = (0..workers)
+                    .map(|_| {
+                        scope.spawn(|| -> Result<(), IngestError> {
+                            let mut conn = source::open(&self.spec)?;
+                            loop {
+                                let Some(&i) = todo.get(next.fetch_add(1, Ordering::SeqCst)) else {
+                                    return Ok(());
+                                };
+                                if ctx.lost.load(Ordering::SeqCst) {
+                                    return Err(self.taken_over(&label));
+                                }
+                                self.read_chunk(
+                                    i,
+                                    pred,
+                                    staging,
+                                    conn.as_mut(),
+                                    ctx,
+                                    rec,
+                                    &chunks,
+                                    &plan.snapshot,
+                                    &label,
+                                )?;
+                            }
+                        })
+                    })
+                    .collect();
+                let mut first_err = None;
+                for h in handles {
+                    if let Err(e) = h.join().expect("chunk workers do not panic") {
+                        first_err.get_or_insert(e);
+                    }
+                }
+                first_err.map_or(Ok(()), Err)
+            })?;
+            let chunks = chunks.into_inner().unwrap_or_else(|e| e.into_inner());
+            let mut all = Written::default();
+            for c in &chunks {
+                all.files.extend(c.files.iter().cloned());
+                all.rows += c.rows;
+                let d = c
+                    .digest
+                    .as_deref()
+                    .and_then(crate::digest::RowsDigest::parse)
+                    .expect("a finished chunk records its digest");
+                all.digest.merge(&d);
+            }
+            Ok((plan.duplicate_keys, all))
+        })();
+        let ended = reader.end_chunks();
+        let out = result?;
+        ended?;
+        Ok(out)
+    }
+
+    /// Reads chunk `i` into its own files in `staging` and records it.
+    #[allow(clippy::too_many_arguments)]
+    fn read_chunk(
+        &self,
+        i: usize,
+        pred: &Pred,
+        staging: &Path,
+        conn: &mut dyn Reader,
+        ctx: &Ctx<'_>,
+        rec: &Mutex<WindowRecord>,
+        chunks: &Mutex<Vec<ChunkRecord>>,
+        snapshot: &str,
+        label: &str,
+    ) -> Result<(), IngestError> {
+        let by = &self.spec.chunking.as_ref().expect("chunked").by;
+        let range = {
+            let mut c = chunks.lock().unwrap_or_else(|e| e.into_inner());
+            c[i].status = "running".into();
+            c[i].reads += 1;
+            c[i].snapshot = Some(snapshot.to_string());
+            c[i].range()
+        };
+        let mut sink = ParquetSink::new(
+            staging,
+            &ctx.columns,
+            self.spec.batch_rows,
+            self.spec.file_rows_max,
+            &format!("{i:04}-"),
+        );
+        let scope = Scope {
+            pred: *pred,
+            chunk: Some((by.as_str(), range)),
+            snapshot: Some(snapshot),
+        };
+        let read = conn
+            .read(&scope, false, &mut sink, label)
+            .and_then(|_| sink.finish());
+        let mut c = chunks.lock().unwrap_or_else(|e| e.into_inner());
+        let failed = match &read {
+            Ok(written) => {
+                c[i].status = "done".into();
+                c[i].rows = written.rows;
+                c[i].files = written.files.clone();
+                c[i].digest = Some(written.digest.render());
+                c[i].error = None;
+                false
+            }
+            Err(e) => {
+                c[i].status = "failed".into();
+                c[i].error = Some(e.to_string());
+                true
+            }
+        };
+        let mut r = rec.lock().unwrap_or_else(|e| e.into_inner());
+        r.extra["chunks"] = json!(*c);
+        drop(c);
+        let fenced = {
+            let mut s = ctx.store.lock().unwrap_or_else(|e| e.into_inner());
+            s.commit_window(&r, None, ctx.fence)? == WindowCommit::Fenced
+        };
+        drop(r);
+        read?;
+        if fenced {
+            return Err(self.taken_over(label));
+        }
+        if !failed && std::env::var_os("HIGHWATER_FAILPOINT").is_some_and(|v| v == "after-chunk") {
+            // For the crash tests: die with this chunk recorded, others not.
+            kill_self();
+        }
+        Ok(())
+    }
+
+    fn taken_over(&self, window: &str) -> IngestError {
+        IngestError::Read {
+            name: self.spec.name.clone(),
+            window: window.to_string(),
+            message: "the lease was taken over; stopped".into(),
+        }
+    }
+
     fn run_one(
         &self,
         k: i64,
@@ -435,7 +715,13 @@ impl Ingestor {
     ) -> Result<WindowOutcome, IngestError> {
         let w = self.spec.grid.window(k);
         let (rel, abs) = self.window_path(&w);
-        let token = self.token(k);
+        // A chunked window that died part-way resumes its attempt: the same
+        // token, staging folder and finished chunks.
+        let resume = self.resumable(k, &ctx.records, &abs);
+        let token = match &resume {
+            Some(r) => r.token.clone(),
+            None => self.token(k),
+        };
         let started = Instant::now();
         let mut outcome = WindowOutcome {
             start: format_rfc3339(w.start_us),
@@ -448,6 +734,10 @@ impl Ingestor {
             error: None,
         };
         let mut rec = self.record(&w, WindowStatus::Running, &token);
+        if let Some(r) = &resume {
+            rec.extra["chunking"] = r.extra["chunking"].clone();
+            rec.extra["chunks"] = r.extra["chunks"].clone();
+        }
         {
             let mut s = ctx.store.lock().unwrap_or_else(|e| e.into_inner());
             if s.commit_window(&rec, None, ctx.fence)? == WindowCommit::Fenced {
@@ -477,11 +767,15 @@ impl Ingestor {
             .get(&k)
             .filter(|r| r.status == WindowStatus::Published)
             .cloned();
+        let chunked = self.spec.chunking.is_some();
         let fail = |rec: &mut WindowRecord,
                     outcome: &mut WindowOutcome,
                     msg: String|
          -> Result<(), IngestError> {
-            let _ = std::fs::remove_dir_all(&staging);
+            // A chunked window keeps its finished chunks for the next run.
+            if !chunked {
+                let _ = std::fs::remove_dir_all(&staging);
+            }
             outcome.error = Some(msg.clone());
             outcome.duration_ms = started.elapsed().as_millis() as u64;
             // A re-run that fails leaves the published version in place, and
@@ -498,21 +792,44 @@ impl Ingestor {
             self.commit(ctx.store, ctx.fence, record)?;
             Ok(())
         };
-        let mut sink = ParquetSink::new(
-            &staging,
-            &ctx.columns,
-            self.spec.batch_rows,
-            self.spec.file_rows_max,
-        );
         let unique = self.spec.checks.unique_key != Policy::Off;
-        let read = reader.read(&pred, unique, &mut sink, &Self::label(&w));
-        let (dups, files, rows) = match read.and_then(|d| sink.finish().map(|(f, r)| (d, f, r))) {
+        let extracted = if chunked {
+            let shared = Mutex::new(rec.clone());
+            let r = self.extract_chunks(&w, &pred, &staging, reader, ctx, &shared, unique);
+            rec = shared.into_inner().unwrap_or_else(|e| e.into_inner());
+            r
+        } else {
+            let mut sink = ParquetSink::new(
+                &staging,
+                &ctx.columns,
+                self.spec.batch_rows,
+                self.spec.file_rows_max,
+                "",
+            );
+            let scope = Scope {
+                pred,
+                chunk: None,
+                snapshot: None,
+            };
+            reader
+                .read(&scope, unique, &mut sink, &Self::label(&w))
+                .and_then(|d| sink.finish().map(|written| (d, written)))
+        };
+        let (
+            dups,
+            Written {
+                files,
+                rows,
+                digest,
+            },
+        ) = match extracted {
             Ok(x) => x,
             Err(e) => {
                 fail(&mut rec, &mut outcome, e.to_string())?;
                 return Ok(outcome);
             }
         };
+        rec.extra["digest"] = json!(digest.render());
         let extract_ms = started.elapsed().as_millis() as i64;
         outcome.rows = rows;
         // Checks, before anyone can see the window.
@@ -591,6 +908,8 @@ impl Ingestor {
             },
             "files": files,
             "rows": rows,
+            "digest": digest.render(),
+            "chunks": rec.extra.get("chunks").cloned().unwrap_or(serde_json::Value::Null),
             "key_unique": {"checked": dups.is_some(), "duplicate_keys": dups},
             "extract_ms": extract_ms,
             "recipe": self.recipe,
@@ -783,7 +1102,11 @@ impl Ingestor {
             }
         }
         for &k in &ks {
-            publish::sweep_staging(&self.window_path(&self.spec.grid.window(k)).1);
+            let abs = self.window_path(&self.spec.grid.window(k)).1;
+            let keep = self
+                .resumable(k, &records, &abs)
+                .map(|r| publish::staging_path(&abs, &r.token));
+            publish::sweep_staging(&abs, keep.as_deref());
         }
         // Where the stale windows were published, when the output moved:
         // the old folder goes once the window is published at the new one.
@@ -803,11 +1126,18 @@ impl Ingestor {
             records,
             columns,
             id_ranges,
+            chunk_parallel: opts.max_parallel,
         };
         let next = AtomicUsize::new(0);
         let outcomes = Mutex::new(Vec::new());
         let first = Mutex::new(Some(first));
-        let parallel = opts.max_parallel.clamp(1, 64).min(ks.len().max(1));
+        // A chunked source runs its windows one at a time and spends the
+        // parallelism on the chunks of each.
+        let parallel = if self.spec.chunking.is_some() {
+            1
+        } else {
+            opts.max_parallel.clamp(1, 64).min(ks.len().max(1))
+        };
         std::thread::scope(|scope| -> Result<(), IngestError> {
             let mut handles = Vec::new();
             for _ in 0..parallel {

@@ -10,11 +10,17 @@
 //! - [`config`]: `[sources.NAME]` into a [`SourceSpec`].
 //! - [`source`]: reading a window from SQLite or PostgreSQL, streaming.
 //! - [`sink`]: rows into Parquet record batches and files; the type mapping.
+//! - [`copy`]: PostgreSQL's binary COPY stream decoded into the sink.
+//! - [`digest`]: the order-free content digest of a window's rows.
 //! - [`publish`]: staging, `_manifest.json`, the atomic swap.
+//! - [`compact`]: windows of a period rolled up into a few files, swapped as one folder.
 //! - [`engine`]: which windows to run, checks, leases, bookmarks, the grid.
 //! - [`error`]: the error type.
 
+pub mod compact;
 pub mod config;
+pub mod copy;
+pub mod digest;
 pub mod engine;
 pub mod error;
 pub mod publish;

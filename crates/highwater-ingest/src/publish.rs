@@ -78,8 +78,9 @@ pub fn published_token(final_path: &Path) -> Option<String> {
     v.get("token")?.as_str().map(str::to_string)
 }
 
-/// Removes staging folders left by runs that died, beside `final_path`.
-pub fn sweep_staging(final_path: &Path) {
+/// Removes staging folders left by runs that died, beside `final_path`,
+/// except the one of the attempt `keep` (a chunked window resuming).
+pub fn sweep_staging(final_path: &Path, keep: Option<&Path>) {
     let Some(parent) = final_path.parent() else {
         return;
     };
@@ -87,7 +88,9 @@ pub fn sweep_staging(final_path: &Path) {
         return;
     };
     for e in rd.flatten() {
-        if e.file_name().to_string_lossy().contains(STAGING_MARK) {
+        if e.file_name().to_string_lossy().contains(STAGING_MARK)
+            && keep.is_none_or(|k| k != e.path())
+        {
             let _ = std::fs::remove_dir_all(e.path());
         }
     }

@@ -194,7 +194,7 @@ impl<W: Write> Write for Hashing<W> {
 }
 
 /// One written file, as `_manifest.json` lists it.
-#[derive(Clone, Debug, Serialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq)]
 pub struct FileInfo {
     pub path: String,
     pub rows: u64,
@@ -213,8 +213,16 @@ type OpenFile = (
 /// bounds its memory (about 100 bytes a row for typical tables).
 pub const ROW_GROUP_ROWS_MAX: usize = 131_072;
 
-/// The encoder thread's result: the files written and the rows in them.
-type Encoded = Result<(Vec<FileInfo>, u64), IngestError>;
+/// What a sink wrote: its files, their rows, and the rows' content digest.
+#[derive(Clone, Debug, Default)]
+pub struct Written {
+    pub files: Vec<FileInfo>,
+    pub rows: u64,
+    pub digest: crate::digest::RowsDigest,
+}
+
+/// The encoder thread's result.
+type Encoded = Result<Written, IngestError>;
 
 /// Record batches waiting for the encoder: bounds memory to this many
 /// batches of `batch_rows` between the reader and the Parquet encoder.
@@ -230,6 +238,8 @@ pub struct ParquetSink {
     builders: Vec<Builder>,
     columns: Vec<Column>,
     pending: usize,
+    /// Values pushed into the row being built (`push_value`).
+    row_values: usize,
     batch_rows: usize,
     tx: Option<std::sync::mpsc::SyncSender<RecordBatch>>,
     encoder: Option<std::thread::JoinHandle<Encoded>>,
@@ -241,9 +251,15 @@ struct Encoder {
     dir: PathBuf,
     schema: SchemaRef,
     file_rows_max: usize,
+    /// Files also roll over near this many bytes (compaction's target).
+    file_bytes_max: u64,
+    /// File names start with this (a chunk's files do not collide with
+    /// another chunk's in the same staging folder).
+    prefix: String,
     writer: Option<OpenFile>,
     files: Vec<FileInfo>,
     rows: u64,
+    digest: crate::digest::RowsDigest,
 }
 
 impl Encoder {
@@ -255,9 +271,11 @@ impl Encoder {
     }
 
     fn open(&mut self) -> Result<(), IngestError> {
-        let path = self
-            .dir
-            .join(format!("part-{:05}.parquet", self.files.len()));
+        let path = self.dir.join(format!(
+            "part-{}{:05}.parquet",
+            self.prefix,
+            self.files.len()
+        ));
         let f = std::fs::File::create(&path).map_err(|e| IngestError::io("creating", &path, e))?;
         let props = WriterProperties::builder()
             .set_compression(Compression::ZSTD(
@@ -287,9 +305,11 @@ impl Encoder {
         }
         let (w, path, rows) = self.writer.as_mut().expect("opened above");
         w.write(batch).map_err(|e| Self::err(path, e))?;
+        self.digest.add_batch(batch);
         *rows += batch.num_rows() as u64;
         self.rows += batch.num_rows() as u64;
-        if *rows >= self.file_rows_max as u64 {
+        let bytes = w.bytes_written() as u64 + w.in_progress_size() as u64;
+        if *rows >= self.file_rows_max as u64 || bytes >= self.file_bytes_max {
             self.close()?;
         }
         Ok(())
@@ -326,12 +346,16 @@ impl Encoder {
     /// Closes the last file. A window with no rows still gets one (empty)
     /// file, so that "no rows" is a published fact with a schema, not a
     /// missing folder.
-    fn finish(mut self, empty: RecordBatch) -> Result<(Vec<FileInfo>, u64), IngestError> {
+    fn finish(mut self, empty: RecordBatch) -> Encoded {
         if self.files.is_empty() && self.writer.is_none() {
             self.write(&empty)?;
         }
         self.close()?;
-        Ok((self.files, self.rows))
+        Ok(Written {
+            files: self.files,
+            rows: self.rows,
+            digest: self.digest,
+        })
     }
 }
 
@@ -341,20 +365,40 @@ impl ParquetSink {
         columns: &[Column],
         batch_rows: usize,
         file_rows_max: usize,
+        prefix: &str,
     ) -> ParquetSink {
         let fields: Vec<Field> = columns
             .iter()
             .map(|c| Field::new(&c.name, c.ty.data_type(), true))
             .collect();
         let schema: SchemaRef = Arc::new(Schema::new(fields));
+        let mut sink = Self::with_schema(dir, schema, batch_rows, file_rows_max, u64::MAX, prefix);
+        sink.builders = columns.iter().map(|c| Builder::new(c.ty)).collect();
+        sink.columns = columns.to_vec();
+        sink
+    }
+
+    /// A sink for whole record batches of `schema` (`push_batch`), whose
+    /// files roll over at `file_rows_max` rows or near `file_bytes_max`.
+    pub fn with_schema(
+        dir: &Path,
+        schema: SchemaRef,
+        batch_rows: usize,
+        file_rows_max: usize,
+        file_bytes_max: u64,
+        prefix: &str,
+    ) -> ParquetSink {
         let (tx, rx) = std::sync::mpsc::sync_channel::<RecordBatch>(ENCODE_QUEUE_BATCHES_MAX);
         let mut enc = Encoder {
             dir: dir.to_path_buf(),
             schema: schema.clone(),
             file_rows_max,
+            file_bytes_max,
+            prefix: prefix.to_string(),
             writer: None,
             files: Vec::new(),
             rows: 0,
+            digest: Default::default(),
         };
         let empty = RecordBatch::new_empty(schema.clone());
         let encoder = std::thread::spawn(move || {
@@ -366,13 +410,24 @@ impl ParquetSink {
         ParquetSink {
             dir: dir.to_path_buf(),
             schema,
-            builders: columns.iter().map(|c| Builder::new(c.ty)).collect(),
-            columns: columns.to_vec(),
+            builders: Vec::new(),
+            columns: Vec::new(),
             pending: 0,
+            row_values: 0,
             batch_rows,
             tx: Some(tx),
             encoder: Some(encoder),
         }
+    }
+
+    /// Appends a whole record batch (of the sink's schema).
+    pub fn push_batch(&mut self, batch: RecordBatch) -> Result<(), IngestError> {
+        self.flush_batch()?;
+        let sent = self.tx.as_ref().expect("open until finish").send(batch);
+        if sent.is_err() {
+            return self.join().map(|_| ());
+        }
+        Ok(())
     }
 
     /// Appends one row; `Err` says which column did not fit.
@@ -388,6 +443,35 @@ impl ParquetSink {
             n += 1;
         }
         assert_eq!(n, self.builders.len(), "a row has one value per column");
+        self.pending += 1;
+        if self.pending >= self.batch_rows {
+            self.flush_batch().map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// Appends the next value of the row being built (values come in
+    /// column order; `end_row` closes the row). No allocation per value.
+    pub fn push_value(&mut self, i: usize, v: Value<'_>) -> Result<(), String> {
+        debug_assert_eq!(i, self.row_values, "values come in column order");
+        self.builders[i].push(v).map_err(|want| {
+            format!(
+                "column `{}` holds a value that is not {want}",
+                self.columns[i].name
+            )
+        })?;
+        self.row_values += 1;
+        Ok(())
+    }
+
+    /// Closes the row built by `push_value`.
+    pub fn end_row(&mut self) -> Result<(), String> {
+        assert_eq!(
+            self.row_values,
+            self.builders.len(),
+            "a row has one value per column"
+        );
+        self.row_values = 0;
         self.pending += 1;
         if self.pending >= self.batch_rows {
             self.flush_batch().map_err(|e| e.to_string())?;
@@ -411,7 +495,7 @@ impl ParquetSink {
         Ok(())
     }
 
-    fn join(&mut self) -> Result<(Vec<FileInfo>, u64), IngestError> {
+    fn join(&mut self) -> Encoded {
         self.tx = None;
         match self.encoder.take() {
             Some(h) => h.join().expect("the encoder does not panic"),
@@ -420,8 +504,8 @@ impl ParquetSink {
     }
 
     /// Writes what is pending, closes the files and returns them with the
-    /// row count.
-    pub fn finish(mut self) -> Result<(Vec<FileInfo>, u64), IngestError> {
+    /// row count and digest.
+    pub fn finish(mut self) -> Encoded {
         self.flush_batch()?;
         self.join()
     }

@@ -16,18 +16,77 @@ pub enum Pred {
     Ids { lo: Option<i64>, hi: i64 },
 }
 
+/// One key range of a chunked window on the `chunk_by` column: `lo <= c <
+/// hi`; an open end is unbounded, and the first chunk (`lo = None`) also
+/// takes the rows whose key is NULL, so the chunks partition the window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyRange {
+    pub lo: Option<i64>,
+    pub hi: Option<i64>,
+}
+
+/// What one read covers: a window, or one chunk of it read in the
+/// coordinator's exported snapshot.
+#[derive(Clone, Copy, Debug)]
+pub struct Scope<'a> {
+    pub pred: Pred,
+    pub chunk: Option<(&'a str, KeyRange)>,
+    pub snapshot: Option<&'a str>,
+}
+
+/// How a chunked window is cut, decided in the snapshot all its chunks read.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChunkPlan {
+    /// The exported snapshot's id (`pg_export_snapshot()`).
+    pub snapshot: String,
+    /// The planner's estimate of the window's rows.
+    pub estimate_rows: i64,
+    /// The chunks, in key order; together they cover every key.
+    pub ranges: Vec<KeyRange>,
+    /// Keys that occur more than once in the window (`None`: not asked).
+    pub duplicate_keys: Option<u64>,
+}
+
+/// Chunks a window may be cut into: bounds the connections a window opens
+/// over its life and the size of its record.
+pub const CHUNKS_MAX: usize = 256;
+
+/// Rows sampled to place chunk boundaries: enough for quantiles within a
+/// fraction of a percent, read from a sample of the table's pages.
+pub const CHUNK_SAMPLE_ROWS: f64 = 20_000.0;
+
 /// A connection to a source.
 pub trait Reader: Send {
     fn columns(&mut self) -> Result<Vec<Column>, IngestError>;
-    /// Streams one window into `sink` and returns how many keys occur more
-    /// than once in it (`None` when not asked).
+    /// Streams one window (or one chunk of it) into `sink` and returns how
+    /// many keys occur more than once in it (`None` when not asked).
     fn read(
         &mut self,
-        pred: &Pred,
+        scope: &Scope<'_>,
         unique: bool,
         sink: &mut ParquetSink,
         window: &str,
     ) -> Result<Option<u64>, IngestError>;
+    /// Opens a window's consistent read for its chunks: exports the
+    /// snapshot, counts duplicate keys in it, and cuts the key space of
+    /// `chunk_by` into ranges of about `chunk_rows` rows from the table's
+    /// statistics and a sample of its pages, never a full scan. The
+    /// snapshot lives until `end_chunks`.
+    fn plan_chunks(
+        &mut self,
+        pred: &Pred,
+        unique: bool,
+        chunk_by: &str,
+        chunk_rows: usize,
+        window: &str,
+    ) -> Result<ChunkPlan, IngestError> {
+        let _ = (pred, unique, chunk_by, chunk_rows, window);
+        unreachable!("chunk_by is refused for this source kind at config load")
+    }
+    /// Ends the read `plan_chunks` opened.
+    fn end_chunks(&mut self) -> Result<(), IngestError> {
+        Ok(())
+    }
     /// The largest id now (append_id).
     fn max_id(&mut self) -> Result<Option<i64>, IngestError>;
     /// commit_order: the horizon (every transaction below it has ended),
@@ -41,6 +100,26 @@ pub trait Reader: Send {
     fn horizon_holder(&mut self) -> Result<Option<String>, IngestError> {
         Ok(None)
     }
+}
+
+/// Cuts a sorted sample of keys into `n` ranges at its quantiles; equal
+/// quantiles merge, so a skewed key gives fewer, never empty-bounded, chunks.
+pub fn cut(sample: &[i64], n: usize) -> Vec<KeyRange> {
+    let mut bounds: Vec<i64> = (1..n)
+        .filter_map(|i| sample.get(sample.len() * i / n).copied())
+        .collect();
+    bounds.dedup();
+    if let Some(&first) = sample.first() {
+        bounds.retain(|&b| b > first);
+    }
+    let mut out = Vec::with_capacity(bounds.len() + 1);
+    let mut lo = None;
+    for b in bounds {
+        out.push(KeyRange { lo, hi: Some(b) });
+        lo = Some(b);
+    }
+    out.push(KeyRange { lo, hi: None });
+    out
 }
 
 pub fn open(spec: &SourceSpec) -> Result<Box<dyn Reader>, IngestError> {
@@ -156,11 +235,13 @@ impl Reader for SqliteReader {
 
     fn read(
         &mut self,
-        pred: &Pred,
+        scope: &Scope<'_>,
         unique: bool,
         sink: &mut ParquetSink,
         window: &str,
     ) -> Result<Option<u64>, IngestError> {
+        assert!(scope.chunk.is_none(), "SQLite sources are never chunked");
+        let pred = &scope.pred;
         let rel = self.spec.relation_sql();
         let where_ = self.pred_sql(pred);
         let params = Self::params(pred);
@@ -300,7 +381,7 @@ impl PgReader {
                     Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME => (ColType::Text, q),
                     Type::BYTEA => (ColType::Bytes, q),
                     // Read in binary as they are (µs or days since 2000-01-01),
-                    // see `PgMicros` and `PgDays`: no conversion on the server.
+                    // see `copy`: no conversion on the server.
                     Type::TIMESTAMPTZ => (ColType::TimestampTz, q),
                     Type::TIMESTAMP => (ColType::Timestamp, q),
                     Type::DATE => (ColType::Date, q),
@@ -333,53 +414,6 @@ impl PgReader {
     }
 }
 
-/// Microseconds between 1970-01-01 and PostgreSQL's epoch, 2000-01-01.
-const PG_EPOCH_US: i64 = 946_684_800_000_000;
-
-/// A timestamp(tz) read in binary: µs since 2000-01-01, as Unix µs. The
-/// infinities are refused (they have no place in a window).
-struct PgMicros(i64);
-
-impl<'a> postgres::types::FromSql<'a> for PgMicros {
-    fn from_sql(
-        _: &postgres::types::Type,
-        raw: &'a [u8],
-    ) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
-        let v = i64::from_be_bytes(raw.try_into()?);
-        if v == i64::MAX || v == i64::MIN {
-            return Err("an infinite timestamp cannot be placed in a window".into());
-        }
-        Ok(PgMicros(v + PG_EPOCH_US))
-    }
-
-    fn accepts(ty: &postgres::types::Type) -> bool {
-        matches!(
-            *ty,
-            postgres::types::Type::TIMESTAMP | postgres::types::Type::TIMESTAMPTZ
-        )
-    }
-}
-
-/// A date read in binary: days since 2000-01-01, as days since 1970-01-01.
-struct PgDays(i32);
-
-impl<'a> postgres::types::FromSql<'a> for PgDays {
-    fn from_sql(
-        _: &postgres::types::Type,
-        raw: &'a [u8],
-    ) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
-        let v = i32::from_be_bytes(raw.try_into()?);
-        if v == i32::MAX || v == i32::MIN {
-            return Err("an infinite date cannot be stored".into());
-        }
-        Ok(PgDays(v + 10_957))
-    }
-
-    fn accepts(ty: &postgres::types::Type) -> bool {
-        *ty == postgres::types::Type::DATE
-    }
-}
-
 enum PgParam {
     Text(String),
     Int(i64),
@@ -403,40 +437,36 @@ fn as_sql(p: &PgParam) -> &(dyn postgres::types::ToSql + Sync) {
     }
 }
 
-impl Reader for PgReader {
-    fn columns(&mut self) -> Result<Vec<Column>, IngestError> {
-        Ok(self.described()?.into_iter().map(|(c, _)| c).collect())
+impl PgReader {
+    /// The window's predicate with its bounds as literals of our own
+    /// rendering (digits and RFC 3339 only): COPY takes no parameters.
+    fn pred_literal(&self, pred: &Pred) -> String {
+        let c = format!("s.{}", quote_column(&self.spec.cursor));
+        match *pred {
+            Pred::Time { lo_us, hi_us } => format!(
+                "{c} >= '{}'::timestamptz AND {c} < '{}'::timestamptz",
+                format_rfc3339(lo_us),
+                format_rfc3339(hi_us)
+            ),
+            Pred::Ids { lo: Some(lo), hi } => format!("{c} > {lo}::int8 AND {c} <= {hi}::int8"),
+            Pred::Ids { lo: None, hi } => format!("{c} <= {hi}::int8"),
+        }
     }
 
-    fn read(
-        &mut self,
-        pred: &Pred,
-        unique: bool,
-        sink: &mut ParquetSink,
-        window: &str,
-    ) -> Result<Option<u64>, IngestError> {
-        let cols = self.described()?;
-        let rel = self.spec.relation_sql();
-        let where_ = self.pred_sql(pred);
-        let params = pg_params(pred);
-        let keys = key_list(&self.spec);
-        let name = self.spec.name.clone();
-        let werr = |e: postgres::Error| IngestError::Read {
-            name: name.clone(),
-            window: window.to_string(),
-            message: e.to_string(),
-        };
-        let mut tx = self
-            .client
-            .build_transaction()
-            .isolation_level(postgres::IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
-            .map_err(werr)?;
-        // A table with a primary key or unique index on exactly the key
-        // columns cannot return a key twice in one read: the source already
-        // proved it, and the GROUP BY is skipped.
-        let guaranteed = match &self.spec.relation {
+    fn range_literal(column: &str, r: &KeyRange) -> String {
+        let c = format!("s.{}", quote_column(column));
+        match (r.lo, r.hi) {
+            (None, None) => "true".into(),
+            (None, Some(hi)) => format!("({c} < {hi}::int8 OR {c} IS NULL)"),
+            (Some(lo), None) => format!("{c} >= {lo}::int8"),
+            (Some(lo), Some(hi)) => format!("{c} >= {lo}::int8 AND {c} < {hi}::int8"),
+        }
+    }
+
+    /// Whether a primary key or unique index on exactly the key columns
+    /// makes a duplicate key impossible (then the GROUP BY is skipped).
+    fn key_guaranteed(&mut self) -> Result<bool, postgres::Error> {
+        match &self.spec.relation {
             crate::config::Relation::Table(t) => {
                 let sql = "SELECT coalesce(bool_or(ARRAY(SELECT a.attname::text FROM unnest(i.indkey) k \
                                 JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k ORDER BY 1) = $2::text[]), false) \
@@ -444,81 +474,230 @@ impl Reader for PgReader {
                 let mut key = self.spec.key.clone();
                 key.sort();
                 let rel_text = crate::config::quote_ident(t);
-                tx.query_one(sql, &[&rel_text, &key])
-                    .map_err(werr)?
-                    .get::<_, bool>(0)
+                Ok(self
+                    .client
+                    .query_one(sql, &[&rel_text, &key])?
+                    .get::<_, bool>(0))
             }
-            crate::config::Relation::Query(_) => false,
-        };
-        let dups = if unique && guaranteed {
-            Some(0)
-        } else if unique {
-            let sql = format!(
-                "SELECT count(*) FROM (SELECT 1 FROM {rel} AS s WHERE {where_} GROUP BY {keys} HAVING count(*) > 1) d"
-            );
-            let refs: Vec<_> = params.iter().map(as_sql).collect();
-            let n: i64 = tx.query_one(&sql, &refs).map_err(werr)?.get(0);
-            Some(n as u64)
-        } else {
-            None
-        };
-        let list = cols
-            .iter()
-            .map(|(_, e)| e.as_str())
-            .collect::<Vec<_>>()
-            .join(", ");
-        let sql = format!("SELECT {list} FROM {rel} AS s WHERE {where_}");
-        let stmt = tx.prepare(&sql).map_err(werr)?;
-        let refs: Vec<_> = params.iter().map(as_sql).collect();
-        let mut it = tx.query_raw(&stmt, refs).map_err(werr)?;
-        use postgres::fallible_iterator::FallibleIterator;
-        while let Some(row) = it.next().map_err(werr)? {
-            let mut vals: Vec<Value<'_>> = Vec::with_capacity(cols.len());
-            for (i, (c, _)) in cols.iter().enumerate() {
-                let v = match c.ty {
-                    ColType::Bool => row
-                        .try_get::<_, Option<bool>>(i)
-                        .map(|v| v.map_or(Value::Null, Value::Bool)),
-                    ColType::I16 => row
-                        .try_get::<_, Option<i16>>(i)
-                        .map(|v| v.map_or(Value::Null, |x| Value::Int(x as i64))),
-                    ColType::I32 => row
-                        .try_get::<_, Option<i32>>(i)
-                        .map(|v| v.map_or(Value::Null, |x| Value::Int(x as i64))),
-                    ColType::I64 => row
-                        .try_get::<_, Option<i64>>(i)
-                        .map(|v| v.map_or(Value::Null, Value::Int)),
-                    ColType::F32 => row
-                        .try_get::<_, Option<f32>>(i)
-                        .map(|v| v.map_or(Value::Null, |x| Value::Float(x as f64))),
-                    ColType::F64 => row
-                        .try_get::<_, Option<f64>>(i)
-                        .map(|v| v.map_or(Value::Null, Value::Float)),
-                    ColType::Text => row
-                        .try_get::<_, Option<&str>>(i)
-                        .map(|v| v.map_or(Value::Null, Value::Text)),
-                    ColType::Bytes => row
-                        .try_get::<_, Option<&[u8]>>(i)
-                        .map(|v| v.map_or(Value::Null, Value::Bytes)),
-                    ColType::TimestampTz | ColType::Timestamp => row
-                        .try_get::<_, Option<PgMicros>>(i)
-                        .map(|v| v.map_or(Value::Null, |x| Value::Micros(x.0))),
-                    ColType::Date => row
-                        .try_get::<_, Option<PgDays>>(i)
-                        .map(|v| v.map_or(Value::Null, |x| Value::Days(x.0))),
-                };
-                vals.push(v.map_err(werr)?);
-            }
-            sink.push_row(vals.into_iter())
-                .map_err(|message| IngestError::Read {
-                    name: name.clone(),
-                    window: window.to_string(),
-                    message,
-                })?;
+            crate::config::Relation::Query(_) => Ok(false),
         }
-        drop(it);
-        tx.commit().map_err(werr)?;
-        Ok(dups)
+    }
+
+    /// Counts keys occurring more than once, in the current transaction.
+    fn duplicate_keys(&mut self, pred: &Pred) -> Result<u64, postgres::Error> {
+        let rel = self.spec.relation_sql();
+        let where_ = self.pred_sql(pred);
+        let keys = key_list(&self.spec);
+        let params = pg_params(pred);
+        let sql = format!(
+            "SELECT count(*) FROM (SELECT 1 FROM {rel} AS s WHERE {where_} GROUP BY {keys} HAVING count(*) > 1) d"
+        );
+        let refs: Vec<_> = params.iter().map(as_sql).collect();
+        let n: i64 = self.client.query_one(&sql, &refs)?.get(0);
+        Ok(n as u64)
+    }
+}
+
+impl Reader for PgReader {
+    fn columns(&mut self) -> Result<Vec<Column>, IngestError> {
+        Ok(self.described()?.into_iter().map(|(c, _)| c).collect())
+    }
+
+    fn read(
+        &mut self,
+        scope: &Scope<'_>,
+        unique: bool,
+        sink: &mut ParquetSink,
+        window: &str,
+    ) -> Result<Option<u64>, IngestError> {
+        let cols = self.described()?;
+        let rel = self.spec.relation_sql();
+        let mut where_ = self.pred_literal(&scope.pred);
+        if let Some((column, range)) = &scope.chunk {
+            where_ = format!("{where_} AND {}", Self::range_literal(column, range));
+        }
+        let name = self.spec.name.clone();
+        let werr = |e: postgres::Error| IngestError::Read {
+            name: name.clone(),
+            window: window.to_string(),
+            message: e.to_string(),
+        };
+        // One read-only repeatable-read transaction: the duplicate count
+        // and the rows see the same snapshot; a chunk joins the snapshot
+        // its window's coordinator exported.
+        self.client
+            .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            .map_err(werr)?;
+        let result = (|| -> Result<Option<u64>, IngestError> {
+            if let Some(id) = scope.snapshot {
+                // The id is the server's own (from pg_export_snapshot); it is
+                // checked anyway before it is spliced in.
+                assert!(
+                    id.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-'),
+                    "a snapshot id from pg_export_snapshot"
+                );
+                self.client
+                    .batch_execute(&format!("SET TRANSACTION SNAPSHOT '{id}'"))
+                    .map_err(werr)?;
+            }
+            let dups = if unique && self.key_guaranteed().map_err(werr)? {
+                Some(0)
+            } else if unique {
+                Some(self.duplicate_keys(&scope.pred).map_err(werr)?)
+            } else {
+                None
+            };
+            let list = cols
+                .iter()
+                .map(|(_, e)| e.as_str())
+                .collect::<Vec<_>>()
+                .join(", ");
+            let sql = format!(
+                "COPY (SELECT {list} FROM {rel} AS s WHERE {where_}) TO STDOUT (FORMAT binary)"
+            );
+            let columns: Vec<Column> = cols.iter().map(|(c, _)| c.clone()).collect();
+            let stream = self.client.copy_out(sql.as_str()).map_err(werr)?;
+            let mut dec = crate::copy::CopyDecoder::new(stream);
+            let derr = |message: String| IngestError::Read {
+                name: name.clone(),
+                window: window.to_string(),
+                message,
+            };
+            dec.header().map_err(derr)?;
+            while dec.row(&columns, sink).map_err(derr)? {}
+            Ok(dups)
+        })();
+        match result {
+            Ok(d) => {
+                self.client.batch_execute("COMMIT").map_err(werr)?;
+                Ok(d)
+            }
+            Err(e) => {
+                let _ = self.client.batch_execute("ROLLBACK");
+                Err(e)
+            }
+        }
+    }
+
+    fn plan_chunks(
+        &mut self,
+        pred: &Pred,
+        unique: bool,
+        chunk_by: &str,
+        chunk_rows: usize,
+        window: &str,
+    ) -> Result<ChunkPlan, IngestError> {
+        let name = self.spec.name.clone();
+        let werr = |e: postgres::Error| IngestError::Read {
+            name: name.clone(),
+            window: window.to_string(),
+            message: e.to_string(),
+        };
+        let cols = self.described()?;
+        match cols.iter().find(|(c, _)| c.name == chunk_by) {
+            Some((c, _)) if matches!(c.ty, ColType::I16 | ColType::I32 | ColType::I64) => {}
+            Some(_) => {
+                return Err(IngestError::Schema {
+                    name,
+                    message: format!("chunk_by column `{chunk_by}` is not an integer column; chunk by an indexed integer key"),
+                })
+            }
+            None => {
+                return Err(IngestError::Schema {
+                    name,
+                    message: format!("chunk_by names `{chunk_by}`, which the table does not have"),
+                })
+            }
+        }
+        let crate::config::Relation::Table(table) = &self.spec.relation else {
+            unreachable!("chunk_by with a query is refused at config load")
+        };
+        let table = crate::config::quote_ident(table);
+        let rel = self.spec.relation_sql();
+        let where_ = self.pred_literal(pred);
+        let c = format!("s.{}", quote_column(chunk_by));
+        self.client
+            .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            .map_err(werr)?;
+        let plan = (|| -> Result<ChunkPlan, IngestError> {
+            let snapshot: String = self
+                .client
+                .query_one("SELECT pg_export_snapshot()", &[])
+                .map_err(werr)?
+                .get(0);
+            let duplicate_keys = if unique && self.key_guaranteed().map_err(werr)? {
+                Some(0)
+            } else if unique {
+                Some(self.duplicate_keys(pred).map_err(werr)?)
+            } else {
+                None
+            };
+            // The planner's estimate of the window's rows, from the table's
+            // statistics.
+            let explain = self
+                .client
+                .simple_query(&format!(
+                    "EXPLAIN (FORMAT JSON) SELECT 1 FROM {rel} AS s WHERE {where_}"
+                ))
+                .map_err(werr)?;
+            let explain: serde_json::Value = explain
+                .iter()
+                .find_map(|m| match m {
+                    postgres::SimpleQueryMessage::Row(r) => r.get(0),
+                    _ => None,
+                })
+                .and_then(|t| serde_json::from_str(t).ok())
+                .unwrap_or(serde_json::Value::Null);
+            let estimate_rows = explain[0]["Plan"]["Plan Rows"].as_f64().unwrap_or(0.0) as i64;
+            let wanted = (estimate_rows as f64 / chunk_rows.max(1) as f64).ceil() as usize;
+            let wanted = wanted.clamp(1, CHUNKS_MAX);
+            let mut ranges = vec![KeyRange { lo: None, hi: None }];
+            if wanted > 1 {
+                let reltuples: f64 = self
+                    .client
+                    .query_one(
+                        "SELECT coalesce((SELECT reltuples::float8 FROM pg_class WHERE oid = to_regclass($1)), -1)",
+                        &[&table],
+                    )
+                    .map_err(werr)?
+                    .get(0);
+                let pct = if reltuples > 0.0 {
+                    (CHUNK_SAMPLE_ROWS / reltuples * 100.0).clamp(0.0001, 100.0)
+                } else {
+                    100.0
+                };
+                let sample: Vec<i64> = self
+                    .client
+                    .query(
+                        &format!(
+                            "SELECT {c}::int8 FROM {rel} AS s TABLESAMPLE SYSTEM ({pct}) REPEATABLE (0) \
+                             WHERE {where_} AND {c} IS NOT NULL ORDER BY 1"
+                        ),
+                        &[],
+                    )
+                    .map_err(werr)?
+                    .iter()
+                    .map(|r| r.get(0))
+                    .collect();
+                ranges = cut(&sample, wanted);
+            }
+            Ok(ChunkPlan {
+                snapshot,
+                estimate_rows,
+                ranges,
+                duplicate_keys,
+            })
+        })();
+        if plan.is_err() {
+            let _ = self.client.batch_execute("ROLLBACK");
+        }
+        plan
+    }
+
+    fn end_chunks(&mut self) -> Result<(), IngestError> {
+        self.client
+            .batch_execute("COMMIT")
+            .map_err(|e| self.err("(chunks)", e))
     }
 
     fn max_id(&mut self) -> Result<Option<i64>, IngestError> {

@@ -254,6 +254,14 @@ pub trait StateStore: Send {
         advance: Option<(Option<i64>, &Bookmark)>,
         fence: &Fence,
     ) -> Result<WindowCommit, StoreError>;
+    /// Rewrites several window records in one transaction, if the fence
+    /// still holds (compaction: a period's windows change together). The
+    /// bookmark does not move: only published windows are rewritten.
+    fn commit_windows(
+        &mut self,
+        records: &[WindowRecord],
+        fence: &Fence,
+    ) -> Result<WindowCommit, StoreError>;
     /// Moves only the horizon of a bookmark whose end is still `expected_end`,
     /// under the fence.
     fn advance_horizon(

@@ -634,26 +634,28 @@ impl StateStore for SqliteStore {
                 return Ok(WindowCommit::BookmarkMoved);
             }
         }
-        tx.execute(
-            "INSERT OR REPLACE INTO windows(source, start_us, end_us, status, rows, files,
-                duration_ms, token, recipe, updated_at_ns, error, extra)
-             VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
-            params![
-                record.source,
-                record.start_us,
-                record.end_us,
-                record.status.as_str(),
-                record.rows,
-                record.files.to_string(),
-                record.duration_ms,
-                record.token,
-                record.recipe,
-                record.updated_at_ns,
-                record.error,
-                record.extra.to_string(),
-            ],
-        )
-        .map_err(err)?;
+        put_window(&tx, record).map_err(err)?;
+        tx.commit().map_err(err)?;
+        Ok(WindowCommit::Done)
+    }
+
+    fn commit_windows(
+        &mut self,
+        records: &[WindowRecord],
+        fence: &Fence,
+    ) -> Result<WindowCommit, StoreError> {
+        let path = self.path.clone();
+        let err = |source| StoreError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let Some(tx) = self.fenced_transaction(fence)? else {
+            return Ok(WindowCommit::Fenced);
+        };
+        for r in records {
+            assert!(r.end_us > r.start_us, "window bounds are ours");
+            put_window(&tx, r).map_err(err)?;
+        }
         tx.commit().map_err(err)?;
         Ok(WindowCommit::Done)
     }
@@ -711,6 +713,28 @@ impl StateStore for SqliteStore {
     fn release_lease(&mut self, fence: &Fence) -> Result<(), StoreError> {
         crate::lease::release(&self.conn, fence).map_err(|e| self.err(e))
     }
+}
+
+fn put_window(tx: &rusqlite::Transaction<'_>, record: &WindowRecord) -> rusqlite::Result<usize> {
+    tx.execute(
+        "INSERT OR REPLACE INTO windows(source, start_us, end_us, status, rows, files,
+            duration_ms, token, recipe, updated_at_ns, error, extra)
+         VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+        params![
+            record.source,
+            record.start_us,
+            record.end_us,
+            record.status.as_str(),
+            record.rows,
+            record.files.to_string(),
+            record.duration_ms,
+            record.token,
+            record.recipe,
+            record.updated_at_ns,
+            record.error,
+            record.extra.to_string(),
+        ],
+    )
 }
 
 impl SqliteStore {

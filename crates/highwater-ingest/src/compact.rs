@@ -1,0 +1,305 @@
+//! Compaction: the published windows of a period rewritten as a few files
+//! near the target size, and swapped in as one folder.
+//!
+//! A period's windows all lie in one folder of their own
+//! ([`SourceSpec::period_dir`], checked at config load). Compaction builds
+//! the compacted period in a staging folder beside it, checks it (row
+//! count and per-window content digests equal to the inputs'), describes it
+//! in `_manifest.json` (`"kind": "compacted"`, each window with its row
+//! offset, rows, digest and the token it was published under), and swaps it
+//! with the period's folder in one `renameat2(RENAME_EXCHANGE)`. A reader
+//! that reads every Parquet file under the output root sees the windows or
+//! the compacted period, never both and never neither.
+//!
+//! The rows of a compacted period are in window order, so each window is a
+//! contiguous row range: re-ingesting one window rewrites the period with
+//! that range replaced ([`rewrite_period`]), under the same lease.
+
+use crate::digest::RowsDigest;
+use crate::error::IngestError;
+use crate::publish;
+use crate::sink::{FileInfo, ParquetSink, Written};
+use arrow_array::RecordBatch;
+use arrow_schema::SchemaRef;
+use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
+use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+
+/// One window inside a compacted period.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct PeriodWindow {
+    pub start_us: i64,
+    pub end_us: i64,
+    /// The window's first row in the period's row order.
+    pub offset: u64,
+    pub rows: u64,
+    pub digest: String,
+    /// The token the window was published under (its record's token).
+    pub token: String,
+}
+
+/// A compacted period's `_manifest.json`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct PeriodManifest {
+    pub kind: String,
+    pub source: String,
+    pub start_us: i64,
+    pub end_us: i64,
+    pub token: String,
+    pub files: Vec<FileInfo>,
+    pub rows: u64,
+    pub windows: Vec<PeriodWindow>,
+}
+
+pub const KIND_COMPACTED: &str = "compacted";
+
+/// The manifest of a compacted period at `dir`, if `dir` holds one.
+pub fn read_manifest(dir: &Path) -> Option<PeriodManifest> {
+    let text = std::fs::read(dir.join("_manifest.json")).ok()?;
+    let m: PeriodManifest = serde_json::from_slice(&text).ok()?;
+    (m.kind == KIND_COMPACTED).then_some(m)
+}
+
+/// Where one window's rows come from when a period is written.
+pub enum Input {
+    /// The Parquet files of a window folder (or a window's staging), in
+    /// name order.
+    Files(PathBuf, Vec<String>),
+    /// The next `rows` rows of the period being rewritten.
+    Old(u64),
+}
+
+/// The rows of a list of files, in order, taken a row range at a time.
+struct Rows {
+    files: VecDeque<PathBuf>,
+    reader: Option<ParquetRecordBatchReader>,
+    held: Option<RecordBatch>,
+}
+
+fn perr(path: &Path, e: impl ToString) -> IngestError {
+    IngestError::Parquet {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    }
+}
+
+/// Rows per batch read back from Parquet.
+const READ_BATCH_ROWS: usize = 65_536;
+
+fn open_reader(path: &Path) -> Result<ParquetRecordBatchReader, IngestError> {
+    let f = std::fs::File::open(path).map_err(|e| IngestError::io("reading", path, e))?;
+    ParquetRecordBatchReaderBuilder::try_new(f)
+        .and_then(|b| b.with_batch_size(READ_BATCH_ROWS).build())
+        .map_err(|e| perr(path, e))
+}
+
+impl Rows {
+    fn new(files: impl IntoIterator<Item = PathBuf>) -> Rows {
+        Rows {
+            files: files.into_iter().collect(),
+            reader: None,
+            held: None,
+        }
+    }
+
+    fn next_batch(&mut self) -> Result<Option<RecordBatch>, IngestError> {
+        if let Some(b) = self.held.take() {
+            return Ok(Some(b));
+        }
+        loop {
+            if let Some(r) = self.reader.as_mut() {
+                match r.next() {
+                    Some(b) => {
+                        return b
+                            .map(Some)
+                            .map_err(|e| perr(Path::new("(a compacted period)"), e))
+                    }
+                    None => self.reader = None,
+                }
+            }
+            let Some(p) = self.files.pop_front() else {
+                return Ok(None);
+            };
+            self.reader = Some(open_reader(&p)?);
+        }
+    }
+
+    /// Passes the next `n` rows (all that remain for `u64::MAX`) to `f`.
+    fn take(
+        &mut self,
+        mut n: u64,
+        mut f: impl FnMut(RecordBatch) -> Result<(), IngestError>,
+    ) -> Result<u64, IngestError> {
+        let mut taken = 0;
+        while n > 0 {
+            let Some(b) = self.next_batch()? else { break };
+            let len = b.num_rows() as u64;
+            if len <= n {
+                n -= len;
+                taken += len;
+                f(b)?;
+            } else {
+                f(b.slice(0, n as usize))?;
+                self.held = Some(b.slice(n as usize, (len - n) as usize));
+                taken += n;
+                n = 0;
+            }
+        }
+        Ok(taken)
+    }
+}
+
+/// The Parquet files of a folder, by name.
+pub fn parquet_files(dir: &Path) -> Result<Vec<String>, IngestError> {
+    let rd = std::fs::read_dir(dir).map_err(|e| IngestError::io("listing", dir, e))?;
+    let mut names: Vec<String> = rd
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".parquet") && !n.starts_with('.'))
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// The schema of the first of `files`.
+pub fn schema_of(path: &Path) -> Result<SchemaRef, IngestError> {
+    let f = std::fs::File::open(path).map_err(|e| IngestError::io("reading", path, e))?;
+    let b = ParquetRecordBatchReaderBuilder::try_new(f).map_err(|e| perr(path, e))?;
+    Ok(b.schema().clone())
+}
+
+/// One window to write into a period, with the digest its rows must have
+/// (`None`: take the inputs' as they are, for windows recorded before
+/// digests were).
+pub struct WindowIn {
+    pub start_us: i64,
+    pub end_us: i64,
+    pub token: String,
+    pub input: Input,
+    pub expect: Option<String>,
+}
+
+/// Writes the windows, in order, into `staging` as files near
+/// `target_bytes`, then reads them back and checks that each window's row
+/// range has the rows (count and content digest) it had going in.
+/// `old` is the folder of the period being rewritten, for `Input::Old`.
+pub fn write_period(
+    staging: &Path,
+    schema: SchemaRef,
+    windows: Vec<WindowIn>,
+    old: Option<&Path>,
+    target_bytes: u64,
+) -> Result<(Written, Vec<PeriodWindow>), IngestError> {
+    let mut old_rows = match old {
+        Some(dir) => Rows::new(parquet_files(dir)?.into_iter().map(|n| dir.join(n))),
+        None => Rows::new(Vec::new()),
+    };
+    let mut sink = ParquetSink::with_schema(
+        staging,
+        schema,
+        READ_BATCH_ROWS,
+        usize::MAX,
+        target_bytes,
+        "",
+    );
+    let mut out = Vec::with_capacity(windows.len());
+    let mut offset = 0u64;
+    for w in windows {
+        let mut d = RowsDigest::default();
+        let mut push = |b: RecordBatch| {
+            d.add_batch(&b);
+            sink.push_batch(b)
+        };
+        match &w.input {
+            Input::Files(dir, names) => {
+                Rows::new(names.iter().map(|n| dir.join(n))).take(u64::MAX, &mut push)?;
+            }
+            Input::Old(n) => {
+                let got = old_rows.take(*n, &mut push)?;
+                if got != *n {
+                    return Err(IngestError::Parquet {
+                        path: old.unwrap_or(staging).to_path_buf(),
+                        message: format!(
+                            "the compacted period holds {got} rows where its manifest says {n} for the window starting {}",
+                            highwater_core::window::format_rfc3339(w.start_us)
+                        ),
+                    });
+                }
+            }
+        }
+        let digest = d.render();
+        if let Some(e) = w.expect.as_deref().filter(|e| *e != digest) {
+            return Err(IngestError::Parquet {
+                path: match &w.input {
+                    Input::Files(dir, _) => dir.clone(),
+                    Input::Old(_) => old.unwrap_or(staging).to_path_buf(),
+                },
+                message: format!(
+                    "the window starting {} reads back as {digest} where it was published as {e}; its files changed since. Re-ingest it (`ingest --window`) before compacting",
+                    highwater_core::window::format_rfc3339(w.start_us)
+                ),
+            });
+        }
+        out.push(PeriodWindow {
+            start_us: w.start_us,
+            end_us: w.end_us,
+            offset,
+            rows: d.rows,
+            digest,
+            token: w.token,
+        });
+        offset += d.rows;
+    }
+    let written = sink.finish()?;
+    // The check, on what was written: each window's range, read back.
+    let mut back = Rows::new(written.files.iter().map(|f| staging.join(&f.path)));
+    for w in &out {
+        let mut d = RowsDigest::default();
+        back.take(w.rows, |b| {
+            d.add_batch(&b);
+            Ok(())
+        })?;
+        if d.render() != w.digest {
+            return Err(IngestError::Parquet {
+                path: staging.to_path_buf(),
+                message: format!(
+                    "the compacted rows of the window starting {} read back as {} where {} went in; nothing was swapped",
+                    highwater_core::window::format_rfc3339(w.start_us),
+                    d.render(),
+                    w.digest
+                ),
+            });
+        }
+    }
+    if back.take(u64::MAX, |_| Ok(()))? != 0 || written.rows != offset {
+        return Err(IngestError::Parquet {
+            path: staging.to_path_buf(),
+            message: format!(
+                "the compacted period holds {} rows where {offset} went in; nothing was swapped",
+                written.rows
+            ),
+        });
+    }
+    Ok((written, out))
+}
+
+/// Seals the staged period and swaps it with `period_dir` (which exists:
+/// it holds the windows or the previous compaction).
+pub fn seal_and_swap(
+    staging: &Path,
+    period_dir: &Path,
+    manifest: &PeriodManifest,
+    before_swap: impl FnOnce() -> Result<bool, IngestError>,
+) -> Result<bool, IngestError> {
+    publish::seal(
+        staging,
+        &serde_json::to_value(manifest).expect("a manifest serializes"),
+    )?;
+    if !before_swap()? {
+        let _ = std::fs::remove_dir_all(staging);
+        return Ok(false);
+    }
+    publish::swap_in(staging, period_dir)?;
+    Ok(true)
+}
