@@ -108,7 +108,8 @@ enum Command {
         /// ... to this time (exclusive).
         #[arg(long)]
         to: Option<String>,
-        /// Windows extracted at once (bounds the load on the source).
+        /// Windows extracted at once (bounds the load on the source); for a
+        /// source with `chunk_by`, the chunks of a window read at once.
         #[arg(long, default_value_t = 1)]
         max_parallel: usize,
         /// What time it is, for deciding which windows are closed (RFC 3339;
@@ -121,6 +122,28 @@ enum Command {
         /// Re-land windows published under another recipe even past the guard.
         #[arg(long)]
         force: bool,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Roll the published windows of closed periods up into files near
+    /// the target size (`[sources.NAME.compact]`), swapped in atomically.
+    Compact {
+        /// The source, as in `[sources.NAME]`.
+        source: String,
+        /// Only periods from this time (RFC 3339) ...
+        #[arg(long)]
+        from: Option<String>,
+        /// ... to this time (exclusive).
+        #[arg(long)]
+        to: Option<String>,
+        /// What time it is, for deciding which periods are closed (RFC 3339;
+        /// default: the clock).
+        #[arg(long)]
+        now: Option<String>,
+        /// Wait for an ingest's lease instead of exiting.
+        #[arg(long)]
+        wait: bool,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
@@ -1045,16 +1068,42 @@ fn run(cli: Cli) -> Result<i32> {
             json,
         } => {
             let ing = ingestor(&config, source)?;
-            let (rows, bookmark) = ing.grid(clock_us(now.as_deref())?, *last)?;
-            output::grid(
-                &mut out,
-                source,
-                &rows,
-                bookmark.as_ref(),
-                ing.spec().grid.interval_us,
-                *json,
-            )?;
+            let view = ing.grid(clock_us(now.as_deref())?, *last)?;
+            output::grid(&mut out, source, &view, ing.spec().grid.interval_us, *json)?;
             return Ok(0);
+        }
+        Command::Compact {
+            source,
+            from,
+            to,
+            now,
+            wait,
+            json,
+        } => {
+            let ing = ingestor(&config, source)?;
+            let opts = highwater_ingest::CompactOptions {
+                from_us: from
+                    .as_deref()
+                    .map(highwater_core::window::parse_rfc3339)
+                    .transpose()?,
+                to_us: to
+                    .as_deref()
+                    .map(highwater_core::window::parse_rfc3339)
+                    .transpose()?,
+                now_us: clock_us(now.as_deref())?,
+                wait: *wait,
+            };
+            if let (Some(f), Some(t)) = (opts.from_us, opts.to_us) {
+                anyhow::ensure!(
+                    f < t,
+                    "--from {} is not before --to {}: the range [from, to) holds no period",
+                    from.as_deref().unwrap_or(""),
+                    to.as_deref().unwrap_or("")
+                );
+            }
+            let report = ing.compact(&opts)?;
+            output::compact(&mut out, &report, *json)?;
+            return Ok(if report.failed() > 0 { 1 } else { 0 });
         }
         Command::Osm { command } => return osm(&config, named_config, command, &mut out),
         _ => {}
@@ -1128,7 +1177,10 @@ fn run(cli: Cli) -> Result<i32> {
             }
             Ok(0)
         }
-        Command::Ingest { .. } | Command::Windows { .. } | Command::Osm { .. } => {
+        Command::Ingest { .. }
+        | Command::Windows { .. }
+        | Command::Compact { .. }
+        | Command::Osm { .. } => {
             unreachable!("handled above")
         }
     }

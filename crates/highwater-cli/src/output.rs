@@ -340,11 +340,12 @@ pub fn ingest(
 pub fn grid(
     out: &mut impl Write,
     source: &str,
-    rows: &[highwater_ingest::GridRow],
-    bookmark: Option<&highwater_store::Bookmark>,
+    view: &highwater_ingest::engine::GridView,
     interval_us: i64,
     as_json: bool,
 ) -> io::Result<()> {
+    let rows = &view.rows;
+    let bookmark = view.bookmark.as_ref();
     if as_json {
         return writeln!(
             out,
@@ -353,12 +354,13 @@ pub fn grid(
                 "source": source,
                 "bookmark": bookmark.map(|b| highwater_core::window::format_rfc3339(b.last_end_us)),
                 "windows": rows,
+                "layout": view.layout,
             })
         );
     }
     writeln!(
         out,
-        "{source}: bookmark {}; interval {}; # published, S stale (another recipe), F failed, R running, . missing",
+        "{source}: bookmark {}; interval {}; # published, C published in a compacted period, S stale (another recipe), F failed, R running, . missing",
         bookmark.map_or("(none)".to_string(), |b| {
             highwater_core::window::format_rfc3339(b.last_end_us)
         }),
@@ -376,6 +378,7 @@ pub fn grid(
             line.clear();
         }
         line.push(match r.status {
+            "published" if r.compacted.is_some() => 'C',
             "published" => '#',
             "failed" => 'F',
             "running" => 'R',
@@ -394,16 +397,82 @@ pub fn grid(
         .into_iter()
         .rev()
     {
+        let chunks = r.chunks.as_ref().map_or(String::new(), |c| {
+            let total: usize = c.values().sum();
+            let parts: Vec<String> = c.iter().map(|(k, v)| format!("{v} {k}")).collect();
+            format!("  chunks {total}: {}", parts.join(", "))
+        });
         writeln!(
             out,
-            "  {} {:<9} rows {:>8}  prior-days median {:>10}  duration {}",
+            "  {} {:<9} rows {:>8}  prior-days median {:>10}  duration {}  files {}{chunks}",
             r.start,
             r.status,
             r.rows.map_or("-".into(), |n| n.to_string()),
             r.prior_rows_median
                 .map_or("-".into(), |m| format!("{m:.0}")),
             r.duration_share_of_interval
-                .map_or("-".into(), |s| format!("{:.1}% of interval", s * 100.0))
+                .map_or("-".into(), |s| format!("{:.1}% of interval", s * 100.0)),
+            match (&r.compacted, r.files) {
+                (Some(p), _) => format!("in {p}"),
+                (None, Some(n)) => n.to_string(),
+                (None, None) => "-".into(),
+            }
+        )?;
+    }
+    let l = &view.layout;
+    if let (Some(f), Some(b)) = (l.files_per_window_median, l.file_bytes_median) {
+        writeln!(
+            out,
+            "files per window: median {f:.0}, median file {:.1} MB",
+            b as f64 / (1u64 << 20) as f64
+        )?;
+    }
+    for p in &l.compacted_periods {
+        writeln!(
+            out,
+            "compacted {} .. {}: {} files, {:.1} MB in {}",
+            p.start,
+            p.end,
+            p.files,
+            p.bytes as f64 / (1u64 << 20) as f64,
+            p.path
+        )?;
+    }
+    if let Some(a) = &l.advice {
+        writeln!(out, "advice: {a}")?;
+    }
+    Ok(())
+}
+
+pub fn compact(
+    out: &mut impl Write,
+    r: &highwater_ingest::CompactReport,
+    as_json: bool,
+) -> io::Result<()> {
+    if as_json {
+        return writeln!(out, "{}", json!(r));
+    }
+    if r.periods.is_empty() {
+        return writeln!(out, "{}: no closed period in range", r.source);
+    }
+    for p in &r.periods {
+        writeln!(
+            out,
+            "{} {} .. {} {:<9} windows {} rows {} files {} -> {} ({:.1} -> {:.1} MB) {} ms{}",
+            r.source,
+            p.start,
+            p.end,
+            p.status,
+            p.windows,
+            p.rows,
+            p.files_before,
+            p.files_after,
+            p.bytes_before as f64 / (1u64 << 20) as f64,
+            p.bytes_after as f64 / (1u64 << 20) as f64,
+            p.duration_ms,
+            p.reason
+                .as_deref()
+                .map_or(String::new(), |x| format!(": {x}"))
         )?;
     }
     Ok(())

@@ -178,6 +178,9 @@ pub struct WindowIn {
     pub token: String,
     pub input: Input,
     pub expect: Option<String>,
+    /// `false`: the rows are read (to keep the old period's stream in
+    /// step) and dropped: the window being replaced.
+    pub keep: bool,
 }
 
 /// Writes the windows, in order, into `staging` as files near
@@ -207,7 +210,11 @@ pub fn write_period(
     let mut offset = 0u64;
     for w in windows {
         let mut d = RowsDigest::default();
+        let keep = w.keep;
         let mut push = |b: RecordBatch| {
+            if !keep {
+                return Ok(());
+            }
             d.add_batch(&b);
             sink.push_batch(b)
         };
@@ -227,6 +234,9 @@ pub fn write_period(
                     });
                 }
             }
+        }
+        if !keep {
+            continue;
         }
         let digest = d.render();
         if let Some(e) = w.expect.as_deref().filter(|e| *e != digest) {

@@ -35,7 +35,7 @@ pub const LEASE_WAIT_LEASES_MAX: u64 = 3;
 
 /// SIGKILL to ourselves: the crash tests' failpoints die the way a killed
 /// process dies, with no unwinding and no cleanup.
-fn kill_self() -> ! {
+pub(crate) fn kill_self() -> ! {
     // SAFETY: sending a signal to our own pid has no memory effects.
     unsafe {
         libc::kill(libc::getpid(), libc::SIGKILL);
@@ -107,13 +107,55 @@ pub struct GridRow {
     pub prior_rows_median: Option<f64>,
     pub duration_ms: Option<i64>,
     pub duration_share_of_interval: Option<f64>,
+    /// The Parquet files the window was published as (none once its
+    /// period is compacted).
+    pub files: Option<usize>,
+    /// The compacted period's folder holding the window's rows.
+    pub compacted: Option<String>,
+    /// A chunked window's chunks by status.
+    pub chunks: Option<BTreeMap<String, usize>>,
+    /// The content digest of the published rows: independent of files and
+    /// row order, so it stays the same through a compaction.
+    pub digest: Option<String>,
+}
+
+/// A compacted period, as `windows` shows it.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct CompactedPeriod {
+    pub start: String,
+    pub end: String,
+    pub path: String,
+    pub files: usize,
+    pub bytes: u64,
+}
+
+/// The file layout of a source's published output, and what to do about it.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Layout {
+    /// Over the windows shown that are published and not compacted.
+    pub files_per_window_median: Option<f64>,
+    pub file_bytes_median: Option<u64>,
+    pub compacted_periods: Vec<CompactedPeriod>,
+    pub advice: Option<String>,
+}
+
+/// Parquet files below this are too small for an efficient read: each file
+/// costs an open, a footer read and per-column metadata.
+pub const EFFICIENT_FILE_BYTES: u64 = 32 << 20;
+
+/// The grid, the bookmark and the layout: what `windows` shows.
+#[derive(Clone, Debug, Serialize)]
+pub struct GridView {
+    pub rows: Vec<GridRow>,
+    pub bookmark: Option<Bookmark>,
+    pub layout: Layout,
 }
 
 pub struct Ingestor {
-    root: PathBuf,
-    state_path: PathBuf,
-    spec: SourceSpec,
-    recipe: String,
+    pub(crate) root: PathBuf,
+    pub(crate) state_path: PathBuf,
+    pub(crate) spec: SourceSpec,
+    pub(crate) recipe: String,
 }
 
 /// One chunk of a window, as its record keeps it.
@@ -214,7 +256,7 @@ impl Ingestor {
         &self.spec
     }
 
-    fn window_path(&self, w: &Window) -> (String, PathBuf) {
+    pub(crate) fn window_path(&self, w: &Window) -> (String, PathBuf) {
         let rel = self
             .spec
             .window_path(w)
@@ -381,7 +423,11 @@ impl Ingestor {
     /// Finishes what a run that died left: a window whose swap happened
     /// (its `_manifest.json` carries the attempt's token) is recorded as
     /// published; any other attempt is recorded as failed and re-runs.
-    fn recover(&self, store: &Mutex<SqliteStore>, fence: &Fence) -> Result<(), IngestError> {
+    pub(crate) fn recover(
+        &self,
+        store: &Mutex<SqliteStore>,
+        fence: &Fence,
+    ) -> Result<(), IngestError> {
         let records = store
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -395,20 +441,35 @@ impl Ingestor {
                 end_us: r.end_us,
             };
             let (_, abs) = self.window_path(&w);
-            let on_disk = publish::published_token(&abs);
-            if let Some(t) = on_disk.filter(|t| *t != r.token) {
+            // Inside a compacted period, the period's manifest says which
+            // attempt of the window it holds.
+            let in_period = self.compacted_window(self.spec.grid.index_of(w.start_us));
+            let on_disk = publish::published_token(&abs)
+                .or_else(|| in_period.as_ref().map(|(pw, _)| pw.token.clone()));
+            if let Some(t) = on_disk.as_ref().filter(|t| **t != r.token) {
                 // The attempt died before its swap; the version on disk is an
                 // earlier, complete one, and it stays published.
-                r.token = t;
+                r.token = t.clone();
             }
-            if publish::published_token(&abs).as_deref() == Some(r.token.as_str()) {
-                let manifest: serde_json::Value = std::fs::read(abs.join("_manifest.json"))
-                    .ok()
-                    .and_then(|b| serde_json::from_slice(&b).ok())
-                    .unwrap_or(serde_json::Value::Null);
+            if on_disk.as_deref() == Some(r.token.as_str()) {
                 r.status = WindowStatus::Published;
-                r.rows = manifest["rows"].as_i64().unwrap_or(r.rows);
-                r.files = manifest["files"].clone();
+                match in_period {
+                    Some((pw, info)) => {
+                        r.rows = pw.rows as i64;
+                        r.files = json!([]);
+                        r.extra["digest"] = json!(pw.digest);
+                        r.extra["compacted"] = info;
+                    }
+                    None => {
+                        let manifest: serde_json::Value = std::fs::read(abs.join("_manifest.json"))
+                            .ok()
+                            .and_then(|b| serde_json::from_slice(&b).ok())
+                            .unwrap_or(serde_json::Value::Null);
+                        r.rows = manifest["rows"].as_i64().unwrap_or(r.rows);
+                        r.files = manifest["files"].clone();
+                        r.extra["digest"] = manifest["digest"].clone();
+                    }
+                }
                 self.commit(store, fence, r)?;
             } else {
                 r.status = WindowStatus::Failed;
@@ -457,7 +518,7 @@ impl Ingestor {
         Ok(s.commit_window(&record, advance, fence)?)
     }
 
-    fn token(&self, k: i64) -> String {
+    pub(crate) fn token(&self, k: i64) -> String {
         static SEQ: AtomicUsize = AtomicUsize::new(0);
         let seed = format!(
             "{}:{k}:{}:{}:{}",
@@ -934,7 +995,7 @@ impl Ingestor {
             // For the crash tests: die with the window staged, not swapped.
             kill_self();
         }
-        publish::swap_in(&staging, &abs)?;
+        let compacted = self.publish_window(k, &staging, &abs, &token)?;
         if std::env::var_os("HIGHWATER_FAILPOINT").is_some_and(|v| v == "after-swap") {
             // For the crash tests: die between publish and record.
             kill_self();
@@ -942,6 +1003,11 @@ impl Ingestor {
         rec.status = WindowStatus::Published;
         rec.rows = rows as i64;
         rec.files = manifest["files"].clone();
+        if let Some(info) = compacted {
+            // The window's rows now live in its compacted period's files.
+            rec.files = json!([]);
+            rec.extra["compacted"] = info;
+        }
         rec.duration_ms = started.elapsed().as_millis() as i64;
         rec.updated_at_ns = now_ns();
         match self.commit(ctx.store, ctx.fence, rec)? {
@@ -959,6 +1025,18 @@ impl Ingestor {
 
     /// Ingests: recovers, chooses windows, runs them, moves the bookmark.
     pub fn run(&self, opts: &IngestOptions) -> Result<IngestReport, IngestError> {
+        self.leased(opts.wait, |store, fence, lost| {
+            self.run_leased(opts, store, fence, lost)
+        })
+    }
+
+    /// Runs `f` under the source's lease (shared by `ingest` and
+    /// `compact`), with a heartbeat renewing it; releases it after.
+    pub(crate) fn leased<T>(
+        &self,
+        wait: bool,
+        f: impl FnOnce(&Mutex<SqliteStore>, &Fence, &AtomicBool) -> Result<T, IngestError>,
+    ) -> Result<T, IngestError> {
         let store = Mutex::new(SqliteStore::open(&self.state_path)?);
         let name = &self.spec.name;
         let lease_ns = self.spec.lease_duration_s as i64 * 1_000_000_000;
@@ -980,7 +1058,7 @@ impl Ingestor {
                     lease_ns,
                 )
         };
-        let lease = match highwater_store::lease::take(acquire, opts.wait, deadline)? {
+        let lease = match highwater_store::lease::take(acquire, wait, deadline)? {
             Ok(l) => l,
             Err(h) => {
                 return Err(IngestError::Held {
@@ -1004,7 +1082,7 @@ impl Ingestor {
             fence.clone(),
             lease_ns,
         );
-        let result = self.run_leased(opts, &store, &fence, heartbeat.lost_flag());
+        let result = f(&store, &fence, heartbeat.lost_flag());
         drop(heartbeat);
         let _ = store
             .lock()
@@ -1022,6 +1100,7 @@ impl Ingestor {
     ) -> Result<IngestReport, IngestError> {
         let name = &self.spec.name;
         self.recover(store, fence)?;
+        self.reconcile(store, fence)?;
         let (bookmark, records) = {
             let s = store.lock().unwrap_or_else(|e| e.into_inner());
             (s.bookmark(name)?, s.windows(name)?)
@@ -1221,12 +1300,8 @@ impl Ingestor {
     }
 
     /// The completion grid: one row per expected window up to `now`, the
-    /// newest `last_n` of them.
-    pub fn grid(
-        &self,
-        now_us: i64,
-        last_n: usize,
-    ) -> Result<(Vec<GridRow>, Option<Bookmark>), IngestError> {
+    /// newest `last_n` of them, with the layout of their files.
+    pub fn grid(&self, now_us: i64, last_n: usize) -> Result<GridView, IngestError> {
         let s = SqliteStore::open(&self.state_path)?;
         let g = &self.spec.grid;
         let records: BTreeMap<i64, WindowRecord> = s
@@ -1237,6 +1312,9 @@ impl Ingestor {
         let closed = g.closed_count(now_us, self.spec.settle_us);
         let from = (closed - last_n as i64).max(0);
         let interval_ms = g.interval_us as f64 / 1000.0;
+        let mut file_sizes = Vec::new();
+        let mut files_per_window = Vec::new();
+        let mut periods: BTreeMap<String, CompactedPeriod> = BTreeMap::new();
         let rows = (from..closed)
             .map(|k| {
                 let w = g.window(k);
@@ -1246,6 +1324,41 @@ impl Ingestor {
                     .filter(|r| r.status == WindowStatus::Published)
                     .map(|r| r.rows as f64)
                     .collect();
+                let published = r.filter(|r| r.status == WindowStatus::Published);
+                let compacted = published
+                    .and_then(|r| r.extra["compacted"]["path"].as_str())
+                    .map(str::to_string);
+                let files = published.and_then(|r| r.files.as_array()).map(|f| f.len());
+                if let (Some(r), None) = (published, &compacted) {
+                    let fs = r.files.as_array().cloned().unwrap_or_default();
+                    files_per_window.push(fs.len() as f64);
+                    file_sizes.extend(fs.iter().filter_map(|f| f["bytes"].as_u64()));
+                }
+                if let Some(path) = &compacted {
+                    if !periods.contains_key(path) {
+                        let dir = self.root.join(path);
+                        if let Some(m) = crate::compact::read_manifest(&dir) {
+                            periods.insert(
+                                path.clone(),
+                                CompactedPeriod {
+                                    start: format_rfc3339(m.start_us),
+                                    end: format_rfc3339(m.end_us),
+                                    path: path.clone(),
+                                    files: m.files.len(),
+                                    bytes: m.files.iter().map(|f| f.bytes).sum(),
+                                },
+                            );
+                        }
+                    }
+                }
+                let chunks = r.and_then(|r| r.extra["chunks"].as_array()).map(|cs| {
+                    let mut by: BTreeMap<String, usize> = BTreeMap::new();
+                    for c in cs {
+                        *by.entry(c["status"].as_str().unwrap_or("?").to_string())
+                            .or_default() += 1;
+                    }
+                    by
+                });
                 GridRow {
                     start: format_rfc3339(w.start_us),
                     end: format_rfc3339(w.end_us),
@@ -1257,15 +1370,52 @@ impl Ingestor {
                             r.status.as_str()
                         }
                     }),
-                    rows: r
-                        .filter(|r| r.status == WindowStatus::Published)
-                        .map(|r| r.rows),
+                    rows: published.map(|r| r.rows),
                     prior_rows_median: median(prior),
                     duration_ms: r.map(|r| r.duration_ms),
                     duration_share_of_interval: r.map(|r| r.duration_ms as f64 / interval_ms),
+                    files,
+                    compacted,
+                    chunks,
+                    digest: published
+                        .and_then(|r| r.extra["digest"].as_str())
+                        .map(str::to_string),
                 }
             })
             .collect();
-        Ok((rows, s.bookmark(&self.spec.name)?))
+        let file_bytes_median = median(file_sizes.iter().map(|b| *b as f64).collect());
+        let advice = match file_bytes_median {
+            Some(m) if file_sizes.len() >= 2 && (m as u64) < EFFICIENT_FILE_BYTES / 4 => {
+                let mb = m / (1u64 << 20) as f64;
+                Some(if self.spec.compaction.is_some() {
+                    format!(
+                        "files are a median {mb:.1} MB, far below the {} MB an efficient Parquet read wants: run `highwater compact {}` over the closed periods",
+                        EFFICIENT_FILE_BYTES >> 20,
+                        self.spec.name
+                    )
+                } else {
+                    // How many windows it takes to fill an efficient file.
+                    let per_window = m * median(files_per_window.clone()).unwrap_or(1.0);
+                    let factor = (EFFICIENT_FILE_BYTES as f64 / per_window.max(1.0)).ceil();
+                    format!(
+                        "files are a median {mb:.1} MB, far below the {} MB an efficient Parquet read wants: a {}x longer interval, or a [sources.{}.compact] section rolling windows up (then `highwater compact`), would fix that",
+                        EFFICIENT_FILE_BYTES >> 20,
+                        factor,
+                        self.spec.name
+                    )
+                })
+            }
+            _ => None,
+        };
+        Ok(GridView {
+            rows,
+            bookmark: s.bookmark(&self.spec.name)?,
+            layout: Layout {
+                files_per_window_median: median(files_per_window),
+                file_bytes_median: file_bytes_median.map(|m| m as u64),
+                compacted_periods: periods.into_values().collect(),
+                advice,
+            },
+        })
     }
 }

@@ -15,6 +15,7 @@
 //! - [`publish`]: staging, `_manifest.json`, the atomic swap.
 //! - [`compact`]: windows of a period rolled up into a few files, swapped as one folder.
 //! - [`engine`]: which windows to run, checks, leases, bookmarks, the grid.
+//! - [`periods`]: `compact`, and ingestion into compacted periods.
 //! - [`error`]: the error type.
 
 pub mod compact;
@@ -23,6 +24,7 @@ pub mod copy;
 pub mod digest;
 pub mod engine;
 pub mod error;
+pub mod periods;
 pub mod publish;
 pub mod sink;
 pub mod source;
@@ -30,3 +32,4 @@ pub mod source;
 pub use config::SourceSpec;
 pub use engine::{GridRow, IngestOptions, IngestReport, Ingestor, WindowOutcome};
 pub use error::IngestError;
+pub use periods::{CompactOptions, CompactReport};
