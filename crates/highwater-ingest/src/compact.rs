@@ -205,6 +205,7 @@ pub fn write_period(
         usize::MAX,
         target_bytes,
         "",
+        &[],
     );
     let mut out = Vec::with_capacity(windows.len());
     let mut offset = 0u64;
@@ -312,4 +313,152 @@ pub fn seal_and_swap(
     }
     publish::swap_in(staging, period_dir)?;
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::{ArrayRef, Int64Array, StringArray};
+    use arrow_schema::{DataType, Field, Schema};
+    use proptest::prelude::*;
+    use std::sync::Arc;
+
+    fn schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, true),
+            Field::new("note", DataType::Utf8, true),
+        ]))
+    }
+
+    /// Writes `ids` as a window folder of files of `per_file` rows.
+    fn window_dir(dir: &Path, ids: &[i64], per_file: usize) -> Input {
+        std::fs::create_dir_all(dir).unwrap();
+        let mut sink =
+            ParquetSink::with_schema(dir, schema(), 7, per_file.max(1), u64::MAX, "", &[]);
+        for part in ids.chunks(5) {
+            let b = RecordBatch::try_new(
+                schema(),
+                vec![
+                    Arc::new(Int64Array::from(part.to_vec())) as ArrayRef,
+                    Arc::new(StringArray::from(
+                        part.iter().map(|i| format!("n{i}")).collect::<Vec<_>>(),
+                    )) as ArrayRef,
+                ],
+            )
+            .unwrap();
+            sink.push_batch(b).unwrap();
+        }
+        let w = sink.finish().unwrap();
+        Input::Files(
+            dir.to_path_buf(),
+            w.files.iter().map(|f| f.path.clone()).collect(),
+        )
+    }
+
+    fn ids_of(dir: &Path, files: &[FileInfo]) -> Vec<i64> {
+        let mut out = Vec::new();
+        Rows::new(files.iter().map(|f| dir.join(&f.path)))
+            .take(u64::MAX, |b| {
+                let a = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+                out.extend(a.values().iter().copied());
+                Ok(())
+            })
+            .unwrap();
+        out
+    }
+
+    fn windows_in(root: &Path, tag: &str, windows: &[Vec<i64>], per_file: usize) -> Vec<WindowIn> {
+        windows
+            .iter()
+            .enumerate()
+            .map(|(i, ids)| WindowIn {
+                start_us: i as i64,
+                end_us: i as i64 + 1,
+                token: format!("t{i}"),
+                input: window_dir(&root.join(format!("{tag}{i}")), ids, per_file),
+                expect: None,
+                keep: true,
+            })
+            .collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+
+        /// Incremental equals rebuild: rewriting a compacted period with
+        /// one window replaced gives the rows, files' content and per-window
+        /// digests that compacting the changed windows from scratch gives.
+        #[test]
+        fn rewriting_one_window_equals_compacting_from_scratch(
+            sizes in proptest::collection::vec(0usize..40, 1..6),
+            per_file in 1usize..30,
+            replaced in 0usize..6,
+            new_len in 0usize..50,
+            target in 200u64..5000,
+        ) {
+            let tmp = tempfile::tempdir().unwrap();
+            let root = tmp.path();
+            let mut next = 0i64;
+            let mut windows: Vec<Vec<i64>> = sizes
+                .iter()
+                .map(|n| (0..*n).map(|_| { next += 1; next }).collect())
+                .collect();
+            let j = replaced % windows.len();
+            // The period as compacted from the original windows.
+            let old_dir = root.join("period");
+            std::fs::create_dir_all(&old_dir).unwrap();
+            let (w_old, pw_old) = write_period(&old_dir, schema(), windows_in(root, "a", &windows, per_file), None, target).unwrap();
+            prop_assert_eq!(ids_of(&old_dir, &w_old.files), windows.concat());
+            // Window j re-ingested with other rows.
+            let new_rows: Vec<i64> = (0..new_len as i64).map(|i| 1_000_000 + i).collect();
+            let staged = window_dir(&root.join("staged"), &new_rows, per_file);
+            let ins: Vec<WindowIn> = pw_old
+                .iter()
+                .enumerate()
+                .flat_map(|(i, w)| {
+                    let old = WindowIn {
+                        start_us: w.start_us,
+                        end_us: w.end_us,
+                        token: w.token.clone(),
+                        input: Input::Old(w.rows),
+                        expect: Some(w.digest.clone()),
+                        keep: i != j,
+                    };
+                    if i == j {
+                        let Input::Files(d, n) = &staged else { unreachable!() };
+                        vec![
+                            WindowIn { start_us: w.start_us, end_us: w.end_us, token: "new".into(), input: Input::Files(d.clone(), n.clone()), expect: None, keep: true },
+                            old,
+                        ]
+                    } else {
+                        vec![old]
+                    }
+                })
+                .collect();
+            let inc_dir = root.join("incremental");
+            std::fs::create_dir_all(&inc_dir).unwrap();
+            let (w_inc, pw_inc) = write_period(&inc_dir, schema(), ins, Some(&old_dir), target).unwrap();
+            // The rebuild: the changed windows compacted from scratch.
+            windows[j] = new_rows;
+            let full_dir = root.join("rebuild");
+            std::fs::create_dir_all(&full_dir).unwrap();
+            let (w_full, pw_full) = write_period(&full_dir, schema(), windows_in(root, "b", &windows, per_file), None, target).unwrap();
+            prop_assert_eq!(ids_of(&inc_dir, &w_inc.files), ids_of(&full_dir, &w_full.files));
+            prop_assert_eq!(ids_of(&inc_dir, &w_inc.files), windows.concat());
+            let digests = |p: &[PeriodWindow]| p.iter().map(|w| (w.offset, w.rows, w.digest.clone())).collect::<Vec<_>>();
+            prop_assert_eq!(digests(&pw_inc), digests(&pw_full));
+            prop_assert_eq!(w_inc.digest, w_full.digest);
+        }
+    }
+
+    #[test]
+    fn a_window_whose_files_changed_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut ins = windows_in(tmp.path(), "w", &[vec![1, 2, 3]], 10);
+        ins[0].expect = Some("rd1:3:0".into());
+        let out = tmp.path().join("out");
+        std::fs::create_dir_all(&out).unwrap();
+        let e = write_period(&out, schema(), ins, None, 1 << 20).unwrap_err();
+        assert!(e.to_string().contains("its files changed since"), "{e}");
+    }
 }

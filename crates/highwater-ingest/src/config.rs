@@ -364,6 +364,14 @@ impl SourceSpec {
         Ok(spec)
     }
 
+    /// The columns whose values are (nearly) all distinct: the key and the
+    /// cursor. Parquet writes them without a dictionary.
+    pub fn plain_columns(&self) -> Vec<String> {
+        let mut c = self.key.clone();
+        c.push(self.cursor.clone());
+        c
+    }
+
     /// Windows per compaction period.
     pub fn windows_per_period(&self) -> i64 {
         let c = self

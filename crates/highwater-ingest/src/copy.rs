@@ -10,9 +10,10 @@
 //! signature, a flags word, a header extension; then per tuple a 16-bit
 //! field count (-1 ends the stream) and per field a 32-bit length (-1 is
 //! NULL) followed by the value in the type's binary send format.
+//!
+//! The decoder is fed the stream as it arrives ([`CopyDecoder::feed`]).
 
 use crate::sink::{ColType, Column, ParquetSink, Value};
-use std::io::Read;
 
 const SIGNATURE: &[u8; 11] = b"PGCOPY\n\xff\r\n\0";
 
@@ -22,182 +23,218 @@ pub const PG_EPOCH_US: i64 = 946_684_800_000_000;
 /// Days between 1970-01-01 and 2000-01-01.
 pub const PG_EPOCH_DAYS: i32 = 10_957;
 
-/// The read buffer's starting size; it grows only for a field larger than
-/// it (a big text or bytea value), so memory is bounded by the largest value.
-const BUFFER_BYTES: usize = 1 << 20;
-
-pub struct CopyDecoder<R: Read> {
-    r: R,
-    buf: Vec<u8>,
-    pos: usize,
-    end: usize,
-    /// Bytes consumed before `buf[0]`, for error messages.
+/// Decodes the stream as it arrives, in chunks of any size (the server
+/// sends one CopyData message per row; a row may still span chunks).
+/// Rows are decoded straight from the chunk when whole; only a row cut by
+/// a chunk boundary is copied, into `pending`.
+#[derive(Default)]
+pub struct CopyDecoder {
+    pending: Vec<u8>,
+    header_done: bool,
+    ended: bool,
+    /// Bytes consumed so far, for error messages.
     offset: u64,
 }
 
-impl<R: Read> CopyDecoder<R> {
-    pub fn new(r: R) -> CopyDecoder<R> {
-        CopyDecoder {
-            r,
-            buf: vec![0; BUFFER_BYTES],
-            pos: 0,
-            end: 0,
-            offset: 0,
-        }
+fn be_i16(b: &[u8]) -> i16 {
+    i16::from_be_bytes([b[0], b[1]])
+}
+
+fn be_i32(b: &[u8]) -> i32 {
+    i32::from_be_bytes([b[0], b[1], b[2], b[3]])
+}
+
+impl CopyDecoder {
+    pub fn new() -> CopyDecoder {
+        CopyDecoder::default()
     }
 
-    /// Makes `n` bytes available at `pos`.
-    fn need(&mut self, n: usize) -> Result<(), String> {
-        if self.end - self.pos >= n {
-            return Ok(());
-        }
-        self.buf.copy_within(self.pos..self.end, 0);
-        self.offset += self.pos as u64;
-        self.end -= self.pos;
-        self.pos = 0;
-        if self.buf.len() < n {
-            self.buf.resize(n.next_power_of_two(), 0);
-        }
-        while self.end < n {
-            let got = self
-                .r
-                .read(&mut self.buf[self.end..])
-                .map_err(|e| format!("reading the COPY stream: {e}"))?;
-            if got == 0 {
-                return Err(format!(
-                    "the COPY stream ended inside a row, at byte {}",
-                    self.offset + self.end as u64
-                ));
-            }
-            self.end += got;
+    /// Decodes what `chunk` completes into `sink`.
+    pub fn feed(
+        &mut self,
+        chunk: &[u8],
+        cols: &[Column],
+        sink: &mut ParquetSink,
+    ) -> Result<(), String> {
+        if self.pending.is_empty() {
+            let used = self.parse(chunk, cols, sink)?;
+            self.pending.extend_from_slice(&chunk[used..]);
+        } else {
+            let mut buf = std::mem::take(&mut self.pending);
+            buf.extend_from_slice(chunk);
+            let used = self.parse(&buf, cols, sink)?;
+            buf.drain(..used);
+            self.pending = buf;
         }
         Ok(())
     }
 
-    fn i16(&mut self) -> Result<i16, String> {
-        self.need(2)?;
-        let v = i16::from_be_bytes([self.buf[self.pos], self.buf[self.pos + 1]]);
-        self.pos += 2;
-        Ok(v)
-    }
-
-    fn i32(&mut self) -> Result<i32, String> {
-        self.need(4)?;
-        let b = &self.buf[self.pos..self.pos + 4];
-        let v = i32::from_be_bytes([b[0], b[1], b[2], b[3]]);
-        self.pos += 4;
-        Ok(v)
-    }
-
-    /// Reads and checks the header.
-    pub fn header(&mut self) -> Result<(), String> {
-        self.need(19)?;
-        if &self.buf[self.pos..self.pos + 11] != SIGNATURE {
-            return Err("the COPY stream does not start with the binary signature".into());
-        }
-        self.pos += 11;
-        let _flags = self.i32()?;
-        let ext = self.i32()?;
-        if ext < 0 {
-            return Err("the COPY header extension has a negative length".into());
-        }
-        self.need(ext as usize)?;
-        self.pos += ext as usize;
-        Ok(())
-    }
-
-    /// Decodes the next row into `sink`; `false` at the end of the stream.
-    pub fn row(&mut self, cols: &[Column], sink: &mut ParquetSink) -> Result<bool, String> {
-        let n = self.i16()?;
-        if n == -1 {
-            return Ok(false);
-        }
-        if n as usize != cols.len() {
+    /// Checks that the stream ended where it should: after the trailer.
+    pub fn finish(&self) -> Result<(), String> {
+        if !self.ended || !self.pending.is_empty() {
             return Err(format!(
-                "a COPY row has {n} fields where {} columns were asked for",
-                cols.len()
+                "the COPY stream ended inside a row, at byte {}",
+                self.offset + self.pending.len() as u64
             ));
         }
-        for (i, c) in cols.iter().enumerate() {
-            let len = self.i32()?;
-            if len == -1 {
-                sink.push_value(i, Value::Null)?;
-                continue;
-            }
-            if len < 0 {
-                return Err(format!("column `{}`: a negative field length", c.name));
-            }
-            let len = len as usize;
-            self.need(len)?;
-            let raw = &self.buf[self.pos..self.pos + len];
-            self.pos += len;
-            let fixed = |want: usize| -> Result<(), String> {
-                if len == want {
-                    Ok(())
-                } else {
-                    Err(format!(
-                        "column `{}`: a {len}-byte value where {want} bytes were expected",
-                        c.name
-                    ))
-                }
-            };
-            let v = match c.ty {
-                ColType::Bool => {
-                    fixed(1)?;
-                    Value::Bool(raw[0] != 0)
-                }
-                ColType::I16 => {
-                    fixed(2)?;
-                    Value::Int(i16::from_be_bytes([raw[0], raw[1]]) as i64)
-                }
-                ColType::I32 => {
-                    fixed(4)?;
-                    Value::Int(i32::from_be_bytes(raw.try_into().expect("4 bytes")) as i64)
-                }
-                ColType::I64 => {
-                    fixed(8)?;
-                    Value::Int(i64::from_be_bytes(raw.try_into().expect("8 bytes")))
-                }
-                ColType::F32 => {
-                    fixed(4)?;
-                    Value::Float(f32::from_be_bytes(raw.try_into().expect("4 bytes")) as f64)
-                }
-                ColType::F64 => {
-                    fixed(8)?;
-                    Value::Float(f64::from_be_bytes(raw.try_into().expect("8 bytes")))
-                }
-                ColType::Text => Value::Text(std::str::from_utf8(raw).map_err(|e| {
-                    format!("column `{}`: a value that is not UTF-8 ({e})", c.name)
-                })?),
-                ColType::Bytes => Value::Bytes(raw),
-                ColType::Timestamp | ColType::TimestampTz => {
-                    fixed(8)?;
-                    let v = i64::from_be_bytes(raw.try_into().expect("8 bytes"));
-                    if v == i64::MAX || v == i64::MIN {
-                        return Err(format!(
-                            "column `{}`: an infinite timestamp cannot be placed in a window",
-                            c.name
-                        ));
-                    }
-                    Value::Micros(v + PG_EPOCH_US)
-                }
-                ColType::Date => {
-                    fixed(4)?;
-                    let v = i32::from_be_bytes(raw.try_into().expect("4 bytes"));
-                    if v == i32::MAX || v == i32::MIN {
-                        return Err(format!(
-                            "column `{}`: an infinite date cannot be stored",
-                            c.name
-                        ));
-                    }
-                    Value::Days(v + PG_EPOCH_DAYS)
-                }
-            };
-            sink.push_value(i, v)?;
-        }
-        sink.end_row()?;
-        Ok(true)
+        Ok(())
     }
+
+    /// Decodes every whole unit (header, row, trailer) at the start of
+    /// `buf`; returns the bytes used.
+    fn parse(
+        &mut self,
+        buf: &[u8],
+        cols: &[Column],
+        sink: &mut ParquetSink,
+    ) -> Result<usize, String> {
+        let mut at = 0;
+        if !self.header_done {
+            if buf.len() < 19 {
+                return Ok(0);
+            }
+            if &buf[..11] != SIGNATURE {
+                return Err("the COPY stream does not start with the binary signature".into());
+            }
+            let ext = be_i32(&buf[15..19]);
+            if ext < 0 {
+                return Err("the COPY header extension has a negative length".into());
+            }
+            if buf.len() < 19 + ext as usize {
+                return Ok(0);
+            }
+            at = 19 + ext as usize;
+            self.header_done = true;
+        }
+        while at < buf.len() {
+            if self.ended {
+                return Err("the COPY stream has data after its trailer".into());
+            }
+            let Some(len) = row_len(&buf[at..], cols.len())? else {
+                break;
+            };
+            if len == 2 {
+                // The trailer: a field count of -1.
+                self.ended = true;
+            } else {
+                decode_row(&buf[at..at + len], cols, sink)?;
+            }
+            at += len;
+        }
+        self.offset += at as u64;
+        Ok(at)
+    }
+}
+
+/// The length of the row (or trailer) at the start of `b`, if it is whole.
+fn row_len(b: &[u8], ncols: usize) -> Result<Option<usize>, String> {
+    if b.len() < 2 {
+        return Ok(None);
+    }
+    let n = be_i16(b);
+    if n == -1 {
+        return Ok(Some(2));
+    }
+    if n as usize != ncols {
+        return Err(format!(
+            "a COPY row has {n} fields where {ncols} columns were asked for"
+        ));
+    }
+    let mut at = 2;
+    for _ in 0..ncols {
+        if b.len() < at + 4 {
+            return Ok(None);
+        }
+        let len = be_i32(&b[at..]);
+        at += 4;
+        if len > 0 {
+            at += len as usize;
+        } else if len < -1 {
+            return Err("a negative field length in the COPY stream".into());
+        }
+    }
+    Ok((b.len() >= at).then_some(at))
+}
+
+/// Decodes one whole row (checked by `row_len`) into `sink`.
+fn decode_row(row: &[u8], cols: &[Column], sink: &mut ParquetSink) -> Result<(), String> {
+    let mut at = 2;
+    for (i, c) in cols.iter().enumerate() {
+        let len = be_i32(&row[at..]);
+        at += 4;
+        if len == -1 {
+            sink.push_value(i, Value::Null)?;
+            continue;
+        }
+        let len = len as usize;
+        let raw = &row[at..at + len];
+        at += len;
+        let fixed = |want: usize| -> Result<(), String> {
+            if len == want {
+                Ok(())
+            } else {
+                Err(format!(
+                    "column `{}`: a {len}-byte value where {want} bytes were expected",
+                    c.name
+                ))
+            }
+        };
+        let v = match c.ty {
+            ColType::Bool => {
+                fixed(1)?;
+                Value::Bool(raw[0] != 0)
+            }
+            ColType::I16 => {
+                fixed(2)?;
+                Value::Int(be_i16(raw) as i64)
+            }
+            ColType::I32 => {
+                fixed(4)?;
+                Value::Int(be_i32(raw) as i64)
+            }
+            ColType::I64 => {
+                fixed(8)?;
+                Value::Int(i64::from_be_bytes(raw.try_into().expect("8 bytes")))
+            }
+            ColType::F32 => {
+                fixed(4)?;
+                Value::Float(f32::from_be_bytes(raw.try_into().expect("4 bytes")) as f64)
+            }
+            ColType::F64 => {
+                fixed(8)?;
+                Value::Float(f64::from_be_bytes(raw.try_into().expect("8 bytes")))
+            }
+            ColType::Text => Value::Text(
+                std::str::from_utf8(raw)
+                    .map_err(|e| format!("column `{}`: a value that is not UTF-8 ({e})", c.name))?,
+            ),
+            ColType::Bytes => Value::Bytes(raw),
+            ColType::Timestamp | ColType::TimestampTz => {
+                fixed(8)?;
+                let v = i64::from_be_bytes(raw.try_into().expect("8 bytes"));
+                if v == i64::MAX || v == i64::MIN {
+                    return Err(format!(
+                        "column `{}`: an infinite timestamp cannot be placed in a window",
+                        c.name
+                    ));
+                }
+                Value::Micros(v + PG_EPOCH_US)
+            }
+            ColType::Date => {
+                fixed(4)?;
+                let v = be_i32(raw);
+                if v == i32::MAX || v == i32::MIN {
+                    return Err(format!(
+                        "column `{}`: an infinite date cannot be stored",
+                        c.name
+                    ));
+                }
+                Value::Days(v + PG_EPOCH_DAYS)
+            }
+        };
+        sink.push_value(i, v)?;
+    }
+    sink.end_row()
 }
 
 #[cfg(test)]
@@ -239,23 +276,13 @@ mod tests {
 
     fn decode(bytes: &[u8]) -> Result<u64, String> {
         let dir = tempfile::tempdir().unwrap();
-        let mut sink = ParquetSink::new(dir.path(), &cols(), 2, 100, "");
-        // A reader that returns one byte at a time: every field straddles
-        // a read boundary.
-        struct Dribble<'a>(&'a [u8]);
-        impl Read for Dribble<'_> {
-            fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-                if self.0.is_empty() || buf.is_empty() {
-                    return Ok(0);
-                }
-                buf[0] = self.0[0];
-                self.0 = &self.0[1..];
-                Ok(1)
-            }
+        let mut sink = ParquetSink::new(dir.path(), &cols(), 2, 100, "", &[]);
+        // Fed one byte at a time: every field straddles a chunk boundary.
+        let mut d = CopyDecoder::new();
+        for b in bytes {
+            d.feed(std::slice::from_ref(b), &cols(), &mut sink)?;
         }
-        let mut d = CopyDecoder::new(Dribble(bytes));
-        d.header()?;
-        while d.row(&cols(), &mut sink)? {}
+        d.finish()?;
         let done = sink.finish().map_err(|e| e.to_string())?;
         Ok(done.rows)
     }
@@ -282,7 +309,7 @@ mod tests {
         let bad = vec![vec![Some(vec![1, 2, 3]), None]];
         let e = decode(&stream(&bad)).unwrap_err();
         assert!(e.contains("3-byte value where 8"), "{e}");
-        let e = decode(b"PGCOPY\n\xff\r\nX00000000").unwrap_err();
+        let e = decode(b"PGCOPY\n\xff\r\nX0000000000").unwrap_err();
         assert!(e.contains("signature"), "{e}");
     }
 }

@@ -80,7 +80,10 @@ impl RowsDigest {
                             put(r, NULL1, NULL2);
                         } else {
                             let s = arr.value(r).as_bytes();
-                            put(r, XxHash64::oneshot(1, s), XxHash64::oneshot(2, s));
+                            // One pass over the bytes; the second lane is
+                            // a remix of the first with the length.
+                            let h = XxHash64::oneshot(1, s);
+                            put(r, h, fmix(h ^ K2 ^ s.len() as u64));
                         }
                     }
                 }
@@ -91,7 +94,8 @@ impl RowsDigest {
                             put(r, NULL1, NULL2);
                         } else {
                             let s = arr.value(r);
-                            put(r, XxHash64::oneshot(3, s), XxHash64::oneshot(4, s));
+                            let h = XxHash64::oneshot(3, s);
+                            put(r, h, fmix(h ^ K1 ^ s.len() as u64));
                         }
                     }
                 }

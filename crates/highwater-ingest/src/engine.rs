@@ -716,6 +716,7 @@ impl Ingestor {
             self.spec.batch_rows,
             self.spec.file_rows_max,
             &format!("{i:04}-"),
+            &self.spec.plain_columns(),
         );
         let scope = Scope {
             pred: *pred,
@@ -866,6 +867,7 @@ impl Ingestor {
                 self.spec.batch_rows,
                 self.spec.file_rows_max,
                 "",
+                &self.spec.plain_columns(),
             );
             let scope = Scope {
                 pred,
@@ -1003,6 +1005,7 @@ impl Ingestor {
         rec.status = WindowStatus::Published;
         rec.rows = rows as i64;
         rec.files = manifest["files"].clone();
+        let rewrote_period = compacted.is_some();
         if let Some(info) = compacted {
             // The window's rows now live in its compacted period's files.
             rec.files = json!([]);
@@ -1017,6 +1020,10 @@ impl Ingestor {
                     Some("the lease was taken over after publish; the next run records it".into());
                 return Ok(outcome);
             }
+        }
+        if rewrote_period {
+            // The other windows of the period moved within its new files.
+            self.reconcile(ctx.store, ctx.fence)?;
         }
         outcome.status = "published";
         outcome.duration_ms = started.elapsed().as_millis() as u64;

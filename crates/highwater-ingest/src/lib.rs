@@ -15,6 +15,7 @@
 //! - [`publish`]: staging, `_manifest.json`, the atomic swap.
 //! - [`compact`]: windows of a period rolled up into a few files, swapped as one folder.
 //! - [`engine`]: which windows to run, checks, leases, bookmarks, the grid.
+//! - [`pg`]: a blocking PostgreSQL connection that drains COPY in one runtime entry.
 //! - [`periods`]: `compact`, and ingestion into compacted periods.
 //! - [`error`]: the error type.
 
@@ -25,6 +26,7 @@ pub mod digest;
 pub mod engine;
 pub mod error;
 pub mod periods;
+pub mod pg;
 pub mod publish;
 pub mod sink;
 pub mod source;

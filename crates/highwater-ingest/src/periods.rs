@@ -97,6 +97,7 @@ impl Ingestor {
             "path": rel,
             "token": m.token,
             "offset": pw.offset,
+            "layout_only": true,
         });
         Some((pw, info))
     }
@@ -227,6 +228,7 @@ impl Ingestor {
             "path": self.spec.period_dir(self.spec.period_of(k)).expect("checked above"),
             "token": manifest.token,
             "offset": pw.offset,
+            "layout_only": true,
         })))
     }
 
@@ -445,6 +447,9 @@ impl Ingestor {
                 "path": rel,
                 "token": manifest.token,
                 "offset": pw.offset,
+                // Delta's dataChange=false: the rows are the same (the
+                // digest proves it); only the files they live in changed.
+                "layout_only": true,
             })
         };
         let updated: Vec<WindowRecord> = windows

@@ -29,6 +29,7 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
+use parquet::schema::types::ColumnPath;
 use serde::Serialize;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -101,19 +102,25 @@ enum Builder {
 }
 
 impl Builder {
-    fn new(ty: ColType) -> Builder {
+    /// A builder sized for `rows` values (and `bytes` of string or binary
+    /// data), so that filling a batch does not reallocate as it grows.
+    fn new(ty: ColType, rows: usize, bytes: usize) -> Builder {
         match ty {
-            ColType::Bool => Builder::Bool(BooleanBuilder::new()),
-            ColType::I16 => Builder::I16(Int16Builder::new()),
-            ColType::I32 => Builder::I32(Int32Builder::new()),
-            ColType::I64 => Builder::I64(Int64Builder::new()),
-            ColType::F32 => Builder::F32(Float32Builder::new()),
-            ColType::F64 => Builder::F64(Float64Builder::new()),
-            ColType::Text => Builder::Text(StringBuilder::new()),
-            ColType::Bytes => Builder::Bytes(BinaryBuilder::new()),
-            ColType::TimestampTz => Builder::Ts(TimestampMicrosecondBuilder::new(), true),
-            ColType::Timestamp => Builder::Ts(TimestampMicrosecondBuilder::new(), false),
-            ColType::Date => Builder::Date(Date32Builder::new()),
+            ColType::Bool => Builder::Bool(BooleanBuilder::with_capacity(rows)),
+            ColType::I16 => Builder::I16(Int16Builder::with_capacity(rows)),
+            ColType::I32 => Builder::I32(Int32Builder::with_capacity(rows)),
+            ColType::I64 => Builder::I64(Int64Builder::with_capacity(rows)),
+            ColType::F32 => Builder::F32(Float32Builder::with_capacity(rows)),
+            ColType::F64 => Builder::F64(Float64Builder::with_capacity(rows)),
+            ColType::Text => Builder::Text(StringBuilder::with_capacity(rows, bytes)),
+            ColType::Bytes => Builder::Bytes(BinaryBuilder::with_capacity(rows, bytes)),
+            ColType::TimestampTz => {
+                Builder::Ts(TimestampMicrosecondBuilder::with_capacity(rows), true)
+            }
+            ColType::Timestamp => {
+                Builder::Ts(TimestampMicrosecondBuilder::with_capacity(rows), false)
+            }
+            ColType::Date => Builder::Date(Date32Builder::with_capacity(rows)),
         }
     }
 
@@ -209,6 +216,10 @@ type OpenFile = (
     u64,
 );
 
+/// The string bytes a text or binary builder reserves per row before it
+/// has seen a batch (then it reserves what the previous batch used).
+const BYTES_PER_VALUE_GUESS: usize = 32;
+
 /// Rows per Parquet row group: the encoder buffers one row group, so this
 /// bounds its memory (about 100 bytes a row for typical tables).
 pub const ROW_GROUP_ROWS_MAX: usize = 131_072;
@@ -253,6 +264,10 @@ struct Encoder {
     file_rows_max: usize,
     /// Files also roll over near this many bytes (compaction's target).
     file_bytes_max: u64,
+    /// Columns written without a dictionary: the key and the cursor, whose
+    /// values are (nearly) all distinct, so a dictionary only costs time
+    /// before the writer falls back to plain encoding.
+    plain: Vec<String>,
     /// File names start with this (a chunk's files do not collide with
     /// another chunk's in the same staging folder).
     prefix: String,
@@ -283,7 +298,13 @@ impl Encoder {
             ))
             // The writer holds a row group in memory until it is full: this
             // bound keeps memory flat however large the window is.
-            .set_max_row_group_row_count(Some(ROW_GROUP_ROWS_MAX))
+            .set_max_row_group_row_count(Some(ROW_GROUP_ROWS_MAX));
+        let props = self
+            .plain
+            .iter()
+            .fold(props, |p, c| {
+                p.set_column_dictionary_enabled(ColumnPath::from(c.as_str()), false)
+            })
             .build();
         let w = ArrowWriter::try_new(
             Hashing {
@@ -366,14 +387,26 @@ impl ParquetSink {
         batch_rows: usize,
         file_rows_max: usize,
         prefix: &str,
+        plain: &[String],
     ) -> ParquetSink {
         let fields: Vec<Field> = columns
             .iter()
             .map(|c| Field::new(&c.name, c.ty.data_type(), true))
             .collect();
         let schema: SchemaRef = Arc::new(Schema::new(fields));
-        let mut sink = Self::with_schema(dir, schema, batch_rows, file_rows_max, u64::MAX, prefix);
-        sink.builders = columns.iter().map(|c| Builder::new(c.ty)).collect();
+        let mut sink = Self::with_schema(
+            dir,
+            schema,
+            batch_rows,
+            file_rows_max,
+            u64::MAX,
+            prefix,
+            plain,
+        );
+        sink.builders = columns
+            .iter()
+            .map(|c| Builder::new(c.ty, batch_rows, batch_rows * BYTES_PER_VALUE_GUESS))
+            .collect();
         sink.columns = columns.to_vec();
         sink
     }
@@ -387,6 +420,7 @@ impl ParquetSink {
         file_rows_max: usize,
         file_bytes_max: u64,
         prefix: &str,
+        plain: &[String],
     ) -> ParquetSink {
         let (tx, rx) = std::sync::mpsc::sync_channel::<RecordBatch>(ENCODE_QUEUE_BATCHES_MAX);
         let mut enc = Encoder {
@@ -394,6 +428,7 @@ impl ParquetSink {
             schema: schema.clone(),
             file_rows_max,
             file_bytes_max,
+            plain: plain.to_vec(),
             prefix: prefix.to_string(),
             writer: None,
             files: Vec::new(),
@@ -484,6 +519,16 @@ impl ParquetSink {
             return Ok(());
         }
         let arrays: Vec<ArrayRef> = self.builders.iter_mut().map(Builder::finish).collect();
+        // A finished Arrow builder starts again from no capacity: give each
+        // the room of the batch just built, so that no batch regrows.
+        for (b, (c, a)) in self
+            .builders
+            .iter_mut()
+            .zip(self.columns.iter().zip(&arrays))
+        {
+            let bytes = a.get_buffer_memory_size();
+            *b = Builder::new(c.ty, self.batch_rows, bytes);
+        }
         let batch = RecordBatch::try_new(self.schema.clone(), arrays)
             .map_err(|e| Encoder::err(&self.dir, e))?;
         self.pending = 0;

@@ -311,7 +311,7 @@ impl Reader for SqliteReader {
 
 pub struct PgReader {
     spec: SourceSpec,
-    client: postgres::Client,
+    client: crate::pg::Pg,
     columns: Option<Vec<(Column, String)>>,
 }
 
@@ -328,12 +328,11 @@ impl PgReader {
             name: spec.name.clone(),
             var: var.clone(),
         })?;
-        let mut client =
-            postgres::Client::connect(&url, postgres::NoTls).map_err(|e| IngestError::Connect {
-                name: spec.name.clone(),
-                // The error never contains the URL (and so no password).
-                message: e.to_string(),
-            })?;
+        let mut client = crate::pg::Pg::connect(&url).map_err(|message| IngestError::Connect {
+            name: spec.name.clone(),
+            // The error never contains the URL (and so no password).
+            message,
+        })?;
         client
             .batch_execute("SET TIME ZONE 'UTC'")
             .map_err(|e| IngestError::Connect {
@@ -556,15 +555,16 @@ impl Reader for PgReader {
                 "COPY (SELECT {list} FROM {rel} AS s WHERE {where_}) TO STDOUT (FORMAT binary)"
             );
             let columns: Vec<Column> = cols.iter().map(|(c, _)| c.clone()).collect();
-            let stream = self.client.copy_out(sql.as_str()).map_err(werr)?;
-            let mut dec = crate::copy::CopyDecoder::new(stream);
             let derr = |message: String| IngestError::Read {
                 name: name.clone(),
                 window: window.to_string(),
                 message,
             };
-            dec.header().map_err(derr)?;
-            while dec.row(&columns, sink).map_err(derr)? {}
+            let mut dec = crate::copy::CopyDecoder::new();
+            self.client
+                .copy_out(&sql, |chunk| dec.feed(chunk, &columns, sink))
+                .map_err(derr)?;
+            dec.finish().map_err(derr)?;
             Ok(dups)
         })();
         match result {
@@ -723,13 +723,10 @@ impl Reader for PgReader {
             window: "(horizon)".into(),
             message: e.to_string(),
         };
-        let mut tx = self
-            .client
-            .build_transaction()
-            .isolation_level(postgres::IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
+        self.client
+            .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             .map_err(werr)?;
+        let tx = &mut self.client;
         // Every transaction below the snapshot's xmin has ended: rows it
         // wrote are visible now or never will be. Everything at or above it
         // will show up in a later run, as a row with a larger id.
@@ -754,7 +751,7 @@ impl Reader for PgReader {
                     .collect()
             }
         };
-        tx.commit().map_err(werr)?;
+        tx.batch_execute("COMMIT").map_err(werr)?;
         Ok((horizon, late))
     }
 
@@ -777,5 +774,29 @@ impl Reader for PgReader {
             let secs: i64 = r.get(3);
             format!("horizon pinned by xid {xid} (pid {pid}, {state}) for {secs}s")
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Whatever the sample, the ranges partition the key space: the
+        /// first is open below (and takes NULL keys), the last open above,
+        /// each starts where the one before ends, and none is empty-bounded.
+        #[test]
+        fn cut_partitions_the_key_space(mut sample in proptest::collection::vec(-50i64..50, 0..200), n in 1usize..20) {
+            sample.sort();
+            let r = cut(&sample, n);
+            prop_assert!(!r.is_empty() && r.len() <= n);
+            prop_assert_eq!(r[0].lo, None);
+            prop_assert_eq!(r[r.len() - 1].hi, None);
+            for w in r.windows(2) {
+                prop_assert_eq!(w[0].hi, w[1].lo);
+                prop_assert!(w[0].lo.is_none_or(|lo| Some(lo) < w[0].hi));
+            }
+        }
     }
 }
