@@ -4,7 +4,9 @@
 # - postgresql: a real server for the ingestion tests (scripts/pg.sh starts
 #   a throw-away cluster on loopback);
 # - osmium-tool: the reference the OSM store is compared with;
-# - gdal-bin: ogrinfo, an independent reader of the MBTiles files.
+# - gdal-bin: ogrinfo, an independent reader of the MBTiles files;
+# - pyosmium (PyPI, in a venv): pyosmium-get-changes, the reference client
+#   the HTTP replication is compared with (python3-venv from Debian).
 # Nothing is skipped when a package cannot be installed: the run fails.
 
 deps_install() {
@@ -12,7 +14,27 @@ deps_install() {
     ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
     command -v osmium >/dev/null 2>&1 || need+=(osmium-tool)
     command -v ogrinfo >/dev/null 2>&1 || need+=(gdal-bin)
-    [ ${#need[@]} -eq 0 ] && return 0
+    python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)
+    deps_apt "${need[@]}" || return 1
+    deps_pyosmium
+}
+
+# pyosmium in a venv of its own (PyPI wheels; no compiler needed).
+deps_pyosmium() {
+    local venv=${HIGHWATER_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/highwater/venv}
+    if [ ! -x "$venv/bin/pyosmium-get-changes" ]; then
+        echo "installing pyosmium into $venv" >&2
+        python3 -m venv "$venv" && "$venv/bin/pip" install -q osmium || {
+            echo "pyosmium did not install from PyPI; the replication tests need it" >&2
+            return 1
+        }
+    fi
+    export HIGHWATER_PYOSMIUM_GET_CHANGES="$venv/bin/pyosmium-get-changes"
+}
+
+deps_apt() {
+    [ $# -eq 0 ] && return 0
+    local need=("$@")
     echo "installing what the tests need: ${need[*]}" >&2
     local sudo=()
     if [ "$(id -u)" != 0 ]; then

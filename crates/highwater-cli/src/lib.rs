@@ -225,9 +225,24 @@ enum OsmCommand {
     },
     /// Apply every diff after the store's sequence from a replication folder.
     Replicate {
-        /// The replication folder (AAA/BBB/CCC.osc.gz with state files).
+        /// A local replication folder (AAA/BBB/CCC.osc.gz with state files)
+        /// instead of a server.
+        #[arg(long, conflicts_with = "url")]
+        from: Option<PathBuf>,
+        /// The replication server (default: [osm] replication_url, else the
+        /// URL the extract's header named at import).
         #[arg(long)]
-        from: PathBuf,
+        url: Option<String>,
+        /// Diffs applied in one commit, by unpacked size (MB).
+        #[arg(long, default_value_t = 500)]
+        max_diff_mb: u64,
+        /// Keep going: wait for the server's next state, apply it, repeat,
+        /// until SIGTERM or SIGINT (then exit 0 between batches).
+        #[arg(long = "loop")]
+        keep_going: bool,
+        /// How often --loop asks the server for a new state.
+        #[arg(long, default_value = "60s")]
+        interval: String,
         /// The store folder (default: [osm] store, or .highwater/osm).
         #[arg(long)]
         store: Option<PathBuf>,
@@ -399,8 +414,26 @@ pub fn main() -> i32 {
                 return 0;
             }
             let _ = writeln!(std::io::stderr(), "error: {}", message(&e));
-            2
+            exit_code_of(&e)
         }
+    }
+}
+
+/// 2 (refused) for most errors; 1 for a replication failure the next run
+/// may get past (the server was down, a diff not there yet), so that a
+/// supervisor can tell "try again" from "an operator is needed".
+fn exit_code_of(e: &anyhow::Error) -> i32 {
+    use highwater_osm::fetch::FetchError;
+    use highwater_osm::ops::OpsError;
+    let fetch = e.downcast_ref::<FetchError>().or_else(|| {
+        e.downcast_ref::<OpsError>().and_then(|o| match o {
+            OpsError::Fetch(f) => Some(f),
+            _ => None,
+        })
+    });
+    match fetch {
+        Some(f) if !f.needs_operator() => 1,
+        _ => 2,
     }
 }
 
@@ -507,6 +540,43 @@ fn write_durably(path: &std::path::Path, bytes: &[u8]) -> Result<(), highwater_o
     r.map_err(bad)
 }
 
+/// The newest applied HTTP diffs `osm status` lists.
+const REPLICATION_LOG_SHOWN: usize = 10;
+
+/// Set by SIGTERM or SIGINT: `osm replicate --loop` stops between batches.
+static TERMINATE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_terminate(_: libc::c_int) {
+    // Only an atomic store: async-signal-safe.
+    TERMINATE.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Installs the SIGTERM/SIGINT handler and returns the flag it sets.
+fn termination_flag() -> &'static std::sync::atomic::AtomicBool {
+    // SAFETY: the handler only stores to an atomic; sigaction is given a
+    // zeroed, then filled, struct.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_terminate as *const () as usize;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(libc::SIGTERM, &sa, std::ptr::null_mut());
+        libc::sigaction(libc::SIGINT, &sa, std::ptr::null_mut());
+    }
+    &TERMINATE
+}
+
+/// Sleeps `us` in short steps; `true` when a termination signal came.
+fn sleep_unless_stopped(stop: &std::sync::atomic::AtomicBool, us: i64) -> bool {
+    let until = std::time::Instant::now() + std::time::Duration::from_micros(us.max(0) as u64);
+    while std::time::Instant::now() < until {
+        if stop.load(std::sync::atomic::Ordering::SeqCst) {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    stop.load(std::sync::atomic::Ordering::SeqCst)
+}
+
 fn osm(
     config: &std::path::Path,
     named_config: bool,
@@ -535,15 +605,24 @@ fn osm(
     // Apply (or rehearse) diffs; the expire and GeoJSON files are durable
     // before the store commits (or nothing is applied); then bring every
     // dataset that drains on apply current, each on its own.
+    // Diffs fetched over HTTP (`fetched`) are logged with their URL and
+    // sha256 in the transaction that applies them.
     let apply_then_drain = |st: &mut Store,
                             d: &[ops::Diff],
                             dry_run: bool,
+                            fetched: &[highwater_osm::fetch::Fetched],
                             expire_output: &Option<PathBuf>,
                             geojson: &Option<PathBuf>,
                             json: bool,
                             mut out: &mut dyn Write|
      -> Result<i32> {
-        let mut publish = |r: &ops::ApplyReport| -> Result<(), ops::OpsError> {
+        let mut publish = |w: &mut highwater_osm::store::Writer<'_>,
+                           r: &ops::ApplyReport|
+         -> Result<(), ops::OpsError> {
+            // Each diff's origin, in the transaction that applies it.
+            for f in fetched {
+                w.log_replication(f.sequence, &f.url, &f.sha256, &f.state.timestamp)?;
+            }
             if let Some(p) = expire_output {
                 let mut text = String::new();
                 for t in &r.tiles {
@@ -621,14 +700,27 @@ fn osm(
                 );
                 anyhow::ensure!(!*dry_run, "--sequence with --dry-run would declare nothing");
                 let code =
-                    apply_then_drain(&mut st, &d, false, expire_output, geojson, *json, out)?;
+                    apply_then_drain(&mut st, &d, false, &[], expire_output, geojson, *json, out)?;
                 ops::declare_sequence(&mut st, *s)?;
                 return Ok(code);
             }
-            apply_then_drain(&mut st, &d, *dry_run, expire_output, geojson, *json, out)
+            apply_then_drain(
+                &mut st,
+                &d,
+                *dry_run,
+                &[],
+                expire_output,
+                geojson,
+                *json,
+                out,
+            )
         }
         OsmCommand::Replicate {
             from,
+            url,
+            max_diff_mb,
+            keep_going,
+            interval,
             store,
             expire_output,
             geojson,
@@ -636,13 +728,139 @@ fn osm(
             json,
         } => {
             let mut st = writer(store, *wait)?;
-            let files = ops::pending(&st, from)?;
-            let d = ops::read_diffs(&files)?;
-            apply_then_drain(&mut st, &d, false, expire_output, geojson, *json, out)
+            if let Some(from) = from {
+                anyhow::ensure!(
+                    !*keep_going,
+                    "--loop follows a server; a local folder is replicated once"
+                );
+                let files = ops::pending(&st, from)?;
+                let d = ops::read_diffs(&files)?;
+                return apply_then_drain(
+                    &mut st,
+                    &d,
+                    false,
+                    &[],
+                    expire_output,
+                    geojson,
+                    *json,
+                    out,
+                );
+            }
+            let interval_us = highwater_core::window::parse_duration(interval)?;
+            anyhow::ensure!(
+                interval_us >= 1_000_000,
+                "--interval {interval}: give at least 1s"
+            );
+            let base = ops::replication_url(&st, &cfg, url.as_deref())?;
+            let mut server = highwater_osm::fetch::Server::new(&base, cfg.retry.clone())?;
+            let cache = store_dir(store).join(".fetch");
+            let stop = termination_flag();
+            let mut code = 0;
+            loop {
+                let batch = ops::fetch_batch(
+                    &st,
+                    &mut server,
+                    &cache,
+                    max_diff_mb.saturating_mul(1 << 20),
+                );
+                let batch = match batch {
+                    Ok(b) => b,
+                    Err(e) => {
+                        let _ = std::fs::remove_dir_all(&cache);
+                        return Err(e.into());
+                    }
+                };
+                if batch.fetched.is_empty() {
+                    if !*keep_going {
+                        writeln!(
+                            out,
+                            "{}",
+                            if *json {
+                                serde_json::json!({"diffs": 0, "sequence": batch.top.sequence, "server": base}).to_string()
+                            } else {
+                                format!(
+                                    "up to date at sequence {} ({})",
+                                    batch.top.sequence, batch.top.timestamp
+                                )
+                            }
+                        )?;
+                        return Ok(code);
+                    }
+                    if sleep_unless_stopped(stop, interval_us) {
+                        return Ok(code);
+                    }
+                    continue;
+                }
+                let paths: Vec<PathBuf> = batch.fetched.iter().map(|f| f.path.clone()).collect();
+                let d = ops::read_diffs(&paths)?;
+                let fetched = batch.fetched.clone();
+                let r = apply_then_drain(
+                    &mut st,
+                    &d,
+                    false,
+                    &fetched,
+                    expire_output,
+                    geojson,
+                    *json,
+                    out,
+                );
+                let _ = std::fs::remove_dir_all(&cache);
+                code = code.max(r?);
+                if let Some(e) = batch.stopped {
+                    // What was fetched before it is applied; the rest is
+                    // the next run's.
+                    return Err(e.into());
+                }
+                if !*keep_going
+                    && batch.fetched.last().map(|f| f.sequence) >= Some(batch.top.sequence)
+                {
+                    return Ok(code);
+                }
+                if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    return Ok(code);
+                }
+            }
         }
         OsmCommand::Status { store, json } => {
             let st = Store::open(&store_dir(store))?;
-            let v = ops::status(&st, &cfg)?;
+            let mut v = ops::status(&st, &cfg)?;
+            v["replicated"] = serde_json::json!(st
+                .replication_log(REPLICATION_LOG_SHOWN)?
+                .into_iter()
+                .map(|(seq, url, sha256, ts, at)| serde_json::json!({
+                    "sequence": seq, "url": url, "sha256": sha256, "timestamp": ts,
+                    "applied_at": highwater_core::window::format_rfc3339(at / 1000),
+                }))
+                .collect::<Vec<_>>());
+            v["replication_url_from_extract"] = serde_json::json!(st.meta("replication_url")?);
+            // The server's side, when one is known: one quick request, and
+            // an unreachable server is reported, not fatal.
+            if let Ok(base) = ops::replication_url(&st, &cfg, None) {
+                let quick = highwater_osm::fetch::RetryPolicy {
+                    retries_max: 0,
+                    timeout_s: cfg.retry.timeout_s.min(10),
+                    ..cfg.retry.clone()
+                };
+                let top = highwater_osm::fetch::Server::new(&base, quick).and_then(|mut s| s.top());
+                v["server"] = match top {
+                    Ok(t) => {
+                        let lag = |ts: &serde_json::Value| {
+                            let a = highwater_core::window::parse_rfc3339(&t.timestamp).ok()?;
+                            let b = highwater_core::window::parse_rfc3339(ts.as_str()?).ok()?;
+                            Some((a - b) / 1_000_000)
+                        };
+                        let lag_s = lag(&v["timestamp"]);
+                        if let Some(ds) = v["datasets"].as_array_mut() {
+                            for d in ds {
+                                let behind = d["marker"].as_i64().map(|m| t.sequence - m);
+                                d["behind_server"] = serde_json::json!(behind);
+                            }
+                        }
+                        serde_json::json!({"url": base, "sequence": t.sequence, "timestamp": t.timestamp, "lag_s": lag_s})
+                    }
+                    Err(e) => serde_json::json!({"url": base, "error": e.to_string()}),
+                };
+            }
             if *json {
                 writeln!(out, "{v}")?;
             } else {
@@ -657,6 +875,25 @@ fn osm(
                         out,
                         "  the store no longer follows a replication sequence: {n} diff(s) without a state file were applied after it (import a current extract with --replace to follow one again)"
                     )?;
+                }
+                if let Some(sv) = v["server"].as_object() {
+                    match sv.get("error").and_then(|e| e.as_str()) {
+                        Some(e) => writeln!(
+                            out,
+                            "  server {}: unreachable ({e})",
+                            sv["url"].as_str().unwrap_or("?")
+                        )?,
+                        None => writeln!(
+                            out,
+                            "  server {}: sequence {} ({}), the store is {} behind",
+                            sv["url"].as_str().unwrap_or("?"),
+                            sv["sequence"],
+                            sv["timestamp"].as_str().unwrap_or("-"),
+                            sv["lag_s"].as_i64().map_or("-".into(), |s| {
+                                highwater_core::window::format_duration(s * 1_000_000)
+                            }),
+                        )?,
+                    }
                 }
                 if let Some(w) = v["writer"].as_object() {
                     writeln!(

@@ -138,8 +138,12 @@ fn check_extract(path: &Path) -> Result<(), ImportError> {
     Ok(())
 }
 
-/// A decoded blob: the header's (sequence, timestamp), or elements.
-type Decoded = Result<(Option<(Option<i64>, Option<i64>)>, Vec<Element>), String>;
+/// What a PBF header says of replication: sequence, timestamp (seconds),
+/// base URL.
+type Header = (Option<i64>, Option<i64>, Option<String>);
+
+/// A decoded blob: the header's replication facts, or elements.
+type Decoded = Result<(Option<Header>, Vec<Element>), String>;
 
 /// PBF blobs decoded at once: bounds the elements held in memory during an
 /// import (a blob holds about 8,000 elements).
@@ -153,6 +157,9 @@ pub struct ImportStats {
     /// The replication sequence and timestamp (seconds) from the header.
     pub sequence: Option<i64>,
     pub timestamp: Option<i64>,
+    /// `osmosis_replication_base_url`: where `osm replicate` fetches from
+    /// unless the config names a server.
+    pub replication_url: Option<String>,
 }
 
 fn pbf_elements(block: &osmpbf::PrimitiveBlock) -> Result<Vec<Element>, String> {
@@ -291,6 +298,7 @@ pub fn import(store: &mut Store, path: &Path) -> Result<ImportStats, ImportError
                         Some((
                             h.osmosis_replication_sequence_number(),
                             h.osmosis_replication_timestamp(),
+                            h.osmosis_replication_base_url().map(str::to_string),
                         )),
                         Vec::new(),
                     )),
@@ -303,9 +311,10 @@ pub fn import(store: &mut Store, path: &Path) -> Result<ImportStats, ImportError
                     path: path.to_path_buf(),
                     what: e,
                 })?;
-                if let Some((seq, ts)) = header {
+                if let Some((seq, ts, url)) = header {
                     stats.sequence = seq;
                     stats.timestamp = ts;
+                    stats.replication_url = url;
                 }
                 for e in &elements {
                     if let Some(id) = id_out_of_range(e) {
@@ -339,6 +348,9 @@ pub fn import(store: &mut Store, path: &Path) -> Result<ImportStats, ImportError
                 &highwater_core::window::format_rfc3339(ts * 1_000_000),
             )?;
         }
+        if let Some(u) = &stats.replication_url {
+            w.set_meta("replication_url", u)?;
+        }
         Ok(())
     })?;
     // The shapes index lets a drain find the features of a dirty tile.
@@ -357,11 +369,20 @@ pub struct State {
 }
 
 pub fn read_state(path: &Path) -> Result<State, ImportError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ImportError::State {
+        path: path.to_path_buf(),
+        message: format!("cannot read: {e}"),
+    })?;
+    parse_state_text(&text, path)
+}
+
+/// A state file's text (`sequenceNumber=`, `timestamp=` with `\:`
+/// escapes); `path` names it in errors (a file, or a URL).
+pub fn parse_state_text(text: &str, path: &Path) -> Result<State, ImportError> {
     let bad = |message: String| ImportError::State {
         path: path.to_path_buf(),
         message,
     };
-    let text = std::fs::read_to_string(path).map_err(|e| bad(format!("cannot read: {e}")))?;
     let mut seq = None;
     let mut ts = None;
     for line in text.lines() {

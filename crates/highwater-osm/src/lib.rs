@@ -18,6 +18,8 @@
 //! - [`tiles`]: the MBTiles dataset: build, drain, verify.
 //! - [`search`]: the tantivy dataset with denormalised context.
 //! - [`aggregates`]: counts, lengths and areas per admin area and class.
+//! - [`fetch`]: replication over HTTP (the pyosmium/osmosis protocol), each
+//!   failure classed: retried, refused, or needing an operator.
 //! - [`ops`]: config, apply (dry run, dirty sets, markers), replicate, status.
 //!
 //! Tile math lives in `highwater_core::tile`, since it is pure.
@@ -26,6 +28,7 @@ pub mod aggregates;
 pub mod cut;
 pub mod derive;
 pub mod features;
+pub mod fetch;
 pub mod import;
 pub mod model;
 pub mod mvt;

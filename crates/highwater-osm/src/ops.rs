@@ -2,6 +2,7 @@
 //! expire output), replicate from a local replication directory, status.
 
 use crate::derive::{affected_tiles, apply_indexed, TileLayer};
+use crate::fetch::{check_forward, FetchError, Fetched, Server};
 use crate::import::{read_state, sequence_path, ImportError, State};
 use crate::model::Change;
 use crate::store::{Store, StoreError, Writer};
@@ -28,6 +29,8 @@ pub enum OpsError {
     Sequence { path: PathBuf, message: String },
     #[error("{}: {message}", path.display())]
     Output { path: PathBuf, message: String },
+    #[error(transparent)]
+    Fetch(#[from] FetchError),
 }
 
 #[derive(Deserialize)]
@@ -42,6 +45,10 @@ struct RawOsm {
     search: BTreeMap<String, RawSearch>,
     rebuild_gap_max: Option<i64>,
     lease_duration_s: Option<i64>,
+    replication_url: Option<String>,
+    replication_retries_max: Option<u32>,
+    replication_backoff_ms: Option<u64>,
+    replication_timeout_s: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -111,6 +118,11 @@ pub struct OsmConfig {
     pub rebuild_gap_max: i64,
     /// How long the store's writer lease lasts without renewal.
     pub lease_duration_s: i64,
+    /// The replication server (`[osm] replication_url`); wins over the URL
+    /// the extract's header gave at import.
+    pub replication_url: Option<String>,
+    /// Retries, backoff and timeout of replication requests.
+    pub retry: crate::fetch::RetryPolicy,
 }
 
 /// The version of the code that decides what a tile shows (features,
@@ -180,6 +192,10 @@ impl OsmConfig {
                 search: BTreeMap::new(),
                 rebuild_gap_max: None,
                 lease_duration_s: None,
+                replication_url: None,
+                replication_retries_max: None,
+                replication_backoff_ms: None,
+                replication_timeout_s: None,
             },
         };
         let mut search = Vec::new();
@@ -325,6 +341,30 @@ impl OsmConfig {
                     )))
                 }
             },
+            replication_url: match raw.replication_url {
+                None => None,
+                Some(u) => Some(
+                    crate::fetch::check_url(&u)
+                        .map_err(|e| bad(format!("replication_url: {e}")))?,
+                ),
+            },
+            retry: {
+                let d = crate::fetch::RetryPolicy::default();
+                let retries_max = raw.replication_retries_max.unwrap_or(d.retries_max);
+                let backoff_base_ms = raw.replication_backoff_ms.unwrap_or(d.backoff_base_ms);
+                let timeout_s = raw.replication_timeout_s.unwrap_or(d.timeout_s);
+                if retries_max > 100 || !(1..=3_600).contains(&timeout_s) {
+                    return Err(bad(format!(
+                        "replication_retries_max = {retries_max} (at most 100), replication_timeout_s = {timeout_s} (1 to 3600): out of range"
+                    )));
+                }
+                crate::fetch::RetryPolicy {
+                    retries_max,
+                    backoff_base_ms,
+                    backoff_max_ms: d.backoff_max_ms.max(backoff_base_ms),
+                    timeout_s,
+                }
+            },
         })
     }
 
@@ -441,7 +481,7 @@ pub fn apply(
     diffs: &[Diff],
     dry_run: bool,
 ) -> Result<ApplyReport, OpsError> {
-    apply_with(store, cfg, diffs, dry_run, &mut |_| Ok(()))
+    apply_with(store, cfg, diffs, dry_run, &mut |_, _| Ok(()))
 }
 
 /// [`apply`] with a step that runs inside the transaction, before it
@@ -451,7 +491,7 @@ pub fn apply_with(
     cfg: &OsmConfig,
     diffs: &[Diff],
     dry_run: bool,
-    before_commit: &mut dyn FnMut(&ApplyReport) -> Result<(), OpsError>,
+    before_commit: &mut dyn FnMut(&mut Writer<'_>, &ApplyReport) -> Result<(), OpsError>,
 ) -> Result<ApplyReport, OpsError> {
     let run = |w: &mut Writer<'_>| -> Result<ApplyReport, OpsError> {
         let mut report = ApplyReport {
@@ -531,7 +571,7 @@ pub fn apply_with(
             report.datasets[i].tiles = per[i].len();
             report.tiles.extend(per[i].iter().copied());
         }
-        before_commit(&report)?;
+        before_commit(w, &report)?;
         if std::env::var_os("HIGHWATER_FAILPOINT").is_some_and(|v| v == "osm-slow-commit") {
             // For the overlap tests: hold the writer lease a while, the way a
             // large batch does.
@@ -690,6 +730,112 @@ fn newest_sequence(dir: &Path) -> Result<Option<i64>, OpsError> {
         }
     }
     Ok(from_state.max(from_files))
+}
+
+/// Where `osm replicate` fetches from: `--url`, else `[osm]
+/// replication_url`, else the URL the extract's header named at import.
+pub fn replication_url(
+    store: &Store,
+    cfg: &OsmConfig,
+    given: Option<&str>,
+) -> Result<String, OpsError> {
+    if let Some(u) = given {
+        return Ok(crate::fetch::check_url(u)?);
+    }
+    if let Some(u) = &cfg.replication_url {
+        return Ok(u.clone());
+    }
+    match store.meta("replication_url")? {
+        Some(u) => Ok(crate::fetch::check_url(&u)?),
+        None => Err(OpsError::Replication(
+            "no replication server: give --url URL (or --from FOLDER), set `replication_url` in [osm], or import an extract whose header names one".into(),
+        )),
+    }
+}
+
+/// The store's replication sequence and the state it stands at, refusing
+/// a store that follows none.
+fn store_state(store: &Store) -> Result<State, OpsError> {
+    if let Some(n) = store.meta("unsequenced")? {
+        return Err(OpsError::Replication(format!(
+            "the store took {n} diff(s) without a state file and no longer follows a replication sequence: import a current extract with `highwater osm import EXTRACT --replace`"
+        )));
+    }
+    let sequence: i64 = store
+        .meta("sequence")?
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| OpsError::Replication("the store has no replication sequence: import an extract whose header has one, or apply diffs with their state files".into()))?;
+    Ok(State {
+        sequence,
+        timestamp: store.meta("timestamp")?.unwrap_or_default(),
+        path: PathBuf::from("(the store)"),
+    })
+}
+
+/// One batch fetched over HTTP: the server's top state, the diffs after
+/// the store's sequence (checked, in the cache folder), and the error that
+/// stopped the batch early, if one did (the diffs before it are good).
+pub struct FetchedBatch {
+    pub top: State,
+    pub fetched: Vec<Fetched>,
+    pub stopped: Option<FetchError>,
+}
+
+/// Fetches the diffs after the store's sequence, in order, until their
+/// unpacked size reaches `bytes_max` (at least one diff), never past the
+/// server's top state. Each state must be no older than the one before it.
+pub fn fetch_batch(
+    store: &Store,
+    server: &mut Server,
+    cache: &Path,
+    bytes_max: u64,
+) -> Result<FetchedBatch, OpsError> {
+    let at = store_state(store)?;
+    let top = server.top()?;
+    let mut batch = FetchedBatch {
+        top: top.clone(),
+        fetched: Vec::new(),
+        stopped: None,
+    };
+    if top.sequence <= at.sequence {
+        return Ok(batch);
+    }
+    let mut prev = at.clone();
+    let mut bytes = 0u64;
+    for k in at.sequence + 1..=top.sequence {
+        let step = (|| -> Result<Fetched, FetchError> {
+            let state = match server.state(k)? {
+                Some(s) => s,
+                // The first one missing: a hole in the server's range (then
+                // retried), or the server no longer keeps it.
+                None if k == at.sequence + 1 => match server.missing_next(at.sequence, k) {
+                    FetchError::Missing { .. } => server.state_in_range(k)?,
+                    other => return Err(other),
+                },
+                None => server.state_in_range(k)?,
+            };
+            let url = server.state_url(Some(k));
+            check_forward(Some(&prev), &state, &url)?;
+            server.diff(k, state, cache)
+        })();
+        match step {
+            Ok(f) => {
+                bytes += f.unpacked_bytes;
+                prev = f.state.clone();
+                batch.fetched.push(f);
+                if bytes >= bytes_max {
+                    break;
+                }
+            }
+            // Nothing was fetched: the error is the whole answer.
+            Err(e) if batch.fetched.is_empty() => return Err(e.into()),
+            Err(e) => {
+                batch.stopped = Some(e);
+                break;
+            }
+        }
+    }
+    Ok(batch)
 }
 
 /// Status of the store and each dataset.

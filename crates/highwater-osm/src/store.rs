@@ -52,8 +52,13 @@ CREATE INDEX IF NOT EXISTS agg_contrib_area ON agg_contrib(dataset, area_kind, a
 CREATE TABLE IF NOT EXISTS search_docs(dataset TEXT NOT NULL, kind INTEGER NOT NULL, id INTEGER NOT NULL, doc TEXT NOT NULL, PRIMARY KEY(dataset, kind, id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS search_context(dataset TEXT NOT NULL, area_kind INTEGER NOT NULL, area_id INTEGER NOT NULL, kind INTEGER NOT NULL, id INTEGER NOT NULL, PRIMARY KEY(dataset, area_kind, area_id, kind, id)) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS search_context_doc ON search_context(dataset, kind, id);
+CREATE TABLE IF NOT EXISTS replication_log(sequence INTEGER PRIMARY KEY, url TEXT NOT NULL, sha256 TEXT NOT NULL, timestamp TEXT NOT NULL, applied_at_ns INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS agg_areas(dataset TEXT NOT NULL, kind INTEGER NOT NULL, id INTEGER NOT NULL, name TEXT, level INTEGER NOT NULL, minx REAL NOT NULL, miny REAL NOT NULL, maxx REAL NOT NULL, maxy REAL NOT NULL, rings BLOB NOT NULL, PRIMARY KEY(dataset, kind, id)) WITHOUT ROWID;
 ";
+
+/// One applied HTTP diff: sequence, URL, sha256 of the body, the state's
+/// timestamp, when it was applied (ns since the epoch).
+pub type ReplicationLogRow = (i64, String, String, String, i64);
 
 /// The writer lease's name in the store's `leases` table.
 pub const WRITER_LEASE: &str = "osm-writer";
@@ -822,6 +827,24 @@ impl Store {
             .map_err(|e| self.err(e))
     }
 
+    /// The newest `limit` diffs fetched over HTTP and applied: sequence,
+    /// URL, sha256 of the body, state timestamp, when applied (ns).
+    pub fn replication_log(&self, limit: usize) -> Result<Vec<ReplicationLogRow>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT sequence, url, sha256, timestamp, applied_at_ns FROM replication_log
+                 ORDER BY sequence DESC LIMIT ?1",
+            )
+            .map_err(|e| self.err(e))?;
+        let rows = stmt
+            .query_map([limit as i64], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+            })
+            .map_err(|e| self.err(e))?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(|e| self.err(e))
+    }
+
     pub fn node(&self, id: i64) -> Result<Option<Node>, StoreError> {
         read_node(&self.conn, id).map_err(|e| self.err(e))
     }
@@ -1045,6 +1068,24 @@ impl Writer<'_> {
     pub fn del_meta(&mut self, key: &str) -> Result<(), StoreError> {
         self.tx
             .execute("DELETE FROM meta WHERE key = ?1", [key])
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    /// Records a diff fetched over HTTP, in the transaction that applies it.
+    pub fn log_replication(
+        &mut self,
+        sequence: i64,
+        url: &str,
+        sha256: &str,
+        timestamp: &str,
+    ) -> Result<(), StoreError> {
+        self.tx
+            .execute(
+                "INSERT OR REPLACE INTO replication_log(sequence, url, sha256, timestamp, applied_at_ns)
+                 VALUES(?1, ?2, ?3, ?4, ?5)",
+                params![sequence, url, sha256, timestamp, highwater_store::lease::now_ns()],
+            )
             .map_err(|e| self.err(e))?;
         Ok(())
     }

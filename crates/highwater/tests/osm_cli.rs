@@ -2,12 +2,8 @@
 //! 3048..3076 from a local replication folder, markers, gaps, dry runs.
 
 mod common;
+use common::osm::*;
 use common::*;
-use std::path::{Path, PathBuf};
-
-fn data() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../highwater-osm/tests/data")
-}
 
 const CONFIG: &str = r#"
 [osm]
@@ -178,96 +174,6 @@ fn a_malformed_diff_is_refused_and_the_store_untouched() {
     assert!(r.stderr.contains("bad.osc:3: n1"), "{}", r.stderr);
     let s = p.check(&["osm", "status", "--json"], 0).json();
     assert_eq!(s["sequence"], 3047);
-}
-
-/// `%hex%` escapes of OPL.
-fn opl_unescape(s: &str) -> String {
-    let mut out = String::new();
-    let mut rest = s;
-    while let Some(i) = rest.find('%') {
-        out.push_str(&rest[..i]);
-        let after = &rest[i + 1..];
-        let j = after.find('%').expect("closed escape");
-        let c = u32::from_str_radix(&after[..j], 16)
-            .ok()
-            .and_then(char::from_u32)
-            .expect("valid escape");
-        out.push(c);
-        rest = &after[j + 1..];
-    }
-    out.push_str(rest);
-    out
-}
-
-/// An element as both sides can state it: kind and id, location, refs or
-/// members, sorted tags.
-type Canon = (
-    String,
-    Option<(i32, i32)>,
-    Vec<String>,
-    Vec<(String, String)>,
-);
-
-fn canon_from_opl(line: &str) -> Canon {
-    let mut f = line.split(' ');
-    let id = f.next().unwrap().to_string();
-    let (mut x, mut y, mut list, mut tags) = (None, None, Vec::new(), Vec::new());
-    for field in f {
-        let (k, v) = field.split_at(1);
-        match k {
-            "T" if !v.is_empty() => {
-                for kv in v.split(',') {
-                    let (a, b) = kv.split_once('=').unwrap();
-                    tags.push((opl_unescape(a), opl_unescape(b)));
-                }
-            }
-            "x" => x = Some((v.parse::<f64>().unwrap() * 1e7).round() as i32),
-            "y" => y = Some((v.parse::<f64>().unwrap() * 1e7).round() as i32),
-            "N" | "M" if !v.is_empty() => list = v.split(',').map(opl_unescape).collect(),
-            _ => {}
-        }
-    }
-    tags.sort();
-    (id, y.zip(x), list, tags)
-}
-
-fn canon_from_store(e: &highwater_osm::Element) -> Canon {
-    use highwater_osm::{Element, MemberKind};
-    let tags = |t: &highwater_osm::Tags| {
-        t.iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect::<Vec<_>>()
-    };
-    match e {
-        Element::Node(n) => (
-            format!("n{}", n.id),
-            n.lat_e7.zip(n.lon_e7),
-            Vec::new(),
-            tags(&n.tags),
-        ),
-        Element::Way(w) => (
-            format!("w{}", w.id),
-            None,
-            w.refs.iter().map(|r| format!("n{r}")).collect(),
-            tags(&w.tags),
-        ),
-        Element::Relation(r) => (
-            format!("r{}", r.id),
-            None,
-            r.members
-                .iter()
-                .map(|m| {
-                    let k = match m.kind {
-                        MemberKind::Node => 'n',
-                        MemberKind::Way => 'w',
-                        MemberKind::Relation => 'r',
-                    };
-                    format!("{k}{}@{}", m.id, m.role)
-                })
-                .collect(),
-            tags(&r.tags),
-        ),
-    }
 }
 
 /// Monaco 3047 plus 3048..3076 through `replicate` equals osmium's
