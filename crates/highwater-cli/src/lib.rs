@@ -162,6 +162,18 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Serve read-only pages and endpoints: `/` (is everything fresh?),
+    /// `/map`, `/tiles/NAME/{z}/{x}/{y}.pbf`, `/tiles/NAME.json`,
+    /// `/metrics`, `/api/status`. Stops on SIGTERM or SIGINT.
+    Serve {
+        /// The address to listen on; a loopback one unless --public.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: std::net::SocketAddr,
+        /// Allow a non-loopback --listen (the pages show paths, errors and
+        /// sources to whoever can reach them).
+        #[arg(long)]
+        public: bool,
+    },
     /// OpenStreetMap: the primary store, diffs, tile expiry.
     Osm {
         #[command(subcommand)]
@@ -540,6 +552,181 @@ fn write_durably(path: &std::path::Path, bytes: &[u8]) -> Result<(), highwater_o
     r.map_err(bad)
 }
 
+/// `osm status --json`: the store, each dataset, the applied HTTP diffs,
+/// and the server's side when one is known (one quick request; an
+/// unreachable server is reported, not fatal).
+fn osm_status(
+    st: &highwater_osm::store::Store,
+    cfg: &highwater_osm::ops::OsmConfig,
+) -> Result<serde_json::Value> {
+    use highwater_osm::ops;
+    let mut v = ops::status(st, cfg)?;
+    v["replicated"] = serde_json::json!(st
+        .replication_log(REPLICATION_LOG_SHOWN)?
+        .into_iter()
+        .map(|(seq, url, sha256, ts, at)| serde_json::json!({
+            "sequence": seq, "url": url, "sha256": sha256, "timestamp": ts,
+            "applied_at": highwater_core::window::format_rfc3339(at / 1000),
+        }))
+        .collect::<Vec<_>>());
+    v["replication_url_from_extract"] = serde_json::json!(st.meta("replication_url")?);
+    // The server's side, when one is known: one quick request, and
+    // an unreachable server is reported, not fatal.
+    if let Ok(base) = ops::replication_url(st, cfg, None) {
+        let quick = highwater_osm::fetch::RetryPolicy {
+            retries_max: 0,
+            timeout_s: cfg.retry.timeout_s.min(10),
+            ..cfg.retry.clone()
+        };
+        let top = highwater_osm::fetch::Server::new(&base, quick).and_then(|mut s| s.top());
+        v["server"] = match top {
+            Ok(t) => {
+                let lag = |ts: &serde_json::Value| {
+                    let a = highwater_core::window::parse_rfc3339(&t.timestamp).ok()?;
+                    let b = highwater_core::window::parse_rfc3339(ts.as_str()?).ok()?;
+                    Some((a - b) / 1_000_000)
+                };
+                let lag_s = lag(&v["timestamp"]);
+                if let Some(ds) = v["datasets"].as_array_mut() {
+                    for d in ds {
+                        let behind = d["marker"].as_i64().map(|m| t.sequence - m);
+                        d["behind_server"] = serde_json::json!(behind);
+                    }
+                }
+                serde_json::json!({"url": base, "sequence": t.sequence, "timestamp": t.timestamp, "lag_s": lag_s})
+            }
+            Err(e) => serde_json::json!({"url": base, "error": e.to_string()}),
+        };
+    }
+    Ok(v)
+}
+
+/// The project as `highwater serve` shows it. Every read guards against
+/// creating what is not there: a state store or OSM store that does not
+/// exist is reported, never made.
+struct ServedProject {
+    config: PathBuf,
+    pipeline: Pipeline,
+    cfg: highwater_osm::ops::OsmConfig,
+    spec: highwater_files::PipelineSpec,
+}
+
+/// Windows per source on the status page: a week of hourly windows.
+const SERVE_WINDOWS_SHOWN: usize = 168;
+
+impl ServedProject {
+    fn sources(&self, errors: &mut Vec<String>) -> Vec<serde_json::Value> {
+        let now = highwater_store::lease::now_ns() / 1000;
+        let mut out = Vec::new();
+        for name in self.spec.sources.keys() {
+            let r = (|| -> Result<serde_json::Value> {
+                let ing = ingestor(&self.config, name)?;
+                let view = ing.grid(now, SERVE_WINDOWS_SHOWN)?;
+                let lease = ing.lease_holder()?.filter(|l| l.expires_at_ns > now * 1000);
+                Ok(serde_json::json!({
+                    "name": name,
+                    "bookmark": view.bookmark.as_ref().map(|b| highwater_core::window::format_rfc3339(b.last_end_us)),
+                    "interval": highwater_core::window::format_duration(ing.spec().grid.interval_us),
+                    "lease": lease.map(|l| serde_json::json!({
+                        "owner": l.owner, "host": l.host, "pid": l.pid,
+                        "expires": highwater_core::window::format_rfc3339(l.expires_at_ns / 1000),
+                    })),
+                    "windows": view.rows,
+                    "layout": view.layout,
+                }))
+            })();
+            match r {
+                Ok(v) => out.push(v),
+                Err(e) => {
+                    errors.push(format!("source {name}: {}", message(&e)));
+                    out.push(
+                        serde_json::json!({"name": name, "error": message(&e), "windows": []}),
+                    );
+                }
+            }
+        }
+        out
+    }
+}
+
+impl highwater_serve::Project for ServedProject {
+    fn status(&self) -> serde_json::Value {
+        let mut errors = Vec::new();
+        let stages = if self.pipeline.state_path().exists() {
+            match self.pipeline.status() {
+                Ok(v) => v["stages"].clone(),
+                Err(e) => {
+                    errors.push(format!("file stages: {e}"));
+                    serde_json::json!([])
+                }
+            }
+        } else {
+            serde_json::json!([])
+        };
+        let sources = if self.pipeline.state_path().exists() {
+            self.sources(&mut errors)
+        } else {
+            Vec::new()
+        };
+        let osm = if self.cfg.store.exists() {
+            match highwater_osm::store::Store::open(&self.cfg.store)
+                .map_err(anyhow::Error::from)
+                .and_then(|st| osm_status(&st, &self.cfg))
+            {
+                Ok(v) => v,
+                Err(e) => {
+                    errors.push(format!("OSM store: {}", message(&e)));
+                    serde_json::Value::Null
+                }
+            }
+        } else {
+            serde_json::Value::Null
+        };
+        serde_json::json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "generated_at": highwater_core::window::format_rfc3339(highwater_store::lease::now_ns() / 1000),
+            "stages": stages,
+            "sources": sources,
+            "osm": osm,
+            "errors": errors,
+        })
+    }
+
+    fn tilesets(&self) -> Vec<highwater_serve::Tileset> {
+        self.cfg
+            .tiles
+            .iter()
+            .filter_map(|d| {
+                let mb = d.mbtiles.clone()?;
+                mb.exists().then(|| highwater_serve::Tileset {
+                    name: d.name.clone(),
+                    mbtiles: mb,
+                    zoom_min: d.layer.zoom_min,
+                    zoom_max: d.layer.zoom_max,
+                })
+            })
+            .collect()
+    }
+
+    fn dirty_tiles(&self, dataset: &str) -> Result<Vec<(u8, u32, u32)>, String> {
+        if !self.cfg.store.exists() {
+            return Ok(Vec::new());
+        }
+        let st = highwater_osm::store::Store::open(&self.cfg.store).map_err(|e| e.to_string())?;
+        let tiles = st
+            .dirty_tiles(
+                dataset,
+                highwater_osm::store::DrainOrder::LowZoomFirst,
+                SERVE_DIRTY_TILES_MAX,
+            )
+            .map_err(|e| e.to_string())?;
+        Ok(tiles.into_iter().map(|t| (t.z, t.x, t.y)).collect())
+    }
+}
+
+/// Dirty tiles the map outlines at most: bounds the GeoJSON's size.
+const SERVE_DIRTY_TILES_MAX: usize = 20_000;
+
 /// The newest applied HTTP diffs `osm status` lists.
 const REPLICATION_LOG_SHOWN: usize = 10;
 
@@ -823,44 +1010,7 @@ fn osm(
         }
         OsmCommand::Status { store, json } => {
             let st = Store::open(&store_dir(store))?;
-            let mut v = ops::status(&st, &cfg)?;
-            v["replicated"] = serde_json::json!(st
-                .replication_log(REPLICATION_LOG_SHOWN)?
-                .into_iter()
-                .map(|(seq, url, sha256, ts, at)| serde_json::json!({
-                    "sequence": seq, "url": url, "sha256": sha256, "timestamp": ts,
-                    "applied_at": highwater_core::window::format_rfc3339(at / 1000),
-                }))
-                .collect::<Vec<_>>());
-            v["replication_url_from_extract"] = serde_json::json!(st.meta("replication_url")?);
-            // The server's side, when one is known: one quick request, and
-            // an unreachable server is reported, not fatal.
-            if let Ok(base) = ops::replication_url(&st, &cfg, None) {
-                let quick = highwater_osm::fetch::RetryPolicy {
-                    retries_max: 0,
-                    timeout_s: cfg.retry.timeout_s.min(10),
-                    ..cfg.retry.clone()
-                };
-                let top = highwater_osm::fetch::Server::new(&base, quick).and_then(|mut s| s.top());
-                v["server"] = match top {
-                    Ok(t) => {
-                        let lag = |ts: &serde_json::Value| {
-                            let a = highwater_core::window::parse_rfc3339(&t.timestamp).ok()?;
-                            let b = highwater_core::window::parse_rfc3339(ts.as_str()?).ok()?;
-                            Some((a - b) / 1_000_000)
-                        };
-                        let lag_s = lag(&v["timestamp"]);
-                        if let Some(ds) = v["datasets"].as_array_mut() {
-                            for d in ds {
-                                let behind = d["marker"].as_i64().map(|m| t.sequence - m);
-                                d["behind_server"] = serde_json::json!(behind);
-                            }
-                        }
-                        serde_json::json!({"url": base, "sequence": t.sequence, "timestamp": t.timestamp, "lag_s": lag_s})
-                    }
-                    Err(e) => serde_json::json!({"url": base, "error": e.to_string()}),
-                };
-            }
+            let v = osm_status(&st, &cfg)?;
             if *json {
                 writeln!(out, "{v}")?;
             } else {
@@ -1343,6 +1493,24 @@ fn run(cli: Cli) -> Result<i32> {
             return Ok(if report.failed() > 0 { 1 } else { 0 });
         }
         Command::Osm { command } => return osm(&config, named_config, command, &mut out),
+        Command::Serve { listen, public } => {
+            let (pipeline, cfg, spec) = load_config(&config)?;
+            let project = std::sync::Arc::new(ServedProject {
+                config: config.clone(),
+                pipeline,
+                cfg,
+                spec,
+            });
+            if *public && !listen.ip().is_loopback() {
+                eprintln!(
+                    "serving on {listen}, beyond this machine (--public): anyone who can reach it sees the pages"
+                );
+            }
+            highwater_serve::serve(*listen, *public, project, |addr| {
+                eprintln!("listening on http://{addr}/");
+            })?;
+            return Ok(0);
+        }
         _ => {}
     }
     let (pipeline, _, _) = load_config(&config)?;
@@ -1415,6 +1583,7 @@ fn run(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Command::Ingest { .. }
+        | Command::Serve { .. }
         | Command::Windows { .. }
         | Command::Compact { .. }
         | Command::Osm { .. } => {

@@ -270,6 +270,23 @@ pub fn with_parents(cells: &Cells, z_max: u8, z_min: u8) -> BTreeSet<Tile> {
     out
 }
 
+/// Tiles as a GeoJSON FeatureCollection of their outlines, each with its
+/// z, x and y (for maps of expired or dirty tiles).
+pub fn tiles_geojson<'a>(tiles: impl IntoIterator<Item = &'a Tile>) -> serde_json::Value {
+    let features: Vec<serde_json::Value> = tiles
+        .into_iter()
+        .map(|t| {
+            let (w, s, e, n) = t.bounds();
+            serde_json::json!({
+                "type": "Feature",
+                "properties": {"z": t.z, "x": t.x, "y": t.y},
+                "geometry": {"type": "Polygon", "coordinates": [[[w, s], [e, s], [e, n], [w, n], [w, s]]]},
+            })
+        })
+        .collect();
+    serde_json::json!({"type": "FeatureCollection", "features": features})
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

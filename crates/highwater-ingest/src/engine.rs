@@ -1306,6 +1306,13 @@ impl Ingestor {
         Ok(report)
     }
 
+    /// Who holds the source's lease (shared by ingest and compact), if
+    /// anyone: owner, host, pid, expiry.
+    pub fn lease_holder(&self) -> Result<Option<highwater_store::Lease>, IngestError> {
+        let s = SqliteStore::open(&self.state_path)?;
+        Ok(s.lease(&format!("ingest:{}", self.spec.name))?)
+    }
+
     /// The completion grid: one row per expected window up to `now`, the
     /// newest `last_n` of them, with the layout of their files.
     pub fn grid(&self, now_us: i64, last_n: usize) -> Result<GridView, IngestError> {

@@ -928,16 +928,5 @@ pub fn status(store: &Store, cfg: &OsmConfig) -> Result<serde_json::Value, OpsEr
 /// The tiles as a GeoJSON FeatureCollection of polygons (for QGIS or
 /// geojson.io), each with its z, x and y.
 pub fn tiles_geojson(tiles: &BTreeSet<Tile>) -> serde_json::Value {
-    let features: Vec<serde_json::Value> = tiles
-        .iter()
-        .map(|t| {
-            let (w, s, e, n) = t.bounds();
-            serde_json::json!({
-                "type": "Feature",
-                "properties": {"z": t.z, "x": t.x, "y": t.y},
-                "geometry": {"type": "Polygon", "coordinates": [[[w, s], [e, s], [e, n], [w, n], [w, s]]]},
-            })
-        })
-        .collect();
-    serde_json::json!({"type": "FeatureCollection", "features": features})
+    highwater_core::tile::tiles_geojson(tiles)
 }

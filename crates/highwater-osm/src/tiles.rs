@@ -382,6 +382,14 @@ pub fn build(store: &mut Store, d: &TileDataset) -> Result<BuildReport, TilesErr
     let name = path.file_name().unwrap_or_default().to_string_lossy();
     let tmp = path.with_file_name(format!(".{name}.hw-tmp-{}", std::process::id()));
     let _ = std::fs::remove_file(&tmp);
+    // The folder the config names for the file is made, as an output's is:
+    // a fresh project has none yet.
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| TilesError::Io {
+            path: dir.to_path_buf(),
+            err: e,
+        })?;
+    }
     let seen: BTreeSet<&str> = view
         .features
         .iter()

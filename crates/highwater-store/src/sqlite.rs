@@ -738,6 +738,11 @@ fn put_window(tx: &rusqlite::Transaction<'_>, record: &WindowRecord) -> rusqlite
 }
 
 impl SqliteStore {
+    /// Who holds lease `name` now (expired or not), if anyone.
+    pub fn lease(&self, name: &str) -> Result<Option<crate::Lease>, StoreError> {
+        crate::lease::current(&self.conn, name).map_err(|e| self.err(e))
+    }
+
     /// A write transaction, if the fence still holds (`None` otherwise).
     fn fenced_transaction(
         &mut self,

@@ -1,0 +1,92 @@
+//! Reading tiles and their TileJSON out of an MBTiles file, read-only.
+
+use crate::Tileset;
+use highwater_core::tile::Tile;
+use rusqlite::{Connection, OpenFlags, OptionalExtension};
+use std::path::Path;
+
+fn open(path: &Path) -> Result<Connection, String> {
+    // Read-only and without creating: a missing file is an error, never a
+    // new empty one.
+    Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// The stored (gzipped) tile at z/x/y in XYZ numbering, if there is one.
+pub fn read_tile(path: &Path, z: u8, x: u32, y: u32) -> Result<Option<Vec<u8>>, String> {
+    if z > highwater_core::tile::ZOOM_MAX || x >= 1 << z || y >= 1 << z {
+        return Ok(None);
+    }
+    // MBTiles rows count from the south (TMS).
+    let row = (1u32 << z) - 1 - y;
+    let c = open(path)?;
+    c.query_row(
+        "SELECT tile_data FROM tiles WHERE zoom_level = ?1 AND tile_column = ?2 AND tile_row = ?3",
+        rusqlite::params![z, x, row],
+        |r| r.get(0),
+    )
+    .optional()
+    .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// TileJSON 3.0 for a tileset, its tile URL under `origin`.
+pub fn tilejson(t: &Tileset, origin: &str) -> Result<serde_json::Value, String> {
+    let c = open(&t.mbtiles)?;
+    let meta = |k: &str| -> Option<String> {
+        c.query_row("SELECT value FROM metadata WHERE name = ?1", [k], |r| {
+            r.get(0)
+        })
+        .optional()
+        .ok()
+        .flatten()
+    };
+    let layers: serde_json::Value = meta("json")
+        .and_then(|j| serde_json::from_str::<serde_json::Value>(&j).ok())
+        .map(|v| v["vector_layers"].clone())
+        .unwrap_or_else(|| serde_json::json!([]));
+    // The bounds of what is there, from the tile index at the top zoom.
+    let z = t.zoom_max;
+    let extent: Option<(u32, u32, u32, u32)> = c
+        .query_row(
+            "SELECT min(tile_column), max(tile_column), min(tile_row), max(tile_row) FROM tiles WHERE zoom_level = ?1",
+            [z],
+            |r| Ok((r.get::<_, Option<u32>>(0)?, r.get::<_, Option<u32>>(1)?, r.get::<_, Option<u32>>(2)?, r.get::<_, Option<u32>>(3)?)),
+        )
+        .map_err(|e| format!("{}: {e}", t.mbtiles.display()))
+        .map(|(a, b, c2, d)| Some((a?, b?, c2?, d?)))?;
+    let bounds = match extent {
+        Some((x0, x1, r0, r1)) => {
+            let n = 1u32 << z;
+            let (y0, y1) = (n - 1 - r1, n - 1 - r0);
+            let (w, _, _, north) = Tile { z, x: x0, y: y0 }.bounds();
+            let (_, south, east, _) = Tile { z, x: x1, y: y1 }.bounds();
+            [w, south, east, north]
+        }
+        None => [-180.0, -85.051_129, 180.0, 85.051_129],
+    };
+    let center = [
+        (bounds[0] + bounds[2]) / 2.0,
+        (bounds[1] + bounds[3]) / 2.0,
+        t.zoom_min.max(t.zoom_max.saturating_sub(2)) as f64,
+    ];
+    Ok(serde_json::json!({
+        "tilejson": "3.0.0",
+        "name": t.name,
+        "scheme": "xyz",
+        "tiles": [format!("{origin}/tiles/{}/{{z}}/{{x}}/{{y}}.pbf", t.name)],
+        "minzoom": t.zoom_min,
+        "maxzoom": t.zoom_max,
+        "bounds": bounds,
+        "center": center,
+        "vector_layers": layers,
+    }))
+}
+
+/// Tiles as GeoJSON polygons (the dirty-tile outline layer).
+pub fn tiles_geojson(tiles: &[(u8, u32, u32)]) -> serde_json::Value {
+    let tiles: Vec<Tile> = tiles.iter().map(|&(z, x, y)| Tile { z, x, y }).collect();
+    highwater_core::tile::tiles_geojson(&tiles)
+}

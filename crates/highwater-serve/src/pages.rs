@@ -1,0 +1,255 @@
+//! The HTML pages, rendered on the server with maud (every interpolation is
+//! escaped at compile time). The map page's script is the only JavaScript.
+
+use crate::Tileset;
+use maud::{html, Markup, PreEscaped, DOCTYPE};
+use serde_json::Value;
+
+const STYLE: &str = "
+body{font:14px/1.4 system-ui,sans-serif;margin:1.5rem;color:#1b1b1b}
+h1{font-size:1.3rem}h2{font-size:1.1rem;margin-top:1.6rem}
+table{border-collapse:collapse;margin:.4rem 0}td,th{padding:.15rem .5rem;border-bottom:1px solid #ddd;text-align:left}
+.fresh{color:#11701c}.stale{color:#a35c00}.bad{color:#b00020}
+.grid td{padding:0;border:0}.cell{display:inline-block;width:10px;height:14px;margin:1px}
+.published{background:#2e9e44}.compacted{background:#1f6f30}.stale-cell{background:#e0a100}.running{background:#3a78d8}
+.failed{background:#c62828}.missing{background:#d9d9d9}
+code{font-size:12px}
+";
+
+fn page(title: &str, body: Markup) -> String {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                title { (title) }
+                style { (PreEscaped(STYLE)) }
+            }
+            body { (body) }
+        }
+    }
+    .into_string()
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::Null => "-".into(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// The cell class of a window: what its colour says.
+fn cell_class(w: &Value) -> &'static str {
+    match w["status"].as_str() {
+        Some("published") if w["compacted"].is_string() => "cell compacted",
+        Some("published") => "cell published",
+        Some("stale") => "cell stale-cell",
+        Some("running") => "cell running",
+        Some("failed") => "cell failed",
+        _ => "cell missing",
+    }
+}
+
+fn stages(s: &Value) -> Markup {
+    let list = s["stages"].as_array().cloned().unwrap_or_default();
+    html! {
+        h2 { "File stages" }
+        @if list.is_empty() { p { "No file stages." } }
+        @else {
+            table id="stages" {
+                tr { th { "stage" } th { "last run" } th { "exit" } th { "by reason" } th { "items" } th { "failed" } }
+                @for st in &list {
+                    @let failed = st["failed"].as_array().cloned().unwrap_or_default();
+                    tr data-stage=(text(&st["name"])) {
+                        td { (text(&st["name"])) }
+                        td { (text(&st["last_run"]["finished_at"])) }
+                        td class=(if st["last_run"]["exit_code"] == 0 { "fresh" } else { "bad" }) { (text(&st["last_run"]["exit_code"])) }
+                        td {
+                            @if let Some(r) = st["last_run"]["summary"]["reasons"].as_object() {
+                                @for (k, v) in r { (k) " " (text(v)) " " }
+                            }
+                        }
+                        td { (text(&st["entries"])) }
+                        td class=(if failed.is_empty() { "fresh" } else { "bad" }) { (failed.len()) }
+                    }
+                    @for f in &failed {
+                        tr { td {} td colspan="5" class="bad" { code { (text(&f["input"])) } ": " (text(&f["error"])) } }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn sources(s: &Value) -> Markup {
+    let list = s["sources"].as_array().cloned().unwrap_or_default();
+    html! {
+        h2 { "Sources" }
+        @if list.is_empty() { p { "No sources." } }
+        @for src in &list {
+            @let windows = src["windows"].as_array().cloned().unwrap_or_default();
+            h3 { (text(&src["name"])) }
+            p {
+                "bookmark " (text(&src["bookmark"]))
+                @if let Some(l) = src["lease"].as_object() {
+                    " · lease held by " (text(&l["owner"])) " until " (text(&l["expires"]))
+                } @else { " · no lease held" }
+            }
+            @if let Some(e) = src["error"].as_str() { p class="bad" { (e) } }
+            // Days by windows: one row per UTC day.
+            table class="grid" data-source=(text(&src["name"])) {
+                @for day in days(&windows) {
+                    tr {
+                        th { (day.0) }
+                        td {
+                            @for w in &day.1 {
+                                span class=(cell_class(w)) data-start=(text(&w["start"])) data-status=(text(&w["status"]))
+                                    title=(format!("{} {} rows {}", text(&w["start"]), text(&w["status"]), text(&w["rows"]))) {}
+                            }
+                        }
+                    }
+                }
+            }
+            @if let Some(last) = windows.iter().rev().find(|w| w["rows"].is_number()) {
+                p { "newest published: " (text(&last["start"])) ", " (text(&last["rows"])) " rows against a prior-days median of " (text(&last["prior_rows_median"])) }
+            }
+            @if let Some(a) = src["layout"]["advice"].as_str() { p class="stale" { (a) } }
+        }
+    }
+}
+
+/// Windows grouped by their UTC day, in order.
+fn days(windows: &[Value]) -> Vec<(String, Vec<Value>)> {
+    let mut out: Vec<(String, Vec<Value>)> = Vec::new();
+    for w in windows {
+        let d = w["start"]
+            .as_str()
+            .unwrap_or("")
+            .chars()
+            .take(10)
+            .collect::<String>();
+        match out.last_mut() {
+            Some((day, ws)) if *day == d => ws.push(w.clone()),
+            _ => out.push((d, vec![w.clone()])),
+        }
+    }
+    out
+}
+
+fn osm(s: &Value) -> Markup {
+    let o = &s["osm"];
+    html! {
+        h2 { "OpenStreetMap" }
+        @if o.is_null() { p { "No OSM store." } }
+        @else {
+            p id="osm-store" {
+                "store at sequence " (text(&o["sequence"])) " (" (text(&o["timestamp"])) ")"
+                @if let Some(sv) = o["server"].as_object() {
+                    @if let Some(e) = sv.get("error").and_then(|e| e.as_str()) {
+                        span class="bad" { " · server " (text(&sv["url"])) " unreachable: " (e) }
+                    } @else {
+                        " · server at " (text(&sv["sequence"])) " (" (text(&sv["timestamp"])) "), lag "
+                        span class=(if sv["lag_s"] == 0 { "fresh" } else { "stale" }) { (text(&sv["lag_s"])) " s" }
+                    }
+                }
+            }
+            table id="datasets" {
+                tr { th { "dataset" } th { "marker" } th { "behind store" } th { "behind server" } th { "dirty backlog" } th { "recipe" } th { "advice" } }
+                @for d in o["datasets"].as_array().cloned().unwrap_or_default() {
+                    tr data-dataset=(text(&d["name"])) {
+                        td { (text(&d["name"])) }
+                        td { (text(&d["marker"])) }
+                        td class=(if d["gap"] == 0 { "fresh" } else { "stale" }) { (text(&d["gap"])) }
+                        td { (text(&d["behind_server"])) }
+                        td class=(if d["dirty"] == 0 { "fresh" } else { "stale" }) { (text(&d["dirty"])) }
+                        td { code { (text(&d["recipe"])) } }
+                        td { (text(&d["rebuild"])) }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `/`: is everything fresh?
+pub fn index(s: &Value) -> String {
+    page(
+        "highwater",
+        html! {
+            h1 { "highwater · " (text(&s["generated_at"])) }
+            @for e in s["errors"].as_array().cloned().unwrap_or_default() { p class="bad" { (text(&e)) } }
+            (stages(s))
+            (sources(s))
+            (osm(s))
+            p { a href="/map" { "map" } " · " a href="/api/status" { "/api/status" } " · " a href="/metrics" { "/metrics" } }
+        },
+    )
+}
+
+/// `/map`: the first tile dataset (or `?`-less choice of the first), with
+/// its dirty tiles outlined. After the map is idle, the page counts the
+/// canvas pixels that are not background and puts the count on
+/// `body[data-drawn]`: the browser test reads it.
+pub fn map(sets: &[Tileset]) -> String {
+    let Some(t) = sets.first() else {
+        return page(
+            "highwater map",
+            html! { p { "No tile dataset with an MBTiles file is configured." } },
+        );
+    };
+    // JSON inside a script: `<` escaped, so no name can close the tag.
+    let config = serde_json::json!({"name": t.name})
+        .to_string()
+        .replace('<', "\\u003c");
+    let script = format!(
+        r#"
+window.addEventListener('error', (e) => {{ document.body.dataset.error = String(e.message); }});
+window.addEventListener('unhandledrejection', (e) => {{ document.body.dataset.error = String(e.reason); }});
+import * as maplibregl from '/assets/maplibre-gl.mjs';
+document.body.dataset.stage = 'module';
+const cfg = {config};
+const tj = await (await fetch(`/tiles/${{cfg.name}}.json`)).json();
+document.body.dataset.stage = 'tilejson';
+const layers = [{{id: 'bg', type: 'background', paint: {{'background-color': '#ffffff'}}}}];
+for (const l of tj.vector_layers) {{
+  layers.push({{id: l.id + '-fill', type: 'fill', source: 't', 'source-layer': l.id, filter: ['==', ['geometry-type'], 'Polygon'], paint: {{'fill-color': '#3a78d8', 'fill-opacity': 0.5}}}});
+  layers.push({{id: l.id + '-line', type: 'line', source: 't', 'source-layer': l.id, paint: {{'line-color': '#1b1b1b', 'line-width': 1}}}});
+  layers.push({{id: l.id + '-point', type: 'circle', source: 't', 'source-layer': l.id, filter: ['==', ['geometry-type'], 'Point'], paint: {{'circle-radius': 2, 'circle-color': '#c62828'}}}});
+}}
+layers.push({{id: 'dirty', type: 'line', source: 'dirty', paint: {{'line-color': '#e0a100', 'line-width': 2}}}});
+const map = new maplibregl.Map({{
+  container: 'map',
+  style: {{version: 8, sources: {{
+    t: {{type: 'vector', url: `/tiles/${{cfg.name}}.json`}},
+    dirty: {{type: 'geojson', data: `/api/dirty/${{cfg.name}}.geojson`}},
+  }}, layers}},
+  bounds: tj.bounds,
+  canvasContextAttributes: {{preserveDrawingBuffer: true}},
+}});
+document.body.dataset.stage = 'map';
+map.on('error', (e) => {{ document.body.dataset.error = String(e.error && e.error.message || e); }});
+map.once('load', () => {{ document.body.dataset.stage = 'load'; }});
+map.once('idle', () => {{
+  const gl = map.getCanvas().getContext('webgl2') || map.getCanvas().getContext('webgl');
+  const w = gl.drawingBufferWidth, h = gl.drawingBufferHeight;
+  const px = new Uint8Array(w * h * 4);
+  gl.readPixels(0, 0, w, h, gl.RGBA, gl.UNSIGNED_BYTE, px);
+  let drawn = 0;
+  for (let i = 0; i < px.length; i += 4) {{
+    if (px[i] < 250 || px[i + 1] < 250 || px[i + 2] < 250) drawn++;
+  }}
+  document.body.dataset.drawn = String(drawn);
+  document.body.dataset.pixels = String(w * h);
+}});
+"#
+    );
+    page(
+        "highwater map",
+        html! {
+            link rel="stylesheet" href="/assets/maplibre-gl.css";
+            div id="map" data-dataset=(t.name) style="position:absolute;top:0;bottom:0;left:0;right:0" {}
+            script type="module" { (PreEscaped(script)) }
+        },
+    )
+}
