@@ -5,8 +5,11 @@
 #   a throw-away cluster on loopback);
 # - osmium-tool: the reference the OSM store is compared with;
 # - gdal-bin: ogrinfo, an independent reader of the MBTiles files;
-# - pyosmium (PyPI, in a venv): pyosmium-get-changes, the reference client
-#   the HTTP replication is compared with (python3-venv from Debian).
+# - chromium: the browser the page and map tests drive (headless, WebGL on
+#   SwiftShader);
+# - pyosmium and websocket-client (PyPI, in a venv): pyosmium-get-changes,
+#   the reference client the HTTP replication is compared with, and the
+#   DevTools client of the browser tests (tests/browser/cdp.py).
 # Nothing is skipped when a package cannot be installed: the run fails.
 
 deps_install() {
@@ -14,22 +17,25 @@ deps_install() {
     ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
     command -v osmium >/dev/null 2>&1 || need+=(osmium-tool)
     command -v ogrinfo >/dev/null 2>&1 || need+=(gdal-bin)
+    command -v chromium >/dev/null 2>&1 || need+=(chromium)
     python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)
     deps_apt "${need[@]}" || return 1
     deps_pyosmium
 }
 
-# pyosmium in a venv of its own (PyPI wheels; no compiler needed).
+# pyosmium and websocket-client in a venv of their own (PyPI wheels; no
+# compiler needed).
 deps_pyosmium() {
     local venv=${HIGHWATER_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/highwater/venv}
-    if [ ! -x "$venv/bin/pyosmium-get-changes" ]; then
-        echo "installing pyosmium into $venv" >&2
-        python3 -m venv "$venv" && "$venv/bin/pip" install -q osmium || {
-            echo "pyosmium did not install from PyPI; the replication tests need it" >&2
+    if [ ! -x "$venv/bin/pyosmium-get-changes" ] || ! "$venv/bin/python" -c 'import websocket' 2>/dev/null; then
+        echo "installing pyosmium and websocket-client into $venv" >&2
+        python3 -m venv "$venv" && "$venv/bin/pip" install -q osmium websocket-client || {
+            echo "pyosmium or websocket-client did not install from PyPI; the replication and browser tests need them" >&2
             return 1
         }
     fi
     export HIGHWATER_PYOSMIUM_GET_CHANGES="$venv/bin/pyosmium-get-changes"
+    export HIGHWATER_TEST_PYTHON="$venv/bin/python"
 }
 
 deps_apt() {

@@ -570,9 +570,16 @@ fn osm_status(
         }))
         .collect::<Vec<_>>());
     v["replication_url_from_extract"] = serde_json::json!(st.meta("replication_url")?);
-    // The server's side, when one is known: one quick request, and
-    // an unreachable server is reported, not fatal.
-    if let Ok(base) = ops::replication_url(st, cfg, None) {
+    // The server's side, when the store follows one (the config names it,
+    // or the store has fetched from it): one quick request, and an
+    // unreachable server is reported, not fatal. A store fed from a local
+    // folder asks no server.
+    let followed = cfg.replication_url.clone().or_else(|| {
+        let last = st.replication_log(1).ok()?.into_iter().next()?;
+        // `BASE/AAA/BBB/CCC.osc.gz`: the base is what precedes the path.
+        Some(last.1.rsplitn(4, '/').nth(3)?.to_string())
+    });
+    if let Some(base) = followed {
         let quick = highwater_osm::fetch::RetryPolicy {
             retries_max: 0,
             timeout_s: cfg.retry.timeout_s.min(10),
@@ -1501,12 +1508,12 @@ fn run(cli: Cli) -> Result<i32> {
                 cfg,
                 spec,
             });
-            if *public && !listen.ip().is_loopback() {
-                eprintln!(
-                    "serving on {listen}, beyond this machine (--public): anyone who can reach it sees the pages"
-                );
-            }
             highwater_serve::serve(*listen, *public, project, |addr| {
+                if !addr.ip().is_loopback() {
+                    eprintln!(
+                        "serving on {addr}, beyond this machine (--public): anyone who can reach it sees the pages"
+                    );
+                }
                 eprintln!("listening on http://{addr}/");
             })?;
             return Ok(0);

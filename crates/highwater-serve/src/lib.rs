@@ -85,23 +85,23 @@ pub fn serve(
         let listener = tokio::net::TcpListener::bind(listen)
             .await
             .map_err(|err| ServeError::Bind { addr: listen, err })?;
+        // The handlers are in place before anyone is told we listen: a
+        // SIGTERM right after "listening" stops us cleanly.
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
         ready(listener.local_addr()?);
         let app = router(Arc::new(App { project }));
         axum::serve(listener, app)
-            .with_graceful_shutdown(stopped())
+            .with_graceful_shutdown(async move {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
+            })
             .await?;
         Ok(())
     })
-}
-
-async fn stopped() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("a SIGTERM handler installs");
-    let mut int = signal(SignalKind::interrupt()).expect("a SIGINT handler installs");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
 }
 
 fn router(app: Shared) -> Router {
