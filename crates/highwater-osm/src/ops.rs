@@ -879,6 +879,7 @@ pub fn status(store: &Store, cfg: &OsmConfig) -> Result<serde_json::Value, OpsEr
             "recipe": d.recipe,
             "recorded_recipe": recipe,
             "rebuild": if rebuild.is_empty() { serde_json::Value::Null } else { serde_json::json!(rebuild.join("; ")) },
+            "last_drain": store.meta(&format!("drained_at:{}", d.name))?,
         }));
     }
     for (kind, name, recipe) in cfg.keyed() {
@@ -903,6 +904,7 @@ pub fn status(store: &Store, cfg: &OsmConfig) -> Result<serde_json::Value, OpsEr
             "recipe": recipe,
             "recorded_recipe": built,
             "rebuild": rebuild,
+            "last_drain": store.meta(&format!("drained_at:{name}"))?,
         }));
     }
     let writer = store

@@ -1212,6 +1212,14 @@ impl Writer<'_> {
         Ok(())
     }
 
+    /// Records when a dataset last caught up (a drain or rebuild), in the
+    /// transaction that clears its dirty rows: `osm status` and the status
+    /// page show it.
+    fn drained(&mut self, dataset: &str) -> Result<(), StoreError> {
+        let now = highwater_core::window::format_rfc3339(highwater_store::lease::now_ns() / 1000);
+        self.set_meta(&format!("drained_at:{dataset}"), &now)
+    }
+
     /// Removes the dirty keys recorded at generation `upto` or before:
     /// what the caller read at `upto` covers them; later ones stay.
     pub fn clear_dirty_keys(&mut self, dataset: &str, upto: i64) -> Result<(), StoreError> {
@@ -1221,7 +1229,7 @@ impl Writer<'_> {
                 params![dataset, upto],
             )
             .map_err(|e| self.err(e))?;
-        Ok(())
+        self.drained(dataset)
     }
 
     /// Counts one more change of OSM data (an import or a diff); returns the
@@ -1366,7 +1374,8 @@ impl Writer<'_> {
             st.execute(params![dataset, t.z, t.x, t.y, upto])
                 .map_err(|e| self.err(e))?;
         }
-        Ok(())
+        drop(st);
+        self.drained(dataset)
     }
 
     /// Empties a dataset's dirty set after a rebuild that read the store at
@@ -1378,7 +1387,7 @@ impl Writer<'_> {
                 params![dataset, upto],
             )
             .map_err(|e| self.err(e))?;
-        Ok(())
+        self.drained(dataset)
     }
 
     pub fn set_marker(

@@ -155,7 +155,7 @@ fn osm(s: &Value) -> Markup {
                 }
             }
             table id="datasets" {
-                tr { th { "dataset" } th { "marker" } th { "behind store" } th { "behind server" } th { "dirty backlog" } th { "recipe" } th { "advice" } }
+                tr { th { "dataset" } th { "marker" } th { "behind store" } th { "behind server" } th { "dirty backlog" } th { "last drain" } th { "recipe" } th { "advice" } }
                 @for d in o["datasets"].as_array().cloned().unwrap_or_default() {
                     tr data-dataset=(text(&d["name"])) {
                         td { (text(&d["name"])) }
@@ -163,6 +163,7 @@ fn osm(s: &Value) -> Markup {
                         td class=(if d["gap"] == 0 { "fresh" } else { "stale" }) { (text(&d["gap"])) }
                         td { (text(&d["behind_server"])) }
                         td class=(if d["dirty"] == 0 { "fresh" } else { "stale" }) { (text(&d["dirty"])) }
+                        td { (text(&d["last_drain"])) }
                         td { code { (text(&d["recipe"])) } }
                         td { (text(&d["rebuild"])) }
                     }

@@ -191,6 +191,8 @@ fn issue12_serve_endpoints_read_only_and_in_their_formats() {
     assert_eq!(st["sources"][0]["name"], "orders");
     assert_eq!(st["osm"]["sequence"], 3050);
     let dirty = st["osm"]["datasets"][0]["dirty"].as_i64().unwrap();
+    // The tiles build counts as the last time the dataset caught up.
+    assert!(st["osm"]["datasets"][0]["last_drain"].is_string(), "{st}");
     assert!(
         dirty > 0,
         "diffs applied without a drain leave dirty tiles: {st}"
