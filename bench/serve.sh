@@ -114,10 +114,15 @@ if [ ! -x "$TSGL_BIN" ]; then
 fi
 if [ -x "$TSGL_BIN" ]; then
     TPORT=$(free_port)
-    "$TSGL_BIN" --file tiles/base.mbtiles --port "$TPORT" --bind 127.0.0.1 >/dev/null 2>&1 &
+    # Data only: the light package's default config points at styles it
+    # does not ship.
+    cat >tsgl.json <<'JSON'
+{"options": {"paths": {"root": ".", "mbtiles": "tiles", "styles": ".", "fonts": ".", "sprites": ".", "icons": "."}}, "styles": {}, "data": {"base": {"mbtiles": "base.mbtiles"}}}
+JSON
+    "$TSGL_BIN" -c tsgl.json --port "$TPORT" --bind 127.0.0.1 >/dev/null 2>&1 &
     TSGL=$!
-    for _ in $(seq 50); do curl -sf "127.0.0.1:$TPORT/data/base.json" >/dev/null 2>&1 && break; sleep 0.2; done
-    echo "  tileserver-gl-light:    $(python3 load.py tsgl "$TPORT" tiles/base.mbtiles 1000 4)"
+    for _ in $(seq 150); do curl -sf "127.0.0.1:$TPORT/data/base.json" >/dev/null 2>&1 && break; sleep 0.2; done
+    echo "  tileserver-gl-light $(cd /tmp/tsgl && node -p 'require("tileserver-gl-light/package.json").version'): $(python3 load.py tsgl "$TPORT" tiles/base.mbtiles 1000 4)"
 else
     echo "  tileserver-gl-light:    did not install from npm here; no figure"
 fi

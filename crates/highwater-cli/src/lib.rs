@@ -470,6 +470,29 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
     })
 }
 
+/// `--from`/`--to` as µs, refusing a range that holds no `what`.
+fn time_range(
+    from: &Option<String>,
+    to: &Option<String>,
+    what: &str,
+) -> Result<(Option<i64>, Option<i64>)> {
+    let parse = |v: &Option<String>| {
+        v.as_deref()
+            .map(highwater_core::window::parse_rfc3339)
+            .transpose()
+    };
+    let (f, t) = (parse(from)?, parse(to)?);
+    if let (Some(a), Some(b)) = (f, t) {
+        anyhow::ensure!(
+            a < b,
+            "--from {} is not before --to {}: the range [from, to) holds no {what}",
+            from.as_deref().unwrap_or(""),
+            to.as_deref().unwrap_or("")
+        );
+    }
+    Ok((f, t))
+}
+
 fn clock_us(now: Option<&str>) -> Result<i64> {
     Ok(match now {
         Some(t) => highwater_core::window::parse_rfc3339(t)?,
@@ -1425,32 +1448,19 @@ fn run(cli: Cli) -> Result<i32> {
         } => {
             let ing = ingestor(&config, source)?;
             anyhow::ensure!(*max_parallel >= 1, "--max-parallel must be at least 1");
+            let (from_us, to_us) = time_range(from, to, "window")?;
             let opts = highwater_ingest::IngestOptions {
                 window: window
                     .as_deref()
                     .map(highwater_core::window::Window::parse)
                     .transpose()?,
-                from_us: from
-                    .as_deref()
-                    .map(highwater_core::window::parse_rfc3339)
-                    .transpose()?,
-                to_us: to
-                    .as_deref()
-                    .map(highwater_core::window::parse_rfc3339)
-                    .transpose()?,
+                from_us,
+                to_us,
                 max_parallel: *max_parallel,
                 now_us: clock_us(now.as_deref())?,
                 wait: *wait,
                 force: *force,
             };
-            if let (Some(f), Some(t)) = (opts.from_us, opts.to_us) {
-                anyhow::ensure!(
-                    f < t,
-                    "--from {} is not before --to {}: the range [from, to) holds no window",
-                    from.as_deref().unwrap_or(""),
-                    to.as_deref().unwrap_or("")
-                );
-            }
             let report = ing.run(&opts)?;
             output::ingest(&mut out, &report, *json)?;
             return Ok(if report.failed() > 0 { 1 } else { 0 });
@@ -1475,26 +1485,13 @@ fn run(cli: Cli) -> Result<i32> {
             json,
         } => {
             let ing = ingestor(&config, source)?;
+            let (from_us, to_us) = time_range(from, to, "period")?;
             let opts = highwater_ingest::CompactOptions {
-                from_us: from
-                    .as_deref()
-                    .map(highwater_core::window::parse_rfc3339)
-                    .transpose()?,
-                to_us: to
-                    .as_deref()
-                    .map(highwater_core::window::parse_rfc3339)
-                    .transpose()?,
+                from_us,
+                to_us,
                 now_us: clock_us(now.as_deref())?,
                 wait: *wait,
             };
-            if let (Some(f), Some(t)) = (opts.from_us, opts.to_us) {
-                anyhow::ensure!(
-                    f < t,
-                    "--from {} is not before --to {}: the range [from, to) holds no period",
-                    from.as_deref().unwrap_or(""),
-                    to.as_deref().unwrap_or("")
-                );
-            }
             let report = ing.compact(&opts)?;
             output::compact(&mut out, &report, *json)?;
             return Ok(if report.failed() > 0 { 1 } else { 0 });

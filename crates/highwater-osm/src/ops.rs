@@ -659,15 +659,7 @@ pub fn pending(store: &Store, dir: &Path) -> Result<Vec<PathBuf>, OpsError> {
             dir.display()
         )));
     }
-    if let Some(n) = store.meta("unsequenced")? {
-        return Err(OpsError::Replication(format!(
-            "the store took {n} diff(s) without a state file and no longer follows a replication sequence: import a current extract with `highwater osm import EXTRACT --replace`"
-        )));
-    }
-    let seq: i64 = store
-        .meta("sequence")?
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| OpsError::Replication("the store has no replication sequence: import an extract whose header has one, or apply diffs with their state files".into()))?;
+    let seq = store_state(store)?.sequence;
     let mut out = Vec::new();
     let mut next = seq + 1;
     loop {

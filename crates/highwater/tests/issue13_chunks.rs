@@ -3,7 +3,6 @@
 //! keep writing, and SIGKILL between chunks and before the swap.
 
 mod common;
-use arrow_array::{Array, Int64Array};
 use common::ingest::*;
 use common::*;
 use std::collections::BTreeMap;
@@ -46,18 +45,7 @@ fn create(c: &mut postgres::Client, rows: i64) {
 fn landed_v(root: &std::path::Path) -> BTreeMap<i64, (i64, usize)> {
     let mut out: BTreeMap<i64, (i64, usize)> = BTreeMap::new();
     each_batch(root, |_, b| {
-        let ids = b
-            .column_by_name("id")
-            .unwrap()
-            .as_any()
-            .downcast_ref::<Int64Array>()
-            .unwrap();
-        let v = b
-            .column_by_name("v")
-            .unwrap()
-            .as_any()
-            .downcast_ref::<Int64Array>()
-            .unwrap();
+        let (ids, v) = (i64_column(b, "id"), i64_column(b, "v"));
         for i in 0..ids.len() {
             let e = out.entry(ids.value(i)).or_default();
             e.0 = v.value(i);

@@ -4,7 +4,7 @@
 //! globbing do), read in a loop while compactions and re-ingests race it.
 
 mod common;
-use arrow_array::{Array, Int64Array, StringArray};
+use common::ingest::{i64_column, str_column};
 use common::*;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -96,18 +96,7 @@ fn read_all(root: &Path) -> Option<BTreeMap<i64, (String, usize)>> {
                         .unwrap();
                 for b in reader {
                     let b = b.unwrap();
-                    let ids = b
-                        .column_by_name("id")
-                        .unwrap()
-                        .as_any()
-                        .downcast_ref::<Int64Array>()
-                        .unwrap();
-                    let notes = b
-                        .column_by_name("note")
-                        .unwrap()
-                        .as_any()
-                        .downcast_ref::<StringArray>()
-                        .unwrap();
+                    let (ids, notes) = (i64_column(&b, "id"), str_column(&b, "note"));
                     for i in 0..ids.len() {
                         let e = out.entry(ids.value(i)).or_default();
                         e.0 = notes.value(i).to_string();

@@ -183,47 +183,8 @@ fn replicated_store_equals_osmium_apply_changes() {
     let p = imported();
     let from = data().join("monaco-updates");
     p.check(&["osm", "replicate", "--from", from.to_str().unwrap()], 0);
-    let mut args: Vec<String> = vec![
-        "apply-changes".into(),
-        data()
-            .join("monaco-3047-20210801.osm.pbf")
-            .to_string_lossy()
-            .into_owned(),
-    ];
-    for seq in 48..=76 {
-        args.push(
-            data()
-                .join(format!("monaco-updates/000/003/{seq:03}.osc.gz"))
-                .to_string_lossy()
-                .into_owned(),
-        );
-    }
-    args.extend([
-        "-f".into(),
-        "opl".into(),
-        "-o".into(),
-        p.path("osmium.opl").to_string_lossy().into_owned(),
-    ]);
-    let out = std::process::Command::new("osmium").args(&args).output().unwrap_or_else(|e| {
-        panic!("osmium is needed for this comparison ({e}); install Debian's osmium-tool (.ci/run does)")
-    });
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let theirs: Vec<Canon> = p.read("osmium.opl").lines().map(canon_from_opl).collect();
-    let store = highwater_osm::store::Store::open(&p.path(".highwater/osm")).unwrap();
-    let mut ours: Vec<Canon> = Vec::new();
-    store.export(|e| ours.push(canon_from_store(&e))).unwrap();
-    assert_eq!(ours.len(), theirs.len());
-    let diffs: Vec<_> = ours
-        .iter()
-        .zip(&theirs)
-        .filter(|(a, b)| a != b)
-        .take(5)
-        .collect();
-    assert!(diffs.is_empty(), "first differences: {diffs:#?}");
+    let theirs = osmium_applied(p.dir.path(), 3048..=3076);
+    assert_same_elements(&store_canon(&p.path(".highwater/osm")), &theirs);
 }
 
 /// SIGKILL in the middle of a replicate (everything derived and written,

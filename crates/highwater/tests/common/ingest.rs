@@ -41,6 +41,24 @@ pub fn each_batch(root: &Path, mut f: impl FnMut(&str, &arrow_array::RecordBatch
     }
 }
 
+/// A batch's Int64 column by name.
+pub fn i64_column<'a>(b: &'a arrow_array::RecordBatch, name: &str) -> &'a Int64Array {
+    b.column_by_name(name)
+        .unwrap_or_else(|| panic!("no column {name}"))
+        .as_any()
+        .downcast_ref::<Int64Array>()
+        .unwrap_or_else(|| panic!("{name} is not Int64"))
+}
+
+/// A batch's Utf8 column by name.
+pub fn str_column<'a>(b: &'a arrow_array::RecordBatch, name: &str) -> &'a StringArray {
+    b.column_by_name(name)
+        .unwrap_or_else(|| panic!("no column {name}"))
+        .as_any()
+        .downcast_ref::<StringArray>()
+        .unwrap_or_else(|| panic!("{name} is not Utf8"))
+}
+
 /// Every row landed under `root` (all windows), as (window dir, id, cursor text).
 pub fn landed(root: &Path) -> Vec<(String, i64, String)> {
     let mut out = Vec::new();
