@@ -789,7 +789,19 @@ pub fn fetch_batch(
         fetched: Vec::new(),
         stopped: None,
     };
-    if top.sequence <= at.sequence {
+    if top.sequence < at.sequence {
+        // Another stream (minutely diffs for a daily store), or a server
+        // restored from an old backup: either way not ours to follow.
+        return Err(FetchError::Refused {
+            url: server.state_url(None),
+            message: format!(
+                "the server's newest sequence {} is older than the store's {}: is this the server the store was imported from?",
+                top.sequence, at.sequence
+            ),
+        }
+        .into());
+    }
+    if top.sequence == at.sequence {
         return Ok(batch);
     }
     let mut prev = at.clone();

@@ -188,6 +188,20 @@ fn issue12_persistent_faults_end_by_class_and_apply_nothing_bad() {
     );
     assert_eq!(status(&p)["sequence"], 3048);
 
+    // A server behind the store (another stream, an old backup): exit 2.
+    let behind = serve(3076, 3000);
+    behind.body(
+        "state.txt",
+        b"sequenceNumber=3040\ntimestamp=2021-07-25T20\\:21\\:40Z\n",
+    );
+    let q = imported(&behind.url);
+    let r = q.check(&["osm", "replicate"], 2);
+    assert!(
+        r.stderr.contains("older than the store's 3047"),
+        "{}",
+        r.stderr
+    );
+
     // Not a replication server at all: exit 2 at once.
     let r = p.check(&["osm", "replicate", "--url", "ftp://example.org/x"], 2);
     assert!(r.stderr.contains("http:// or https://"), "{}", r.stderr);
