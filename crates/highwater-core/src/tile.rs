@@ -57,20 +57,30 @@ impl Tile {
     }
 }
 
-/// (lon, lat) in degrees to world coordinates in [0, 1) × [0, 1), y down.
+/// The latitude the projection is computed up to: short of the pole, where
+/// Mercator's y is infinite. Only its sign and size beyond `LAT_MAX` matter.
+const LAT_PROJECTED_MAX: f64 = 89.999;
+
+/// (lon, lat) in degrees to world coordinates, y down: [0, 1] × [0, 1] for
+/// the Web Mercator square (|lat| up to `LAT_MAX`). Beyond it, y is below 0
+/// or above 1, not clamped onto the edge: the cell functions below clip
+/// there, so a line or area beyond ±85.0511° touches no tile, and one
+/// crossing the limit touches only the tiles its part inside does (clamping
+/// would lay it along the edge row and expire thousands of tiles there).
 pub fn world(lon: f64, lat: f64) -> (f64, f64) {
-    let lat = lat.clamp(-LAT_MAX, LAT_MAX);
+    let lat = lat.clamp(-LAT_PROJECTED_MAX, LAT_PROJECTED_MAX);
     let x = (lon + 180.0) / 360.0;
     let s = lat.to_radians().sin();
     let y = 0.5 - ((1.0 + s) / (1.0 - s)).ln() / (4.0 * std::f64::consts::PI);
-    (x.clamp(0.0, 1.0), y.clamp(0.0, 1.0))
+    (x.clamp(0.0, 1.0), y)
 }
 
 /// The tile containing a point.
 pub fn tile_of(lon: f64, lat: f64, z: u8) -> Tile {
     assert!(z <= ZOOM_MAX);
     let n = 1u32 << z;
-    let (x, y) = world(lon, lat);
+    // A point beyond the square still names the edge tile it is nearest.
+    let (x, y) = world(lon, lat.clamp(-LAT_MAX, LAT_MAX));
     let cell = |v: f64| ((v * n as f64).floor() as i64).clamp(0, n as i64 - 1) as u32;
     Tile {
         z,
@@ -90,6 +100,10 @@ fn clamp_cell(v: f64, n: u32) -> u32 {
 pub fn add_point(p: (f64, f64), z: u8, buffer: f64, out: &mut Cells) {
     let n = 1u32 << z;
     let (x, y) = (p.0 * n as f64, p.1 * n as f64);
+    if y + buffer < 0.0 || y - buffer > n as f64 {
+        // Beyond the Web Mercator square: on no tile.
+        return;
+    }
     for cy in clamp_cell(y - buffer, n)..=clamp_cell(y + buffer, n) {
         for cx in clamp_cell(x - buffer, n)..=clamp_cell(x + buffer, n) {
             out.insert((cx, cy));
@@ -384,5 +398,41 @@ mod tests {
         assert_eq!(zs.iter().filter(|z| **z == 14).count(), 2);
         assert_eq!(zs.iter().filter(|z| **z == 13).count(), 1);
         assert_eq!(zs.iter().filter(|z| **z == 12).count(), 1);
+    }
+
+    /// Issue 10's precision case: beyond ±85.0511° nothing is clamped onto
+    /// the edge row.
+    #[test]
+    fn issue10_beyond_the_mercator_limit_is_clipped_not_clamped() {
+        let w = |lon: f64, lat: f64| world(lon, lat);
+        for z in [2u8, 6, 10] {
+            let mut c = Cells::new();
+            // A line along 89°N, wholly beyond the limit.
+            add_line(&[w(-170.0, 89.0), w(170.0, 89.0)], z, 0.1, &mut c);
+            add_point(w(10.0, -88.0), z, 0.1, &mut c);
+            assert!(c.is_empty(), "z{z}: {} cells", c.len());
+            // A line from 80°N to 89°N at one longitude: only the tiles of
+            // its part inside the square, one column wide.
+            let mut c = Cells::new();
+            add_line(&[w(10.0, 80.0), w(10.0, 89.0)], z, 0.0, &mut c);
+            let xs: BTreeSet<u32> = c.iter().map(|(x, _)| *x).collect();
+            assert_eq!(xs.len(), 1, "z{z}: {c:?}");
+            assert!(c.iter().all(|(_, y)| *y <= tile_of(10.0, 80.0, z).y));
+            // An area from 80°N to 89°N over 20° of longitude: the same
+            // cells as the area cut at the limit.
+            let ring = |top: f64| {
+                vec![
+                    w(0.0, 80.0),
+                    w(20.0, 80.0),
+                    w(20.0, top),
+                    w(0.0, top),
+                    w(0.0, 80.0),
+                ]
+            };
+            let (mut a, mut b) = (Cells::new(), Cells::new());
+            add_polygon(&[ring(89.0)], z, 0.0, &mut a);
+            add_polygon(&[ring(LAT_MAX)], z, 0.0, &mut b);
+            assert_eq!(a, b, "z{z}");
+        }
     }
 }
