@@ -219,16 +219,32 @@ fn cut_polygon(f: &Frame, rings: &[Vec<P>]) -> Vec<Vec<(i32, i32)>> {
             continue;
         }
         let Some(outer) = &clipped[i] else { continue };
-        out.push(outer.clone());
-        for (j, (d, parent)) in nest.iter().enumerate() {
-            if d % 2 == 1 && *parent == Some(i) {
-                if let Some(hole) = &clipped[j] {
-                    out.push(hole.clone());
-                }
-            }
+        let holes: Vec<&Vec<(i32, i32)>> = nest
+            .iter()
+            .enumerate()
+            .filter(|(_, (d, parent))| d % 2 == 1 && *parent == Some(i))
+            .filter_map(|(j, _)| clipped[j].as_ref())
+            .collect();
+        // A hole that covers its outer ring's whole part in the tile (the
+        // tile lies inside the hole) leaves nothing of it: the tile shows
+        // no part of this ring, as the expiry's even-odd fill says.
+        if holes.iter().any(|h| same_ring(h, outer)) {
+            continue;
         }
+        out.push(outer.clone());
+        out.extend(holes.into_iter().cloned());
     }
     out
+}
+
+/// Two clipped rings with the same vertices (whatever their direction).
+fn same_ring(a: &[(i32, i32)], b: &[(i32, i32)]) -> bool {
+    let sorted = |r: &[(i32, i32)]| {
+        let mut v = r.to_vec();
+        v.sort_unstable();
+        v
+    };
+    a.len() == b.len() && sorted(a) == sorted(b)
 }
 
 /// What one feature shows in one tile, if anything.
@@ -308,5 +324,29 @@ mod tests {
             shape: Shape::Polygon(vec![sq(0.7, 0.8)]),
         };
         assert!(cut_feature(t(), 0.0, (MemberKind::Way, 2), &g).is_none());
+    }
+
+    /// Issue 10's hole case: a tile inside a multipolygon's hole shows
+    /// nothing of it, and its signature is empty, so it is never expired.
+    #[test]
+    fn issue10_a_tile_inside_a_hole_shows_nothing_and_is_not_expired() {
+        let sq = |a: f64, b: f64| vec![(a, a), (b, a), (b, b), (a, b), (a, a)];
+        let f = Feature {
+            tags: [("landuse".into(), "forest".into())].into(),
+            shape: Shape::Polygon(vec![sq(0.05, 0.95), sq(0.15, 0.6)]),
+        };
+        // z3 tile (2, 2) spans 0.25..0.375 in world units: inside the hole.
+        let tt = Tile { z: 3, x: 2, y: 2 };
+        assert!(cut_feature(tt, 0.0, (MemberKind::Relation, 1), &f).is_none());
+        // Inside the area but outside the hole: the whole tile.
+        let inside = Tile { z: 3, x: 6, y: 6 };
+        let c = cut_feature(inside, 0.0, (MemberKind::Relation, 1), &f).unwrap();
+        assert_eq!(
+            c.parts,
+            vec![vec![(0, 0), (4096, 0), (4096, 4096), (0, 4096)]]
+        );
+        let sig = crate::features::signatures(&f.shape, tt.z, 0.0);
+        assert!(!sig.contains_key(&(tt.x, tt.y)), "{sig:?}");
+        assert!(sig.contains_key(&(inside.x, inside.y)), "{sig:?}");
     }
 }

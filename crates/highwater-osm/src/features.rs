@@ -423,9 +423,10 @@ pub fn nesting(rings: &[Vec<P>]) -> Vec<(usize, Option<usize>)> {
 
 /// What one tile of one zoom shows of a feature, as a hash: the feature's
 /// segments that touch the tile grown by `buffer`, in order, with their
-/// line or ring, and for a polygon which rings contain the tile's centre
-/// (which, with the segments, fixes each ring's part in the tile); a
-/// polygon's inside tile that no segment touches has only the latter. Two shapes with equal signatures in a tile
+/// line or ring, and for a polygon whether the area (even-odd) contains the
+/// tile's centre (which, with the segments, fixes the area's part in the
+/// tile); a polygon's inside tile that no segment touches has only the
+/// latter, and a tile inside a hole that no segment touches has none. Two shapes with equal signatures in a tile
 /// cut to the same thing in that tile, so a geometry-only change expires
 /// exactly the tiles whose signature changed.
 pub fn signatures(shape: &Shape, z: u8, buffer: f64) -> HashMap<(u32, u32), u64> {
@@ -471,14 +472,15 @@ pub fn signatures(shape: &Shape, z: u8, buffer: f64) -> HashMap<(u32, u32), u64>
                 .map(|(i, (d, p))| [i as u64, *d as u64, p.map_or(u64::MAX, |p| p as u64)])
                 .collect();
             segs(rings, &tags, &mut sig);
-            // Which rings contain the tile's centre: with the segments,
-            // that fixes each ring's part in the tile.
-            for (r, t) in rings.iter().zip(&tags) {
-                tile::fill_cells(std::slice::from_ref(r), z, &mut |c| {
-                    let e = sig.entry(c).or_insert(3);
-                    *e = mix(*e, &[4, t[0], t[1], t[2]]);
-                });
-            }
+            // Whether the area (even-odd over all rings) contains the
+            // tile's centre: with the segments and their rings' nesting,
+            // that fixes the area's part in the tile. A tile inside a hole
+            // that no segment touches shows nothing and gets no signature,
+            // so it is never expired for this feature.
+            tile::fill_cells(rings, z, &mut |c| {
+                let e = sig.entry(c).or_insert(3);
+                *e = mix(*e, &[4]);
+            });
         }
     }
     sig
