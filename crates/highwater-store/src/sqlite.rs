@@ -604,39 +604,28 @@ impl StateStore for SqliteStore {
         fence: &Fence,
     ) -> Result<WindowCommit, StoreError> {
         assert!(record.end_us > record.start_us, "window bounds are ours");
-        let path = self.path.clone();
-        let err = |source| StoreError::Sqlite {
-            path: path.clone(),
-            source,
-        };
-        let Some(tx) = self.fenced_transaction(fence)? else {
-            return Ok(WindowCommit::Fenced);
-        };
-        if let Some((expected, new)) = advance {
-            assert_eq!(new.source, record.source);
-            let changed = match expected {
-                Some(prev) => tx
-                    .execute(
+        self.fenced(fence, |tx| {
+            if let Some((expected, new)) = advance {
+                assert_eq!(new.source, record.source);
+                let changed = match expected {
+                    Some(prev) => tx.execute(
                         "UPDATE bookmarks SET last_end_us = ?2, horizon = ?3
                          WHERE source = ?1 AND last_end_us = ?4",
                         params![new.source, new.last_end_us, new.horizon, prev],
-                    )
-                    .map_err(err)?,
-                None => tx
-                    .execute(
+                    )?,
+                    None => tx.execute(
                         "INSERT INTO bookmarks(source, last_end_us, horizon) VALUES(?1, ?2, ?3)
                          ON CONFLICT(source) DO NOTHING",
                         params![new.source, new.last_end_us, new.horizon],
-                    )
-                    .map_err(err)?,
-            };
-            if changed != 1 {
-                return Ok(WindowCommit::BookmarkMoved);
+                    )?,
+                };
+                if changed != 1 {
+                    return Ok(WindowCommit::BookmarkMoved);
+                }
             }
-        }
-        put_window(&tx, record).map_err(err)?;
-        tx.commit().map_err(err)?;
-        Ok(WindowCommit::Done)
+            put_window(tx, record)?;
+            Ok(WindowCommit::Done)
+        })
     }
 
     fn commit_windows(
@@ -644,20 +633,13 @@ impl StateStore for SqliteStore {
         records: &[WindowRecord],
         fence: &Fence,
     ) -> Result<WindowCommit, StoreError> {
-        let path = self.path.clone();
-        let err = |source| StoreError::Sqlite {
-            path: path.clone(),
-            source,
-        };
-        let Some(tx) = self.fenced_transaction(fence)? else {
-            return Ok(WindowCommit::Fenced);
-        };
-        for r in records {
-            assert!(r.end_us > r.start_us, "window bounds are ours");
-            put_window(&tx, r).map_err(err)?;
-        }
-        tx.commit().map_err(err)?;
-        Ok(WindowCommit::Done)
+        self.fenced(fence, |tx| {
+            for r in records {
+                assert!(r.end_us > r.start_us, "window bounds are ours");
+                put_window(tx, r)?;
+            }
+            Ok(WindowCommit::Done)
+        })
     }
 
     fn advance_horizon(
@@ -667,25 +649,17 @@ impl StateStore for SqliteStore {
         horizon: i64,
         fence: &Fence,
     ) -> Result<WindowCommit, StoreError> {
-        let path = self.path.clone();
-        let err = |source| StoreError::Sqlite {
-            path: path.clone(),
-            source,
-        };
-        let Some(tx) = self.fenced_transaction(fence)? else {
-            return Ok(WindowCommit::Fenced);
-        };
-        let n = tx
-            .execute(
+        self.fenced(fence, |tx| {
+            let n = tx.execute(
                 "UPDATE bookmarks SET horizon = ?3 WHERE source = ?1 AND last_end_us = ?2",
                 params![source, expected_end, horizon],
-            )
-            .map_err(err)?;
-        if n != 1 {
-            return Ok(WindowCommit::BookmarkMoved);
-        }
-        tx.commit().map_err(err)?;
-        Ok(WindowCommit::Done)
+            )?;
+            Ok(if n == 1 {
+                WindowCommit::Done
+            } else {
+                WindowCommit::BookmarkMoved
+            })
+        })
     }
 
     fn acquire_lease(
@@ -738,6 +712,29 @@ fn put_window(tx: &rusqlite::Transaction<'_>, record: &WindowRecord) -> rusqlite
 }
 
 impl SqliteStore {
+    /// Runs `body` in a write transaction if the fence still holds, and
+    /// commits only when it says `Done`; any other outcome (or an error)
+    /// rolls back. `Fenced` when the lease was taken over.
+    fn fenced(
+        &mut self,
+        fence: &Fence,
+        body: impl FnOnce(&rusqlite::Transaction<'_>) -> rusqlite::Result<WindowCommit>,
+    ) -> Result<WindowCommit, StoreError> {
+        let path = self.path.clone();
+        let err = |source| StoreError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let Some(tx) = self.fenced_transaction(fence)? else {
+            return Ok(WindowCommit::Fenced);
+        };
+        let outcome = body(&tx).map_err(err)?;
+        if outcome == WindowCommit::Done {
+            tx.commit().map_err(err)?;
+        }
+        Ok(outcome)
+    }
+
     /// Who holds lease `name` now (expired or not), if anyone.
     pub fn lease(&self, name: &str) -> Result<Option<crate::Lease>, StoreError> {
         crate::lease::current(&self.conn, name).map_err(|e| self.err(e))
