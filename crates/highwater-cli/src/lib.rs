@@ -1008,9 +1008,12 @@ fn osm(
                     }
                     continue;
                 }
-                let paths: Vec<PathBuf> = batch.fetched.iter().map(|f| f.path.clone()).collect();
-                let d = ops::read_diffs(&paths)?;
-                let fetched = batch.fetched.clone();
+                // Parsed and checked as they were fetched: not read again.
+                let mut fetched = batch.fetched;
+                let d: Vec<ops::Diff> = fetched
+                    .iter_mut()
+                    .map(|f| (std::mem::take(&mut f.changes), Some(f.state.clone())))
+                    .collect();
                 let r = apply_then_drain(
                     &mut st,
                     &d,
@@ -1028,9 +1031,7 @@ fn osm(
                     // the next run's.
                     return Err(e.into());
                 }
-                if !*keep_going
-                    && batch.fetched.last().map(|f| f.sequence) >= Some(batch.top.sequence)
-                {
+                if !*keep_going && fetched.last().map(|f| f.sequence) >= Some(batch.top.sequence) {
                     return Ok(code);
                 }
                 if stop.load(std::sync::atomic::Ordering::SeqCst) {

@@ -482,6 +482,18 @@ impl PgReader {
         }
     }
 
+    /// The unique-key check in the current transaction: `None` when not
+    /// asked, 0 when an index makes duplicates impossible, else the count.
+    fn key_check(&mut self, pred: &Pred, unique: bool) -> Result<Option<u64>, postgres::Error> {
+        if !unique {
+            return Ok(None);
+        }
+        if self.key_guaranteed()? {
+            return Ok(Some(0));
+        }
+        self.duplicate_keys(pred).map(Some)
+    }
+
     /// Counts keys occurring more than once, in the current transaction.
     fn duplicate_keys(&mut self, pred: &Pred) -> Result<u64, postgres::Error> {
         let rel = self.spec.relation_sql();
@@ -539,13 +551,7 @@ impl Reader for PgReader {
                     .batch_execute(&format!("SET TRANSACTION SNAPSHOT '{id}'"))
                     .map_err(werr)?;
             }
-            let dups = if unique && self.key_guaranteed().map_err(werr)? {
-                Some(0)
-            } else if unique {
-                Some(self.duplicate_keys(&scope.pred).map_err(werr)?)
-            } else {
-                None
-            };
+            let dups = self.key_check(&scope.pred, unique).map_err(werr)?;
             let list = cols
                 .iter()
                 .map(|(_, e)| e.as_str())
@@ -625,13 +631,7 @@ impl Reader for PgReader {
                 .query_one("SELECT pg_export_snapshot()", &[])
                 .map_err(werr)?
                 .get(0);
-            let duplicate_keys = if unique && self.key_guaranteed().map_err(werr)? {
-                Some(0)
-            } else if unique {
-                Some(self.duplicate_keys(pred).map_err(werr)?)
-            } else {
-                None
-            };
+            let duplicate_keys = self.key_check(pred, unique).map_err(werr)?;
             // The planner's estimate of the window's rows, from the table's
             // statistics.
             let explain = self

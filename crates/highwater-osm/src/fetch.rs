@@ -21,7 +21,7 @@
 //! - backwards: a state whose timestamp is older than its predecessor's:
 //!   refused.
 
-use crate::import::{read_state, sequence_path, State};
+use crate::import::{sequence_path, State};
 use sha2::{Digest, Sha256};
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -127,6 +127,8 @@ pub struct Fetched {
     pub path: PathBuf,
     /// Its size unpacked (the gzip trailer's), for batching.
     pub unpacked_bytes: u64,
+    /// Its changes, parsed once, when the body was checked.
+    pub changes: Vec<crate::model::Change>,
 }
 
 pub struct Server {
@@ -375,30 +377,20 @@ impl Server {
             })
         };
         let mut cache_err = None;
+        let mut changes = Vec::new();
         let body = self
             .get(&url, DIFF_BYTES_MAX, false, &mut |b| {
                 if let Err(e) = write(&path, b) {
                     cache_err = Some(e);
                     return Ok(());
                 }
-                crate::xml::read_changes(&path)
-                    .map(|_| ())
-                    .map_err(|e| e.to_string())
+                changes = crate::xml::read_changes(&path).map_err(|e| e.to_string())?;
+                Ok(())
             })?
             .expect("not missing_ok");
         if let Some(e) = cache_err {
             return Err(e);
         }
-        let state_path = path.with_file_name(format!("{:03}.state.txt", seq % 1000));
-        write(
-            &state_path,
-            format!(
-                "sequenceNumber={}\ntimestamp={}\n",
-                state.sequence,
-                state.timestamp.replace(':', "\\:")
-            )
-            .as_bytes(),
-        )?;
         let unpacked_bytes = match body.len() {
             n if n >= 4 => u32::from_le_bytes(body[n - 4..].try_into().expect("4 bytes")) as u64,
             _ => 0,
@@ -410,12 +402,10 @@ impl Server {
                 .iter()
                 .map(|b| format!("{b:02x}"))
                 .collect(),
-            state: read_state(&state_path).map_err(|e| FetchError::Cache {
-                path: state_path.clone(),
-                message: e.to_string(),
-            })?,
+            state,
             path,
             unpacked_bytes,
+            changes,
         })
     }
 
