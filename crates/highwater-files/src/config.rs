@@ -24,6 +24,9 @@ struct RawConfig {
 #[serde(deny_unknown_fields)]
 struct RawState {
     store: Option<String>,
+    url_env: Option<String>,
+    lease_duration_s: Option<u64>,
+    claim_batch_max: Option<usize>,
 }
 
 #[derive(Deserialize)]
@@ -85,12 +88,45 @@ pub fn parse(text: &str, path: &Path, root: &Path) -> Result<PipelineSpec, Files
     };
     let raw: RawConfig = toml::from_str(text).map_err(|e| bad(format!("invalid config: {e}")))?;
     let mut spec = PipelineSpec::new(root);
-    if let Some(store) = raw.state.and_then(|s| s.store) {
+    let (store, url_env, lease_s, claim_max) = match raw.state {
+        Some(s) => (s.store, s.url_env, s.lease_duration_s, s.claim_batch_max),
+        None => (None, None, None, None),
+    };
+    if let Some(var) = url_env {
+        if var.is_empty() || !var.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            return Err(bad(format!(
+                "[state] url_env = {var:?}: give the NAME of an environment variable (letters, digits, `_`) that holds the postgres:// URL, not the URL itself"
+            )));
+        }
+        if store.is_some() {
+            return Err(bad(
+                "[state] names both `store` (SQLite) and `url_env` (PostgreSQL); keep one".into(),
+            ));
+        }
+        spec.state_url_env = Some(var);
+    }
+    if let Some(s) = lease_s {
+        if !(1..=86_400).contains(&s) {
+            return Err(bad(format!(
+                "[state] lease_duration_s = {s}: give 1 to 86400 seconds (how long a claim lives without a heartbeat)"
+            )));
+        }
+        spec.fleet.lease_duration_s = s;
+    }
+    if let Some(n) = claim_max {
+        if !(1..=10_000).contains(&n) {
+            return Err(bad(format!(
+                "[state] claim_batch_max = {n}: give 1 to 10000 items per claim"
+            )));
+        }
+        spec.fleet.claim_batch_max = n;
+    }
+    if let Some(store) = store {
         match store.split_once(':') {
             Some(("sqlite", p)) if !p.is_empty() => spec.state = PathBuf::from(p),
             Some(("postgres" | "postgresql", _)) => {
                 return Err(bad(
-                    "[state] store: a PostgreSQL state store is not available in this version; use `sqlite:PATH`".into(),
+                    "[state] store: a URL in the config would put its password there; write `url_env = \"HIGHWATER_STATE_URL\"` and set that variable to the postgres:// URL".into(),
                 ))
             }
             _ => {

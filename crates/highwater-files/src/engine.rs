@@ -19,7 +19,7 @@ use highwater_core::plan::{
 };
 use highwater_core::template::{normalize_lexically, ArgTemplate, OutputTemplate};
 use highwater_core::{time, Entry, EntryKind, Status};
-use highwater_store::{Batch, SqliteStore, StageEntries, StateStore};
+use highwater_store::{Batch, PgStore, SqliteStore, StageEntries, StateStore};
 use rayon::prelude::*;
 use serde::Serialize;
 use serde_json::json;
@@ -29,6 +29,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+
+mod fleet;
 
 /// The committer writes a transaction at least every this many results...
 pub const COMMIT_BATCH_ITEMS_MAX: usize = 512;
@@ -93,6 +95,9 @@ pub struct StageReport {
     pub reasons: BTreeMap<String, usize>,
     pub changes: Vec<ChangeRow>,
     pub duration_ms: u64,
+    /// On shared state: what this process did of the fleet's work.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<fleet::FleetStage>,
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -216,6 +221,9 @@ struct Observed {
 pub struct Pipeline {
     root: PathBuf,
     state_path: PathBuf,
+    /// Set: the state is shared in PostgreSQL (see `fleet`).
+    state_url_env: Option<String>,
+    fleet: crate::spec::FleetSettings,
     stages: Vec<Stage>,
     /// The `[sources.NAME]` names, for export and status.
     sources: Vec<String>,
@@ -337,6 +345,8 @@ impl Pipeline {
         Ok(Pipeline {
             root,
             state_path,
+            state_url_env: spec.state_url_env,
+            fleet: spec.fleet,
             stages,
             sources: spec.sources.keys().cloned().collect(),
         })
@@ -370,13 +380,27 @@ impl Pipeline {
             .unwrap_or_else(|| self.root.clone())
     }
 
-    /// Opens the state store (creating it on first use).
-    pub fn open_store(&self) -> Result<SqliteStore, FilesError> {
-        Ok(SqliteStore::open(&self.state_path)?)
+    /// Opens the state store (creating it on first use): PostgreSQL when
+    /// `[state] url_env` names one, the embedded SQLite file otherwise.
+    pub fn open_store(&self) -> Result<Box<dyn StateStore>, FilesError> {
+        Ok(match &self.state_url_env {
+            Some(var) => Box::new(PgStore::open_env(var)?),
+            None => Box::new(SqliteStore::open(&self.state_path)?),
+        })
     }
 
-    /// Takes the single-writer lock: one run (or adopt) per state store.
-    fn lock(&self) -> Result<File, FilesError> {
+    /// Whether the state is shared by a fleet (PostgreSQL).
+    pub fn is_shared(&self) -> bool {
+        self.state_url_env.is_some()
+    }
+
+    /// Takes the single-writer lock: one run (or adopt) per SQLite state
+    /// store. A shared store has no such lock: its processes coordinate
+    /// through leases and claims.
+    fn lock(&self) -> Result<Option<File>, FilesError> {
+        if self.is_shared() {
+            return Ok(None);
+        }
         let dir = self.state_dir();
         std::fs::create_dir_all(&dir).map_err(|e| FilesError::io("creating", &dir, e))?;
         let path = dir.join("lock");
@@ -387,7 +411,7 @@ impl Pipeline {
             .open(&path)
             .map_err(|e| FilesError::io("opening", &path, e))?;
         match f.try_lock() {
-            Ok(()) => Ok(f),
+            Ok(()) => Ok(Some(f)),
             Err(std::fs::TryLockError::WouldBlock) => Err(FilesError::Locked { path }),
             Err(std::fs::TryLockError::Error(e)) => Err(FilesError::io("locking", &path, e)),
         }
@@ -496,7 +520,7 @@ impl Pipeline {
         let load = || -> Result<StageEntries, FilesError> {
             match prev {
                 Some(p) => Ok(p),
-                None => Ok(SqliteStore::open(&self.state_path)?.load(name)?),
+                None => Ok(self.open_store()?.load(name)?),
             }
         };
         // The stats do not depend on the entries, so they run while the
@@ -661,6 +685,9 @@ impl Pipeline {
 
     /// Runs every (or one) stage in dependency order.
     pub fn run(&self, opts: &RunOptions, progress: &dyn Progress) -> Result<RunReport, FilesError> {
+        if self.is_shared() {
+            return self.run_fleet(opts, progress);
+        }
         let _lock = self.lock()?;
         let mut store = self.open_store()?;
         let selected = self.select(opts.stage.as_deref())?;
@@ -690,7 +717,7 @@ impl Pipeline {
             // guard is not applied again, since these changes are real ones
             // that a guarded (or forced) upstream run made.
             if st.template.is_aggregate() {
-                if let Some(why) = self.upstream_failures(&store, st)? {
+                if let Some(why) = self.upstream_failures(store.as_ref(), st)? {
                     let mut r = StageReport::from_plan(
                         &observed[i].take().expect("observed once per stage").plan,
                     );
@@ -705,7 +732,7 @@ impl Pipeline {
             } else {
                 observed[i].take().expect("observed once per stage")
             };
-            let r = self.run_stage(&mut store, st, o, opts, progress)?;
+            let r = self.run_stage(store.as_mut(), st, o, opts, progress)?;
             upstream_worked |= r.processed > 0 || r.deleted > 0 || !r.failed.is_empty();
             report.stages.push(r);
         }
@@ -716,7 +743,7 @@ impl Pipeline {
     /// failed (in this run or before), so its inputs are incomplete.
     fn upstream_failures(
         &self,
-        store: &SqliteStore,
+        store: &dyn StateStore,
         st: &Stage,
     ) -> Result<Option<String>, FilesError> {
         for up in &st.upstream {
@@ -759,7 +786,7 @@ impl Pipeline {
 
     fn run_stage(
         &self,
-        store: &mut SqliteStore,
+        store: &mut dyn StateStore,
         st: &Stage,
         o: Observed,
         opts: &RunOptions,

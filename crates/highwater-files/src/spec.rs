@@ -114,13 +114,35 @@ impl StageSpec {
     }
 }
 
-/// A whole pipeline: where it lives, where its state goes, its stages.
+/// `[state]` limits of a shared (PostgreSQL) state.
+#[derive(Clone, Debug)]
+pub struct FleetSettings {
+    /// How long a claim (and the plan lease) lives without a heartbeat.
+    pub lease_duration_s: u64,
+    /// Items a process claims at a time.
+    pub claim_batch_max: usize,
+}
+
+impl Default for FleetSettings {
+    fn default() -> Self {
+        FleetSettings {
+            lease_duration_s: 30,
+            claim_batch_max: 16,
+        }
+    }
+}
+
+/// A pipeline: its stages, where its state lives, and the other places it names.
 #[derive(Clone, Debug)]
 pub struct PipelineSpec {
     /// The folder that relative paths are relative to (the config's folder).
     pub root: PathBuf,
     /// The SQLite state file, relative to `root` unless absolute.
     pub state: PathBuf,
+    /// `[state] url_env`: the variable holding a postgres:// URL. Set: the
+    /// state is shared in PostgreSQL and runs claim work from its queue.
+    pub state_url_env: Option<String>,
+    pub fleet: FleetSettings,
     pub stages: Vec<StageSpec>,
     /// `[sources.NAME]` tables, left raw: `highwater-ingest` reads them.
     pub sources: std::collections::BTreeMap<String, toml::Value>,
@@ -137,6 +159,8 @@ impl PipelineSpec {
         PipelineSpec {
             root: root.into(),
             state: PathBuf::from(".highwater/state.db"),
+            state_url_env: None,
+            fleet: FleetSettings::default(),
             stages: Vec::new(),
             sources: Default::default(),
             osm: None,

@@ -14,7 +14,40 @@
 //! Invariants: only this crate knows SQL for state; a store refuses to open a
 //! database whose schema is newer than it understands rather than guess.
 
+/// The work-queue tables, as SQL both stores read (PostgreSQL adds the
+/// token sequence).
+macro_rules! work_sql {
+    () => {
+        "CREATE TABLE work(
+        stage TEXT NOT NULL,
+        item TEXT NOT NULL,
+        state TEXT NOT NULL,
+        owner TEXT,
+        token BIGINT NOT NULL,
+        lease_until_ns BIGINT,
+        claims INTEGER NOT NULL,
+        payload TEXT NOT NULL,
+        PRIMARY KEY(stage, item)
+     );
+     CREATE INDEX work_owner ON work(owner);
+     CREATE TABLE processes(
+        owner TEXT PRIMARY KEY,
+        host TEXT NOT NULL,
+        pid BIGINT NOT NULL,
+        command TEXT NOT NULL,
+        started_at_ns BIGINT NOT NULL,
+        heartbeat_at_ns BIGINT NOT NULL,
+        finished_at_ns BIGINT,
+        claimed BIGINT NOT NULL,
+        done BIGINT NOT NULL,
+        takeovers BIGINT NOT NULL,
+        fenced BIGINT NOT NULL
+     );"
+    };
+}
+
 pub mod lease;
+pub mod pg;
 pub mod sqlite;
 
 use highwater_core::{Entry, EntryKind};
@@ -22,6 +55,7 @@ use serde::Serialize;
 use std::path::PathBuf;
 use thiserror::Error;
 
+pub use pg::PgStore;
 pub use sqlite::SqliteStore;
 
 /// What to do about an SQLite error, by its kind.
@@ -62,6 +96,16 @@ pub enum StoreError {
         item: String,
         what: String,
     },
+    #[error("the PostgreSQL state store ({what}): {source}. Check that the server is up, the URL in that variable is right, and the user may create tables")]
+    Pg {
+        /// The variable the URL came from; the URL itself may hold a
+        /// password and is never shown.
+        what: String,
+        #[source]
+        source: postgres::Error,
+    },
+    #[error("[state] url_env = {var:?}, but that environment variable is not set. Set it to a postgres:// URL, or remove url_env to use the embedded SQLite store")]
+    NoUrl { var: String },
     #[error("cannot create the state folder {path}: {source}")]
     Io {
         path: PathBuf,
@@ -290,4 +334,124 @@ pub trait StateStore: Send {
     ) -> Result<bool, StoreError>;
     /// Gives a lease up (only if still ours).
     fn release_lease(&mut self, fence: &Fence) -> Result<(), StoreError>;
+    /// Who holds lease `name` now (expired or not), if anyone.
+    fn lease(&self, name: &str) -> Result<Option<Lease>, StoreError>;
+    /// The work queue, when this store is shared by a fleet (PostgreSQL);
+    /// `None` for a store one machine owns.
+    fn as_queue(&mut self) -> Option<&mut dyn WorkQueue> {
+        None
+    }
+}
+
+/// The tables of the work queue and the fleet (migration 4 -> 5 in both
+/// stores: SQLite keeps them empty, so that versions mean the same tables).
+pub const WORK_SQL_SQLITE: &str = work_sql!();
+
+/// One claimed item: the token fences its result.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Claim {
+    pub item: String,
+    pub token: i64,
+    /// What the planner wrote for the worker (JSON).
+    pub payload: String,
+    /// The claim took the item over from a holder whose claim expired.
+    pub takeover: bool,
+}
+
+/// Where a stage's queued items stand.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct QueueCounts {
+    pub todo: u64,
+    /// Claimed, and the claim has not expired.
+    pub claimed: u64,
+    /// Claimed, and the claim expired: claimable again.
+    pub expired: u64,
+    pub done: u64,
+}
+
+impl QueueCounts {
+    /// Items not yet done.
+    pub fn open(&self) -> u64 {
+        self.todo + self.claimed + self.expired
+    }
+}
+
+/// One process of a fleet, as it registered and as it is going.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct FleetProcess {
+    pub owner: String,
+    pub host: String,
+    pub pid: i64,
+    pub command: String,
+    pub started_at_ns: i64,
+    pub heartbeat_at_ns: i64,
+    pub finished_at_ns: Option<i64>,
+    /// Items it claimed, completed, took over from an expired claim, and
+    /// whose results the fence refused.
+    pub claimed: u64,
+    pub done: u64,
+    pub takeovers: u64,
+    pub fenced: u64,
+    /// Items it holds claimed now.
+    pub holding: u64,
+    /// The server's clock when this was read.
+    pub now_ns: i64,
+}
+
+/// The work queue of a shared store: the planner enqueues a stage's changed
+/// items under the stage's plan lease; every process claims batches with
+/// `FOR UPDATE SKIP LOCKED`, keeps its claims alive with a heartbeat, and
+/// completes each item only if its token is still current.
+///
+/// Ordering contract: `enqueue` is called only while the stage has no open
+/// item (checked under the plan lease); `complete` writes an item's entry in
+/// the same transaction that checks its token; a claim that expired is
+/// claimable again with a larger token, so the earlier holder's `complete`
+/// writes nothing.
+pub trait WorkQueue {
+    fn pending(&mut self, stage: &str) -> Result<QueueCounts, StoreError>;
+    /// Under the plan lease's fence: commits the plan's own batch
+    /// (deletions, refreshed evidence) and queues `items` (item, payload).
+    fn enqueue(
+        &mut self,
+        stage: &str,
+        batch: &Batch,
+        items: &[(String, String)],
+        fence: &Fence,
+    ) -> Result<WindowCommit, StoreError>;
+    /// Claims up to `n` items for `lease_ns` (server clock).
+    fn claim(
+        &mut self,
+        stage: &str,
+        owner: &str,
+        n: usize,
+        lease_ns: i64,
+    ) -> Result<Vec<Claim>, StoreError>;
+    /// Extends every live claim of `owner`; returns how many.
+    fn heartbeat(&mut self, owner: &str, lease_ns: i64) -> Result<u64, StoreError>;
+    /// Whether the claim is current and has more than `margin_ns` to run:
+    /// asked just before an output is published.
+    fn holds(
+        &mut self,
+        stage: &str,
+        item: &str,
+        token: i64,
+        margin_ns: i64,
+    ) -> Result<bool, StoreError>;
+    /// Marks items done and records their entries, each only if its token
+    /// is still current; says which were kept. `refused` counts results the
+    /// worker already dropped because `holds` said no (for the fleet status).
+    fn complete(
+        &mut self,
+        stage: &str,
+        owner: &str,
+        done: &[(String, i64, Entry)],
+        refused: u64,
+    ) -> Result<Vec<bool>, StoreError>;
+    /// Registers this process in the fleet.
+    fn register(&mut self, p: &FleetProcess) -> Result<(), StoreError>;
+    /// Marks this process finished.
+    fn finish(&mut self, owner: &str) -> Result<(), StoreError>;
+    /// Every process that registered, newest last.
+    fn fleet(&mut self) -> Result<Vec<FleetProcess>, StoreError>;
 }

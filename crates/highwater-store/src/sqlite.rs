@@ -84,6 +84,9 @@ const MIGRATIONS: &[&str] = &[
         expires_at_ns INTEGER NOT NULL,
         token INTEGER NOT NULL
      );",
+    // 4 -> 5: the work queue and the fleet's processes (used only by a
+    // shared PostgreSQL store; here so that versions mean the same tables).
+    crate::WORK_SQL_SQLITE,
 ];
 
 /// How much of the database file SQLite may map into memory for reads.
@@ -687,6 +690,10 @@ impl StateStore for SqliteStore {
     fn release_lease(&mut self, fence: &Fence) -> Result<(), StoreError> {
         crate::lease::release(&self.conn, fence).map_err(|e| self.err(e))
     }
+
+    fn lease(&self, name: &str) -> Result<Option<crate::Lease>, StoreError> {
+        crate::lease::current(&self.conn, name).map_err(|e| self.err(e))
+    }
 }
 
 fn put_window(tx: &rusqlite::Transaction<'_>, record: &WindowRecord) -> rusqlite::Result<usize> {
@@ -733,11 +740,6 @@ impl SqliteStore {
             tx.commit().map_err(err)?;
         }
         Ok(outcome)
-    }
-
-    /// Who holds lease `name` now (expired or not), if anyone.
-    pub fn lease(&self, name: &str) -> Result<Option<crate::Lease>, StoreError> {
-        crate::lease::current(&self.conn, name).map_err(|e| self.err(e))
     }
 
     /// A write transaction, if the fence still holds (`None` otherwise).

@@ -1,0 +1,228 @@
+//! Issue 11: many `highwater run` processes on one PostgreSQL state, each
+//! changed item processed once, killed and frozen workers handled by claims
+//! with leases and fencing tokens.
+
+mod common;
+
+use common::ingest::{pg_database, pg_serial};
+use common::{contents, Project};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+/// A stage whose command logs each execution (one line per run of an
+/// item) and takes a while, so that processes overlap.
+fn config(lease_s: u64, batch: usize) -> String {
+    format!(
+        r#"
+[state]
+url_env = "HIGHWATER_STATE_URL"
+lease_duration_s = {lease_s}
+claim_batch_max = {batch}
+
+[stages.upper]
+inputs = ["data/*.txt"]
+output = "out/{{relpath}}.up"
+command = ["sh", "work.sh", "{{input}}", "{{output}}"]
+[stages.upper.recipe]
+files = ["work.sh"]
+"#
+    )
+}
+
+fn project(lease_s: u64, batch: usize, sleep: &str, items: usize) -> Project {
+    let p = Project::new(&config(lease_s, batch));
+    p.write(
+        "work.sh",
+        &format!(
+            "set -eu\nmkdir -p started\ntouch \"started/$(basename \"$1\")\"\nsleep {sleep}\ntr 'a-z' 'A-Z' < \"$1\" > \"$2\"\n"
+        ),
+    );
+    for i in 0..items {
+        p.write(&format!("data/{i:04}.txt"), &format!("item {i}\n"));
+    }
+    p
+}
+
+fn spawn(p: &Project, url: &str, args: &[&str]) -> Child {
+    p.cmd(args)
+        .env("HIGHWATER_STATE_URL", url)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn finish(c: Child) -> (i32, serde_json::Value, String) {
+    let o = c.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+    let json = serde_json::from_str(&stdout).unwrap_or(serde_json::Value::Null);
+    (o.status.code().unwrap_or(-1), json, stderr)
+}
+
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "waited a minute for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn count(db: &mut postgres::Client, sql: &str) -> i64 {
+    db.query_one(sql, &[]).unwrap().get(0)
+}
+
+/// The outputs a single process makes with the embedded SQLite state.
+fn rebuild(items: usize) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let p = Project::new(&common::upper_config(""));
+    for i in 0..items {
+        p.write(&format!("data/{i:04}.txt"), &format!("item {i}\n"));
+    }
+    p.run_json(&[], 0);
+    contents(&p.tree("out"))
+        .into_iter()
+        .map(|(k, v)| (k.replace(".txt.upper", ".txt.up"), v))
+        .collect()
+}
+
+#[test]
+fn issue11_three_processes_one_killed_record_each_item_once() {
+    let _pg = pg_serial();
+    let (mut db, url) = pg_database("fleet3");
+    let p = project(2, 4, "0.02", 500);
+    let a = spawn(&p, &url, &["run", "--json", "--jobs", "2"]);
+    let b = spawn(&p, &url, &["run", "--json", "--jobs", "2"]);
+    let mut c = spawn(&p, &url, &["run", "--json", "--jobs", "2"]);
+    // Kill one process mid-run, with claims in flight.
+    wait_for("a quarter of the items to start", || {
+        std::fs::read_dir(p.path("started")).map_or(0, |d| d.count()) > 125
+    });
+    c.kill().unwrap();
+    c.wait().unwrap();
+    let killed_open = count(&mut db, "SELECT count(*) FROM work WHERE state <> 'done'");
+    assert!(killed_open > 0, "the kill came while work was open");
+    // Restarted, it joins what is left.
+    let c2 = spawn(&p, &url, &["run", "--json", "--jobs", "2"]);
+    let mut processed = 0;
+    let mut takeovers = 0;
+    for child in [a, b, c2] {
+        let (code, json, stderr) = finish(child);
+        assert_eq!(code, 0, "{stderr}");
+        let s = &json["stages"][0];
+        processed += s["processed"].as_i64().unwrap();
+        takeovers += s["fleet"]["takeovers"].as_i64().unwrap();
+    }
+    // Every item recorded once, by exactly one completion.
+    assert_eq!(
+        count(
+            &mut db,
+            "SELECT count(*) FROM entries WHERE stage = 'upper' AND status = 'ok'"
+        ),
+        500
+    );
+    assert_eq!(
+        count(&mut db, "SELECT count(*) FROM work WHERE state = 'done'"),
+        500
+    );
+    assert_eq!(
+        count(&mut db, "SELECT sum(done)::bigint FROM processes"),
+        500
+    );
+    // The survivors did what the killed process left, taking its claims over.
+    assert!(processed <= 500 && processed >= 500 - 125, "{processed}");
+    assert!(takeovers > 0, "the killed process's claims were taken over");
+    // Outputs equal a single-process rebuild with SQLite state.
+    assert_eq!(contents(&p.tree("out")), rebuild(500));
+    // And a next run on the fleet's state finds nothing to do.
+    let (code, json, stderr) = finish(spawn(&p, &url, &["run", "--json"]));
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(json["stages"][0]["unchanged"], 500);
+    assert_eq!(json["stages"][0]["processed"], 0);
+}
+
+#[test]
+fn issue11_a_frozen_worker_is_fenced_and_overwrites_nothing() {
+    let _pg = pg_serial();
+    let (mut db, url) = pg_database("fleetstop");
+    let p = project(2, 1, "1.5", 3);
+    let frozen = spawn(&p, &url, &["run", "--json", "--jobs", "1"]);
+    let pid = frozen.id() as i32;
+    wait_for("the first item to start", || p.exists("started/0000.txt"));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    // Another process takes every item, the frozen one's after its claim
+    // expires.
+    let (code, json, stderr) = finish(spawn(&p, &url, &["run", "--json", "--jobs", "3"]));
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(json["stages"][0]["fleet"]["takeovers"], 1, "{json}");
+    assert_eq!(json["stages"][0]["processed"], 3);
+    let out = p.path("out/0000.txt.up");
+    let before = std::fs::metadata(&out).unwrap();
+    let entry_before: i64 = count(
+        &mut db,
+        "SELECT processed_at_ns FROM entries WHERE item = 'data/0000.txt'",
+    );
+    // Thawed, its command finishes; its result is refused.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let (code, json, stderr) = finish(frozen);
+    assert_eq!(code, 0, "{stderr}");
+    let s = &json["stages"][0];
+    assert_eq!(s["fleet"]["fenced"], 1, "{json}");
+    assert_eq!(s["processed"], 0, "{json}");
+    let after = std::fs::metadata(&out).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        (before.ino(), before.mtime_nsec()),
+        (after.ino(), after.mtime_nsec())
+    );
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "ITEM 0\n");
+    assert_eq!(
+        count(
+            &mut db,
+            "SELECT processed_at_ns FROM entries WHERE item = 'data/0000.txt'"
+        ),
+        entry_before
+    );
+    assert_eq!(
+        count(&mut db, "SELECT sum(fenced)::bigint FROM processes"),
+        1
+    );
+    // No temp output of the fenced attempt is left behind.
+    let names: Vec<String> = std::fs::read_dir(p.path("out"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.len(), 3, "{names:?}");
+}
+
+#[test]
+fn issue11_a_missing_state_url_is_refused_by_name() {
+    let p = project(2, 1, "0", 1);
+    let r = p
+        .cmd(&["run"])
+        .env_remove("HIGHWATER_STATE_URL")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(r.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("HIGHWATER_STATE_URL"), "{stderr}");
+    // A wrong URL names the variable, never the URL (it may hold a password).
+    let r = p
+        .cmd(&["run"])
+        .env(
+            "HIGHWATER_STATE_URL",
+            "host=127.0.0.1 port=1 user=secretuser password=hunter2",
+        )
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&r.stderr);
+    assert_ne!(r.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("HIGHWATER_STATE_URL"), "{stderr}");
+    assert!(
+        !stderr.contains("hunter2") && !stderr.contains("secretuser"),
+        "{stderr}"
+    );
+}
