@@ -535,7 +535,7 @@ fn ingestor(cli_config: &std::path::Path, name: &str) -> Result<highwater_ingest
     let source = highwater_ingest::SourceSpec::parse(name, value, cli_config, pipeline.root())?;
     Ok(highwater_ingest::Ingestor::new(
         pipeline.root(),
-        pipeline.state_path(),
+        pipeline.state_location(),
         source,
     ))
 }
@@ -682,7 +682,7 @@ impl ServedProject {
 impl highwater_serve::Project for ServedProject {
     fn status(&self) -> serde_json::Value {
         let mut errors = Vec::new();
-        let stages = if self.pipeline.state_path().exists() {
+        let stages = if self.pipeline.state_location().exists() {
             match self.pipeline.status() {
                 Ok(v) => v["stages"].clone(),
                 Err(e) => {
@@ -693,7 +693,7 @@ impl highwater_serve::Project for ServedProject {
         } else {
             serde_json::json!([])
         };
-        let sources = if self.pipeline.state_path().exists() {
+        let sources = if self.pipeline.state_location().exists() {
             self.sources(&mut errors)
         } else {
             Vec::new()

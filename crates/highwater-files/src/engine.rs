@@ -19,7 +19,7 @@ use highwater_core::plan::{
 };
 use highwater_core::template::{normalize_lexically, ArgTemplate, OutputTemplate};
 use highwater_core::{time, Entry, EntryKind, Status};
-use highwater_store::{Batch, PgStore, SqliteStore, StageEntries, StateStore};
+use highwater_store::{Batch, StageEntries, StateLocation, StateStore};
 use rayon::prelude::*;
 use serde::Serialize;
 use serde_json::json;
@@ -383,10 +383,15 @@ impl Pipeline {
     /// Opens the state store (creating it on first use): PostgreSQL when
     /// `[state] url_env` names one, the embedded SQLite file otherwise.
     pub fn open_store(&self) -> Result<Box<dyn StateStore>, FilesError> {
-        Ok(match &self.state_url_env {
-            Some(var) => Box::new(PgStore::open_env(var)?),
-            None => Box::new(SqliteStore::open(&self.state_path)?),
-        })
+        Ok(self.state_location().open()?)
+    }
+
+    /// Where the state lives.
+    pub fn state_location(&self) -> StateLocation {
+        match &self.state_url_env {
+            Some(var) => StateLocation::Postgres { var: var.clone() },
+            None => StateLocation::Sqlite(self.state_path.clone()),
+        }
     }
 
     /// Whether the state is shared by a fleet (PostgreSQL).

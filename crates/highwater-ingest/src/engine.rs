@@ -9,7 +9,7 @@ use crate::sink::{FileInfo, ParquetSink, Written};
 use crate::source::{self, KeyRange, Pred, Reader, Scope};
 use highwater_core::window::{format_rfc3339, Window};
 use highwater_store::{
-    Bookmark, Fence, SqliteStore, StateStore, WindowCommit, WindowRecord, WindowStatus,
+    Bookmark, Fence, StateLocation, StateStore, WindowCommit, WindowRecord, WindowStatus,
 };
 use serde::Serialize;
 use serde_json::json;
@@ -44,6 +44,10 @@ pub(crate) fn kill_self() -> ! {
 }
 
 use highwater_store::lease::now_ns;
+
+/// Compare-and-set attempts of one window commit against other processes
+/// moving the same bookmark.
+pub const COMMIT_RETRIES_MAX: usize = 64;
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -153,7 +157,7 @@ pub struct GridView {
 
 pub struct Ingestor {
     pub(crate) root: PathBuf,
-    pub(crate) state_path: PathBuf,
+    pub(crate) state: StateLocation,
     pub(crate) spec: SourceSpec,
     pub(crate) recipe: String,
 }
@@ -216,16 +220,28 @@ fn remove_chunk_files(staging: &Path, i: usize) -> Result<(), IngestError> {
     Ok(())
 }
 
+/// What a run owes, as `plan_windows` decided it.
+pub(crate) struct WindowPlan {
+    pub(crate) report: IngestReport,
+    pub(crate) ks: Vec<i64>,
+    pub(crate) records: BTreeMap<i64, WindowRecord>,
+    pub(crate) columns: Vec<crate::sink::Column>,
+    pub(crate) id_ranges: BTreeMap<i64, (Option<i64>, i64)>,
+    pub(crate) horizon: Option<i64>,
+    pub(crate) moved: BTreeMap<String, String>,
+    pub(crate) first: Box<dyn Reader>,
+}
+
 /// The shared context of one run's window workers.
-struct Ctx<'a> {
-    store: &'a Mutex<SqliteStore>,
-    fence: &'a Fence,
-    lost: &'a AtomicBool,
-    records: BTreeMap<i64, WindowRecord>,
-    columns: Vec<crate::sink::Column>,
-    id_ranges: BTreeMap<i64, (Option<i64>, i64)>,
+pub(crate) struct Ctx<'a> {
+    pub(crate) store: &'a Mutex<Box<dyn StateStore>>,
+    pub(crate) fence: &'a Fence,
+    pub(crate) lost: &'a AtomicBool,
+    pub(crate) records: BTreeMap<i64, WindowRecord>,
+    pub(crate) columns: Vec<crate::sink::Column>,
+    pub(crate) id_ranges: BTreeMap<i64, (Option<i64>, i64)>,
     /// Chunks of one window read at once.
-    chunk_parallel: usize,
+    pub(crate) chunk_parallel: usize,
 }
 
 fn median(mut v: Vec<f64>) -> Option<f64> {
@@ -242,11 +258,11 @@ fn median(mut v: Vec<f64>) -> Option<f64> {
 }
 
 impl Ingestor {
-    pub fn new(root: &Path, state_path: &Path, spec: SourceSpec) -> Ingestor {
+    pub fn new(root: &Path, state: StateLocation, spec: SourceSpec) -> Ingestor {
         let recipe = spec.recipe_id();
         Ingestor {
             root: root.to_path_buf(),
-            state_path: state_path.to_path_buf(),
+            state,
             spec,
             recipe,
         }
@@ -425,7 +441,7 @@ impl Ingestor {
     /// published; any other attempt is recorded as failed and re-runs.
     pub(crate) fn recover(
         &self,
-        store: &Mutex<SqliteStore>,
+        store: &Mutex<Box<dyn StateStore>>,
         fence: &Fence,
     ) -> Result<(), IngestError> {
         let records = store
@@ -436,6 +452,17 @@ impl Ingestor {
             .into_iter()
             .filter(|r| r.status == WindowStatus::Running)
         {
+            // On shared state a running window may be another process's,
+            // alive under its window lease: it is not ours to settle.
+            if self.state.is_shared() {
+                let held = store
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .lease(&self.window_lease(r.start_us))?;
+                if held.is_some_and(|l| l.expires_at_ns > now_ns()) {
+                    continue;
+                }
+            }
             let w = Window {
                 start_us: r.start_us,
                 end_us: r.end_us,
@@ -483,39 +510,72 @@ impl Ingestor {
 
     /// Records a window and moves the bookmark over every contiguous
     /// published window, by compare-and-set.
+    ///
+    /// On shared state other processes commit windows of the same source
+    /// meanwhile: a compare-and-set that finds the bookmark moved reads
+    /// again and retries, and after a published window is recorded the
+    /// bookmark is settled once more from what is committed now. Of two
+    /// windows committed at once, the later one's settle sees both, so the
+    /// bookmark never stops short of a published window it could cover.
     fn commit(
         &self,
-        store: &Mutex<SqliteStore>,
+        store: &Mutex<Box<dyn StateStore>>,
         fence: &Fence,
         record: WindowRecord,
     ) -> Result<WindowCommit, IngestError> {
         let mut s = store.lock().unwrap_or_else(|e| e.into_inner());
         let g = &self.spec.grid;
-        let bookmark = s.bookmark(&self.spec.name)?;
-        let cur_end = bookmark.as_ref().map_or(g.start_us, |b| b.last_end_us);
-        let mut published: BTreeSet<i64> = s
-            .windows(&self.spec.name)?
-            .into_iter()
-            .filter(|r| r.status == WindowStatus::Published)
-            .map(|r| r.start_us)
-            .collect();
-        if record.status == WindowStatus::Published {
-            published.insert(record.start_us);
-        } else {
-            published.remove(&record.start_us);
+        let mut written = false;
+        for _ in 0..COMMIT_RETRIES_MAX {
+            let bookmark = s.bookmark(&self.spec.name)?;
+            let cur_end = bookmark.as_ref().map_or(g.start_us, |b| b.last_end_us);
+            let mut published: BTreeSet<i64> = s
+                .windows(&self.spec.name)?
+                .into_iter()
+                .filter(|r| r.status == WindowStatus::Published)
+                .map(|r| r.start_us)
+                .collect();
+            if record.status == WindowStatus::Published {
+                published.insert(record.start_us);
+            } else {
+                published.remove(&record.start_us);
+            }
+            let mut new_end = cur_end;
+            while published.contains(&new_end) {
+                new_end += g.interval_us;
+            }
+            let next = Bookmark {
+                source: self.spec.name.clone(),
+                last_end_us: new_end,
+                horizon: bookmark.as_ref().and_then(|b| b.horizon),
+            };
+            if written && new_end == cur_end {
+                return Ok(WindowCommit::Done);
+            }
+            let advance =
+                (new_end != cur_end).then(|| (bookmark.as_ref().map(|b| b.last_end_us), &next));
+            match s.commit_window(&record, advance, fence)? {
+                WindowCommit::BookmarkMoved => continue,
+                WindowCommit::Fenced => return Ok(WindowCommit::Fenced),
+                WindowCommit::Done
+                    if !self.state.is_shared() || record.status != WindowStatus::Published =>
+                {
+                    return Ok(WindowCommit::Done)
+                }
+                WindowCommit::Done => written = true,
+            }
         }
-        let mut new_end = cur_end;
-        while published.contains(&new_end) {
-            new_end += g.interval_us;
+        if written {
+            // Recorded; the bookmark trails for now, and the next commit
+            // of this source (or the next run) moves it.
+            return Ok(WindowCommit::Done);
         }
-        let next = Bookmark {
-            source: self.spec.name.clone(),
-            last_end_us: new_end,
-            horizon: bookmark.as_ref().and_then(|b| b.horizon),
-        };
-        let advance =
-            (new_end != cur_end).then(|| (bookmark.as_ref().map(|b| b.last_end_us), &next));
-        Ok(s.commit_window(&record, advance, fence)?)
+        Ok(WindowCommit::BookmarkMoved)
+    }
+
+    /// The lease a window runs under on shared state.
+    pub(crate) fn window_lease(&self, start_us: i64) -> String {
+        format!("ingest:{}@{start_us}", self.spec.name)
     }
 
     pub(crate) fn token(&self, k: i64) -> String {
@@ -769,7 +829,7 @@ impl Ingestor {
         }
     }
 
-    fn run_one(
+    pub(crate) fn run_one(
         &self,
         k: i64,
         reader: &mut dyn Reader,
@@ -1032,6 +1092,9 @@ impl Ingestor {
 
     /// Ingests: recovers, chooses windows, runs them, moves the bookmark.
     pub fn run(&self, opts: &IngestOptions) -> Result<IngestReport, IngestError> {
+        if self.state.is_shared() {
+            return self.run_shared(opts);
+        }
         self.leased(opts.wait, |store, fence, lost| {
             self.run_leased(opts, store, fence, lost)
         })
@@ -1042,9 +1105,9 @@ impl Ingestor {
     pub(crate) fn leased<T>(
         &self,
         wait: bool,
-        f: impl FnOnce(&Mutex<SqliteStore>, &Fence, &AtomicBool) -> Result<T, IngestError>,
+        f: impl FnOnce(&Mutex<Box<dyn StateStore>>, &Fence, &AtomicBool) -> Result<T, IngestError>,
     ) -> Result<T, IngestError> {
-        let store = Mutex::new(SqliteStore::open(&self.state_path)?);
+        let store = Mutex::new(self.state.open()?);
         let name = &self.spec.name;
         let lease_ns = self.spec.lease_duration_s as i64 * 1_000_000_000;
         let host = highwater_store::lease::host();
@@ -1084,11 +1147,8 @@ impl Ingestor {
         // The heartbeat renews the lease on its own connection; a renewal
         // that finds another token means another run took over, and this
         // run publishes nothing more.
-        let heartbeat = highwater_store::lease::Heartbeat::start(
-            self.state_path.clone(),
-            fence.clone(),
-            lease_ns,
-        );
+        let heartbeat =
+            highwater_store::lease::Heartbeat::start_in(&self.state, fence.clone(), lease_ns);
         let result = f(&store, &fence, heartbeat.lost_flag());
         drop(heartbeat);
         let _ = store
@@ -1101,10 +1161,41 @@ impl Ingestor {
     fn run_leased(
         &self,
         opts: &IngestOptions,
-        store: &Mutex<SqliteStore>,
+        store: &Mutex<Box<dyn StateStore>>,
         fence: &Fence,
         lost: &AtomicBool,
     ) -> Result<IngestReport, IngestError> {
+        let plan = self.plan_windows(opts, store, fence)?;
+        let ctx = Ctx {
+            store,
+            fence,
+            lost,
+            records: plan.records,
+            columns: plan.columns,
+            id_ranges: plan.id_ranges,
+            chunk_parallel: opts.max_parallel,
+        };
+        let outcomes = self.run_windows(&plan.ks, &ctx, Some(plan.first), opts.max_parallel)?;
+        self.finish_windows(
+            plan.report,
+            outcomes,
+            &plan.moved,
+            plan.horizon,
+            store,
+            fence,
+            lost,
+        )
+    }
+
+    /// What a run owes, decided under the source's lease: recovery of a
+    /// dead run's windows, the windows to land, their id ranges, the
+    /// horizon to move to when all are published.
+    pub(crate) fn plan_windows(
+        &self,
+        opts: &IngestOptions,
+        store: &Mutex<Box<dyn StateStore>>,
+        fence: &Fence,
+    ) -> Result<WindowPlan, IngestError> {
         let name = &self.spec.name;
         self.recover(store, fence)?;
         self.reconcile(store, fence)?;
@@ -1205,24 +1296,37 @@ impl Ingestor {
                 (old != new).then(|| (format_rfc3339(r.start_us), old.to_string()))
             })
             .collect();
-        let ctx = Ctx {
-            store,
-            fence,
-            lost,
+        Ok(WindowPlan {
+            report,
+            ks,
             records,
             columns,
             id_ranges,
-            chunk_parallel: opts.max_parallel,
-        };
+            horizon,
+            moved,
+            first,
+        })
+    }
+
+    /// Lands windows `ks` on up to `max_parallel` readers (one at a time for
+    /// a chunked source, which spends the parallelism on chunks).
+    pub(crate) fn run_windows(
+        &self,
+        ks: &[i64],
+        ctx: &Ctx<'_>,
+        first: Option<Box<dyn Reader>>,
+        max_parallel: usize,
+    ) -> Result<Vec<WindowOutcome>, IngestError> {
+        let lost = ctx.lost;
         let next = AtomicUsize::new(0);
         let outcomes = Mutex::new(Vec::new());
-        let first = Mutex::new(Some(first));
+        let first = Mutex::new(first);
         // A chunked source runs its windows one at a time and spends the
         // parallelism on the chunks of each.
         let parallel = if self.spec.chunking.is_some() {
             1
         } else {
-            opts.max_parallel.clamp(1, 64).min(ks.len().max(1))
+            max_parallel.clamp(1, 64).min(ks.len().max(1))
         };
         std::thread::scope(|scope| -> Result<(), IngestError> {
             let mut handles = Vec::new();
@@ -1238,7 +1342,7 @@ impl Ingestor {
                         if lost.load(Ordering::SeqCst) {
                             return Ok(());
                         }
-                        let o = self.run_one(k, reader.as_mut(), &ctx)?;
+                        let o = self.run_one(k, reader.as_mut(), ctx)?;
                         outcomes.lock().unwrap_or_else(|e| e.into_inner()).push(o);
                     }
                 }));
@@ -1250,6 +1354,23 @@ impl Ingestor {
         })?;
         let mut outcomes = outcomes.into_inner().unwrap_or_else(|e| e.into_inner());
         outcomes.sort_by(|a, b| a.start.cmp(&b.start));
+        Ok(outcomes)
+    }
+
+    /// After the windows: old folders of moved windows go, the horizon
+    /// moves when every owed window is published, continuity is checked.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn finish_windows(
+        &self,
+        mut report: IngestReport,
+        outcomes: Vec<WindowOutcome>,
+        moved: &BTreeMap<String, String>,
+        horizon: Option<i64>,
+        store: &Mutex<Box<dyn StateStore>>,
+        fence: &Fence,
+        lost: &AtomicBool,
+    ) -> Result<IngestReport, IngestError> {
+        let name = &self.spec.name;
         let all_ok = outcomes.iter().all(|o| o.status == "published");
         for o in outcomes.iter().filter(|o| o.status == "published") {
             let Some(old) = moved.get(&o.start) else {
@@ -1309,14 +1430,14 @@ impl Ingestor {
     /// Who holds the source's lease (shared by ingest and compact), if
     /// anyone: owner, host, pid, expiry.
     pub fn lease_holder(&self) -> Result<Option<highwater_store::Lease>, IngestError> {
-        let s = SqliteStore::open(&self.state_path)?;
+        let s = self.state.open()?;
         Ok(s.lease(&format!("ingest:{}", self.spec.name))?)
     }
 
     /// The completion grid: one row per expected window up to `now`, the
     /// newest `last_n` of them, with the layout of their files.
     pub fn grid(&self, now_us: i64, last_n: usize) -> Result<GridView, IngestError> {
-        let s = SqliteStore::open(&self.state_path)?;
+        let s = self.state.open()?;
         let g = &self.spec.grid;
         let records: BTreeMap<i64, WindowRecord> = s
             .windows(&self.spec.name)?

@@ -28,6 +28,7 @@ pub mod error;
 pub mod periods;
 pub mod pg;
 pub mod publish;
+mod shared;
 pub mod sink;
 pub mod source;
 

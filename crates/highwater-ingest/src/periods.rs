@@ -14,7 +14,7 @@ use crate::error::IngestError;
 use crate::publish;
 use highwater_core::window::{format_rfc3339, Window};
 use highwater_store::lease::now_ns;
-use highwater_store::{Fence, SqliteStore, StateStore, WindowCommit, WindowRecord, WindowStatus};
+use highwater_store::{Fence, StateStore, WindowCommit, WindowRecord, WindowStatus};
 use serde::Serialize;
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -61,7 +61,7 @@ impl CompactReport {
     }
 }
 
-fn store_of(s: &Mutex<SqliteStore>) -> std::sync::MutexGuard<'_, SqliteStore> {
+fn store_of(s: &Mutex<Box<dyn StateStore>>) -> std::sync::MutexGuard<'_, Box<dyn StateStore>> {
     s.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -106,7 +106,7 @@ impl Ingestor {
     /// periods on disk (a crash between a period's swap and its records).
     pub(crate) fn reconcile(
         &self,
-        store: &Mutex<SqliteStore>,
+        store: &Mutex<Box<dyn StateStore>>,
         fence: &Fence,
     ) -> Result<(), IngestError> {
         if self.spec.compaction.is_none() {
@@ -250,16 +250,56 @@ impl Ingestor {
             });
         }
         self.leased(opts.wait, |store, fence, lost| {
+            self.wait_for_window_leases(store)?;
             self.recover(store, fence)?;
             self.reconcile(store, fence)?;
             self.compact_leased(opts, store, fence, lost)
         })
     }
 
+    /// On shared state, windows of this source run under leases of their
+    /// own; with the source lease held (no new window starts), waits until
+    /// every live one lapses, so that no window is published into a
+    /// period being swapped.
+    fn wait_for_window_leases(
+        &self,
+        store: &Mutex<Box<dyn StateStore>>,
+    ) -> Result<(), IngestError> {
+        if !self.state.is_shared() {
+            return Ok(());
+        }
+        let prefix = format!("ingest:{}@", self.spec.name);
+        let deadline = std::time::Instant::now()
+            + std::time::Duration::from_secs(self.spec.lease_duration_s.saturating_mul(4));
+        loop {
+            let now = highwater_store::lease::now_ns();
+            let live: Vec<highwater_store::Lease> = store_of(store)
+                .leases(&prefix)?
+                .into_iter()
+                .filter(|l| l.expires_at_ns > now)
+                .collect();
+            let Some(l) = live.into_iter().next() else {
+                return Ok(());
+            };
+            if std::time::Instant::now() > deadline {
+                return Err(IngestError::Held {
+                    name: l.name,
+                    owner: l.owner,
+                    host: l.host,
+                    pid: l.pid,
+                    expires: highwater_core::window::format_rfc3339(l.expires_at_ns / 1000),
+                });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(
+                highwater_store::lease::LEASE_POLL_MS,
+            ));
+        }
+    }
+
     fn compact_leased(
         &self,
         opts: &CompactOptions,
-        store: &Mutex<SqliteStore>,
+        store: &Mutex<Box<dyn StateStore>>,
         fence: &Fence,
         lost: &AtomicBool,
     ) -> Result<CompactReport, IngestError> {
@@ -306,7 +346,7 @@ impl Ingestor {
         &self,
         p: i64,
         records: &BTreeMap<i64, WindowRecord>,
-        store: &Mutex<SqliteStore>,
+        store: &Mutex<Box<dyn StateStore>>,
         fence: &Fence,
     ) -> Result<PeriodOutcome, IngestError> {
         let started = std::time::Instant::now();

@@ -43,6 +43,18 @@ pub fn host() -> String {
         .unwrap_or_else(|_| "localhost".into())
 }
 
+/// The id a process of a fleet claims and leases under: host, pid and the
+/// start instant, so that a restarted process with a recycled pid is
+/// someone else.
+pub fn owner_id() -> String {
+    format!(
+        "{}:{}:{:08x}",
+        host(),
+        std::process::id(),
+        (now_ns() as u64 >> 10) & 0xffff_ffff
+    )
+}
+
 /// Whether a process of this host with that pid exists.
 pub fn process_alive(pid: i64) -> bool {
     let Ok(pid) = libc::pid_t::try_from(pid) else {
@@ -205,19 +217,56 @@ pub struct Heartbeat {
 }
 
 impl Heartbeat {
-    /// Starts renewing `fence` in the database at `path`.
+    /// Starts renewing `fence` in the state store at `loc`, on a connection
+    /// of its own.
+    pub fn start_in(loc: &crate::StateLocation, fence: Fence, duration_ns: i64) -> Heartbeat {
+        match loc {
+            crate::StateLocation::Sqlite(p) => Heartbeat::start(p.clone(), fence, duration_ns),
+            crate::StateLocation::Postgres { .. } => match loc.open() {
+                Ok(mut store) => Heartbeat::spawn(fence, duration_ns, move |f, now, d| {
+                    store.renew_lease(f, now, d).map_err(|_| ())
+                }),
+                Err(_) => Heartbeat::lost_from_start(),
+            },
+        }
+    }
+
+    /// Starts renewing `fence` in the SQLite database at `path`.
     pub fn start(path: PathBuf, fence: Fence, duration_ns: i64) -> Heartbeat {
+        let Ok(conn) = Connection::open(&path) else {
+            return Heartbeat::lost_from_start();
+        };
+        let _ = conn.busy_timeout(Duration::from_secs(5));
+        // Busy: the holder's own long write transaction has the database.
+        // Nobody can take the lease over meanwhile (that needs the same
+        // write lock); the next step tries again.
+        Heartbeat::spawn(fence, duration_ns, move |f, now, d| {
+            renew(&conn, f, now, d).map_err(|_| ())
+        })
+    }
+
+    fn lost_from_start() -> Heartbeat {
+        Heartbeat {
+            stop: Arc::new(AtomicBool::new(false)),
+            lost: Arc::new(AtomicBool::new(true)),
+            thread: None,
+        }
+    }
+
+    /// The renewal loop: `renew(fence, now_ns, duration_ns)` answers
+    /// Ok(false) when another token holds the lease (lost for good) and
+    /// Err when the store could not answer (tried again next step).
+    fn spawn(
+        fence: Fence,
+        duration_ns: i64,
+        mut renew: impl FnMut(&Fence, i64, i64) -> Result<bool, ()> + Send + 'static,
+    ) -> Heartbeat {
         let stop = Arc::new(AtomicBool::new(false));
         let lost = Arc::new(AtomicBool::new(false));
         let (s, l) = (stop.clone(), lost.clone());
         let thread = std::thread::Builder::new()
             .name("lease-heartbeat".into())
             .spawn(move || {
-                let Ok(conn) = Connection::open(&path) else {
-                    l.store(true, Ordering::SeqCst);
-                    return;
-                };
-                let _ = conn.busy_timeout(Duration::from_secs(5));
                 let step = Duration::from_nanos((duration_ns / 3).max(50_000_000) as u64);
                 let mut last = Instant::now();
                 loop {
@@ -231,18 +280,12 @@ impl Heartbeat {
                         continue;
                     }
                     last = Instant::now();
-                    match renew(&conn, &fence, now_ns(), duration_ns) {
-                        Ok(true) => {}
-                        // Another owner's token: lost for good.
+                    match renew(&fence, now_ns(), duration_ns) {
+                        Ok(true) | Err(()) => {}
                         Ok(false) => {
                             l.store(true, Ordering::SeqCst);
                             return;
                         }
-                        // Busy: the holder's own long write transaction
-                        // has the database. Nobody can take the lease over
-                        // meanwhile (that needs the same write lock); try
-                        // again at the next step.
-                        Err(_) => {}
                     }
                 }
             })
@@ -265,6 +308,65 @@ impl Heartbeat {
 }
 
 impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
+    }
+}
+
+/// Extends every work-queue claim of `owner` on a connection of its own,
+/// every third of the claim's lease, until dropped. A process that dies or
+/// freezes stops extending them, and they become claimable again.
+pub struct ClaimHeartbeat {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ClaimHeartbeat {
+    pub fn start(
+        loc: &crate::StateLocation,
+        owner: String,
+        lease_ns: i64,
+    ) -> Result<ClaimHeartbeat, crate::StoreError> {
+        let mut store = loc.open()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let step = Duration::from_nanos((lease_ns / 3).max(100_000_000) as u64);
+        let thread = std::thread::Builder::new()
+            .name("claim-heartbeat".into())
+            .spawn(move || {
+                let mut last = Instant::now();
+                loop {
+                    std::thread::park_timeout(step.saturating_sub(last.elapsed()));
+                    if s.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    if last.elapsed() < step {
+                        continue;
+                    }
+                    last = Instant::now();
+                    // A failed renewal is not fatal here: the claims then
+                    // expire, and the fence refuses our late results.
+                    if let Some(q) = store.as_queue() {
+                        let _ = q.heartbeat(&owner, lease_ns);
+                    }
+                }
+            })
+            .map_err(|source| crate::StoreError::Io {
+                path: PathBuf::from("claim-heartbeat thread"),
+                source,
+            })?;
+        Ok(ClaimHeartbeat {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for ClaimHeartbeat {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
         if let Some(t) = self.thread.take() {

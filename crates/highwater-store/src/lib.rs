@@ -58,6 +58,38 @@ use thiserror::Error;
 pub use pg::PgStore;
 pub use sqlite::SqliteStore;
 
+/// Where the state lives: the embedded SQLite file, or a PostgreSQL
+/// database shared by a fleet, named by the variable holding its URL.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StateLocation {
+    Sqlite(PathBuf),
+    Postgres { var: String },
+}
+
+impl StateLocation {
+    /// Opens (creating and migrating) the store.
+    pub fn open(&self) -> Result<Box<dyn StateStore>, StoreError> {
+        Ok(match self {
+            StateLocation::Sqlite(p) => Box::new(SqliteStore::open(p)?),
+            StateLocation::Postgres { var } => Box::new(PgStore::open_env(var)?),
+        })
+    }
+
+    /// Shared by many processes (and machines).
+    pub fn is_shared(&self) -> bool {
+        matches!(self, StateLocation::Postgres { .. })
+    }
+
+    /// Whether a store is there to read (a SQLite file may not exist yet;
+    /// a PostgreSQL store is always asked).
+    pub fn exists(&self) -> bool {
+        match self {
+            StateLocation::Sqlite(p) => p.exists(),
+            StateLocation::Postgres { .. } => true,
+        }
+    }
+}
+
 /// What to do about an SQLite error, by its kind.
 fn sqlite_hint(e: &rusqlite::Error) -> &'static str {
     use rusqlite::ErrorCode;
@@ -336,6 +368,8 @@ pub trait StateStore: Send {
     fn release_lease(&mut self, fence: &Fence) -> Result<(), StoreError>;
     /// Who holds lease `name` now (expired or not), if anyone.
     fn lease(&self, name: &str) -> Result<Option<Lease>, StoreError>;
+    /// Every lease whose name starts with `prefix`, by name.
+    fn leases(&self, prefix: &str) -> Result<Vec<Lease>, StoreError>;
     /// The work queue, when this store is shared by a fleet (PostgreSQL);
     /// `None` for a store one machine owns.
     fn as_queue(&mut self) -> Option<&mut dyn WorkQueue> {
@@ -438,14 +472,15 @@ pub trait WorkQueue {
         token: i64,
         margin_ns: i64,
     ) -> Result<bool, StoreError>;
-    /// Marks items done and records their entries, each only if its token
+    /// Marks items done and records their entries (if any: a window's
+    /// record is written by its own fenced commit), each only if its token
     /// is still current; says which were kept. `refused` counts results the
     /// worker already dropped because `holds` said no (for the fleet status).
     fn complete(
         &mut self,
         stage: &str,
         owner: &str,
-        done: &[(String, i64, Entry)],
+        done: &[(String, i64, Option<Entry>)],
         refused: u64,
     ) -> Result<Vec<bool>, StoreError>;
     /// Registers this process in the fleet.

@@ -334,19 +334,6 @@ impl PgStore {
             .map_err(|e| self.err(e))?;
         Ok(row.map(|r| lease_of(name, &r)))
     }
-
-    /// Every lease, for the fleet status.
-    pub fn leases(&self) -> Result<Vec<Lease>, StoreError> {
-        let rows = self
-            .client
-            .borrow_mut()
-            .query(
-                "SELECT owner, host, pid, acquired_at_ns, expires_at_ns, token, name FROM leases ORDER BY name",
-                &[],
-            )
-            .map_err(|e| self.err(e))?;
-        Ok(rows.iter().map(|r| lease_of(r.get(6), r)).collect())
-    }
 }
 
 fn lease_of(name: &str, r: &postgres::Row) -> Lease {
@@ -806,6 +793,19 @@ impl StateStore for PgStore {
         PgStore::lease(self, name)
     }
 
+    fn leases(&self, prefix: &str) -> Result<Vec<Lease>, StoreError> {
+        let rows = self
+            .client
+            .borrow_mut()
+            .query(
+                "SELECT owner, host, pid, acquired_at_ns, expires_at_ns, token, name FROM leases
+                 WHERE left(name, length($1)) = $1 ORDER BY name",
+                &[&prefix],
+            )
+            .map_err(|e| self.err(e))?;
+        Ok(rows.iter().map(|r| lease_of(r.get(6), r)).collect())
+    }
+
     fn as_queue(&mut self) -> Option<&mut dyn WorkQueue> {
         Some(self)
     }
@@ -946,7 +946,7 @@ impl WorkQueue for PgStore {
         &mut self,
         stage: &str,
         owner: &str,
-        done: &[(String, i64, Entry)],
+        done: &[(String, i64, Option<Entry>)],
         refused: u64,
     ) -> Result<Vec<bool>, StoreError> {
         let what = self.what.clone();
@@ -968,7 +968,7 @@ impl WorkQueue for PgStore {
             // only then is the entry written, in the same transaction.
             let n = tx.execute(&fin, &[&stage, item, token]).map_err(err)?;
             kept.push(n == 1);
-            if n == 1 {
+            if let (1, Some(entry)) = (n, entry) {
                 upserts.push((stage.to_string(), entry.clone()));
             }
         }
@@ -976,7 +976,11 @@ impl WorkQueue for PgStore {
         let fenced = (kept.iter().filter(|k| !**k).count() as u64 + refused) as i64;
         tx.execute(
             "UPDATE processes SET done = done + $2, fenced = fenced + $3 WHERE owner = $1",
-            &[&owner, &(upserts.len() as i64), &fenced],
+            &[
+                &owner,
+                &(kept.iter().filter(|k| **k).count() as i64),
+                &fenced,
+            ],
         )
         .map_err(err)?;
         tx.commit().map_err(err)?;

@@ -694,6 +694,23 @@ impl StateStore for SqliteStore {
     fn lease(&self, name: &str) -> Result<Option<crate::Lease>, StoreError> {
         crate::lease::current(&self.conn, name).map_err(|e| self.err(e))
     }
+
+    fn leases(&self, prefix: &str) -> Result<Vec<crate::Lease>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT name FROM leases WHERE substr(name, 1, length(?1)) = ?1 ORDER BY name")
+            .map_err(|e| self.err(e))?;
+        let names = stmt
+            .query_map([prefix], |r| r.get::<_, String>(0))
+            .map_err(|e| self.err(e))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| self.err(e))?;
+        let mut out = Vec::new();
+        for n in names {
+            out.extend(crate::lease::current(&self.conn, &n).map_err(|e| self.err(e))?);
+        }
+        Ok(out)
+    }
 }
 
 fn put_window(tx: &rusqlite::Transaction<'_>, record: &WindowRecord) -> rusqlite::Result<usize> {

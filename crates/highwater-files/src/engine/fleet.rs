@@ -34,13 +34,13 @@ use highwater_core::evidence::Digest;
 use highwater_core::guard;
 use highwater_core::plan::{self, Observation, Reason};
 use highwater_core::{EntryKind, Stat, Status};
-use highwater_store::lease::{host, LEASE_POLL_MS};
+use highwater_store::lease::{host, owner_id, ClaimHeartbeat, LEASE_POLL_MS};
 use highwater_store::{
     Batch, Claim, Fence, FleetProcess, LeaseOutcome, PgStore, StateStore, WindowCommit, WorkQueue,
 };
 use serde::{Deserialize, Serialize};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// What the planner queues for a worker: everything needed to run the item
@@ -88,61 +88,6 @@ pub struct FleetStage {
     pub fenced: usize,
 }
 
-/// The id this process claims under: host, pid and a per-process nonce, so
-/// that a restarted process with a recycled pid is someone else.
-fn owner_id() -> String {
-    let nonce = blake3::hash(format!("{}:{}", std::process::id(), now_ns()).as_bytes());
-    format!("{}:{}:{}", host(), std::process::id(), &nonce.to_hex()[..8])
-}
-
-/// Extends this process's claims on its own connection until dropped.
-struct ClaimHeartbeat {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl ClaimHeartbeat {
-    fn start(var: String, owner: String, lease_ns: i64) -> Result<ClaimHeartbeat, FilesError> {
-        let mut store = PgStore::open_env(&var)?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let s = stop.clone();
-        let step = Duration::from_nanos((lease_ns / 3).max(100_000_000) as u64);
-        let thread = std::thread::Builder::new()
-            .name("claim-heartbeat".into())
-            .spawn(move || {
-                let mut last = Instant::now();
-                loop {
-                    std::thread::park_timeout(step.saturating_sub(last.elapsed()));
-                    if s.load(Ordering::SeqCst) {
-                        return;
-                    }
-                    if last.elapsed() < step {
-                        continue;
-                    }
-                    last = Instant::now();
-                    // A failed renewal is not fatal here: the claims then
-                    // expire, and `holds` refuses our late results.
-                    let _ = store.heartbeat(&owner, lease_ns);
-                }
-            })
-            .map_err(|e| FilesError::io("starting", std::path::Path::new("claim-heartbeat"), e))?;
-        Ok(ClaimHeartbeat {
-            stop,
-            thread: Some(thread),
-        })
-    }
-}
-
-impl Drop for ClaimHeartbeat {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
-            t.thread().unpark();
-            let _ = t.join();
-        }
-    }
-}
-
 /// What planning under the lease came to.
 enum Planned {
     /// Another process queued the stage first: join its items.
@@ -168,10 +113,6 @@ impl Pipeline {
         opts: &RunOptions,
         progress: &dyn Progress,
     ) -> Result<RunReport, FilesError> {
-        let var = self
-            .state_url_env
-            .clone()
-            .expect("run_fleet is called for a shared store");
         let mut store = self.open_store()?;
         let owner = owner_id();
         let lease_ns = (self.fleet.lease_duration_s as i64).saturating_mul(1_000_000_000);
@@ -182,7 +123,7 @@ impl Pipeline {
             command: "run".into(),
             ..FleetProcess::default()
         })?;
-        let _heartbeat = ClaimHeartbeat::start(var, owner.clone(), lease_ns)?;
+        let _heartbeat = ClaimHeartbeat::start(&self.state_location(), owner.clone(), lease_ns)?;
         let selected = self.select(opts.stage.as_deref())?;
         let mut report = RunReport::default();
         for st in selected {
@@ -489,7 +430,7 @@ impl Pipeline {
                 } else {
                     plan::entry_for(&obs, &st.settings, status, error, now_ns(), ms)
                 };
-                done.push((c.item.clone(), c.token, entry));
+                done.push((c.item.clone(), c.token, Some(entry)));
                 outcomes.push(r);
             }
             fleet.fenced += refused as usize;
