@@ -7,9 +7,11 @@
 # - gdal-bin: ogrinfo, an independent reader of the MBTiles files;
 # - chromium: the browser the page and map tests drive (headless, WebGL on
 #   SwiftShader);
-# - pyosmium and websocket-client (PyPI, in a venv): pyosmium-get-changes,
-#   the reference client the HTTP replication is compared with, and the
-#   DevTools client of the browser tests (tests/browser/cdp.py).
+# - pyosmium, websocket-client and moto[server] (PyPI, in a venv):
+#   pyosmium-get-changes, the reference client the HTTP replication is
+#   compared with; the DevTools client of the browser tests
+#   (tests/browser/cdp.py); and moto_server, the S3-compatible server the
+#   object-storage tests start on loopback.
 # Nothing is skipped when a package cannot be installed: the run fails.
 
 deps_install() {
@@ -27,14 +29,15 @@ deps_install() {
 # compiler needed).
 deps_pyosmium() {
     local venv=${HIGHWATER_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/highwater/venv}
-    if [ ! -x "$venv/bin/pyosmium-get-changes" ] || ! "$venv/bin/python" -c 'import websocket' 2>/dev/null; then
-        echo "installing pyosmium and websocket-client into $venv" >&2
-        python3 -m venv "$venv" && "$venv/bin/pip" install -q osmium websocket-client || {
-            echo "pyosmium or websocket-client did not install from PyPI; the replication and browser tests need them" >&2
+    if [ ! -x "$venv/bin/pyosmium-get-changes" ] || [ ! -x "$venv/bin/moto_server" ] || ! "$venv/bin/python" -c 'import websocket' 2>/dev/null; then
+        echo "installing pyosmium, websocket-client and moto[server] into $venv" >&2
+        python3 -m venv "$venv" && "$venv/bin/pip" install -q osmium websocket-client 'moto[server]==5.2.*' || {
+            echo "pyosmium, websocket-client or moto[server] did not install from PyPI; the replication, browser and S3 tests need them" >&2
             return 1
         }
     fi
     export HIGHWATER_PYOSMIUM_GET_CHANGES="$venv/bin/pyosmium-get-changes"
+    export HIGHWATER_MOTO_SERVER="$venv/bin/moto_server"
     export HIGHWATER_TEST_PYTHON="$venv/bin/python"
 }
 

@@ -1,0 +1,514 @@
+//! Object storage (the S3 API) as a place for highwater's inputs and
+//! outputs.
+//!
+//! `object_store` is async; highwater's engines are threads. One tokio
+//! runtime runs on a thread of its own per opened store, and every call here
+//! hands it a future and waits for the answer on a channel, so any number of
+//! worker threads can call at once (the runtime interleaves their requests).
+//!
+//! Layout: this file: [`StorageSpec`] (a `[storage.NAME]` table), [`Objects`]
+//! (the blocking client), [`ObjectInfo`] (what a listing says of an object)
+//! and [`ObjectsError`]. Keys are `/`-separated and relative to the bucket.
+//!
+//! What S3 lacks, and what is done instead:
+//! - **no rename**: an output is uploaded to its final key in one PUT (or one
+//!   multipart upload, which S3 makes visible only when it completes), and
+//!   recorded after; a window's files go under a version prefix and become
+//!   visible together when its manifest is put.
+//! - **no compare-and-swap on files**: a manifest is published with a
+//!   conditional put (`If-None-Match: *` for the first, `If-Match: ETAG`
+//!   after), so of two racing publishers exactly one wins.
+//! - **no stat cache**: the listing's size, ETag and last-modified time are
+//!   the evidence; an unchanged ETag means the bytes were not re-read.
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::path::Path as Key;
+use object_store::{
+    ObjectStore, ObjectStoreExt, PutMode, PutPayload, UpdateVersion, WriteMultipart,
+};
+use serde::Deserialize;
+use std::future::Future;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::mpsc;
+use thiserror::Error;
+
+/// Files at least this large are uploaded in parts.
+pub const MULTIPART_THRESHOLD_BYTES: u64 = 16 << 20;
+/// The size of each part of a multipart upload.
+pub const PART_SIZE_BYTES: usize = 8 << 20;
+/// Parts of one upload in flight at once.
+pub const PARTS_IN_FLIGHT_MAX: usize = 4;
+
+/// A `[storage.NAME]` table.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct StorageSpec {
+    /// Only "s3" (any S3-compatible service).
+    pub kind: String,
+    pub bucket: String,
+    /// The variable holding the endpoint URL (MinIO, Ceph, moto); without
+    /// it, AWS's own endpoint for the region.
+    pub endpoint_env: Option<String>,
+    pub region: Option<String>,
+}
+
+#[derive(Debug, Error)]
+pub enum ObjectsError {
+    #[error("[storage.{name}] {message}")]
+    Config { name: String, message: String },
+    #[error("storage `{name}`, {key}: {source}")]
+    Store {
+        name: String,
+        key: String,
+        #[source]
+        source: object_store::Error,
+    },
+    #[error("storage `{name}`, {key}: {what} {path}: {source}")]
+    Local {
+        name: String,
+        key: String,
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("storage `{name}`: its runtime thread stopped")]
+    Gone { name: String },
+}
+
+/// What a listing says of one object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectInfo {
+    pub key: String,
+    pub size: u64,
+    /// As the service gives it, quotes removed. An MD5 of the bytes for a
+    /// single-part upload; something else (with a `-N` suffix) after a
+    /// multipart upload, so it vouches for "unchanged", never for "equal".
+    pub etag: String,
+    pub last_modified_ns: i64,
+}
+
+/// How a conditional put went.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Put {
+    /// Written; the new ETag.
+    Done(String),
+    /// The condition failed: someone else wrote first.
+    Lost,
+}
+
+type Job = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// A blocking client of one bucket.
+pub struct Objects {
+    name: String,
+    store: std::sync::Arc<AmazonS3>,
+    jobs: tokio::sync::mpsc::UnboundedSender<Job>,
+}
+
+fn install_crypto() {
+    // rustls needs one process-wide provider; ring is the one in the tree.
+    // An error means one is installed already, which is as good.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+impl Objects {
+    /// A client for `[storage.NAME]`; credentials come from the usual
+    /// `AWS_*` variables. Makes no request.
+    pub fn open(name: &str, spec: &StorageSpec) -> Result<Objects, ObjectsError> {
+        let bad = |message: String| ObjectsError::Config {
+            name: name.to_string(),
+            message,
+        };
+        if spec.kind != "s3" {
+            return Err(bad(format!(
+                "kind = {:?}: only \"s3\" (any S3-compatible service) is known",
+                spec.kind
+            )));
+        }
+        if spec.bucket.is_empty() {
+            return Err(bad("bucket is empty".into()));
+        }
+        install_crypto();
+        let mut b = AmazonS3Builder::from_env().with_bucket_name(&spec.bucket);
+        if let Some(r) = &spec.region {
+            b = b.with_region(r);
+        }
+        if let Some(var) = &spec.endpoint_env {
+            let url = std::env::var(var).map_err(|_| {
+                bad(format!(
+                    "endpoint_env = {var:?}, but that variable is not set; set it to the service's URL, or remove endpoint_env for AWS"
+                ))
+            })?;
+            b = b
+                .with_allow_http(url.starts_with("http://"))
+                .with_endpoint(url)
+                // Path-style requests: the bucket need not be a host name.
+                .with_virtual_hosted_style_request(false);
+        }
+        let store = b
+            .build()
+            .map_err(|e| bad(format!("cannot be opened: {e}")))?;
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Job>();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| bad(format!("cannot start its runtime: {e}")))?;
+        std::thread::Builder::new()
+            .name(format!("storage-{name}"))
+            .spawn(move || {
+                // Each job is spawned, so that the callers' requests run
+                // concurrently; the loop ends when the client is dropped.
+                runtime.block_on(async move {
+                    while let Some(j) = rx.recv().await {
+                        tokio::spawn(j);
+                    }
+                });
+            })
+            .map_err(|e| bad(format!("cannot start its runtime thread: {e}")))?;
+        Ok(Objects {
+            name: name.to_string(),
+            store: std::sync::Arc::new(store),
+            jobs: tx,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Runs `f` on the runtime thread and waits for its answer.
+    fn call<T: Send + 'static>(
+        &self,
+        f: impl Future<Output = T> + Send + 'static,
+    ) -> Result<T, ObjectsError> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        let job: Job = Box::pin(async move {
+            let _ = tx.send(f.await);
+        });
+        self.jobs.send(job).map_err(|_| ObjectsError::Gone {
+            name: self.name.clone(),
+        })?;
+        rx.recv().map_err(|_| ObjectsError::Gone {
+            name: self.name.clone(),
+        })
+    }
+
+    fn err(&self, key: &str) -> impl Fn(object_store::Error) -> ObjectsError + '_ {
+        let key = key.to_string();
+        move |source| ObjectsError::Store {
+            name: self.name.clone(),
+            key: key.clone(),
+            source,
+        }
+    }
+
+    /// Every object under `prefix` (a folder: `a/b` lists `a/b/...`), by key.
+    pub fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, ObjectsError> {
+        let store = self.store.clone();
+        let p = prefix.trim_end_matches('/').to_string();
+        let out = self.call(async move {
+            let key = (!p.is_empty()).then(|| Key::from(p.as_str()));
+            let mut s = store.list(key.as_ref());
+            let mut out = Vec::new();
+            while let Some(m) = s.next().await {
+                let m = m?;
+                out.push(ObjectInfo {
+                    key: m.location.to_string(),
+                    size: m.size,
+                    etag: m.e_tag.unwrap_or_default().trim_matches('"').to_string(),
+                    last_modified_ns: m.last_modified.timestamp_nanos_opt().unwrap_or(0),
+                });
+            }
+            out.sort_by(|a, b| a.key.cmp(&b.key));
+            Ok::<_, object_store::Error>(out)
+        })?;
+        out.map_err(self.err(prefix))
+    }
+
+    /// The object's bytes and ETag, or `None` when there is no such object.
+    pub fn get(&self, key: &str) -> Result<Option<(Bytes, String)>, ObjectsError> {
+        let store = self.store.clone();
+        let k = Key::from(key);
+        let r = self.call(async move {
+            match store.get(&k).await {
+                Ok(g) => {
+                    let etag = g.meta.e_tag.clone().unwrap_or_default();
+                    let b = g.bytes().await?;
+                    Ok(Some((b, etag.trim_matches('"').to_string())))
+                }
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => Err(e),
+            }
+        })?;
+        r.map_err(self.err(key))
+    }
+
+    /// Streams the object into a new file at `to`; returns its ETag.
+    pub fn get_to(&self, key: &str, to: &Path) -> Result<String, ObjectsError> {
+        let local = |what, source| ObjectsError::Local {
+            name: self.name.clone(),
+            key: key.to_string(),
+            what,
+            path: to.to_path_buf(),
+            source,
+        };
+        let mut f = std::fs::File::create(to).map_err(|e| local("creating", e))?;
+        let store = self.store.clone();
+        let k = Key::from(key);
+        // Chunks cross from the runtime to this thread over a bounded
+        // channel, so a slow disk bounds the memory in flight.
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<Bytes, object_store::Error>>(8);
+        let (etx, erx) = mpsc::sync_channel(1);
+        let job: Job = Box::pin(async move {
+            match store.get(&k).await {
+                Ok(g) => {
+                    let _ = etx.send(g.meta.e_tag.clone().unwrap_or_default());
+                    let mut s = g.into_stream();
+                    while let Some(c) = s.next().await {
+                        if tx.send(c).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                Err(e) => {
+                    let _ = etx.send(String::new());
+                    let _ = tx.send(Err(e)).await;
+                }
+            }
+        });
+        self.jobs.send(job).map_err(|_| ObjectsError::Gone {
+            name: self.name.clone(),
+        })?;
+        let etag = erx.recv().map_err(|_| ObjectsError::Gone {
+            name: self.name.clone(),
+        })?;
+        while let Some(c) = rx.blocking_recv() {
+            let c = c.map_err(self.err(key))?;
+            f.write_all(&c).map_err(|e| local("writing", e))?;
+        }
+        f.sync_all().map_err(|e| local("syncing", e))?;
+        Ok(etag.trim_matches('"').to_string())
+    }
+
+    /// Uploads the file at `from` to `key` (in parts when large); the object
+    /// appears whole or not at all. Returns its ETag.
+    pub fn put_file(&self, from: &Path, key: &str) -> Result<String, ObjectsError> {
+        let local = |what, source| ObjectsError::Local {
+            name: self.name.clone(),
+            key: key.to_string(),
+            what,
+            path: from.to_path_buf(),
+            source,
+        };
+        let mut f = std::fs::File::open(from).map_err(|e| local("opening", e))?;
+        let size = f.metadata().map_err(|e| local("reading", e))?.len();
+        let store = self.store.clone();
+        let k = Key::from(key);
+        if size < MULTIPART_THRESHOLD_BYTES {
+            let mut buf = Vec::with_capacity(size as usize);
+            f.read_to_end(&mut buf).map_err(|e| local("reading", e))?;
+            let r = self.call(async move {
+                store
+                    .put(&k, PutPayload::from(buf))
+                    .await
+                    .map(|r| r.e_tag.unwrap_or_default())
+            })?;
+            return r
+                .map(|e| e.trim_matches('"').to_string())
+                .map_err(self.err(key));
+        }
+        // Parts are read here and sent to the runtime one at a time; the
+        // writer keeps up to PARTS_IN_FLIGHT_MAX uploads going.
+        let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(2);
+        let (dtx, drx) = mpsc::sync_channel(1);
+        let job: Job = Box::pin(async move {
+            let r = async {
+                let upload = store.put_multipart(&k).await?;
+                let mut w = WriteMultipart::new_with_chunk_size(upload, PART_SIZE_BYTES);
+                let mut rx = rx;
+                while let Some(b) = rx.recv().await {
+                    w.wait_for_capacity(PARTS_IN_FLIGHT_MAX).await?;
+                    w.put(b);
+                }
+                w.finish().await.map(|r| r.e_tag.unwrap_or_default())
+            }
+            .await;
+            let _ = dtx.send(r);
+        });
+        self.jobs.send(job).map_err(|_| ObjectsError::Gone {
+            name: self.name.clone(),
+        })?;
+        let mut buf = vec![0u8; PART_SIZE_BYTES];
+        loop {
+            let n = read_full(&mut f, &mut buf).map_err(|e| local("reading", e))?;
+            if n == 0 {
+                break;
+            }
+            if tx.blocking_send(Bytes::copy_from_slice(&buf[..n])).is_err() {
+                break;
+            }
+        }
+        drop(tx);
+        let r = drx.recv().map_err(|_| ObjectsError::Gone {
+            name: self.name.clone(),
+        })?;
+        r.map(|e| e.trim_matches('"').to_string())
+            .map_err(self.err(key))
+    }
+
+    /// Puts `bytes` at `key` only if the object is absent (`expected` None)
+    /// or still has the ETag `expected`.
+    pub fn put_if(
+        &self,
+        key: &str,
+        bytes: Vec<u8>,
+        expected: Option<&str>,
+    ) -> Result<Put, ObjectsError> {
+        let store = self.store.clone();
+        let k = Key::from(key);
+        let mode = match expected {
+            None => PutMode::Create,
+            Some(e) => PutMode::Update(UpdateVersion {
+                e_tag: Some(format!("\"{}\"", e.trim_matches('"'))),
+                version: None,
+            }),
+        };
+        let r = self.call(async move {
+            let opts = object_store::PutOptions {
+                mode,
+                ..Default::default()
+            };
+            store.put_opts(&k, PutPayload::from(bytes), opts).await
+        })?;
+        match r {
+            Ok(r) => Ok(Put::Done(
+                r.e_tag.unwrap_or_default().trim_matches('"').to_string(),
+            )),
+            Err(
+                object_store::Error::AlreadyExists { .. }
+                | object_store::Error::Precondition { .. },
+            ) => Ok(Put::Lost),
+            Err(e) => Err(self.err(key)(e)),
+        }
+    }
+
+    /// Removes the object; an absent one is not an error.
+    pub fn delete(&self, key: &str) -> Result<(), ObjectsError> {
+        let store = self.store.clone();
+        let k = Key::from(key);
+        let r = self.call(async move {
+            match store.delete(&k).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                Err(e) => Err(e),
+            }
+        })?;
+        r.map_err(self.err(key))
+    }
+}
+
+fn read_full(f: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read(&mut buf[n..])? {
+            0 => break,
+            k => n += k,
+        }
+    }
+    Ok(n)
+}
+
+/// Splits `NAME:rest` when NAME is one of `names`; `None` for a local path.
+pub fn split_place<'a>(s: &'a str, names: &[&str]) -> Option<(&'a str, &'a str)> {
+    let (n, rest) = s.split_once(':')?;
+    names.contains(&n).then_some((n, rest))
+}
+
+/// A throw-away S3-compatible server for tests: `moto_server` (PyPI
+/// `moto[server]`, which enforces conditional writes) on 127.0.0.1, killed
+/// when dropped. `scripts/deps.sh` installs it and exports
+/// `HIGHWATER_MOTO_SERVER`; without it this panics, so no test skips.
+#[doc(hidden)]
+pub mod testing {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::process::{Child, Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    pub struct Moto {
+        child: Child,
+        pub endpoint: String,
+        port: u16,
+    }
+
+    impl Moto {
+        pub fn start() -> Moto {
+            let bin = std::env::var("HIGHWATER_MOTO_SERVER").unwrap_or_else(|_| {
+                panic!("HIGHWATER_MOTO_SERVER is not set: run the tests with `bash scripts/test.sh`, which installs moto[server]")
+            });
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map(|a| a.port())
+                .expect("a free port");
+            let child = Command::new(&bin)
+                .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
+            let m = Moto {
+                child,
+                endpoint: format!("http://127.0.0.1:{port}"),
+                port,
+            };
+            let t = Instant::now();
+            while TcpStream::connect(("127.0.0.1", port)).is_err() {
+                assert!(
+                    t.elapsed() < Duration::from_secs(60),
+                    "moto_server did not listen"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            m
+        }
+
+        /// Creates a bucket (moto takes an unsigned request).
+        pub fn bucket(&self, name: &str) {
+            let mut s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+            write!(
+                s,
+                "PUT /{name} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                self.port
+            )
+            .unwrap();
+            let mut out = String::new();
+            let _ = s.read_to_string(&mut out);
+            assert!(
+                out.starts_with("HTTP/1.1 200"),
+                "creating bucket {name}: {out}"
+            );
+        }
+
+        /// The variables a highwater process (or `Objects::open`) needs.
+        pub fn env(&self) -> Vec<(&'static str, String)> {
+            vec![
+                ("S3_ENDPOINT", self.endpoint.clone()),
+                ("AWS_ACCESS_KEY_ID", "testing".into()),
+                ("AWS_SECRET_ACCESS_KEY", "testing".into()),
+                ("AWS_REGION", "us-east-1".into()),
+            ]
+        }
+    }
+
+    impl Drop for Moto {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
