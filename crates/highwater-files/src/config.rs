@@ -18,6 +18,8 @@ struct RawConfig {
     #[serde(default)]
     sources: BTreeMap<String, toml::Value>,
     osm: Option<toml::Value>,
+    #[serde(default)]
+    storage: BTreeMap<String, highwater_objects::StorageSpec>,
 }
 
 #[derive(Deserialize)]
@@ -141,6 +143,24 @@ pub fn parse(text: &str, path: &Path, root: &Path) -> Result<PipelineSpec, Files
             "nothing to do: add a [stages.NAME] table (inputs, output, command), a [sources.NAME] table or an [osm] table".into(),
         ));
     }
+    for (name, st) in &raw.storage {
+        if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
+            return Err(bad(format!(
+                "storage name {name:?}: use only letters, digits, `_` and `-`"
+            )));
+        }
+        if st.kind != "s3" {
+            return Err(bad(format!(
+                "[storage.{name}] kind = {:?}: only \"s3\" (any S3-compatible service) is known",
+                st.kind
+            )));
+        }
+    }
+    spec.storage = raw.storage;
     spec.sources = raw.sources;
     spec.osm = raw.osm;
     for (name, s) in raw.stages {

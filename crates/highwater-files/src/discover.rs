@@ -301,6 +301,82 @@ pub fn output_dirs<'a>(outputs: impl Iterator<Item = &'a str>) -> Vec<String> {
     dirs.into_iter().map(str::to_string).collect()
 }
 
+/// The inputs of a stage whose globs lie in object storage `place`: each
+/// glob's literal base is listed once, and its objects matched. An item is
+/// `PLACE:KEY`. The listing is the stat: size, last-modified time, and the
+/// ETag (hashed into the inode field, so that the planner's stat cache
+/// compares it like any other stat field: an unchanged ETag means no read).
+pub fn find_objects(
+    objects: &highwater_objects::Objects,
+    place: &str,
+    stage: &str,
+    patterns: &[String],
+) -> Result<Vec<(Found, highwater_core::Stat)>, FilesError> {
+    let mut found = Vec::new();
+    for pattern in patterns {
+        let g = compile(stage, pattern)?;
+        let listed = objects.list(&g.base).map_err(|e| FilesError::Storage {
+            stage: stage.to_string(),
+            message: e.to_string(),
+        })?;
+        for o in listed {
+            if !g.matcher.is_match(&o.key) {
+                continue;
+            }
+            let rel = if g.base.is_empty() {
+                o.key.clone()
+            } else {
+                o.key[g.base.len() + 1..].to_string()
+            };
+            found.push((
+                Found {
+                    item: format!("{place}:{}", o.key),
+                    relpath: rel,
+                },
+                object_stat(&o),
+            ));
+        }
+    }
+    found.sort_by(|a, b| a.0.item.cmp(&b.0.item));
+    found.dedup_by(|b, a| a.0.item == b.0.item);
+    Ok(found)
+}
+
+/// An object's listing as a stat: the ETag goes where a file's inode goes.
+pub fn object_stat(o: &highwater_objects::ObjectInfo) -> highwater_core::Stat {
+    let h = blake3::hash(o.etag.as_bytes());
+    let mut ino = [0u8; 8];
+    ino.copy_from_slice(&h.as_bytes()[..8]);
+    highwater_core::Stat {
+        size: o.size,
+        mtime_ns: o.last_modified_ns,
+        ctime_ns: o.last_modified_ns,
+        ino: u64::from_le_bytes(ino),
+        dev: 0,
+    }
+}
+
+/// The outputs a stage has in object storage under `root` (its template's
+/// literal root), as `PLACE:KEY`.
+pub fn scan_objects(
+    objects: &highwater_objects::Objects,
+    place: &str,
+    stage: &str,
+    root: &str,
+) -> Result<OutputScan, FilesError> {
+    let listed = objects.list(root).map_err(|e| FilesError::Storage {
+        stage: stage.to_string(),
+        message: e.to_string(),
+    })?;
+    Ok(OutputScan {
+        files: listed
+            .into_iter()
+            .map(|o| format!("{place}:{}", o.key))
+            .collect(),
+        ..OutputScan::default()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

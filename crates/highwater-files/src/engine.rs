@@ -196,6 +196,13 @@ pub enum VerifyOutcome {
 
 struct Stage {
     spec: StageSpec,
+    /// The object store the inputs lie in (`NAME:glob`), if not local.
+    input_place: Option<String>,
+    /// The globs without their place.
+    input_globs: Vec<String>,
+    /// The object store the outputs go to (`NAME:template`), if not local.
+    output_place: Option<String>,
+    /// Parsed from the output without its place.
     template: OutputTemplate,
     args: Vec<ArgTemplate>,
     settings: PlanSettings,
@@ -223,6 +230,9 @@ pub struct Pipeline {
     state_path: PathBuf,
     /// Set: the state is shared in PostgreSQL (see `fleet`).
     state_url_env: Option<String>,
+    storage: BTreeMap<String, highwater_objects::StorageSpec>,
+    /// Clients of the object stores, opened on first use.
+    objects: std::sync::Mutex<BTreeMap<String, std::sync::Arc<highwater_objects::Objects>>>,
     fleet: crate::spec::FleetSettings,
     stages: Vec<Stage>,
     /// The `[sources.NAME]` names, for export and status.
@@ -280,13 +290,60 @@ impl Pipeline {
             }
         }
         let mut stages = Vec::new();
+        let storage_names: Vec<&str> = spec.storage.keys().map(String::as_str).collect();
         for s in spec.stages {
             let tpl_err = |source| FilesError::Template {
                 stage: s.name.clone(),
                 source,
             };
-            let template = OutputTemplate::parse(&s.output).map_err(tpl_err)?;
-            discover::validate_globs(&s.name, &s.inputs)?;
+            let place =
+                |what: &'static str, v: &str| -> Result<(Option<String>, String), FilesError> {
+                    match v.split_once(':') {
+                        Some((n, rest)) if !n.is_empty() && !n.contains('/') => {
+                            if storage_names.contains(&n) {
+                                Ok((Some(n.to_string()), rest.to_string()))
+                            } else {
+                                Err(FilesError::UnknownPlace {
+                                    stage: s.name.clone(),
+                                    what,
+                                    value: v.to_string(),
+                                    place: n.to_string(),
+                                    known: if storage_names.is_empty() {
+                                        String::new()
+                                    } else {
+                                        format!(" (defined: {})", storage_names.join(", "))
+                                    },
+                                })
+                            }
+                        }
+                        _ => Ok((None, v.to_string())),
+                    }
+                };
+            let mut input_place = None;
+            let mut input_globs = Vec::new();
+            for (i, g) in s.inputs.iter().enumerate() {
+                let (p, rest) = place("input", g)?;
+                if i > 0 && p != input_place {
+                    return Err(FilesError::Places {
+                        stage: s.name.clone(),
+                        message: format!(
+                            "inputs {:?} lie in different places (local folders and object stores); give a stage inputs from one place",
+                            s.inputs
+                        ),
+                    });
+                }
+                input_place = p;
+                input_globs.push(rest);
+            }
+            let (output_place, output_rest) = place("output", &s.output)?;
+            let template = OutputTemplate::parse(&output_rest).map_err(tpl_err)?;
+            if input_place.is_some() && template.is_aggregate() {
+                return Err(FilesError::Places {
+                    stage: s.name.clone(),
+                    message: "an aggregate reads all its inputs at once; its inputs must be local files (copy them from the object store in a stage of their own)".into(),
+                });
+            }
+            discover::validate_globs(&s.name, &input_globs)?;
             let args = match &s.transform {
                 Transform::Command(argv) => {
                     let program = &argv[0];
@@ -305,7 +362,7 @@ impl Pipeline {
                 Transform::Closure(_) => Vec::new(),
             };
             let out_root_abs = normalize_lexically(&root.join(template.root()).to_string_lossy());
-            if is_within(&state_path.to_string_lossy(), &out_root_abs) {
+            if output_place.is_none() && is_within(&state_path.to_string_lossy(), &out_root_abs) {
                 return Err(FilesError::StateInsideOutput {
                     state: state_path.clone(),
                     stage: s.name.clone(),
@@ -317,7 +374,9 @@ impl Pipeline {
                 });
             }
             for (what, p) in places.iter().skip(1) {
-                if is_within(p, &out_root_abs) || is_within(&out_root_abs, p) {
+                if output_place.is_none()
+                    && (is_within(p, &out_root_abs) || is_within(&out_root_abs, p))
+                {
                     return Err(FilesError::PlacesCollide {
                         first_what: what.clone(),
                         first: p.into(),
@@ -335,6 +394,9 @@ impl Pipeline {
             };
             stages.push(Stage {
                 spec: s,
+                input_place,
+                input_globs,
+                output_place,
                 template,
                 args,
                 settings,
@@ -346,6 +408,8 @@ impl Pipeline {
             root,
             state_path,
             state_url_env: spec.state_url_env,
+            storage: spec.storage,
+            objects: Default::default(),
             fleet: spec.fleet,
             stages,
             sources: spec.sources.keys().cloned().collect(),
@@ -392,6 +456,31 @@ impl Pipeline {
             Some(var) => StateLocation::Postgres { var: var.clone() },
             None => StateLocation::Sqlite(self.state_path.clone()),
         }
+    }
+
+    /// The client of object store `place` (opened on first use).
+    fn objects(
+        &self,
+        stage: &str,
+        place: &str,
+    ) -> Result<std::sync::Arc<highwater_objects::Objects>, FilesError> {
+        let mut open = self.objects.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(o) = open.get(place) {
+            return Ok(o.clone());
+        }
+        let spec = self
+            .storage
+            .get(place)
+            .expect("places are checked against [storage] when the pipeline opens");
+        let o =
+            std::sync::Arc::new(highwater_objects::Objects::open(place, spec).map_err(|e| {
+                FilesError::Storage {
+                    stage: stage.to_string(),
+                    message: e.to_string(),
+                }
+            })?);
+        open.insert(place.to_string(), o.clone());
+        Ok(o)
     }
 
     /// Whether the state is shared by a fleet (PostgreSQL).
@@ -458,10 +547,29 @@ impl Pipeline {
         if !is_file {
             return Err(unreadable(std::io::Error::other("not a regular file")));
         }
-        let abs = || self.root.join(&f.item);
         let mut digests = Vec::new();
-        for algo in digest_needed(prev, &stat, settings) {
-            digests.push(digest_file(&abs(), algo).map_err(unreadable)?);
+        let needed = digest_needed(prev, &stat, settings);
+        // An object is read only when its listing cannot vouch for it (the
+        // same rule as a file's stat), into a scratch file that goes after.
+        let mut _scratch = None;
+        let abs = match (&st.input_place, needed.is_empty()) {
+            (Some(place), false) => {
+                let key = &f.item[place.len() + 1..];
+                let sc = exec::Scratch::new().map_err(unreadable)?;
+                let local = sc.file(key);
+                self.objects(&st.spec.name, place)?
+                    .get_to(key, &local)
+                    .map_err(|e| FilesError::Storage {
+                        stage: st.spec.name.clone(),
+                        message: e.to_string(),
+                    })?;
+                _scratch = Some(sc);
+                local
+            }
+            _ => self.root.join(&f.item),
+        };
+        for algo in needed {
+            digests.push(digest_file(&abs, algo).map_err(unreadable)?);
         }
         let mut obs = Observation {
             item: f.item.clone(),
@@ -531,8 +639,23 @@ impl Pipeline {
         // The stats do not depend on the entries, so they run while the
         // manifest loads: on two cores this is most of a no-change plan.
         let (prev, found_stats) = rayon::join(load, || -> Result<_, FilesError> {
+            if let Some(place) = &st.input_place {
+                // The listing is the stat; the instant is taken before it.
+                let at = now_ns();
+                let listed = discover::find_objects(
+                    &*self.objects(name, place)?,
+                    place,
+                    name,
+                    &st.input_globs,
+                )?;
+                let (found, stats) = listed
+                    .into_iter()
+                    .map(|(f, stat)| (f, (Ok((stat, true)), at)))
+                    .unzip();
+                return Ok((found, stats));
+            }
             let found =
-                discover::find_inputs(&self.root, name, &st.spec.inputs, &self.state_dir())?;
+                discover::find_inputs(&self.root, name, &st.input_globs, &self.state_dir())?;
             let stats = self.stat_all(&found);
             Ok((found, stats))
         });
@@ -568,8 +691,34 @@ impl Pipeline {
         } else {
             Vec::new()
         };
+        let render = |relpath: &str| -> Result<String, FilesError> {
+            let out = st.template.render(relpath).map_err(tpl_err)?;
+            Ok(match &st.output_place {
+                Some(p) => format!("{p}:{out}"),
+                None => out,
+            })
+        };
+        // Outputs in object storage: one listing of the template's root;
+        // there are no folders to cache.
+        let scan = |output_dirs: &[String]| -> Result<(OutputScan, Vec<String>), FilesError> {
+            match &st.output_place {
+                Some(p) => Ok((
+                    discover::scan_objects(&*self.objects(name, p)?, p, name, st.template.root())?,
+                    Vec::new(),
+                )),
+                None => Ok((
+                    discover::scan_output_dirs(
+                        &self.root,
+                        output_dirs,
+                        &prev.dirs,
+                        settings.granularity_ns,
+                    )?,
+                    output_dirs.to_vec(),
+                )),
+            }
+        };
         let (plan, listing, output_dirs) = if st.template.is_aggregate() {
-            let output = st.template.render("").map_err(tpl_err)?;
+            let output = render("")?;
             if found_items.contains(output.as_str()) {
                 return Err(FilesError::OutputOverwritesInput {
                     stage: name.clone(),
@@ -577,13 +726,8 @@ impl Pipeline {
                     output,
                 });
             }
-            let output_dirs = discover::output_dirs(std::iter::once(output.as_str()));
-            let listing = discover::scan_output_dirs(
-                &self.root,
-                &output_dirs,
-                &prev.dirs,
-                settings.granularity_ns,
-            )?;
+            let (listing, output_dirs) =
+                scan(&discover::output_dirs(std::iter::once(output.as_str())))?;
             let members = found
                 .par_iter()
                 .zip(stats.into_par_iter())
@@ -618,7 +762,7 @@ impl Pipeline {
         } else {
             let outputs = found
                 .iter()
-                .map(|f| st.template.render(&f.relpath).map_err(tpl_err))
+                .map(|f| render(&f.relpath))
                 .collect::<Result<Vec<_>, _>>()?;
             if let Some(i) = outputs
                 .iter()
@@ -642,13 +786,8 @@ impl Pipeline {
                     second: found[b].item.clone(),
                 });
             }
-            let output_dirs = discover::output_dirs(outputs.iter().map(String::as_str));
-            let listing = discover::scan_output_dirs(
-                &self.root,
-                &output_dirs,
-                &prev.dirs,
-                settings.granularity_ns,
-            )?;
+            let (listing, output_dirs) =
+                scan(&discover::output_dirs(outputs.iter().map(String::as_str)))?;
             let observations = found
                 .par_iter()
                 .zip(outputs.into_par_iter())
@@ -770,6 +909,14 @@ impl Pipeline {
     }
 
     fn remove_output(&self, st: &Stage, output: &str) -> Result<(), String> {
+        if let Some(place) = &st.output_place {
+            let key = &output[place.len() + 1..];
+            return self
+                .objects(&st.spec.name, place)
+                .map_err(|e| e.to_string())?
+                .delete(key)
+                .map_err(|e| format!("cannot remove output {output}: {e}"));
+        }
         let path = self.root.join(output);
         match std::fs::remove_file(&path) {
             Ok(()) => {}
@@ -961,13 +1108,90 @@ impl Pipeline {
 
     /// Makes one item's output durable and visible, or says why not.
     fn make_item(&self, st: &Stage, c: &Change, o: &Observed) -> Result<(), String> {
-        let final_path = self.root.join(&c.output);
-        let temp = exec::temp_path_for(&final_path);
-        exec::run_transform(&self.job(st, &c.item, o), &temp)?;
-        exec::publish(&temp, &final_path).map_err(|e| {
-            exec::remove_temp(&temp);
-            format!("cannot publish {}: {e}", final_path.display())
-        })
+        let relpath = o
+            .found
+            .binary_search_by(|f| f.item.as_str().cmp(&c.item))
+            .map_or("", |i| o.found[i].relpath.as_str());
+        self.produce(st, &c.item, &c.output, relpath, &o.inputs, &mut || Ok(true))
+            .map(|_| ())
+    }
+
+    /// Runs the transform of one item and publishes its output, when
+    /// `still_ours()` says so just before (a shared run asks its claim).
+    /// `Ok(None)`: not published, since it was no longer ours.
+    ///
+    /// An input in object storage is downloaded into a scratch folder
+    /// first, keeping its file name; an output bound for object storage is
+    /// written there and uploaded to its key (S3 has no rename: the one PUT,
+    /// or the completion of a multipart upload, is the publish).
+    fn produce(
+        &self,
+        st: &Stage,
+        item: &str,
+        output: &str,
+        relpath: &str,
+        inputs: &[String],
+        still_ours: &mut dyn FnMut() -> Result<bool, String>,
+    ) -> Result<Option<()>, String> {
+        let aggregate = st.template.is_aggregate();
+        let scratch = if st.input_place.is_some() || st.output_place.is_some() {
+            Some(exec::Scratch::new().map_err(|e| format!("cannot make a scratch folder: {e}"))?)
+        } else {
+            None
+        };
+        let input: Option<String> = match (&st.input_place, aggregate) {
+            (_, true) => None,
+            (None, false) => Some(item.to_string()),
+            (Some(place), false) => {
+                let key = &item[place.len() + 1..];
+                let local = scratch.as_ref().expect("made for a remote input").file(key);
+                self.objects(&st.spec.name, place)
+                    .map_err(|e| e.to_string())?
+                    .get_to(key, &local)
+                    .map_err(|e| e.to_string())?;
+                Some(local.to_string_lossy().into_owned())
+            }
+        };
+        let job = Job {
+            root: &self.root,
+            transform: &st.spec.transform,
+            args: &st.args,
+            input: input.as_deref(),
+            // A per-item job's `{inputs}` is its one input (see `exec`).
+            inputs: if aggregate { inputs } else { &[] },
+            relpath,
+        };
+        match &st.output_place {
+            None => {
+                let final_path = self.root.join(output);
+                let temp = exec::temp_path_for(&final_path);
+                exec::run_transform(&job, &temp)?;
+                if !still_ours()? {
+                    exec::remove_temp(&temp);
+                    return Ok(None);
+                }
+                exec::publish(&temp, &final_path).map_err(|e| {
+                    exec::remove_temp(&temp);
+                    format!("cannot publish {}: {e}", final_path.display())
+                })?;
+            }
+            Some(place) => {
+                let key = &output[place.len() + 1..];
+                let temp = scratch
+                    .as_ref()
+                    .expect("made for a remote output")
+                    .output(key);
+                exec::run_transform(&job, &temp)?;
+                if !still_ours()? {
+                    return Ok(None);
+                }
+                self.objects(&st.spec.name, place)
+                    .map_err(|e| e.to_string())?
+                    .put_file(&temp, key)
+                    .map_err(|e| format!("cannot publish {output}: {e}"))?;
+            }
+        }
+        Ok(Some(()))
     }
 
     /// Records the current inputs and their existing outputs as done,
@@ -1023,6 +1247,12 @@ impl Pipeline {
         let mut out = Vec::new();
         for st in self.select(only)? {
             let name = &st.spec.name;
+            if st.input_place.is_some() || st.output_place.is_some() {
+                return Err(FilesError::Places {
+                    stage: name.clone(),
+                    message: "verify re-makes outputs beside local files; it does not yet read or write object storage. Verify the stages with local inputs and outputs (--stage NAME)".into(),
+                });
+            }
             let o = self.observe(st, false, None)?;
             let prev = &o.prev;
             let changed: std::collections::HashSet<&str> =
@@ -1192,14 +1422,22 @@ fn compare_files(a: &Path, b: &Path) -> VerifyOutcome {
 /// deterministic.
 fn topo_order(stages: Vec<Stage>) -> Result<Vec<Stage>, FilesError> {
     let n = stages.len();
+    // A place's paths are prefixed with its name, so that only paths of
+    // one place compare.
+    let prefix = |p: &Option<String>| p.as_ref().map_or(String::new(), |p| format!("{p}:"));
     let bases: Vec<Vec<String>> = stages
         .iter()
-        .map(|s| s.spec.inputs.iter().map(|g| glob_literal_dir(g)).collect())
+        .map(|s| {
+            s.input_globs
+                .iter()
+                .map(|g| prefix(&s.input_place) + &glob_literal_dir(g))
+                .collect()
+        })
         .collect();
     // deps[b] holds a when b reads what a writes.
     let mut deps: Vec<Vec<usize>> = vec![Vec::new(); n];
     for (a, sa) in stages.iter().enumerate() {
-        let out_root = sa.template.root();
+        let out_root = &(prefix(&sa.output_place) + sa.template.root());
         for b in 0..n {
             if a != b
                 && bases[b]

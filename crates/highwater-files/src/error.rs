@@ -30,6 +30,18 @@ pub enum FilesError {
         #[source]
         source: std::io::Error,
     },
+    #[error("stage `{stage}`: object storage: {message}. Check the bucket, the endpoint and the AWS_* credentials")]
+    Storage { stage: String, message: String },
+    #[error("stage `{stage}`: {what} `{value}` names storage `{place}`, which the config does not define; add a [storage.{place}] table{known}")]
+    UnknownPlace {
+        stage: String,
+        what: &'static str,
+        value: String,
+        place: String,
+        known: String,
+    },
+    #[error("stage `{stage}`: {message}")]
+    Places { stage: String, message: String },
     #[error("stage `{stage}`: input glob `{pattern}` is invalid: {message}")]
     Glob {
         stage: String,

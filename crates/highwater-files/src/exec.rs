@@ -239,3 +239,43 @@ pub fn find_program(root: &Path, program: &str) -> Result<PathBuf, String> {
     }
     Err(format!("PATH={}", path.to_string_lossy()))
 }
+
+/// A private scratch folder under the system's temp folder for one item's
+/// downloaded input and its output bound for object storage; removed with
+/// everything in it when dropped.
+pub struct Scratch(PathBuf);
+
+impl Scratch {
+    pub fn new() -> std::io::Result<Scratch> {
+        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "highwater-scratch-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(dir.join("in"))?;
+        std::fs::create_dir_all(dir.join("out"))?;
+        Ok(Scratch(dir))
+    }
+
+    /// Where a downloaded input goes: its file name kept, for commands
+    /// that read the extension.
+    pub fn file(&self, key: &str) -> PathBuf {
+        self.0
+            .join("in")
+            .join(key.rsplit('/').next().unwrap_or("input"))
+    }
+
+    /// Where the output is written before its upload.
+    pub fn output(&self, key: &str) -> PathBuf {
+        self.0
+            .join("out")
+            .join(key.rsplit('/').next().unwrap_or("output"))
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

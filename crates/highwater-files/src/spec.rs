@@ -143,6 +143,8 @@ pub struct PipelineSpec {
     /// state is shared in PostgreSQL and runs claim work from its queue.
     pub state_url_env: Option<String>,
     pub fleet: FleetSettings,
+    /// `[storage.NAME]`: object stores that stages name as `NAME:path`.
+    pub storage: std::collections::BTreeMap<String, highwater_objects::StorageSpec>,
     pub stages: Vec<StageSpec>,
     /// `[sources.NAME]` tables, left raw: `highwater-ingest` reads them.
     pub sources: std::collections::BTreeMap<String, toml::Value>,
@@ -161,6 +163,7 @@ impl PipelineSpec {
             state: PathBuf::from(".highwater/state.db"),
             state_url_env: None,
             fleet: FleetSettings::default(),
+            storage: Default::default(),
             stages: Vec::new(),
             sources: Default::default(),
             osm: None,

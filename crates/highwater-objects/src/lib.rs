@@ -120,6 +120,17 @@ impl Objects {
     /// A client for `[storage.NAME]`; credentials come from the usual
     /// `AWS_*` variables. Makes no request.
     pub fn open(name: &str, spec: &StorageSpec) -> Result<Objects, ObjectsError> {
+        Self::open_with(name, spec, None)
+    }
+
+    /// `open`, with the endpoint and credentials given rather than read
+    /// from the environment (tests, which must not change it).
+    #[doc(hidden)]
+    pub fn open_with(
+        name: &str,
+        spec: &StorageSpec,
+        given: Option<(&str, &str, &str)>,
+    ) -> Result<Objects, ObjectsError> {
         let bad = |message: String| ObjectsError::Config {
             name: name.to_string(),
             message,
@@ -134,16 +145,26 @@ impl Objects {
             return Err(bad("bucket is empty".into()));
         }
         install_crypto();
-        let mut b = AmazonS3Builder::from_env().with_bucket_name(&spec.bucket);
+        let mut b = match given {
+            Some((_, key, secret)) => AmazonS3Builder::new()
+                .with_access_key_id(key)
+                .with_secret_access_key(secret),
+            None => AmazonS3Builder::from_env(),
+        }
+        .with_bucket_name(&spec.bucket);
         if let Some(r) = &spec.region {
             b = b.with_region(r);
         }
-        if let Some(var) = &spec.endpoint_env {
-            let url = std::env::var(var).map_err(|_| {
+        let endpoint = match (given, &spec.endpoint_env) {
+            (Some((url, _, _)), _) => Some(url.to_string()),
+            (None, Some(var)) => Some(std::env::var(var).map_err(|_| {
                 bad(format!(
                     "endpoint_env = {var:?}, but that variable is not set; set it to the service's URL, or remove endpoint_env for AWS"
                 ))
-            })?;
+            })?),
+            (None, None) => None,
+        };
+        if let Some(url) = endpoint {
             b = b
                 .with_allow_http(url.starts_with("http://"))
                 .with_endpoint(url)
@@ -494,7 +515,23 @@ pub mod testing {
             );
         }
 
-        /// The variables a highwater process (or `Objects::open`) needs.
+        /// A client of `bucket` on this server (creating the bucket).
+        pub fn client(&self, bucket: &str) -> crate::Objects {
+            self.bucket(bucket);
+            crate::Objects::open_with(
+                "lake",
+                &crate::StorageSpec {
+                    kind: "s3".into(),
+                    bucket: bucket.into(),
+                    endpoint_env: None,
+                    region: Some("us-east-1".into()),
+                },
+                Some((&self.endpoint, "testing", "testing")),
+            )
+            .expect("a client of the test server")
+        }
+
+        /// The variables a highwater process needs.
         pub fn env(&self) -> Vec<(&'static str, String)> {
             vec![
                 ("S3_ENDPOINT", self.endpoint.clone()),

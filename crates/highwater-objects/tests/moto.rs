@@ -3,26 +3,11 @@
 //! raced here.
 
 use highwater_objects::testing::Moto;
-use highwater_objects::{Objects, Put, StorageSpec};
+use highwater_objects::{Objects, Put};
 use std::sync::{Arc, Barrier};
 
 fn open(m: &Moto, bucket: &str) -> Objects {
-    m.bucket(bucket);
-    for (k, v) in m.env() {
-        // SAFETY: set before any thread of this test reads the environment
-        // through the client; the values are the same in every test.
-        unsafe { std::env::set_var(k, v) };
-    }
-    Objects::open(
-        "lake",
-        &StorageSpec {
-            kind: "s3".into(),
-            bucket: bucket.into(),
-            endpoint_env: Some("S3_ENDPOINT".into()),
-            region: Some("us-east-1".into()),
-        },
-    )
-    .unwrap()
+    m.client(bucket)
 }
 
 #[test]

@@ -401,6 +401,9 @@ pub struct QueueCounts {
     /// Claimed, and the claim expired: claimable again.
     pub expired: u64,
     pub done: u64,
+    /// Items claimed more than once (a claim expired and was taken over):
+    /// the earlier holder may have left temp outputs behind.
+    pub retried: u64,
 }
 
 impl QueueCounts {

@@ -817,7 +817,8 @@ impl WorkQueue for PgStore {
             "SELECT count(*) FILTER (WHERE state = 'todo'),
                     count(*) FILTER (WHERE state = 'claimed' AND lease_until_ns > {NOW_NS}),
                     count(*) FILTER (WHERE state = 'claimed' AND lease_until_ns <= {NOW_NS}),
-                    count(*) FILTER (WHERE state = 'done')
+                    count(*) FILTER (WHERE state = 'done'),
+                    count(*) FILTER (WHERE claims > 1)
              FROM work WHERE stage = $1"
         );
         let r = self
@@ -830,6 +831,7 @@ impl WorkQueue for PgStore {
             claimed: r.get::<_, i64>(1) as u64,
             expired: r.get::<_, i64>(2) as u64,
             done: r.get::<_, i64>(3) as u64,
+            retried: r.get::<_, i64>(4) as u64,
         })
     }
 

@@ -27,7 +27,6 @@
 
 use super::{FailedItem, Observed, Pipeline, Progress, RunOptions, RunReport, Stage, StageReport};
 use crate::error::FilesError;
-use crate::exec::{self, Job};
 use crate::now_ns;
 use crate::spec::OnDelete;
 use highwater_core::evidence::Digest;
@@ -92,8 +91,9 @@ pub struct FleetStage {
 enum Planned {
     /// Another process queued the stage first: join its items.
     Joined,
-    /// Queued; these are the output folders to record once all are done.
-    Queued(Vec<String>),
+    /// Queued; these are the output folders to record once all are done
+    /// (`None`: do not record them, a young temp output was kept).
+    Queued(Option<Vec<String>>),
     /// The lease lapsed while planning (a very slow observe): nothing was
     /// queued; plan again.
     Lapsed,
@@ -191,8 +191,12 @@ impl Pipeline {
                 progress,
             )?;
         }
-        if let Some(dirs) = planned {
-            // Every queued item is done: the folders are final for now.
+        let retried = queue(store).pending(&name)?.retried;
+        if let (Some(Some(dirs)), 0) = (planned, retried) {
+            // Every queued item is done: the folders are final for now. Not
+            // recorded when a claim was taken over or a young temp output
+            // was kept: the folders may hold a temp output of a process
+            // that died, and must be listed (and swept) next time.
             store.commit(&Batch {
                 dirs: vec![(
                     name.clone(),
@@ -219,8 +223,8 @@ impl Pipeline {
     }
 
     /// Plans the stage under its plan lease when nothing of it is open, or
-    /// joins the plan another process made. Returns the output folders to
-    /// record when this process planned.
+    /// joins the plan another process made. `Some` when this process
+    /// planned, with the output folders to record once all is done.
     fn plan_or_join(
         &self,
         store: &mut dyn StateStore,
@@ -229,7 +233,7 @@ impl Pipeline {
         lease_ns: i64,
         opts: &RunOptions,
         report: &mut StageReport,
-    ) -> Result<Option<Vec<String>>, FilesError> {
+    ) -> Result<Option<Option<Vec<String>>>, FilesError> {
         let name = &st.spec.name;
         let lease_name = format!("plan:{name}");
         loop {
@@ -293,12 +297,14 @@ impl Pipeline {
         // Temp outputs younger than a claim may belong to a live process of
         // the fleet; older ones are a dead run's and are swept.
         let now = std::time::SystemTime::now();
+        let mut kept_temp = false;
         for t in &o.listing.temps {
             let old = std::fs::symlink_metadata(t)
                 .and_then(|m| m.modified())
                 .ok()
                 .and_then(|m| now.duration_since(m).ok())
                 .is_some_and(|age| age.as_nanos() as i64 > lease_ns);
+            kept_temp |= !old;
             if old && std::fs::remove_dir_all(t).is_err() {
                 let _ = std::fs::remove_file(t);
             }
@@ -358,7 +364,8 @@ impl Pipeline {
             items.push((c.item.clone(), text));
         }
         match queue(store).enqueue(&name, &batch, &items, fence)? {
-            WindowCommit::Done => Ok(Planned::Queued(o.output_dirs)),
+            WindowCommit::Done if kept_temp => Ok(Planned::Queued(None)),
+            WindowCommit::Done => Ok(Planned::Queued(Some(o.output_dirs))),
             _ => Ok(Planned::Lapsed),
         }
     }
@@ -464,32 +471,22 @@ impl Pipeline {
     ) -> Result<Option<()>, String> {
         let payload: Payload =
             serde_json::from_str(&c.payload).map_err(|e| format!("queued payload: {e}"))?;
-        let aggregate = st.template.is_aggregate();
-        let job = Job {
-            root: &self.root,
-            transform: &st.spec.transform,
-            args: &st.args,
-            input: if aggregate { None } else { Some(&c.item) },
-            inputs: if aggregate { &payload.inputs } else { &[] },
-            relpath: &payload.relpath,
+        let mut fence_store = fence_store;
+        let mut still_ours = || -> Result<bool, String> {
+            match fence_store.as_deref_mut() {
+                Some(s) => s
+                    .holds(&st.spec.name, &c.item, c.token, margin_ns)
+                    .map_err(|e| e.to_string()),
+                None => Ok(false),
+            }
         };
-        let final_path = self.root.join(&payload.output);
-        let temp = exec::temp_path_for(&final_path);
-        exec::run_transform(&job, &temp)?;
-        let holds = match fence_store {
-            Some(s) => s
-                .holds(&st.spec.name, &c.item, c.token, margin_ns)
-                .map_err(|e| e.to_string())?,
-            None => false,
-        };
-        if !holds {
-            exec::remove_temp(&temp);
-            return Ok(None);
-        }
-        exec::publish(&temp, &final_path).map_err(|e| {
-            exec::remove_temp(&temp);
-            format!("cannot publish {}: {e}", final_path.display())
-        })?;
-        Ok(Some(()))
+        self.produce(
+            st,
+            &c.item,
+            &payload.output,
+            &payload.relpath,
+            &payload.inputs,
+            &mut still_ours,
+        )
     }
 }
