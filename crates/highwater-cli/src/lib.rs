@@ -533,11 +533,27 @@ fn ingestor(cli_config: &std::path::Path, name: &str) -> Result<highwater_ingest
         .into());
     };
     let source = highwater_ingest::SourceSpec::parse(name, value, cli_config, pipeline.root())?;
-    Ok(highwater_ingest::Ingestor::new(
-        pipeline.root(),
-        pipeline.state_location(),
-        source,
-    ))
+    let place = source.output_place.clone();
+    let ing = highwater_ingest::Ingestor::new(pipeline.root(), pipeline.state_location(), source);
+    Ok(match place {
+        None => ing,
+        Some(p) => {
+            let Some(storage) = spec.storage.get(&p) else {
+                anyhow::bail!(
+                    "{}: [sources.{name}] output names storage `{p}`, which the config does not define; add a [storage.{p}] table{}",
+                    cli_config.display(),
+                    if spec.storage.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (defined: {})", spec.storage.keys().cloned().collect::<Vec<_>>().join(", "))
+                    }
+                )
+            };
+            ing.with_objects(std::sync::Arc::new(highwater_objects::Objects::open(
+                &p, storage,
+            )?))
+        }
+    })
 }
 
 /// Writes `bytes` to `path` durably: a temp file beside it, fsynced, renamed

@@ -125,6 +125,7 @@ struct Raw {
     chunk_by: Option<String>,
     chunk_rows: Option<usize>,
     compact: Option<RawCompact>,
+    version_retention_s: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -178,6 +179,12 @@ pub struct SourceSpec {
     pub lookback_us: i64,
     pub settle_us: i64,
     pub output: String,
+    /// The object store windows are published to (`output = "NAME:..."`),
+    /// if not local; `output` is then the key template without it.
+    pub output_place: Option<String>,
+    /// In object storage: how long a superseded version of a window stays
+    /// readable (a reader may hold the old manifest) before it is deleted.
+    pub version_retention_s: u64,
     pub checks: Checks,
     /// Rows per Parquet record batch: bounds memory per worker, whatever
     /// the window's size.
@@ -316,6 +323,18 @@ impl SourceSpec {
                 })
             }
         };
+        let (output_place, output) = match raw.output.split_once(':') {
+            Some((p, rest)) if !p.is_empty() && !p.contains('/') => {
+                if compaction.is_some() {
+                    return Err(bad(format!(
+                        "output `{}` is in object storage `{p}`, where compaction is not available (it swaps folders); remove [sources.{name}.compact] or publish to a local folder",
+                        raw.output
+                    )));
+                }
+                (Some(p.to_string()), rest.to_string())
+            }
+            _ => (None, raw.output.clone()),
+        };
         let spec = SourceSpec {
             name: name.to_string(),
             kind: raw.kind,
@@ -328,7 +347,9 @@ impl SourceSpec {
             grid,
             lookback_us,
             settle_us,
-            output: raw.output,
+            output,
+            output_place,
+            version_retention_s: raw.version_retention_s.unwrap_or(3600),
             checks: raw.checks.unwrap_or_default(),
             batch_rows: raw.batch_rows.unwrap_or(65_536).clamp(1, 1 << 22),
             file_rows_max: raw.file_rows_max.unwrap_or(4_000_000).max(1),

@@ -156,6 +156,9 @@ pub struct GridView {
 }
 
 pub struct Ingestor {
+    /// The client of the object store windows are published to, when
+    /// `output` names one.
+    pub(crate) objects: Option<std::sync::Arc<highwater_objects::Objects>>,
     pub(crate) root: PathBuf,
     pub(crate) state: StateLocation,
     pub(crate) spec: SourceSpec,
@@ -261,6 +264,7 @@ impl Ingestor {
     pub fn new(root: &Path, state: StateLocation, spec: SourceSpec) -> Ingestor {
         let recipe = spec.recipe_id();
         Ingestor {
+            objects: None,
             root: root.to_path_buf(),
             state,
             spec,
@@ -272,13 +276,36 @@ impl Ingestor {
         &self.spec
     }
 
+    /// The window's path as records and reports show it, and the local
+    /// folder it is staged and (when local) published in. For object
+    /// storage the path is `PLACE:KEY` and the local folder a staging area
+    /// under `.highwater/objects-staging`.
     pub(crate) fn window_path(&self, w: &Window) -> (String, PathBuf) {
         let rel = self
             .spec
             .window_path(w)
             .expect("the template was checked at config load");
-        let abs = self.root.join(&rel);
-        (rel, abs)
+        match &self.spec.output_place {
+            None => {
+                let abs = self.root.join(&rel);
+                (rel, abs)
+            }
+            Some(place) => {
+                let abs = self
+                    .root
+                    .join(".highwater/objects-staging")
+                    .join(&self.spec.name)
+                    .join(&rel);
+                (format!("{place}:{rel}"), abs)
+            }
+        }
+    }
+
+    /// Sets the object store `output` names (the caller opens it from the
+    /// config's `[storage]`).
+    pub fn with_objects(mut self, o: std::sync::Arc<highwater_objects::Objects>) -> Ingestor {
+        self.objects = Some(o);
+        self
     }
 
     fn label(w: &Window) -> String {
@@ -471,7 +498,10 @@ impl Ingestor {
             // Inside a compacted period, the period's manifest says which
             // attempt of the window it holds.
             let in_period = self.compacted_window(self.spec.grid.index_of(w.start_us));
-            let on_disk = publish::published_token(&abs)
+            let published = self.published_manifest(&w, &abs)?;
+            let on_disk = published
+                .as_ref()
+                .and_then(|m| m["token"].as_str().map(str::to_string))
                 .or_else(|| in_period.as_ref().map(|(pw, _)| pw.token.clone()));
             if let Some(t) = on_disk.as_ref().filter(|t| **t != r.token) {
                 // The attempt died before its swap; the version on disk is an
@@ -488,10 +518,7 @@ impl Ingestor {
                         r.extra["compacted"] = info;
                     }
                     None => {
-                        let manifest: serde_json::Value = std::fs::read(abs.join("_manifest.json"))
-                            .ok()
-                            .and_then(|b| serde_json::from_slice(&b).ok())
-                            .unwrap_or(serde_json::Value::Null);
+                        let manifest = published.unwrap_or(serde_json::Value::Null);
                         r.rows = manifest["rows"].as_i64().unwrap_or(r.rows);
                         r.files = manifest["files"].clone();
                         r.extra["digest"] = manifest["digest"].clone();
@@ -1376,6 +1403,12 @@ impl Ingestor {
             let Some(old) = moved.get(&o.start) else {
                 continue;
             };
+            if let Some(place) = &self.spec.output_place {
+                if let Some(key) = old.strip_prefix(&format!("{place}:")) {
+                    self.remove_objects(key, &o.start)?;
+                }
+                continue;
+            }
             // Our own rendering, relative and without `..`; checked anyway,
             // since it was read back from the state store.
             let safe = Path::new(old)

@@ -28,6 +28,12 @@ pub enum IngestError {
     },
     #[error("source `{name}`: {message}")]
     Schema { name: String, message: String },
+    #[error("source `{name}`, window {window}: object storage: {message}")]
+    Storage {
+        name: String,
+        window: String,
+        message: String,
+    },
     #[error("source `{name}`: {message}")]
     RecipeChanged { name: String, message: String },
     #[error("source `{name}`: another ingest holds the lease (owner {owner}, host {host}, pid {pid}) until {expires}; wait for it, or re-run with --wait")]

@@ -25,6 +25,7 @@ pub mod copy;
 pub mod digest;
 pub mod engine;
 pub mod error;
+mod objects;
 pub mod periods;
 pub mod pg;
 pub mod publish;

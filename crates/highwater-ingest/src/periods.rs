@@ -153,6 +153,10 @@ impl Ingestor {
             None => None,
         };
         let Some((pabs, old)) = period else {
+            if self.objects.is_some() {
+                self.publish_objects(k, staging, token)?;
+                return Ok(None);
+            }
             publish::swap_in(staging, abs)?;
             return Ok(None);
         };

@@ -254,3 +254,148 @@ fn issue11_random_edits_on_postgres_state_and_s3_equal_a_rebuild() {
         assert_eq!(lake.tree("out"), expected, "round {round}");
     }
 }
+
+/// Every row of one published version of the window, read the way a reader
+/// reads: the manifest, then the files it names. Returns (version, notes).
+fn read_window(o: &Objects, key: &str) -> Option<(String, Vec<String>, i64)> {
+    use arrow_array::Array;
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let (m, _) = o.get(&format!("{key}/_manifest.json")).unwrap()?;
+    let m: serde_json::Value = serde_json::from_slice(&m).unwrap();
+    let mut notes = Vec::new();
+    for f in m["files"].as_array().unwrap() {
+        let f = f.as_str().unwrap();
+        let (bytes, _) = o
+            .get(&format!("{key}/{f}"))
+            .unwrap()
+            .unwrap_or_else(|| panic!("{f}, named by the manifest, is gone"));
+        let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
+            .unwrap()
+            .build()
+            .unwrap();
+        for b in reader {
+            let b = b.unwrap();
+            let col = common::ingest::str_column(&b, "note");
+            notes.extend((0..col.len()).map(|i| col.value(i).to_string()));
+        }
+    }
+    Some((
+        m["version"].as_str().unwrap().to_string(),
+        notes,
+        m["rows"].as_i64().unwrap(),
+    ))
+}
+
+#[test]
+fn issue11_s3_window_publish_is_seen_whole_or_not_at_all() {
+    let lake = Lake::new();
+    let cfg = |retention: u64| {
+        format!(
+            "{STORAGE}{}",
+            common::ingest::SQLITE_SOURCE
+                .replace(
+                    "output = \"raw/orders/ingest_date={date}/ingest_hour={hour}\"",
+                    &format!("output = \"lake:raw/orders/ingest_date={{date}}/ingest_hour={{hour}}\"\nfile_rows_max = 40\nversion_retention_s = {retention}"),
+                )
+        )
+    };
+    let p = Project::new(&cfg(3600));
+    let db = rusqlite::Connection::open(p.path("src.db")).unwrap();
+    db.execute_batch(
+        "PRAGMA journal_mode=WAL;
+         CREATE TABLE orders(id INTEGER PRIMARY KEY, amount REAL, note TEXT, updated_at TEXT NOT NULL);",
+    )
+    .unwrap();
+    let key = "raw/orders/ingest_date=2026-03-01/ingest_hour=08";
+    let ingest = |extra: &[&str]| {
+        let mut c = p.cmd(&[
+            "ingest",
+            "orders",
+            "--json",
+            "--now",
+            "2026-03-01T09:30:00Z",
+        ]);
+        c.args(extra);
+        for (k, v) in lake.moto.env() {
+            c.env(k, v);
+        }
+        let o = c.output().unwrap();
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
+    };
+    let rewrite = |round: usize| {
+        db.execute("DELETE FROM orders", []).unwrap();
+        for i in 0..(100 + 13 * round) {
+            db.execute(
+                "INSERT INTO orders VALUES(?1, 1.0, ?2, ?3)",
+                rusqlite::params![
+                    i as i64,
+                    format!("round {round}"),
+                    format!("2026-03-01T08:{:02}:00Z", i % 60)
+                ],
+            )
+            .unwrap();
+        }
+    };
+    rewrite(0);
+    let r = ingest(&[]);
+    assert_eq!(r["windows"][0]["status"], "published", "{r}");
+    assert_eq!(r["windows"][0]["path"], format!("lake:{key}"));
+    // A reader reads the window over and over while it is republished.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let reads = std::thread::scope(|s| {
+        let reader = s.spawn(|| {
+            let mut reads = 0;
+            let mut versions = std::collections::BTreeSet::new();
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let (version, notes, rows) = read_window(&lake.objects, key).unwrap();
+                // One version, whole: its rows all of one round, as many
+                // as the manifest says.
+                assert_eq!(notes.len() as i64, rows, "{version}");
+                let first = notes[0].clone();
+                assert!(notes.iter().all(|n| *n == first), "{version} mixes rounds");
+                assert_eq!(notes.len(), 100 + 13 * first[6..].parse::<usize>().unwrap());
+                versions.insert(version);
+                reads += 1;
+            }
+            (reads, versions.len())
+        });
+        for round in 1..6 {
+            rewrite(round);
+            let r = ingest(&["--window", "2026-03-01T08:00:00Z/2026-03-01T09:00:00Z"]);
+            assert_eq!(r["windows"][0]["status"], "published", "{r}");
+        }
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        reader.join().unwrap()
+    });
+    assert!(
+        reads.0 > 5 && reads.1 > 1,
+        "the reader saw several versions: {reads:?}"
+    );
+    let (_, notes, _) = read_window(&lake.objects, key).unwrap();
+    assert_eq!(notes[0], "round 5");
+    // Superseded versions stay readable for the retention period...
+    let versions = |o: &Objects| {
+        o.list(key)
+            .unwrap()
+            .into_iter()
+            .filter_map(|i| {
+                i.key[key.len() + 1..]
+                    .split_once('/')
+                    .map(|(v, _)| v.to_string())
+            })
+            .collect::<std::collections::BTreeSet<_>>()
+    };
+    assert_eq!(versions(&lake.objects).len(), 6);
+    // ...and go at the first publish after it.
+    p.write("highwater.toml", &cfg(0));
+    ingest(&["--window", "2026-03-01T08:00:00Z/2026-03-01T09:00:00Z"]);
+    assert_eq!(versions(&lake.objects).len(), 1);
+    let (_, notes, rows) = read_window(&lake.objects, key).unwrap();
+    assert_eq!((notes.len() as i64, notes[0].as_str()), (rows, "round 5"));
+}
