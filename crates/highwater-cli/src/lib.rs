@@ -407,6 +407,16 @@ enum StateCommand {
         #[arg(long)]
         output: Option<PathBuf>,
     },
+    /// Copy the embedded SQLite state into an empty PostgreSQL database
+    /// (its URL in the variable named), checking every table after; then
+    /// set `[state] url_env` to that name.
+    Migrate {
+        /// The environment variable holding the postgres:// URL.
+        #[arg(long, value_name = "VAR")]
+        to_env: String,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Runs the command line and returns the exit code.
@@ -429,6 +439,51 @@ pub fn main() -> i32 {
             exit_code_of(&e)
         }
     }
+}
+
+/// Copies the SQLite state into the PostgreSQL database in `var`, under the
+/// SQLite store's run lock (no run can write meanwhile), then dumps both and
+/// compares each table's rows and checksum. The SQLite file is not changed.
+fn migrate_state(pipeline: &Pipeline, var: &str) -> Result<serde_json::Value> {
+    use highwater_store::StateStore;
+    anyhow::ensure!(
+        !pipeline.is_shared(),
+        "the config's state is already in PostgreSQL ([state] url_env); there is nothing to migrate"
+    );
+    let from = pipeline.state_path();
+    anyhow::ensure!(
+        from.exists(),
+        "{}: no SQLite state store there to migrate; check --config, or run once first",
+        from.display()
+    );
+    let _lock = pipeline.lock_state()?;
+    let source = highwater_store::SqliteStore::open(from)?;
+    let mut target = highwater_store::PgStore::open_env(var)?;
+    let dump = source.dump()?;
+    target.restore(&dump)?;
+    let copied = target.dump()?;
+    let checksum =
+        |v: serde_json::Value| blake3::hash(v.to_string().as_bytes()).to_hex()[..16].to_string();
+    let mut tables = Vec::new();
+    for ((name, rows), part) in
+        dump.counts()
+            .into_iter()
+            .zip(["entries", "dirs", "runs", "bookmarks", "windows"])
+    {
+        let a = checksum(serde_json::to_value(&dump)?[part].take());
+        let b = checksum(serde_json::to_value(&copied)?[part].take());
+        anyhow::ensure!(
+            a == b,
+            "table {name}: the copy differs from the source (checksum {b} against {a}); the PostgreSQL database now holds a partial copy: drop its tables (or use a new database) before trying again"
+        );
+        tables.push(serde_json::json!({"table": name, "rows": rows, "checksum": a}));
+    }
+    Ok(serde_json::json!({
+        "from": from.display().to_string(),
+        "to_env": var,
+        "config": pipeline.root().join("highwater.toml").display().to_string(),
+        "tables": tables,
+    }))
 }
 
 /// 2 (refused) for most errors; 1 for a replication failure the next run
@@ -1600,6 +1655,31 @@ fn run(cli: Cli) -> Result<i32> {
                     write_durably(&path, (text + "\n").as_bytes())?;
                 }
                 None => writeln!(out, "{text}")?,
+            }
+            Ok(0)
+        }
+        Command::State {
+            command: StateCommand::Migrate { to_env, json },
+        } => {
+            let report = migrate_state(&pipeline, &to_env)?;
+            if json {
+                writeln!(out, "{report}")?;
+            } else {
+                for t in report["tables"].as_array().into_iter().flatten() {
+                    writeln!(
+                        out,
+                        "{}: {} rows, checksum {} (source and target equal)",
+                        t["table"].as_str().unwrap_or("?"),
+                        t["rows"],
+                        t["checksum"].as_str().unwrap_or("?")
+                    )?;
+                }
+                writeln!(
+                    out,
+                    "migrated. Now set `[state] url_env = \"{to_env}\"` in {} (and remove `store`); the SQLite file {} is left as it was",
+                    report["config"].as_str().unwrap_or("the config"),
+                    report["from"].as_str().unwrap_or("?"),
+                )?;
             }
             Ok(0)
         }

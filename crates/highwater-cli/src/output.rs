@@ -241,6 +241,45 @@ pub fn status(out: &mut impl Write, v: &serde_json::Value, as_json: bool) -> io:
             )?;
         }
     }
+    if let Some(f) = v.get("fleet") {
+        writeln!(out, "fleet (shared state):")?;
+        for p in f["processes"].as_array().into_iter().flatten() {
+            writeln!(
+                out,
+                "  {} {} pid {} on {}: {}, heartbeat {} ms ago; claimed {}, done {}, took over {}, fenced {}, holding {}",
+                p["state"].as_str().unwrap_or("?"),
+                p["command"].as_str().unwrap_or("?"),
+                p["pid"],
+                p["host"].as_str().unwrap_or("?"),
+                p["owner"].as_str().unwrap_or("?"),
+                p["heartbeat_age_ms"],
+                p["claimed"],
+                p["done"],
+                p["takeovers"],
+                p["fenced"],
+                p["holding"],
+            )?;
+        }
+        for l in f["leases"].as_array().into_iter().flatten() {
+            if l["live"] == true {
+                writeln!(
+                    out,
+                    "  lease {} held by {} (token {}) until {}",
+                    l["name"].as_str().unwrap_or("?"),
+                    l["owner"].as_str().unwrap_or("?"),
+                    l["token"],
+                    l["expires_at"].as_str().unwrap_or("?"),
+                )?;
+            }
+        }
+        for (name, q) in f["queues"].as_object().into_iter().flatten() {
+            writeln!(
+                out,
+                "  queue {name}: {} todo, {} claimed, {} expired, {} done",
+                q["todo"], q["claimed"], q["expired"], q["done"]
+            )?;
+        }
+    }
     Ok(())
 }
 

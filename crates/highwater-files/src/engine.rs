@@ -488,6 +488,12 @@ impl Pipeline {
         self.state_url_env.is_some()
     }
 
+    /// Takes the SQLite state store's run lock (for `state migrate`: no
+    /// run writes while the state is copied). `None` on shared state.
+    pub fn lock_state(&self) -> Result<Option<File>, FilesError> {
+        self.lock()
+    }
+
     /// Takes the single-writer lock: one run (or adopt) per SQLite state
     /// store. A shared store has no such lock: its processes coordinate
     /// through leases and claims.
@@ -1345,9 +1351,10 @@ impl Pipeline {
 
     /// Per stage: the last run, the entry counts, the failures.
     pub fn status(&self) -> Result<serde_json::Value, FilesError> {
-        let store = self.open_store()?;
+        let mut store = self.open_store()?;
         let runs = store.last_runs()?;
         let mut stages = Vec::new();
+        let fleet = self.fleet_status(store.as_mut())?;
         for st in &self.stages {
             let name = &st.spec.name;
             let entries = store.load(name)?;
@@ -1388,7 +1395,86 @@ impl Pipeline {
                 "running": count(highwater_store::WindowStatus::Running),
             }));
         }
-        Ok(json!({ "stages": stages, "sources": sources }))
+        let mut v = json!({ "stages": stages, "sources": sources });
+        if let Some(f) = fleet {
+            v["fleet"] = f;
+        }
+        Ok(v)
+    }
+
+    /// On shared state: every process that registered (host, pid, command,
+    /// heartbeat age, items claimed, done, taken over, fenced, held now),
+    /// every lease and its holder, and each stage's queue.
+    fn fleet_status(
+        &self,
+        store: &mut dyn StateStore,
+    ) -> Result<Option<serde_json::Value>, FilesError> {
+        let leases = store.leases("")?;
+        let Some(q) = store.as_queue() else {
+            return Ok(None);
+        };
+        let procs = q.fleet()?;
+        let now = procs.first().map_or_else(now_ns, |p| p.now_ns);
+        let lease_ns = (self.fleet.lease_duration_s as i64).saturating_mul(1_000_000_000);
+        let processes: Vec<serde_json::Value> = procs
+            .iter()
+            .map(|p| {
+                let age_ms = (now - p.heartbeat_at_ns) / 1_000_000;
+                json!({
+                    "owner": p.owner,
+                    "host": p.host,
+                    "pid": p.pid,
+                    "command": p.command,
+                    "started_at": time::rfc3339_utc(p.started_at_ns),
+                    "finished_at": p.finished_at_ns.map(time::rfc3339_utc),
+                    "heartbeat_age_ms": age_ms,
+                    "state": if p.finished_at_ns.is_some() {
+                        "finished"
+                    } else if age_ms * 1_000_000 > lease_ns {
+                        "silent"
+                    } else {
+                        "alive"
+                    },
+                    "claimed": p.claimed,
+                    "done": p.done,
+                    "takeovers": p.takeovers,
+                    "fenced": p.fenced,
+                    "holding": p.holding,
+                })
+            })
+            .collect();
+        let mut queues = serde_json::Map::new();
+        let names: Vec<String> = self
+            .stages
+            .iter()
+            .map(|s| s.spec.name.clone())
+            .chain(self.sources.iter().map(|s| format!("ingest:{s}")))
+            .collect();
+        for n in names {
+            queues.insert(
+                n.clone(),
+                serde_json::to_value(q.pending(&n)?).unwrap_or_default(),
+            );
+        }
+        let leases: Vec<serde_json::Value> = leases
+            .iter()
+            .map(|l| {
+                json!({
+                    "name": l.name,
+                    "owner": l.owner,
+                    "host": l.host,
+                    "pid": l.pid,
+                    "token": l.token,
+                    "live": l.expires_at_ns > now_ns(),
+                    "expires_at": time::rfc3339_utc(l.expires_at_ns),
+                })
+            })
+            .collect();
+        Ok(Some(json!({
+            "processes": processes,
+            "leases": leases,
+            "queues": queues,
+        })))
     }
 }
 

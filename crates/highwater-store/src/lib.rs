@@ -136,6 +136,8 @@ pub enum StoreError {
         #[source]
         source: postgres::Error,
     },
+    #[error("the PostgreSQL state store ({what}) already holds state ({rows} rows); migrate into an empty database, so that nothing in it is overwritten or mixed")]
+    NotEmpty { what: String, rows: i64 },
     #[error("[state] url_env = {var:?}, but that environment variable is not set. Set it to a postgres:// URL, or remove url_env to use the embedded SQLite store")]
     NoUrl { var: String },
     #[error("cannot create the state folder {path}: {source}")]
@@ -159,7 +161,7 @@ pub struct StageEntries {
 /// unchanged (and the record is not racy), no name in it was added, removed
 /// or renamed, so the outputs recorded in it still exist without listing it.
 /// This is git's untracked cache, applied to outputs.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct DirRecord {
     pub dir: String,
     pub mtime_ns: i64,
@@ -370,6 +372,10 @@ pub trait StateStore: Send {
     fn lease(&self, name: &str) -> Result<Option<Lease>, StoreError>;
     /// Every lease whose name starts with `prefix`, by name.
     fn leases(&self, prefix: &str) -> Result<Vec<Lease>, StoreError>;
+    /// Everything a store holds that outlives a process (not leases, not
+    /// the work queue), in a fixed order: what `state migrate` copies and
+    /// compares.
+    fn dump(&self) -> Result<StateDump, StoreError>;
     /// The work queue, when this store is shared by a fleet (PostgreSQL);
     /// `None` for a store one machine owns.
     fn as_queue(&mut self) -> Option<&mut dyn WorkQueue> {
@@ -380,6 +386,30 @@ pub trait StateStore: Send {
 /// The tables of the work queue and the fleet (migration 4 -> 5 in both
 /// stores: SQLite keeps them empty, so that versions mean the same tables).
 pub const WORK_SQL_SQLITE: &str = work_sql!();
+
+/// The durable content of a state store, in a fixed order (see
+/// [`StateStore::dump`]). Equal dumps mean equal stores.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct StateDump {
+    pub entries: Vec<(String, Entry)>,
+    pub dirs: Vec<(String, DirRecord)>,
+    pub runs: Vec<RunRecord>,
+    pub bookmarks: Vec<Bookmark>,
+    pub windows: Vec<WindowRecord>,
+}
+
+impl StateDump {
+    /// Rows per table, for messages.
+    pub fn counts(&self) -> [(&'static str, usize); 5] {
+        [
+            ("entries", self.entries.len()),
+            ("output_dirs", self.dirs.len()),
+            ("runs", self.runs.len()),
+            ("bookmarks", self.bookmarks.len()),
+            ("windows", self.windows.len()),
+        ]
+    }
+}
 
 /// One claimed item: the token fences its result.
 #[derive(Clone, Debug, PartialEq, Eq)]

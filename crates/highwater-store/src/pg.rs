@@ -322,6 +322,77 @@ impl PgStore {
             .collect())
     }
 
+    /// Writes a dump into this store in one transaction: the target of
+    /// `state migrate`. Refuses a store that already holds state, so that
+    /// nothing in it is overwritten or mixed.
+    pub fn restore(&mut self, d: &crate::StateDump) -> Result<(), StoreError> {
+        let what = self.what.clone();
+        let err = |source| StoreError::Pg {
+            what: what.clone(),
+            source,
+        };
+        let mut tx = self.client.get_mut().transaction().map_err(err)?;
+        let held: i64 = tx
+            .query_one(
+                "SELECT (SELECT count(*) FROM entries) + (SELECT count(*) FROM windows)
+                      + (SELECT count(*) FROM bookmarks) + (SELECT count(*) FROM runs)",
+                &[],
+            )
+            .map_err(err)?
+            .get(0);
+        if held > 0 {
+            return Err(StoreError::NotEmpty {
+                what: what.clone(),
+                rows: held,
+            });
+        }
+        let mut dirs: std::collections::BTreeMap<String, Vec<DirRecord>> = Default::default();
+        for (stage, dr) in &d.dirs {
+            dirs.entry(stage.clone()).or_default().push(dr.clone());
+        }
+        apply_batch(
+            &mut tx,
+            &Batch {
+                upserts: d.entries.clone(),
+                deletes: Vec::new(),
+                dirs: dirs.into_iter().collect(),
+            },
+        )
+        .map_err(err)?;
+        for r in &d.runs {
+            tx.execute(
+                "INSERT INTO runs(id, stage, started_at_ns, finished_at_ns, summary, exit_code)
+                 VALUES($1, $2, $3, $4, $5, $6)",
+                &[
+                    &r.id,
+                    &r.stage,
+                    &r.started_at_ns,
+                    &r.finished_at_ns,
+                    &r.summary.to_string(),
+                    &r.exit_code,
+                ],
+            )
+            .map_err(err)?;
+        }
+        // Run ids go on from the copied ones.
+        tx.execute(
+            "SELECT setval('runs_id_seq', GREATEST((SELECT max(id) FROM runs), 1))",
+            &[],
+        )
+        .map_err(err)?;
+        for b in &d.bookmarks {
+            tx.execute(
+                "INSERT INTO bookmarks(source, last_end_us, horizon) VALUES($1, $2, $3)",
+                &[&b.source, &b.last_end_us, &b.horizon],
+            )
+            .map_err(err)?;
+        }
+        for w in &d.windows {
+            put_window(&mut tx, w).map_err(err)?;
+        }
+        tx.commit().map_err(err)
+    }
+
     /// Who holds lease `name` now (expired or not), if anyone.
     pub fn lease(&self, name: &str) -> Result<Option<Lease>, StoreError> {
         let row = self
@@ -791,6 +862,51 @@ impl StateStore for PgStore {
 
     fn lease(&self, name: &str) -> Result<Option<Lease>, StoreError> {
         PgStore::lease(self, name)
+    }
+
+    fn dump(&self) -> Result<crate::StateDump, StoreError> {
+        let mut d = crate::StateDump {
+            entries: self.export()?,
+            runs: self.runs_where("ORDER BY id")?,
+            ..Default::default()
+        };
+        let rows = self
+            .client
+            .borrow_mut()
+            .query(
+                "SELECT stage, dir, mtime_ns, ctime_ns, ino, observed_at_ns FROM output_dirs ORDER BY stage, dir",
+                &[],
+            )
+            .map_err(|e| self.err(e))?;
+        d.dirs = rows
+            .iter()
+            .map(|r| {
+                (
+                    r.get(0),
+                    DirRecord {
+                        dir: r.get(1),
+                        mtime_ns: r.get(2),
+                        ctime_ns: r.get(3),
+                        ino: r.get::<_, i64>(4) as u64,
+                        observed_at_ns: r.get(5),
+                    },
+                )
+            })
+            .collect();
+        let rows = self
+            .client
+            .borrow_mut()
+            .query(
+                "SELECT source FROM bookmarks UNION SELECT source FROM windows ORDER BY 1",
+                &[],
+            )
+            .map_err(|e| self.err(e))?;
+        for r in rows {
+            let src: String = r.get(0);
+            d.bookmarks.extend(self.bookmark(&src)?);
+            d.windows.extend(self.windows(&src)?);
+        }
+        Ok(d)
     }
 
     fn leases(&self, prefix: &str) -> Result<Vec<Lease>, StoreError> {

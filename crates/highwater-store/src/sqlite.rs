@@ -695,6 +695,49 @@ impl StateStore for SqliteStore {
         crate::lease::current(&self.conn, name).map_err(|e| self.err(e))
     }
 
+    fn dump(&self) -> Result<crate::StateDump, StoreError> {
+        let e = |e| self.err(e);
+        let mut d = crate::StateDump {
+            entries: self.export()?,
+            runs: self.runs_where("ORDER BY id")?,
+            ..Default::default()
+        };
+        let mut stmt = self
+            .conn
+            .prepare("SELECT stage, dir, mtime_ns, ctime_ns, ino, observed_at_ns FROM output_dirs ORDER BY stage, dir")
+            .map_err(e)?;
+        d.dirs = stmt
+            .query_map([], |r| {
+                Ok((
+                    r.get(0)?,
+                    DirRecord {
+                        dir: r.get(1)?,
+                        mtime_ns: r.get(2)?,
+                        ctime_ns: r.get(3)?,
+                        ino: r.get::<_, i64>(4)? as u64,
+                        observed_at_ns: r.get(5)?,
+                    },
+                ))
+            })
+            .map_err(e)?
+            .collect::<Result<_, _>>()
+            .map_err(e)?;
+        let mut stmt = self
+            .conn
+            .prepare("SELECT source FROM bookmarks UNION SELECT source FROM windows ORDER BY 1")
+            .map_err(e)?;
+        let sources: Vec<String> = stmt
+            .query_map([], |r| r.get(0))
+            .map_err(e)?
+            .collect::<Result<_, _>>()
+            .map_err(e)?;
+        for src in sources {
+            d.bookmarks.extend(self.bookmark(&src)?);
+            d.windows.extend(self.windows(&src)?);
+        }
+        Ok(d)
+    }
+
     fn leases(&self, prefix: &str) -> Result<Vec<crate::Lease>, StoreError> {
         let mut stmt = self
             .conn

@@ -315,3 +315,112 @@ fn issue11_two_ingest_processes_share_a_sources_windows() {
     ids.dedup();
     assert_eq!(ids.len(), rows.len());
 }
+
+/// `state migrate` copies the embedded SQLite state into PostgreSQL with
+/// checksums; with the config switched over, nothing looks changed, and
+/// the fleet shows in `status`.
+#[test]
+fn issue11_state_migrate_moves_sqlite_state_and_nothing_looks_changed() {
+    let _pg = pg_serial();
+    let (mut db, url) = pg_database("migrate");
+    let sqlite_cfg = format!(
+        "{}{}",
+        common::upper_config(""),
+        common::ingest::SQLITE_SOURCE
+    );
+    let p = Project::new(&sqlite_cfg);
+    for i in 0..30 {
+        p.write(&format!("data/{i}.txt"), &format!("x{i}"));
+    }
+    let src = rusqlite::Connection::open(p.path("src.db")).unwrap();
+    src.execute_batch(
+        "CREATE TABLE orders(id INTEGER PRIMARY KEY, amount REAL, note TEXT, updated_at TEXT NOT NULL);
+         INSERT INTO orders VALUES (1, 1.0, 'a', '2026-03-01T08:10:00Z'), (2, 2.0, 'b', '2026-03-01T09:20:00Z');",
+    )
+    .unwrap();
+    p.run_json(&[], 0);
+    let now = ["--now", "2026-03-01T10:30:00Z"];
+    p.check(&[&["ingest", "orders", "--json"][..], &now[..]].concat(), 0);
+    let migrate = |code| {
+        let o = p
+            .cmd(&[
+                "state",
+                "migrate",
+                "--to-env",
+                "HIGHWATER_STATE_URL",
+                "--json",
+            ])
+            .env("HIGHWATER_STATE_URL", &url)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert_eq!(o.status.code(), Some(code), "{stderr}");
+        (
+            serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap_or_default(),
+            stderr,
+        )
+    };
+    let (report, _) = migrate(0);
+    let rows: std::collections::BTreeMap<String, i64> = report["tables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["table"].as_str().unwrap().to_string(),
+                t["rows"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(rows["entries"], 30, "{report}");
+    assert_eq!(rows["windows"], 2, "{report}");
+    assert_eq!(rows["bookmarks"], 1, "{report}");
+    assert!(rows["runs"] >= 1 && rows["output_dirs"] >= 1, "{report}");
+    assert_eq!(count(&mut db, "SELECT count(*) FROM entries"), 30);
+    // Into a database that holds state: refused, nothing overwritten.
+    let (_, stderr) = migrate(2);
+    assert!(stderr.contains("already holds state"), "{stderr}");
+    // The config now names the shared state: nothing looks changed.
+    p.write(
+        "highwater.toml",
+        &format!("[state]\nurl_env = \"HIGHWATER_STATE_URL\"\n{sqlite_cfg}"),
+    );
+    let (code, json, stderr) = finish(spawn(&p, &url, &["run", "--json"]));
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(json["stages"][0]["unchanged"], 30, "{json}");
+    assert_eq!(json["stages"][0]["processed"], 0, "{json}");
+    let o = p
+        .cmd(&[&["ingest", "orders", "--json"][..], &now[..]].concat())
+        .env("HIGHWATER_STATE_URL", &url)
+        .output()
+        .unwrap();
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(o.status.code(), Some(0), "{r}");
+    assert_eq!(r["windows"].as_array().unwrap().len(), 0, "{r}");
+    assert_eq!(r["bookmark_after"], "2026-03-01T10:00:00Z", "{r}");
+    // Status shows the fleet: the run's process, finished, with its counts.
+    let o = p
+        .cmd(&["status", "--json"])
+        .env("HIGHWATER_STATE_URL", &url)
+        .output()
+        .unwrap();
+    let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let procs = s["fleet"]["processes"].as_array().unwrap();
+    assert!(
+        procs
+            .iter()
+            .any(|p| p["command"] == "run" && p["state"] == "finished"),
+        "{s}"
+    );
+    assert!(s["fleet"]["queues"]["upper"]["todo"] == 0, "{s}");
+    let human = p
+        .cmd(&["status"])
+        .env("HIGHWATER_STATE_URL", &url)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&human.stdout);
+    assert!(
+        text.contains("fleet (shared state):") && text.contains("queue upper:"),
+        "{text}"
+    );
+}
