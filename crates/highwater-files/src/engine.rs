@@ -914,6 +914,41 @@ impl Pipeline {
         Ok(None)
     }
 
+    /// The plan's own writes: refreshed evidence, pruned members, and the
+    /// deleted items, each after its output is removed (`on_delete`); a
+    /// removal that fails is reported and its entry kept.
+    fn plan_batch(&self, st: &Stage, plan: &StagePlan, report: &mut StageReport) -> Batch {
+        let name = &st.spec.name;
+        let mut batch = Batch::default();
+        for e in &plan.refresh {
+            batch.upserts.push((name.clone(), e.clone()));
+        }
+        for m in &plan.prune_members {
+            batch
+                .deletes
+                .push((name.clone(), EntryKind::Member, m.clone()));
+        }
+        for c in plan.changed.iter().filter(|c| c.reason == Reason::Deleted) {
+            let removed = match st.spec.on_delete {
+                OnDelete::Remove => self.remove_output(st, &c.output),
+                OnDelete::Keep => Ok(()),
+            };
+            match removed {
+                Ok(()) => {
+                    batch
+                        .deletes
+                        .push((name.clone(), EntryKind::Item, c.item.clone()));
+                    report.deleted += 1;
+                }
+                Err(error) => report.failed.push(FailedItem {
+                    input: c.item.clone(),
+                    error,
+                }),
+            }
+        }
+        batch
+    }
+
     fn remove_output(&self, st: &Stage, output: &str) -> Result<(), String> {
         if let Some(place) = &st.output_place {
             let key = &output[place.len() + 1..];
@@ -963,38 +998,7 @@ impl Pipeline {
         }
         // Deletions, refreshed evidence and pruned members: one transaction,
         // after the outputs are gone.
-        let mut batch = Batch::default();
-        for e in &o.plan.refresh {
-            batch.upserts.push((name.clone(), e.clone()));
-        }
-        for m in &o.plan.prune_members {
-            batch
-                .deletes
-                .push((name.clone(), EntryKind::Member, m.clone()));
-        }
-        for c in o
-            .plan
-            .changed
-            .iter()
-            .filter(|c| c.reason == Reason::Deleted)
-        {
-            let removed = match st.spec.on_delete {
-                OnDelete::Remove => self.remove_output(st, &c.output),
-                OnDelete::Keep => Ok(()),
-            };
-            match removed {
-                Ok(()) => {
-                    batch
-                        .deletes
-                        .push((name.clone(), EntryKind::Item, c.item.clone()));
-                    report.deleted += 1;
-                }
-                Err(error) => report.failed.push(FailedItem {
-                    input: c.item.clone(),
-                    error,
-                }),
-            }
-        }
+        let batch = self.plan_batch(st, &o.plan, &mut report);
         store.commit(&batch)?;
 
         let work: Vec<&Change> = o

@@ -261,35 +261,18 @@ impl Heartbeat {
         duration_ns: i64,
         mut renew: impl FnMut(&Fence, i64, i64) -> Result<bool, ()> + Send + 'static,
     ) -> Heartbeat {
-        let stop = Arc::new(AtomicBool::new(false));
         let lost = Arc::new(AtomicBool::new(false));
-        let (s, l) = (stop.clone(), lost.clone());
-        let thread = std::thread::Builder::new()
-            .name("lease-heartbeat".into())
-            .spawn(move || {
-                let step = Duration::from_nanos((duration_ns / 3).max(50_000_000) as u64);
-                let mut last = Instant::now();
-                loop {
-                    // Parked until the next renewal is due; Drop unparks it,
-                    // so stopping costs no wait.
-                    std::thread::park_timeout(step.saturating_sub(last.elapsed()));
-                    if s.load(Ordering::SeqCst) {
-                        return;
-                    }
-                    if last.elapsed() < step {
-                        continue;
-                    }
-                    last = Instant::now();
-                    match renew(&fence, now_ns(), duration_ns) {
-                        Ok(true) | Err(()) => {}
-                        Ok(false) => {
-                            l.store(true, Ordering::SeqCst);
-                            return;
-                        }
-                    }
-                }
-            })
-            .ok();
+        let l = lost.clone();
+        let step = Duration::from_nanos((duration_ns / 3).max(50_000_000) as u64);
+        let (stop, thread) = tick(step, move || match renew(&fence, now_ns(), duration_ns) {
+            Ok(true) | Err(()) => true,
+            // Another owner's token: lost for good.
+            Ok(false) => {
+                l.store(true, Ordering::SeqCst);
+                false
+            }
+        });
+        let thread = thread.ok();
         if thread.is_none() {
             lost.store(true, Ordering::SeqCst);
         }
@@ -332,36 +315,23 @@ impl ClaimHeartbeat {
         lease_ns: i64,
     ) -> Result<ClaimHeartbeat, crate::StoreError> {
         let mut store = loc.open()?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let s = stop.clone();
-        let step = Duration::from_nanos((lease_ns / 3).max(100_000_000) as u64);
-        let thread = std::thread::Builder::new()
-            .name("claim-heartbeat".into())
-            .spawn(move || {
-                let mut last = Instant::now();
-                loop {
-                    std::thread::park_timeout(step.saturating_sub(last.elapsed()));
-                    if s.load(Ordering::SeqCst) {
-                        return;
-                    }
-                    if last.elapsed() < step {
-                        continue;
-                    }
-                    last = Instant::now();
-                    // A failed renewal is not fatal here: the claims then
-                    // expire, and the fence refuses our late results.
-                    if let Some(q) = store.as_queue() {
-                        let _ = q.heartbeat(&owner, lease_ns);
-                    }
+        // A failed renewal is not fatal here: the claims then expire, and
+        // the fence refuses our late results.
+        let (stop, thread) = tick(
+            Duration::from_nanos((lease_ns / 3).max(100_000_000) as u64),
+            move || {
+                if let Some(q) = store.as_queue() {
+                    let _ = q.heartbeat(&owner, lease_ns);
                 }
-            })
-            .map_err(|source| crate::StoreError::Io {
-                path: PathBuf::from("claim-heartbeat thread"),
-                source,
-            })?;
+                true
+            },
+        );
         Ok(ClaimHeartbeat {
             stop,
-            thread: Some(thread),
+            thread: Some(thread.map_err(|source| crate::StoreError::Io {
+                path: PathBuf::from("claim-heartbeat thread"),
+                source,
+            })?),
         })
     }
 }
@@ -374,4 +344,37 @@ impl Drop for ClaimHeartbeat {
             let _ = t.join();
         }
     }
+}
+
+/// Calls `f` on a thread of its own every `step` until it returns false or
+/// the returned flag is set (and the thread unparked, which stopping does:
+/// it costs no wait).
+fn tick(
+    step: Duration,
+    mut f: impl FnMut() -> bool + Send + 'static,
+) -> (
+    Arc<AtomicBool>,
+    std::io::Result<std::thread::JoinHandle<()>>,
+) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    let thread = std::thread::Builder::new()
+        .name("heartbeat".into())
+        .spawn(move || {
+            let mut last = Instant::now();
+            loop {
+                std::thread::park_timeout(step.saturating_sub(last.elapsed()));
+                if s.load(Ordering::SeqCst) {
+                    return;
+                }
+                if last.elapsed() < step {
+                    continue;
+                }
+                last = Instant::now();
+                if !f() {
+                    return;
+                }
+            }
+        });
+    (stop, thread)
 }

@@ -28,11 +28,10 @@
 use super::{FailedItem, Observed, Pipeline, Progress, RunOptions, RunReport, Stage, StageReport};
 use crate::error::FilesError;
 use crate::now_ns;
-use crate::spec::OnDelete;
 use highwater_core::evidence::Digest;
 use highwater_core::guard;
 use highwater_core::plan::{self, Observation, Reason};
-use highwater_core::{EntryKind, Stat, Status};
+use highwater_core::{Stat, Status};
 use highwater_store::lease::{host, owner_id, ClaimHeartbeat, LEASE_POLL_MS};
 use highwater_store::{
     Batch, Claim, Fence, FleetProcess, LeaseOutcome, PgStore, StateStore, WindowCommit, WorkQueue,
@@ -309,34 +308,10 @@ impl Pipeline {
                 let _ = std::fs::remove_file(t);
             }
         }
-        let mut batch = Batch::default();
-        for e in &o.plan.refresh {
-            batch.upserts.push((name.clone(), e.clone()));
-        }
-        for m in &o.plan.prune_members {
-            batch
-                .deletes
-                .push((name.clone(), EntryKind::Member, m.clone()));
-        }
+        let batch = self.plan_batch(st, &o.plan, report);
         let mut items = Vec::new();
         for c in &o.plan.changed {
             if c.reason == Reason::Deleted {
-                let removed = match st.spec.on_delete {
-                    OnDelete::Remove => self.remove_output(st, &c.output),
-                    OnDelete::Keep => Ok(()),
-                };
-                match removed {
-                    Ok(()) => {
-                        batch
-                            .deletes
-                            .push((name.clone(), EntryKind::Item, c.item.clone()));
-                        report.deleted += 1;
-                    }
-                    Err(error) => report.failed.push(FailedItem {
-                        input: c.item.clone(),
-                        error,
-                    }),
-                }
                 continue;
             }
             let obs = c
