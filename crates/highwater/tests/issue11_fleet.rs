@@ -96,10 +96,29 @@ fn issue11_three_processes_one_killed_record_each_item_once() {
     let a = spawn(&p, &url, &["run", "--json", "--jobs", "2"]);
     let b = spawn(&p, &url, &["run", "--json", "--jobs", "2"]);
     let mut c = spawn(&p, &url, &["run", "--json", "--jobs", "2"]);
-    // Kill one process mid-run, with claims in flight.
+    // Kill one process mid-run, with claims in flight: frozen first, so that
+    // what it holds can be read and cannot change before the kill.
     wait_for("a quarter of the items to start", || {
         std::fs::read_dir(p.path("started")).map_or(0, |d| d.count()) > 125
     });
+    let pid = c.id() as i32;
+    loop {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+        let held = db
+            .query_one(
+                "SELECT count(*) FROM work w JOIN processes p ON w.owner = p.owner
+                 WHERE p.pid = $1 AND w.state = 'claimed'",
+                &[&(pid as i64)],
+            )
+            .unwrap()
+            .get::<_, i64>(0);
+        if held > 0 {
+            break;
+        }
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+        std::thread::sleep(Duration::from_millis(5));
+    }
     c.kill().unwrap();
     c.wait().unwrap();
     let killed_open = count(&mut db, "SELECT count(*) FROM work WHERE state <> 'done'");
