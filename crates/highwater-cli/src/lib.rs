@@ -414,6 +414,7 @@ enum StateCommand {
         /// The environment variable holding the postgres:// URL.
         #[arg(long, value_name = "VAR")]
         to_env: String,
+        /// Print the tables copied (rows, checksums) as JSON.
         #[arg(long)]
         json: bool,
     },
