@@ -17,11 +17,13 @@
 //! a rebuild's exactly. A feature counts in the areas containing a point on
 //! its surface; a line's length is clipped to each area it crosses.
 
-use crate::derive::TileLayer;
-use crate::features::{self, feature, inside, Current, ElementKey, Feature, Shape, P};
+use crate::features::{self, feature, inside, Current, ElementKey, Feature, Shape, TileLayer, P};
 use crate::model::MemberKind;
-use crate::store::{built_recipe_key, Store, StoreError};
+use crate::store::{
+    built_recipe_key, kind_code, kind_of, rings_blob, rings_from_blob, Store, StoreError, Writer,
+};
 use rstar::{RTree, RTreeObject, AABB};
+use rusqlite::params;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// The Earth's circumference at the equator, in metres (WGS84), the length
@@ -592,4 +594,173 @@ pub fn verify(store: &Store, d: &AggDataset) -> Result<(usize, Vec<String>), Sto
         }
     }
     Ok((want.len().max(have.len()), diffs))
+}
+
+// ---- the aggregates' tables in the OSM store ----
+
+impl Store {
+    /// The admin areas as the dataset last saw them.
+    pub fn agg_areas(&self, dataset: &str) -> Result<Vec<Area>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare_cached("SELECT kind, id, name, level, minx, miny, maxx, maxy, rings FROM agg_areas WHERE dataset = ?1 ORDER BY kind, id")
+            .map_err(|e| self.err(e))?;
+        let rows = st
+            .query_map([dataset], |r| {
+                Ok((
+                    (kind_of(r.get(0)?), r.get::<_, i64>(1)?),
+                    r.get::<_, Option<String>>(2)?,
+                    r.get::<_, u8>(3)?,
+                    (r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?),
+                    r.get::<_, Vec<u8>>(8)?,
+                ))
+            })
+            .map_err(|e| self.err(e))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (key, name, level, bbox, rings) = row.map_err(|e| self.err(e))?;
+            let rings = rings_from_blob(&rings).ok_or_else(|| StoreError::Corrupt {
+                path: self.path.clone(),
+                what: format!("agg_areas rings of {key:?} do not decode"),
+            })?;
+            out.push(Area {
+                key,
+                name,
+                level,
+                rings,
+                bbox,
+            });
+        }
+        Ok(out)
+    }
+    /// The features that contributed to an area (the reverse index).
+    pub fn agg_contributors(
+        &self,
+        dataset: &str,
+        area: (MemberKind, i64),
+    ) -> Result<Vec<(MemberKind, i64)>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare_cached("SELECT DISTINCT kind, id FROM agg_contrib WHERE dataset = ?1 AND area_kind = ?2 AND area_id = ?3")
+            .map_err(|e| self.err(e))?;
+        let rows = st
+            .query_map(params![dataset, kind_code(area.0), area.1], |r| {
+                Ok((kind_of(r.get(0)?), r.get(1)?))
+            })
+            .map_err(|e| self.err(e))?;
+        rows.collect::<Result<_, _>>().map_err(|e| self.err(e))
+    }
+    /// Every stored contribution of a dataset, by feature.
+    pub fn agg_all(&self, dataset: &str) -> Result<Vec<Contributed>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare_cached("SELECT kind, id, area_kind, area_id, class, count, length_mm, area_dm2 FROM agg_contrib WHERE dataset = ?1 ORDER BY kind, id")
+            .map_err(|e| self.err(e))?;
+        let rows = st
+            .query_map([dataset], |r| {
+                Ok((
+                    (kind_of(r.get(0)?), r.get::<_, i64>(1)?),
+                    (kind_of(r.get(2)?), r.get::<_, i64>(3)?),
+                    r.get::<_, String>(4)?,
+                    (r.get(5)?, r.get(6)?, r.get(7)?),
+                ))
+            })
+            .map_err(|e| self.err(e))?;
+        let mut out: Vec<Contributed> = Vec::new();
+        for row in rows {
+            let (key, area, class, v) = row.map_err(|e| self.err(e))?;
+            if out.last().map(|l| l.0) != Some(key) {
+                out.push((key, Default::default()));
+            }
+            out.last_mut().expect("pushed").1.insert((area, class), v);
+        }
+        Ok(out)
+    }
+}
+
+impl Writer<'_> {
+    pub fn agg_clear(&mut self, dataset: &str) -> Result<(), StoreError> {
+        self.clear_dataset(&["agg_contrib"], dataset)
+    }
+    pub fn agg_get(
+        &self,
+        dataset: &str,
+        key: (MemberKind, i64),
+    ) -> Result<Contribution, StoreError> {
+        let mut st = self
+            .tx
+            .prepare_cached("SELECT area_kind, area_id, class, count, length_mm, area_dm2 FROM agg_contrib WHERE dataset = ?1 AND kind = ?2 AND id = ?3")
+            .map_err(|e| self.err(e))?;
+        let rows = st
+            .query_map(params![dataset, kind_code(key.0), key.1], |r| {
+                Ok((
+                    (
+                        (kind_of(r.get(0)?), r.get::<_, i64>(1)?),
+                        r.get::<_, String>(2)?,
+                    ),
+                    (r.get(3)?, r.get(4)?, r.get(5)?),
+                ))
+            })
+            .map_err(|e| self.err(e))?;
+        rows.collect::<Result<_, _>>().map_err(|e| self.err(e))
+    }
+    pub fn agg_del(&mut self, dataset: &str, key: (MemberKind, i64)) -> Result<(), StoreError> {
+        self.tx
+            .execute(
+                "DELETE FROM agg_contrib WHERE dataset = ?1 AND kind = ?2 AND id = ?3",
+                params![dataset, kind_code(key.0), key.1],
+            )
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+    pub fn agg_put(
+        &mut self,
+        dataset: &str,
+        key: (MemberKind, i64),
+        c: &Contribution,
+    ) -> Result<(), StoreError> {
+        let mut st = self
+            .tx
+            .prepare_cached("INSERT INTO agg_contrib(dataset, kind, id, area_kind, area_id, class, count, length_mm, area_dm2) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)")
+            .map_err(|e| self.err(e))?;
+        for ((area, class), (n, mm, dm2)) in c {
+            st.execute(params![
+                dataset,
+                kind_code(key.0),
+                key.1,
+                kind_code(area.0),
+                area.1,
+                class,
+                n,
+                mm,
+                dm2
+            ])
+            .map_err(|e| self.err(e))?;
+        }
+        Ok(())
+    }
+    pub fn agg_set_areas(&mut self, dataset: &str, areas: &[Area]) -> Result<(), StoreError> {
+        self.clear_dataset(&["agg_areas"], dataset)?;
+        let mut st = self
+            .tx
+            .prepare_cached("INSERT INTO agg_areas(dataset, kind, id, name, level, minx, miny, maxx, maxy, rings) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)")
+            .map_err(|e| self.err(e))?;
+        for a in areas {
+            let rings = rings_blob(&a.rings);
+            st.execute(params![
+                dataset,
+                kind_code(a.key.0),
+                a.key.1,
+                a.name,
+                a.level,
+                a.bbox.0,
+                a.bbox.1,
+                a.bbox.2,
+                a.bbox.3,
+                rings
+            ])
+            .map_err(|e| self.err(e))?;
+        }
+        Ok(())
+    }
 }

@@ -14,57 +14,14 @@
 //! computed at every zoom in the layer's range.
 
 use crate::features::{feature, signatures, Current, ElementKey, Feature, Overlay};
-use crate::model::{Action, Change, Element, MemberKind, Tags};
+use crate::model::{Action, Change, Element, MemberKind};
 use crate::store::{OsmRead, Store, StoreError, Writer};
 use highwater_core::tile::Tile;
 use std::collections::{BTreeMap, BTreeSet};
 
-/// Keys that never matter to a layer reading "every key".
-pub const METADATA_KEYS: [&str; 5] = ["created_by", "source", "note", "fixme", "FIXME"];
-
-/// What a tile layer reads and where.
-#[derive(Clone, Debug)]
-pub struct TileLayer {
-    pub zoom_min: u8,
-    pub zoom_max: u8,
-    /// `None`: every key but metadata.
-    pub keys: Option<BTreeSet<String>>,
-    /// In tile widths.
-    pub buffer: f64,
-    /// When only a feature's geometry changed (the tags the layer reads did
-    /// not), expire only the tiles whose content changed: those where the
-    /// segments touching the tile, or (for an area) whether the tile's
-    /// centre is inside, differ before and after. Off: every tile the old
-    /// or the new feature touches.
-    pub diff_expire: bool,
-}
-
-impl TileLayer {
-    /// A layer reading every key but metadata: whatever any layer can see
-    /// has a feature here, so the shapes index built with it covers all.
-    pub fn every_key() -> TileLayer {
-        TileLayer {
-            zoom_min: 0,
-            zoom_max: 0,
-            keys: None,
-            buffer: 0.0,
-            diff_expire: false,
-        }
-    }
-
-    pub fn relevant<'t>(&self, tags: &'t Tags) -> BTreeMap<&'t str, &'t str> {
-        tags.iter()
-            // Metadata never shows, whatever a layer lists: the shape index
-            // (`store::shapes`) relies on it to cover every layer's features.
-            .filter(|(k, _)| !METADATA_KEYS.contains(&k.as_str()))
-            .filter(|(k, _)| match &self.keys {
-                Some(keys) => keys.contains(*k),
-                None => true,
-            })
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect()
-    }
-}
+// What a layer reads is the features' concern; re-exported here, where
+// callers of expiry have always found it.
+pub use crate::features::{TileLayer, METADATA_KEYS};
 
 /// The last version of each element in a diff (or a batch of diffs).
 pub fn merge(changes: &[Change]) -> BTreeMap<(MemberKind, i64), Change> {

@@ -17,11 +17,57 @@
 //! Everything else has no feature. Nodes and ways missing from the store
 //! (outside an extract) are skipped, the way osm2pgsql skips them.
 
-use crate::derive::TileLayer;
 use crate::model::{Action, Change, Element, MemberKind, Relation, Tags, Way};
 use crate::store::{OsmRead, StoreError};
 use highwater_core::tile;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// Keys that never matter to a layer reading "every key".
+pub const METADATA_KEYS: [&str; 5] = ["created_by", "source", "note", "fixme", "FIXME"];
+
+/// What a tile layer reads and where.
+#[derive(Clone, Debug)]
+pub struct TileLayer {
+    pub zoom_min: u8,
+    pub zoom_max: u8,
+    /// `None`: every key but metadata.
+    pub keys: Option<BTreeSet<String>>,
+    /// In tile widths.
+    pub buffer: f64,
+    /// When only a feature's geometry changed (the tags the layer reads did
+    /// not), expire only the tiles whose content changed: those where the
+    /// segments touching the tile, or (for an area) whether the tile's
+    /// centre is inside, differ before and after. Off: every tile the old
+    /// or the new feature touches.
+    pub diff_expire: bool,
+}
+
+impl TileLayer {
+    /// A layer reading every key but metadata: whatever any layer can see
+    /// has a feature here, so the shapes index built with it covers all.
+    pub fn every_key() -> TileLayer {
+        TileLayer {
+            zoom_min: 0,
+            zoom_max: 0,
+            keys: None,
+            buffer: 0.0,
+            diff_expire: false,
+        }
+    }
+
+    pub fn relevant<'t>(&self, tags: &'t Tags) -> BTreeMap<&'t str, &'t str> {
+        tags.iter()
+            // Metadata never shows, whatever a layer lists: the shape index
+            // (`store::shapes`) relies on it to cover every layer's features.
+            .filter(|(k, _)| !METADATA_KEYS.contains(&k.as_str()))
+            .filter(|(k, _)| match &self.keys {
+                Some(keys) => keys.contains(*k),
+                None => true,
+            })
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect()
+    }
+}
 
 /// An element's type and id.
 pub type ElementKey = (MemberKind, i64);

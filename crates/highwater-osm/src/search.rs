@@ -19,10 +19,10 @@
 //! again. A rebuild writes a new index beside the old one and swaps them.
 
 use crate::aggregates::{changed_box, place_areas, surface_point, Area, Areas};
-use crate::derive::TileLayer;
-use crate::features::{feature, Current, ElementKey, View};
+use crate::features::{feature, Current, ElementKey, TileLayer, View};
 use crate::model::MemberKind;
-use crate::store::{built_recipe_key, Store, StoreError};
+use crate::store::{built_recipe_key, kind_code, kind_of, Store, StoreError, Writer};
+use rusqlite::{params, OptionalExtension};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use tantivy::collector::TopDocs;
@@ -520,4 +520,112 @@ pub fn verify(store: &Store, d: &SearchDataset) -> Result<(usize, Vec<DocDiff>),
         }
     }
     Ok((have.len().max(want.len()), diffs))
+}
+
+// ---- the search tables in the OSM store ----
+
+impl Store {
+    /// A search document as last indexed, with the areas it embeds.
+    pub fn search_doc(
+        &self,
+        dataset: &str,
+        key: (MemberKind, i64),
+    ) -> Result<Option<Embedded>, StoreError> {
+        let doc: Option<String> = self
+            .conn
+            .prepare_cached(
+                "SELECT doc FROM search_docs WHERE dataset = ?1 AND kind = ?2 AND id = ?3",
+            )
+            .and_then(|mut st| {
+                st.query_row(params![dataset, kind_code(key.0), key.1], |r| r.get(0))
+                    .optional()
+            })
+            .map_err(|e| self.err(e))?;
+        let Some(doc) = doc else { return Ok(None) };
+        let doc = serde_json::from_str(&doc).map_err(|e| StoreError::Corrupt {
+            path: self.path.clone(),
+            what: format!("search_docs {key:?}: {e}"),
+        })?;
+        let mut st = self
+            .conn
+            .prepare_cached("SELECT area_kind, area_id FROM search_context WHERE dataset = ?1 AND kind = ?2 AND id = ?3 ORDER BY area_kind, area_id")
+            .map_err(|e| self.err(e))?;
+        let embeds = st
+            .query_map(params![dataset, kind_code(key.0), key.1], |r| {
+                Ok((kind_of(r.get(0)?), r.get(1)?))
+            })
+            .map_err(|e| self.err(e))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| self.err(e))?;
+        Ok(Some((doc, embeds)))
+    }
+    /// The documents that embed an area's name (the reverse index).
+    pub fn search_embedders(
+        &self,
+        dataset: &str,
+        area: (MemberKind, i64),
+    ) -> Result<Vec<(MemberKind, i64)>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare_cached("SELECT kind, id FROM search_context WHERE dataset = ?1 AND area_kind = ?2 AND area_id = ?3")
+            .map_err(|e| self.err(e))?;
+        let rows = st
+            .query_map(params![dataset, kind_code(area.0), area.1], |r| {
+                Ok((kind_of(r.get(0)?), r.get(1)?))
+            })
+            .map_err(|e| self.err(e))?;
+        rows.collect::<Result<_, _>>().map_err(|e| self.err(e))
+    }
+    pub fn search_count(&self, dataset: &str) -> Result<usize, StoreError> {
+        self.conn
+            .query_row(
+                "SELECT count(*) FROM search_docs WHERE dataset = ?1",
+                [dataset],
+                |r| r.get::<_, i64>(0),
+            )
+            .map(|n| n as usize)
+            .map_err(|e| self.err(e))
+    }
+}
+
+impl Writer<'_> {
+    pub fn search_clear(&mut self, dataset: &str) -> Result<(), StoreError> {
+        self.clear_dataset(&["search_docs", "search_context"], dataset)
+    }
+    pub fn search_del(&mut self, dataset: &str, key: (MemberKind, i64)) -> Result<(), StoreError> {
+        for sql in [
+            "DELETE FROM search_docs WHERE dataset = ?1 AND kind = ?2 AND id = ?3",
+            "DELETE FROM search_context WHERE dataset = ?1 AND kind = ?2 AND id = ?3",
+        ] {
+            self.tx
+                .prepare_cached(sql)
+                .and_then(|mut st| st.execute(params![dataset, kind_code(key.0), key.1]))
+                .map_err(|e| self.err(e))?;
+        }
+        Ok(())
+    }
+    pub fn search_put(
+        &mut self,
+        dataset: &str,
+        key: (MemberKind, i64),
+        doc: &Doc,
+        embeds: &[(MemberKind, i64)],
+    ) -> Result<(), StoreError> {
+        let text = serde_json::to_string(doc).expect("documents serialize");
+        self.tx
+            .prepare_cached(
+                "INSERT INTO search_docs(dataset, kind, id, doc) VALUES(?1, ?2, ?3, ?4)",
+            )
+            .and_then(|mut st| st.execute(params![dataset, kind_code(key.0), key.1, text]))
+            .map_err(|e| self.err(e))?;
+        for a in embeds {
+            self.tx
+                .prepare_cached("INSERT OR IGNORE INTO search_context(dataset, area_kind, area_id, kind, id) VALUES(?1, ?2, ?3, ?4, ?5)")
+                .and_then(|mut st| {
+                    st.execute(params![dataset, kind_code(a.0), a.1, kind_code(key.0), key.1])
+                })
+                .map_err(|e| self.err(e))?;
+        }
+        Ok(())
+    }
 }

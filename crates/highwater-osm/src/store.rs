@@ -99,7 +99,7 @@ fn shape_id(kind: MemberKind, id: i64) -> i64 {
 /// Rings as bytes, exactly: per ring its point count (u32), then each
 /// point's x and y (f64), little-endian. Text would round the floats, and an
 /// area whose stored shape differs from its real one looks changed.
-fn rings_blob(rings: &[Vec<(f64, f64)>]) -> Vec<u8> {
+pub(crate) fn rings_blob(rings: &[Vec<(f64, f64)>]) -> Vec<u8> {
     let mut out = Vec::new();
     for r in rings {
         out.extend_from_slice(&(r.len() as u32).to_le_bytes());
@@ -111,7 +111,7 @@ fn rings_blob(rings: &[Vec<(f64, f64)>]) -> Vec<u8> {
     out
 }
 
-fn rings_from_blob(b: &[u8]) -> Option<Vec<Vec<(f64, f64)>>> {
+pub(crate) fn rings_from_blob(b: &[u8]) -> Option<Vec<Vec<(f64, f64)>>> {
     let mut out = Vec::new();
     let mut i = 0;
     let f =
@@ -129,7 +129,7 @@ fn rings_from_blob(b: &[u8]) -> Option<Vec<Vec<(f64, f64)>>> {
     Some(out)
 }
 
-fn kind_of(code: i64) -> MemberKind {
+pub(crate) fn kind_of(code: i64) -> MemberKind {
     match code {
         0 => MemberKind::Node,
         1 => MemberKind::Way,
@@ -150,8 +150,8 @@ fn unshape_id(v: i64) -> (MemberKind, i64) {
 pub type DatasetRow = (String, Option<i64>, String, i64);
 
 pub struct Store {
-    conn: Connection,
-    path: PathBuf,
+    pub(crate) conn: Connection,
+    pub(crate) path: PathBuf,
     /// The writer lease, once taken: every write transaction checks its
     /// token. Released when the store is dropped.
     writer: Option<(highwater_store::Fence, highwater_store::lease::Heartbeat)>,
@@ -173,7 +173,7 @@ fn tags_text(t: &Tags) -> Option<String> {
     (!t.is_empty()).then(|| serde_json::to_string(t).expect("tags serialize"))
 }
 
-fn kind_code(k: MemberKind) -> i64 {
+pub(crate) fn kind_code(k: MemberKind) -> i64 {
     match k {
         MemberKind::Node => 0,
         MemberKind::Way => 1,
@@ -423,7 +423,7 @@ impl Store {
         Ok(n == 0)
     }
 
-    fn err(&self, err: rusqlite::Error) -> StoreError {
+    pub(crate) fn err(&self, err: rusqlite::Error) -> StoreError {
         StoreError::Sqlite {
             path: self.path.clone(),
             err,
@@ -577,153 +577,6 @@ impl Store {
             .query_map([dataset], |r| Ok((kind_of(r.get(0)?), r.get(1)?)))
             .map_err(|e| self.err(e))?;
         rows.collect::<Result<_, _>>().map_err(|e| self.err(e))
-    }
-
-    /// The admin areas as the dataset last saw them.
-    pub fn agg_areas(&self, dataset: &str) -> Result<Vec<crate::aggregates::Area>, StoreError> {
-        let mut st = self
-            .conn
-            .prepare_cached("SELECT kind, id, name, level, minx, miny, maxx, maxy, rings FROM agg_areas WHERE dataset = ?1 ORDER BY kind, id")
-            .map_err(|e| self.err(e))?;
-        let rows = st
-            .query_map([dataset], |r| {
-                Ok((
-                    (kind_of(r.get(0)?), r.get::<_, i64>(1)?),
-                    r.get::<_, Option<String>>(2)?,
-                    r.get::<_, u8>(3)?,
-                    (r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?),
-                    r.get::<_, Vec<u8>>(8)?,
-                ))
-            })
-            .map_err(|e| self.err(e))?;
-        let mut out = Vec::new();
-        for row in rows {
-            let (key, name, level, bbox, rings) = row.map_err(|e| self.err(e))?;
-            let rings = rings_from_blob(&rings).ok_or_else(|| StoreError::Corrupt {
-                path: self.path.clone(),
-                what: format!("agg_areas rings of {key:?} do not decode"),
-            })?;
-            out.push(crate::aggregates::Area {
-                key,
-                name,
-                level,
-                rings,
-                bbox,
-            });
-        }
-        Ok(out)
-    }
-
-    /// The features that contributed to an area (the reverse index).
-    pub fn agg_contributors(
-        &self,
-        dataset: &str,
-        area: (MemberKind, i64),
-    ) -> Result<Vec<(MemberKind, i64)>, StoreError> {
-        let mut st = self
-            .conn
-            .prepare_cached("SELECT DISTINCT kind, id FROM agg_contrib WHERE dataset = ?1 AND area_kind = ?2 AND area_id = ?3")
-            .map_err(|e| self.err(e))?;
-        let rows = st
-            .query_map(params![dataset, kind_code(area.0), area.1], |r| {
-                Ok((kind_of(r.get(0)?), r.get(1)?))
-            })
-            .map_err(|e| self.err(e))?;
-        rows.collect::<Result<_, _>>().map_err(|e| self.err(e))
-    }
-
-    /// Every stored contribution of a dataset, by feature.
-    pub fn agg_all(
-        &self,
-        dataset: &str,
-    ) -> Result<Vec<crate::aggregates::Contributed>, StoreError> {
-        let mut st = self
-            .conn
-            .prepare_cached("SELECT kind, id, area_kind, area_id, class, count, length_mm, area_dm2 FROM agg_contrib WHERE dataset = ?1 ORDER BY kind, id")
-            .map_err(|e| self.err(e))?;
-        let rows = st
-            .query_map([dataset], |r| {
-                Ok((
-                    (kind_of(r.get(0)?), r.get::<_, i64>(1)?),
-                    (kind_of(r.get(2)?), r.get::<_, i64>(3)?),
-                    r.get::<_, String>(4)?,
-                    (r.get(5)?, r.get(6)?, r.get(7)?),
-                ))
-            })
-            .map_err(|e| self.err(e))?;
-        let mut out: Vec<crate::aggregates::Contributed> = Vec::new();
-        for row in rows {
-            let (key, area, class, v) = row.map_err(|e| self.err(e))?;
-            if out.last().map(|l| l.0) != Some(key) {
-                out.push((key, Default::default()));
-            }
-            out.last_mut().expect("pushed").1.insert((area, class), v);
-        }
-        Ok(out)
-    }
-
-    /// A search document as last indexed, with the areas it embeds.
-    pub fn search_doc(
-        &self,
-        dataset: &str,
-        key: (MemberKind, i64),
-    ) -> Result<Option<crate::search::Embedded>, StoreError> {
-        let doc: Option<String> = self
-            .conn
-            .prepare_cached(
-                "SELECT doc FROM search_docs WHERE dataset = ?1 AND kind = ?2 AND id = ?3",
-            )
-            .and_then(|mut st| {
-                st.query_row(params![dataset, kind_code(key.0), key.1], |r| r.get(0))
-                    .optional()
-            })
-            .map_err(|e| self.err(e))?;
-        let Some(doc) = doc else { return Ok(None) };
-        let doc = serde_json::from_str(&doc).map_err(|e| StoreError::Corrupt {
-            path: self.path.clone(),
-            what: format!("search_docs {key:?}: {e}"),
-        })?;
-        let mut st = self
-            .conn
-            .prepare_cached("SELECT area_kind, area_id FROM search_context WHERE dataset = ?1 AND kind = ?2 AND id = ?3 ORDER BY area_kind, area_id")
-            .map_err(|e| self.err(e))?;
-        let embeds = st
-            .query_map(params![dataset, kind_code(key.0), key.1], |r| {
-                Ok((kind_of(r.get(0)?), r.get(1)?))
-            })
-            .map_err(|e| self.err(e))?
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| self.err(e))?;
-        Ok(Some((doc, embeds)))
-    }
-
-    /// The documents that embed an area's name (the reverse index).
-    pub fn search_embedders(
-        &self,
-        dataset: &str,
-        area: (MemberKind, i64),
-    ) -> Result<Vec<(MemberKind, i64)>, StoreError> {
-        let mut st = self
-            .conn
-            .prepare_cached("SELECT kind, id FROM search_context WHERE dataset = ?1 AND area_kind = ?2 AND area_id = ?3")
-            .map_err(|e| self.err(e))?;
-        let rows = st
-            .query_map(params![dataset, kind_code(area.0), area.1], |r| {
-                Ok((kind_of(r.get(0)?), r.get(1)?))
-            })
-            .map_err(|e| self.err(e))?;
-        rows.collect::<Result<_, _>>().map_err(|e| self.err(e))
-    }
-
-    pub fn search_count(&self, dataset: &str) -> Result<usize, StoreError> {
-        self.conn
-            .query_row(
-                "SELECT count(*) FROM search_docs WHERE dataset = ?1",
-                [dataset],
-                |r| r.get::<_, i64>(0),
-            )
-            .map(|n| n as usize)
-            .map_err(|e| self.err(e))
     }
 
     /// Runs `f` inside one read transaction: every read sees the same
@@ -1046,12 +899,12 @@ impl OsmRead for Writer<'_> {
 /// Writes inside one transaction. Reads through the writer see its own
 /// writes.
 pub struct Writer<'s> {
-    tx: Transaction<'s>,
-    path: PathBuf,
+    pub(crate) tx: Transaction<'s>,
+    pub(crate) path: PathBuf,
 }
 
 impl Writer<'_> {
-    fn err(&self, err: rusqlite::Error) -> StoreError {
+    pub(crate) fn err(&self, err: rusqlite::Error) -> StoreError {
         StoreError::Sqlite {
             path: self.path.clone(),
             err,
@@ -1149,48 +1002,6 @@ impl Writer<'_> {
         Ok(())
     }
 
-    pub fn search_clear(&mut self, dataset: &str) -> Result<(), StoreError> {
-        self.clear_dataset(&["search_docs", "search_context"], dataset)
-    }
-
-    pub fn search_del(&mut self, dataset: &str, key: (MemberKind, i64)) -> Result<(), StoreError> {
-        for sql in [
-            "DELETE FROM search_docs WHERE dataset = ?1 AND kind = ?2 AND id = ?3",
-            "DELETE FROM search_context WHERE dataset = ?1 AND kind = ?2 AND id = ?3",
-        ] {
-            self.tx
-                .prepare_cached(sql)
-                .and_then(|mut st| st.execute(params![dataset, kind_code(key.0), key.1]))
-                .map_err(|e| self.err(e))?;
-        }
-        Ok(())
-    }
-
-    pub fn search_put(
-        &mut self,
-        dataset: &str,
-        key: (MemberKind, i64),
-        doc: &crate::search::Doc,
-        embeds: &[(MemberKind, i64)],
-    ) -> Result<(), StoreError> {
-        let text = serde_json::to_string(doc).expect("documents serialize");
-        self.tx
-            .prepare_cached(
-                "INSERT INTO search_docs(dataset, kind, id, doc) VALUES(?1, ?2, ?3, ?4)",
-            )
-            .and_then(|mut st| st.execute(params![dataset, kind_code(key.0), key.1, text]))
-            .map_err(|e| self.err(e))?;
-        for a in embeds {
-            self.tx
-                .prepare_cached("INSERT OR IGNORE INTO search_context(dataset, area_kind, area_id, kind, id) VALUES(?1, ?2, ?3, ?4, ?5)")
-                .and_then(|mut st| {
-                    st.execute(params![dataset, kind_code(a.0), a.1, kind_code(key.0), key.1])
-                })
-                .map_err(|e| self.err(e))?;
-        }
-        Ok(())
-    }
-
     /// Records elements a diff touched, for each aggregates dataset.
     pub fn add_dirty_keys(
         &mut self,
@@ -1244,106 +1055,17 @@ impl Writer<'_> {
         Ok(g)
     }
 
-    pub fn agg_clear(&mut self, dataset: &str) -> Result<(), StoreError> {
-        self.clear_dataset(&["agg_contrib"], dataset)
-    }
-
     /// Deletes a dataset's rows from our own tables (names are constants
     /// of this file, never input).
-    fn clear_dataset(&mut self, tables: &[&'static str], dataset: &str) -> Result<(), StoreError> {
+    pub(crate) fn clear_dataset(
+        &mut self,
+        tables: &[&'static str],
+        dataset: &str,
+    ) -> Result<(), StoreError> {
         for t in tables {
             self.tx
                 .execute(&format!("DELETE FROM {t} WHERE dataset = ?1"), [dataset])
                 .map_err(|e| self.err(e))?;
-        }
-        Ok(())
-    }
-
-    pub fn agg_get(
-        &self,
-        dataset: &str,
-        key: (MemberKind, i64),
-    ) -> Result<crate::aggregates::Contribution, StoreError> {
-        let mut st = self
-            .tx
-            .prepare_cached("SELECT area_kind, area_id, class, count, length_mm, area_dm2 FROM agg_contrib WHERE dataset = ?1 AND kind = ?2 AND id = ?3")
-            .map_err(|e| self.err(e))?;
-        let rows = st
-            .query_map(params![dataset, kind_code(key.0), key.1], |r| {
-                Ok((
-                    (
-                        (kind_of(r.get(0)?), r.get::<_, i64>(1)?),
-                        r.get::<_, String>(2)?,
-                    ),
-                    (r.get(3)?, r.get(4)?, r.get(5)?),
-                ))
-            })
-            .map_err(|e| self.err(e))?;
-        rows.collect::<Result<_, _>>().map_err(|e| self.err(e))
-    }
-
-    pub fn agg_del(&mut self, dataset: &str, key: (MemberKind, i64)) -> Result<(), StoreError> {
-        self.tx
-            .execute(
-                "DELETE FROM agg_contrib WHERE dataset = ?1 AND kind = ?2 AND id = ?3",
-                params![dataset, kind_code(key.0), key.1],
-            )
-            .map_err(|e| self.err(e))?;
-        Ok(())
-    }
-
-    pub fn agg_put(
-        &mut self,
-        dataset: &str,
-        key: (MemberKind, i64),
-        c: &crate::aggregates::Contribution,
-    ) -> Result<(), StoreError> {
-        let mut st = self
-            .tx
-            .prepare_cached("INSERT INTO agg_contrib(dataset, kind, id, area_kind, area_id, class, count, length_mm, area_dm2) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)")
-            .map_err(|e| self.err(e))?;
-        for ((area, class), (n, mm, dm2)) in c {
-            st.execute(params![
-                dataset,
-                kind_code(key.0),
-                key.1,
-                kind_code(area.0),
-                area.1,
-                class,
-                n,
-                mm,
-                dm2
-            ])
-            .map_err(|e| self.err(e))?;
-        }
-        Ok(())
-    }
-
-    pub fn agg_set_areas(
-        &mut self,
-        dataset: &str,
-        areas: &[crate::aggregates::Area],
-    ) -> Result<(), StoreError> {
-        self.clear_dataset(&["agg_areas"], dataset)?;
-        let mut st = self
-            .tx
-            .prepare_cached("INSERT INTO agg_areas(dataset, kind, id, name, level, minx, miny, maxx, maxy, rings) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)")
-            .map_err(|e| self.err(e))?;
-        for a in areas {
-            let rings = rings_blob(&a.rings);
-            st.execute(params![
-                dataset,
-                kind_code(a.key.0),
-                a.key.1,
-                a.name,
-                a.level,
-                a.bbox.0,
-                a.bbox.1,
-                a.bbox.2,
-                a.bbox.3,
-                rings
-            ])
-            .map_err(|e| self.err(e))?;
         }
         Ok(())
     }
