@@ -10,8 +10,9 @@
 # - pyosmium, websocket-client and moto[server] (PyPI, in a venv):
 #   pyosmium-get-changes, the reference client the HTTP replication is
 #   compared with; the DevTools client of the browser tests
-#   (tests/browser/cdp.py); and moto_server, the S3-compatible server the
-#   object-storage tests start on loopback.
+#   (tests/browser/cdp.py); and moto, the S3-compatible server the
+#   object-storage tests start on loopback (one request at a time, see
+#   highwater_objects::testing) and bench/fleet.sh runs as moto_server.
 # Nothing is skipped when a package cannot be installed: the run fails.
 
 deps_install() {

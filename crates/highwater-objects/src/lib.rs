@@ -449,16 +449,36 @@ pub fn split_place<'a>(s: &'a str, names: &[&str]) -> Option<(&'a str, &'a str)>
     names.contains(&n).then_some((n, rest))
 }
 
-/// A throw-away S3-compatible server for tests: `moto_server` (PyPI
-/// `moto[server]`, which enforces conditional writes) on 127.0.0.1, killed
-/// when dropped. `scripts/deps.sh` installs it and exports
-/// `HIGHWATER_MOTO_SERVER`; without it this panics, so no test skips.
+/// A throw-away S3-compatible server for tests: moto (PyPI `moto[server]`,
+/// which enforces conditional writes) on 127.0.0.1, one request at a time
+/// (see `SERIAL_MOTO`), killed when dropped. `scripts/deps.sh` installs it
+/// in the test venv and exports `HIGHWATER_TEST_PYTHON`; without it this
+/// panics, so no test skips.
 #[doc(hidden)]
 pub mod testing {
     use std::io::{Read, Write};
     use std::net::TcpStream;
     use std::process::{Child, Command, Stdio};
     use std::time::{Duration, Instant};
+
+    /// moto's own server (`moto_server`) is threaded, and its S3 backend
+    /// checks `If-Match` and writes in separate steps: two racing updates
+    /// from one ETag can both succeed (the race test below caught it, in
+    /// one of 20 rounds). S3 makes each conditional put atomic; so does this
+    /// launcher, by serving one request at a time over threaded connections.
+    const SERIAL_MOTO: &str = r#"
+import sys, threading
+from werkzeug.serving import run_simple
+from moto.moto_server.werkzeug_app import (
+    DomainDispatcherApplication, MotoRequestHandler, create_backend_app)
+inner = DomainDispatcherApplication(create_backend_app)
+lock = threading.Lock()
+def app(environ, start_response):
+    with lock:
+        return list(inner(environ, start_response))
+run_simple(sys.argv[1], int(sys.argv[2]), app, threaded=True,
+           request_handler=MotoRequestHandler)
+"#;
 
     pub struct Moto {
         child: Child,
@@ -468,20 +488,21 @@ pub mod testing {
 
     impl Moto {
         pub fn start() -> Moto {
-            let bin = std::env::var("HIGHWATER_MOTO_SERVER").unwrap_or_else(|_| {
-                panic!("HIGHWATER_MOTO_SERVER is not set: run the tests with `bash scripts/test.sh`, which installs moto[server]")
+            let python = std::env::var("HIGHWATER_TEST_PYTHON").unwrap_or_else(|_| {
+                panic!("HIGHWATER_TEST_PYTHON is not set: run the tests with `bash scripts/test.sh`, which installs moto[server] in its venv")
             });
             let port = std::net::TcpListener::bind("127.0.0.1:0")
                 .and_then(|l| l.local_addr())
                 .map(|a| a.port())
                 .expect("a free port");
-            let child = Command::new(&bin)
-                .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            let child = Command::new(&python)
+                .args(["-c", SERIAL_MOTO, "127.0.0.1", &port.to_string()])
+                .env("MOTO_PORT", port.to_string())
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
-                .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
+                .unwrap_or_else(|e| panic!("cannot start moto with {python}: {e}"));
             let m = Moto {
                 child,
                 endpoint: format!("http://127.0.0.1:{port}"),

@@ -14,7 +14,7 @@ fn open(m: &Moto, bucket: &str) -> Objects {
 fn of_two_racing_conditional_puts_exactly_one_wins() {
     let m = Moto::start();
     let o = Arc::new(open(&m, "race"));
-    for round in 0..20 {
+    for round in 0..50 {
         let key = format!("m/{round}/_manifest.json");
         // First publication: both create.
         let b = Arc::new(Barrier::new(2));
