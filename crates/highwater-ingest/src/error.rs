@@ -67,3 +67,16 @@ impl IngestError {
         }
     }
 }
+
+impl IngestError {
+    /// A lease that stays held by another owner, named with its holder.
+    pub(crate) fn held(name: &str, h: highwater_store::Lease) -> IngestError {
+        IngestError::Held {
+            name: name.to_string(),
+            owner: h.owner,
+            host: h.host,
+            pid: h.pid,
+            expires: highwater_core::window::format_rfc3339(h.expires_at_ns / 1000),
+        }
+    }
+}

@@ -286,13 +286,7 @@ impl Ingestor {
                 return Ok(());
             };
             if std::time::Instant::now() > deadline {
-                return Err(IngestError::Held {
-                    name: l.name,
-                    owner: l.owner,
-                    host: l.host,
-                    pid: l.pid,
-                    expires: highwater_core::window::format_rfc3339(l.expires_at_ns / 1000),
-                });
+                return Err(IngestError::held(&l.name.clone(), l));
             }
             std::thread::sleep(std::time::Duration::from_millis(
                 highwater_store::lease::LEASE_POLL_MS,

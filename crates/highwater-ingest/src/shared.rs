@@ -237,15 +237,7 @@ impl Ingestor {
         )?;
         let lease = match lease {
             Ok(l) => l,
-            Err(h) => {
-                return Err(IngestError::Held {
-                    name: name.clone(),
-                    owner: h.owner,
-                    host: h.host,
-                    pid: h.pid,
-                    expires: format_rfc3339(h.expires_at_ns / 1000),
-                })
-            }
+            Err(h) => return Err(IngestError::held(&name, h)),
         };
         let fence = Fence {
             name,
