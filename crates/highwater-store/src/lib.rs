@@ -222,6 +222,17 @@ pub enum WindowStatus {
 }
 
 impl WindowStatus {
+    /// The status a record's text names, as `as_str` writes it.
+    pub fn parse(s: &str) -> Option<WindowStatus> {
+        [
+            WindowStatus::Running,
+            WindowStatus::Published,
+            WindowStatus::Failed,
+        ]
+        .into_iter()
+        .find(|w| w.as_str() == s)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             WindowStatus::Running => "running",

@@ -667,12 +667,9 @@ impl StateStore for PgStore {
                 item: format!("window starting {start_us}"),
                 what,
             };
-            let status = match r.get::<_, &str>(2) {
-                "running" => WindowStatus::Running,
-                "published" => WindowStatus::Published,
-                "failed" => WindowStatus::Failed,
-                other => return Err(corrupt(format!("unknown window status `{other}`"))),
-            };
+            let status = WindowStatus::parse(r.get::<_, &str>(2)).ok_or_else(|| {
+                corrupt(format!("unknown window status `{}`", r.get::<_, &str>(2)))
+            })?;
             if end_us <= start_us {
                 return Err(corrupt("window end is not after its start".into()));
             }

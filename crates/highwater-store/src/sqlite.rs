@@ -573,12 +573,8 @@ impl StateStore for SqliteStore {
                 item: format!("window starting {start_us}"),
                 what,
             };
-            let status = match status.as_str() {
-                "running" => WindowStatus::Running,
-                "published" => WindowStatus::Published,
-                "failed" => WindowStatus::Failed,
-                other => return Err(corrupt(format!("unknown window status `{other}`"))),
-            };
+            let status = WindowStatus::parse(status.as_str())
+                .ok_or_else(|| corrupt(format!("unknown window status `{}`", status.as_str())))?;
             if end_us <= start_us {
                 return Err(corrupt("window end is not after its start".into()));
             }
