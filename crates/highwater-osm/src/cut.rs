@@ -9,10 +9,12 @@
 //! (outer rings clockwise, holes counter-clockwise, as the MVT
 //! specification asks) and each hole follows its outer ring.
 
-use crate::features::{nesting, ElementKey, Feature, Shape, P};
+use crate::features::{nesting, ElementKey, Shape, TileLayer, P};
 use crate::model::MemberKind;
-use crate::mvt::{self, GeomType, TileFeature, EXTENT};
+use crate::mvt::{self, GeomType, TileFeature, Value, EXTENT};
+use crate::schema::Placement;
 use highwater_core::tile::{self, Tile};
+use std::collections::BTreeMap;
 
 /// A feature's id in a tile: the OSM id with its type in the low two bits
 /// (node 0, way 1, relation 2), as several OSM tile schemas do.
@@ -247,10 +249,16 @@ fn same_ring(a: &[(i32, i32)], b: &[(i32, i32)]) -> bool {
     a.len() == b.len() && sorted(a) == sorted(b)
 }
 
-/// What one feature shows in one tile, if anything.
-pub fn cut_feature(t: Tile, buffer: f64, key: ElementKey, feat: &Feature) -> Option<TileFeature> {
+/// What one shape shows in one tile, if anything.
+pub fn cut_shape(
+    t: Tile,
+    buffer: f64,
+    key: ElementKey,
+    shape: &Shape,
+    attrs: &BTreeMap<String, Value>,
+) -> Option<TileFeature> {
     let f = Frame::new(t, buffer);
-    let (kind, parts) = match &feat.shape {
+    let (kind, parts) = match shape {
         Shape::Point(p) => {
             let mut cells = tile::Cells::new();
             tile::add_point(*p, t.z, buffer, &mut cells);
@@ -268,29 +276,60 @@ pub fn cut_feature(t: Tile, buffer: f64, key: ElementKey, feat: &Feature) -> Opt
     (!parts.is_empty()).then(|| TileFeature {
         id: feature_id(key),
         kind,
-        tags: feat.tags.clone(),
+        tags: attrs.clone(),
         parts,
     })
 }
 
-/// Cuts a tile from the features that may touch it (sorted by key), as
-/// MVT bytes; `None` when nothing shows, so the tile is deleted.
+/// Cuts a tile from the placements of the features that may touch it
+/// (sorted by key), as MVT bytes with one layer per tile layer that shows
+/// something, in the schema's order; `None` when nothing shows, so the
+/// tile is deleted. Within a layer, features keep key order unless the
+/// layer sorts by an attribute (a stable sort: ties keep key order).
 pub fn cut(
     t: Tile,
-    layer: &str,
-    buffer: f64,
-    features: &[(ElementKey, &Feature)],
+    layer: &TileLayer,
+    dataset: &str,
+    features: &[(ElementKey, &[Placement])],
 ) -> Option<Vec<u8>> {
-    let out: Vec<TileFeature> = features
-        .iter()
-        .filter_map(|(k, f)| cut_feature(t, buffer, *k, f))
-        .collect();
-    (!out.is_empty()).then(|| mvt::encode(layer, &out))
+    let names = layer.layer_names(dataset);
+    let mut per: Vec<Vec<(f64, TileFeature)>> = vec![Vec::new(); names.len()];
+    for (k, placements) in features {
+        for p in placements.iter() {
+            let Some(shape) = layer.shape_at(p, t.z) else {
+                continue;
+            };
+            if let Some(tf) = cut_shape(t, layer.buffer, *k, &shape, &p.attrs) {
+                let key = match &layer.schema {
+                    Some(s) => s.sort_key(p.layer, &p.attrs).unwrap_or(0.0),
+                    None => 0.0,
+                };
+                per[p.layer].push((key, tf));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for (name, mut fs) in names.iter().zip(per) {
+        if fs.is_empty() {
+            continue;
+        }
+        fs.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let fs: Vec<TileFeature> = fs.into_iter().map(|(_, f)| f).collect();
+        // A tile is its layers' messages one after another (field 3,
+        // repeated), so encoding each and joining them is the whole tile.
+        out.extend(mvt::encode(name, &fs));
+    }
+    (!out.is_empty()).then_some(out)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::features::Feature;
+
+    fn cut_feature(t: Tile, buffer: f64, key: ElementKey, f: &Feature) -> Option<TileFeature> {
+        cut_shape(t, buffer, key, &f.shape, &BTreeMap::new())
+    }
 
     fn t() -> Tile {
         Tile { z: 1, x: 0, y: 0 }

@@ -13,7 +13,7 @@
 //! as [`crate::features`] describes, with a tag filter and a buffer
 //! computed at every zoom in the layer's range.
 
-use crate::features::{feature, signatures, Current, ElementKey, Feature, Overlay};
+use crate::features::{feature, Current, ElementKey, Feature, Overlay};
 use crate::model::{Action, Change, Element, MemberKind};
 use crate::store::{OsmRead, Store, StoreError, Writer};
 use highwater_core::tile::Tile;
@@ -177,19 +177,23 @@ pub fn affected_tiles(
     }
     let mut tiles = BTreeSet::new();
     for (old, new) in pairs.iter().filter(|(o, n)| o != n) {
-        let geometry_only =
-            layer.diff_expire && matches!((old, new), (Some(o), Some(n)) if o.tags == n.tags);
+        // With a schema, the signatures hash each placement's layer and
+        // attributes with its shape, so comparing them is exact whatever
+        // changed; without one, only a geometry-only change may be compared.
+        let compare = layer.diff_expire
+            && (layer.schema.is_some()
+                || matches!((old, new), (Some(o), Some(n)) if o.tags == n.tags));
+        let place = |f: &Option<Feature>| f.as_ref().map(|f| layer.place(f)).unwrap_or_default();
+        let (po, pn) = (place(old), place(new));
+        if po == pn {
+            continue;
+        }
         for z in layer.zoom_min..=layer.zoom_max {
-            let sig = |f: &Option<Feature>| {
-                f.as_ref()
-                    .map(|f| signatures(&f.shape, z, layer.buffer))
-                    .unwrap_or_default()
-            };
-            let (a, b) = (sig(old), sig(new));
+            let (a, b) = (layer.signatures(&po, z), layer.signatures(&pn, z));
             let mut add = |(x, y): (u32, u32)| {
                 tiles.insert(Tile { z, x, y });
             };
-            if geometry_only {
+            if compare {
                 for (c, h) in &a {
                     if b.get(c) != Some(h) {
                         add(*c);

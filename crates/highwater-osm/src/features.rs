@@ -18,6 +18,8 @@
 //! (outside an extract) are skipped, the way osm2pgsql skips them.
 
 use crate::model::{Action, Change, Element, MemberKind, Relation, Tags, Way};
+use crate::mvt::Value;
+use crate::schema::{Placement, Schema};
 use crate::store::{OsmRead, StoreError};
 use highwater_core::tile;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -40,6 +42,11 @@ pub struct TileLayer {
     /// centre is inside, differ before and after. Off: every tile the old
     /// or the new feature touches.
     pub diff_expire: bool,
+    /// The tile schema, when the tiles follow one (`schema = "..."`): then
+    /// `keys` are the keys it reads, and features go into its layers with
+    /// its attributes, zooms and simplification. `None`: one layer named
+    /// after the dataset, showing each feature's tags as they are.
+    pub schema: Option<std::sync::Arc<Schema>>,
 }
 
 impl TileLayer {
@@ -52,7 +59,66 @@ impl TileLayer {
             keys: None,
             buffer: 0.0,
             diff_expire: false,
+            schema: None,
         }
+    }
+
+    /// Where a feature goes in the tiles: its placements (see
+    /// [`crate::schema`]); without a schema, one placement in layer 0 with
+    /// its tags as string attributes.
+    pub fn place(&self, f: &Feature) -> Vec<Placement> {
+        match &self.schema {
+            Some(s) => s.classify(f),
+            None => vec![Placement {
+                layer: 0,
+                zoom: self.zoom_min,
+                attrs: f
+                    .tags
+                    .iter()
+                    .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+                    .collect(),
+                shape: f.shape.clone(),
+            }],
+        }
+    }
+
+    /// What a placement shows at zoom `z`, if anything.
+    pub fn shape_at(&self, p: &Placement, z: u8) -> Option<Shape> {
+        if z < self.zoom_min || z > self.zoom_max {
+            return None;
+        }
+        match &self.schema {
+            Some(s) => p.at(s, z),
+            None => Some(p.shape.clone()),
+        }
+    }
+
+    /// The names of the tile layers, by placement layer index.
+    pub fn layer_names<'a>(&'a self, dataset: &'a str) -> Vec<&'a str> {
+        match &self.schema {
+            Some(s) => s.layers.iter().map(|l| l.name.as_str()).collect(),
+            None => vec![dataset],
+        }
+    }
+
+    /// Per tile of zoom `z`, a hash of everything the placements show in
+    /// it: each shown shape's [`signatures`] with its layer and attributes.
+    /// Equal hashes in a tile: the element cuts to the same thing there.
+    pub fn signatures(&self, placements: &[Placement], z: u8) -> HashMap<(u32, u32), u64> {
+        let mut out: HashMap<(u32, u32), u64> = HashMap::new();
+        for p in placements {
+            let Some(shape) = self.shape_at(p, z) else {
+                continue;
+            };
+            let mut h = std::hash::DefaultHasher::new();
+            std::hash::Hash::hash(&p.attrs, &mut h);
+            let attrs = std::hash::Hasher::finish(&h);
+            for (c, sig) in signatures(&shape, z, self.buffer) {
+                let e = out.entry(c).or_insert(5);
+                *e = mix(*e, &[p.layer as u64, attrs, sig]);
+            }
+        }
+        out
     }
 
     pub fn relevant<'t>(&self, tags: &'t Tags) -> BTreeMap<&'t str, &'t str> {
@@ -221,9 +287,25 @@ fn world_of(n: &crate::model::Node) -> Option<P> {
     n.lonlat().map(|(lon, lat)| tile::world(lon, lat))
 }
 
-/// Keys that make a closed way an area.
-const AREA_KEYS: [&str; 6] = [
-    "building", "landuse", "natural", "leisure", "amenity", "place",
+/// Keys that make a closed way an area, whatever their value.
+const AREA_KEYS: [&str; 8] = [
+    "building",
+    "landuse",
+    "natural",
+    "leisure",
+    "amenity",
+    "place",
+    "military",
+    "area:aeroway",
+];
+
+/// Keys that make a closed way an area with some values only: a closed
+/// `waterway=river` or `man_made=embankment` is a loop, a closed dock or
+/// pier is a surface (as osm2pgsql's and planetiler's area rules have it).
+const AREA_VALUES: [(&str, &[&str]); 3] = [
+    ("waterway", &["riverbank", "dock", "dam", "boatyard"]),
+    ("man_made", &["pier", "breakwater", "groyne", "bridge"]),
+    ("aeroway", &["aerodrome", "apron", "helipad"]),
 ];
 
 /// Whether a closed way is an area, judged on all its tags (not only the
@@ -231,8 +313,12 @@ const AREA_KEYS: [&str; 6] = [
 pub fn is_area(w: &Way) -> bool {
     w.refs.len() > 3
         && w.refs.first() == w.refs.last()
+        && w.tags.get("area").is_none_or(|v| v != "no")
         && (w.tags.get("area").is_some_and(|v| v == "yes")
-            || AREA_KEYS.iter().any(|k| w.tags.contains_key(*k)))
+            || AREA_KEYS.iter().any(|k| w.tags.contains_key(*k))
+            || AREA_VALUES
+                .iter()
+                .any(|(k, vs)| w.tags.get(*k).is_some_and(|v| vs.contains(&v.as_str()))))
 }
 
 fn points(view: &dyn View, refs: &[i64]) -> Result<Vec<P>, StoreError> {

@@ -14,6 +14,8 @@
 //! - [`features`]: what a layer sees of an element, and per-tile content
 //!   signatures; expiry and the cutter both read features from here.
 //! - [`derive`](mod@derive): derive-before-apply: affected tiles from old and new state.
+//! - [`schema`]: tile schemas (layers, rules, attributes, per-zoom
+//!   simplification and thinning); Shortbread 1.0 bundled.
 //! - [`cut`] and [`mvt`]: one tile cut from features, encoded as MVT.
 //! - [`tiles`]: the MBTiles dataset: build, drain, verify.
 //! - [`search`]: the tantivy dataset with denormalised context.
@@ -33,6 +35,7 @@ pub mod import;
 pub mod model;
 pub mod mvt;
 pub mod ops;
+pub mod schema;
 pub mod search;
 pub mod store;
 pub mod tiles;

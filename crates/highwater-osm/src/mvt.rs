@@ -19,6 +19,46 @@ pub enum GeomType {
     Polygon = 3,
 }
 
+/// An attribute value, typed as MVT types them: styles compare typed
+/// (`["==", ["get", "tunnel"], true]` does not match the string "true").
+/// A double is kept as its bits, so that values are `Eq` and `Ord` and a
+/// tile's bytes are a function of its features.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Value {
+    String(String),
+    Int(i64),
+    Double(u64),
+    Bool(bool),
+}
+
+impl Value {
+    /// The TileJSON `fields` type name.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Value::String(_) => "String",
+            Value::Int(_) | Value::Double(_) => "Number",
+            Value::Bool(_) => "Boolean",
+        }
+    }
+}
+
+impl From<&str> for Value {
+    fn from(s: &str) -> Value {
+        Value::String(s.to_string())
+    }
+}
+
+impl std::fmt::Display for Value {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Value::String(s) => f.write_str(s),
+            Value::Int(i) => write!(f, "{i}"),
+            Value::Double(b) => write!(f, "{}", f64::from_bits(*b)),
+            Value::Bool(b) => write!(f, "{b}"),
+        }
+    }
+}
+
 /// One feature in tile coordinates. `parts` are points (one point each),
 /// lines, or rings (closed implicitly; exterior rings clockwise in tile
 /// coordinates, y down, holes counter-clockwise, each hole after its
@@ -27,7 +67,7 @@ pub enum GeomType {
 pub struct TileFeature {
     pub id: u64,
     pub kind: GeomType,
-    pub tags: BTreeMap<String, String>,
+    pub tags: BTreeMap<String, Value>,
     pub parts: Vec<Vec<(i32, i32)>>,
 }
 
@@ -99,9 +139,9 @@ fn geometry(f: &TileFeature) -> Vec<u32> {
 /// values are numbered in order of first use.
 pub fn encode(layer: &str, features: &[TileFeature]) -> Vec<u8> {
     let mut keys: Vec<&str> = Vec::new();
-    let mut values: Vec<&str> = Vec::new();
+    let mut values: Vec<&Value> = Vec::new();
     let mut key_ix: BTreeMap<&str, u32> = BTreeMap::new();
-    let mut val_ix: BTreeMap<&str, u32> = BTreeMap::new();
+    let mut val_ix: BTreeMap<&Value, u32> = BTreeMap::new();
     let mut body = Vec::new();
     key(&mut body, 15, 0);
     varint(&mut body, 2);
@@ -140,7 +180,21 @@ pub fn encode(layer: &str, features: &[TileFeature]) -> Vec<u8> {
     }
     for v in values {
         let mut vb = Vec::new();
-        bytes(&mut vb, 1, v.as_bytes());
+        match v {
+            Value::String(s) => bytes(&mut vb, 1, s.as_bytes()),
+            Value::Double(b) => {
+                key(&mut vb, 3, 1);
+                vb.extend_from_slice(&b.to_le_bytes());
+            }
+            Value::Int(i) => {
+                key(&mut vb, 4, 0);
+                varint(&mut vb, *i as u64);
+            }
+            Value::Bool(b) => {
+                key(&mut vb, 7, 0);
+                varint(&mut vb, *b as u64);
+            }
+        }
         bytes(&mut body, 4, &vb);
     }
     key(&mut body, 5, 0);
@@ -189,6 +243,28 @@ impl<'a> Reader<'a> {
                 self.i = end;
                 Ok((field, Field::Bytes(s)))
             }
+            1 => {
+                let b = self
+                    .b
+                    .get(self.i..self.i + 8)
+                    .ok_or(DecodeError("truncated fixed64"))?;
+                self.i += 8;
+                Ok((
+                    field,
+                    Field::Fixed64(u64::from_le_bytes(b.try_into().expect("8 bytes"))),
+                ))
+            }
+            5 => {
+                let b = self
+                    .b
+                    .get(self.i..self.i + 4)
+                    .ok_or(DecodeError("truncated fixed32"))?;
+                self.i += 4;
+                Ok((
+                    field,
+                    Field::Fixed32(u32::from_le_bytes(b.try_into().expect("4 bytes"))),
+                ))
+            }
             _ => Err(DecodeError("unsupported wire type")),
         }
     }
@@ -197,6 +273,8 @@ impl<'a> Reader<'a> {
 enum Field<'a> {
     Varint(u64),
     Bytes(&'a [u8]),
+    Fixed64(u64),
+    Fixed32(u32),
 }
 
 fn packed(b: &[u8]) -> Result<Vec<u32>, DecodeError> {
@@ -230,13 +308,21 @@ fn decode_layer(b: &[u8]) -> Result<(String, Vec<TileFeature>), DecodeError> {
             (3, Field::Bytes(s)) => keys.push(String::from_utf8_lossy(s).into_owned()),
             (4, Field::Bytes(s)) => {
                 let mut vr = Reader { b: s, i: 0 };
-                let mut v = String::new();
+                let mut v = Value::String(String::new());
                 while !vr.done() {
-                    match vr.field()? {
-                        (1, Field::Bytes(s)) => v = String::from_utf8_lossy(s).into_owned(),
-                        (_, Field::Varint(n)) => v = n.to_string(),
-                        _ => {}
-                    }
+                    v = match vr.field()? {
+                        (1, Field::Bytes(s)) => {
+                            Value::String(String::from_utf8_lossy(s).into_owned())
+                        }
+                        (2, Field::Fixed32(b)) => {
+                            Value::Double((f32::from_bits(b) as f64).to_bits())
+                        }
+                        (3, Field::Fixed64(b)) => Value::Double(b),
+                        (4, Field::Varint(n)) | (5, Field::Varint(n)) => Value::Int(n as i64),
+                        (6, Field::Varint(n)) => Value::Int(((n >> 1) as i64) ^ -((n & 1) as i64)),
+                        (7, Field::Varint(n)) => Value::Bool(n != 0),
+                        _ => return Err(DecodeError("unknown value type")),
+                    };
                 }
                 values.push(v);
             }
@@ -319,7 +405,13 @@ mod tests {
             TileFeature {
                 id: 5,
                 kind: GeomType::Point,
-                tags: [("amenity".into(), "cafe".into())].into(),
+                tags: [
+                    ("amenity".into(), "cafe".into()),
+                    ("level".into(), Value::Int(-2)),
+                    ("area".into(), Value::Double(1.5f64.to_bits())),
+                    ("tunnel".into(), Value::Bool(true)),
+                ]
+                .into(),
                 parts: vec![vec![(10, 20)]],
             },
             TileFeature {

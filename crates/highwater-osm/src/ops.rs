@@ -69,7 +69,10 @@ struct RawAggregates {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawTiles {
-    zooms: String,
+    zooms: Option<String>,
+    /// A bundled schema's name ("shortbread") or a schema file in the
+    /// project.
+    schema: Option<String>,
     #[serde(default)]
     keys: Vec<String>,
     buffer: Option<f64>,
@@ -149,6 +152,36 @@ fn safe_file(root: &Path, f: &str) -> Option<PathBuf> {
             )
         });
     ok.then(|| root.join(p))
+}
+
+/// A tile schema by name (bundled) or project file, with its text (which
+/// goes into the recipe: an edited schema rebuilds the tiles).
+fn load_schema(
+    root: &Path,
+    dataset: &str,
+    s: &str,
+) -> Result<(crate::schema::Schema, String), String> {
+    if s == "shortbread" {
+        let text = crate::schema::SHORTBREAD.to_string();
+        let schema = crate::schema::Schema::parse(&text, "shortbread (bundled)")
+            .expect("the bundled schema parses (a unit test checks it)");
+        return Ok((schema, text));
+    }
+    let bad = |msg: String| msg;
+    let path = safe_file(root, s).ok_or_else(|| {
+        bad(format!(
+            "[osm.tiles.{dataset}] schema = {s:?}: give \"shortbread\" or a schema file inside the project (no `..`, not absolute)"
+        ))
+    })?;
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        bad(format!(
+            "[osm.tiles.{dataset}] schema = {s:?}: cannot read {}: {e}; bundled schemas: \"shortbread\"",
+            path.display()
+        ))
+    })?;
+    let schema = crate::schema::Schema::parse(&text, &path.display().to_string())
+        .map_err(|e| bad(format!("[osm.tiles.{dataset}] {e}")))?;
+    Ok((schema, text))
 }
 
 fn parse_zooms(s: &str) -> Option<(u8, u8)> {
@@ -265,20 +298,54 @@ impl OsmConfig {
         }
         let mut tiles = Vec::new();
         for (name, t) in raw.tiles {
-            let (zoom_min, zoom_max) = parse_zooms(&t.zooms).ok_or_else(|| {
+            let schema = match t.schema.as_deref() {
+                None => None,
+                Some(s) => Some(load_schema(root, &name, s).map_err(bad)?),
+            };
+            if schema.is_some() && !t.keys.is_empty() {
+                return Err(bad(format!(
+                    "[osm.tiles.{name}] gives both schema and keys: the schema says what its layers read; drop keys"
+                )));
+            }
+            let zooms = match (&t.zooms, &schema) {
+                (Some(z), _) => z.clone(),
+                (None, Some((s, _))) => format!("0-{}", s.zoom_max),
+                (None, None) => {
+                    return Err(bad(format!(
+                        "[osm.tiles.{name}] has no zooms: give zooms = \"10-16\" (or a schema = \"shortbread\")"
+                    )))
+                }
+            };
+            let (zoom_min, zoom_max) = parse_zooms(&zooms).ok_or_else(|| {
                 bad(format!(
-                    "[osm.tiles.{name}] zooms = {:?}: write e.g. \"10-16\" within 0-20",
-                    t.zooms
+                    "[osm.tiles.{name}] zooms = {zooms:?}: write e.g. \"10-16\" within 0-20"
                 ))
             })?;
-            let keys = (!(t.keys.is_empty() || t.keys.iter().any(|k| k == "*")))
-                .then(|| t.keys.iter().cloned().collect::<BTreeSet<_>>());
-            let buffer = t.buffer.unwrap_or(0.0);
+            if let Some((s, _)) = &schema {
+                if zoom_max > s.zoom_max {
+                    return Err(bad(format!(
+                        "[osm.tiles.{name}] zooms = {zooms:?} go above the schema {:?}'s top zoom {}: clients overzoom its z{} tiles; give zooms up to {}",
+                        s.name, s.zoom_max, s.zoom_max, s.zoom_max
+                    )));
+                }
+            }
+            let keys = match &schema {
+                Some((s, _)) => Some(s.keys.clone()),
+                None => (!(t.keys.is_empty() || t.keys.iter().any(|k| k == "*")))
+                    .then(|| t.keys.iter().cloned().collect::<BTreeSet<_>>()),
+            };
+            let buffer = t
+                .buffer
+                .or(schema.as_ref().map(|(s, _)| s.buffer))
+                .unwrap_or(0.0);
             if !(0.0..=4.0).contains(&buffer) {
                 return Err(bad(format!(
                     "[osm.tiles.{name}] buffer = {buffer}: use 0 to 4 tile widths"
                 )));
             }
+            // A schema's signatures are exact whatever changed, so its
+            // expiry compares them unless told not to.
+            let diff_expire = t.diff_expire.unwrap_or(schema.is_some());
             let drain_on_apply = match t.drain.as_deref() {
                 None | Some("apply") => true,
                 Some("deferred") => false,
@@ -306,7 +373,7 @@ impl OsmConfig {
                 "r1:{}",
                 &highwater_core::recipe::recipe_id(&highwater_core::recipe::RecipeParts {
                     version: TILES_CODE_VERSION.into(),
-                    config: serde_json::json!({"zooms": [zoom_min, zoom_max], "keys": keys, "buffer": buffer, "diff_expire": t.diff_expire.unwrap_or(false)}),
+                    config: serde_json::json!({"zooms": [zoom_min, zoom_max], "keys": keys, "buffer": buffer, "diff_expire": diff_expire, "schema": schema.as_ref().map(|(_, text)| highwater_core::recipe::recipe_id(&highwater_core::recipe::RecipeParts { config: serde_json::json!(text), ..Default::default() }))}),
                     ..Default::default()
                 })[3..]
             );
@@ -316,7 +383,8 @@ impl OsmConfig {
                     zoom_max,
                     keys,
                     buffer,
-                    diff_expire: t.diff_expire.unwrap_or(false),
+                    diff_expire,
+                    schema: schema.map(|(s, _)| std::sync::Arc::new(s)),
                 },
                 tiles_affected_max: t.tiles_affected_max.unwrap_or(1_000_000).max(1),
                 recipe,

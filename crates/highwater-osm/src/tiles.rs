@@ -15,9 +15,10 @@
 
 use crate::cut::cut;
 use crate::derive::{rebuild_shapes, TileLayer};
-use crate::features::{self, feature, signatures, Current, ElementKey, Feature};
+use crate::features::{self, feature, Current, ElementKey, Feature};
 use crate::mvt;
 use crate::ops::TileDataset;
+use crate::schema::Placement;
 use crate::store::{DrainOrder, Store, StoreError};
 use highwater_core::tile::Tile;
 use rayon::prelude::*;
@@ -117,20 +118,42 @@ impl Mbtiles {
                  CREATE UNIQUE INDEX tile_index ON tiles(zoom_level, tile_column, tile_row);",
             )
             .map_err(|e| mb.err(e))?;
-        let fields: BTreeMap<String, String> = match &d.layer.keys {
-            Some(k) => k.iter().map(|k| (k.clone(), "String".into())).collect(),
-            None => seen
+        let layers: Vec<serde_json::Value> = match &d.layer.schema {
+            Some(schema) => schema
+                .layers
                 .iter()
-                .map(|k| (k.to_string(), "String".into()))
+                .map(|l| {
+                    serde_json::json!({
+                        "id": l.name,
+                        "minzoom": l.zoom_min().max(d.layer.zoom_min),
+                        "maxzoom": d.layer.zoom_max,
+                        "fields": l.fields(),
+                    })
+                })
                 .collect(),
+            None => {
+                let fields: BTreeMap<String, String> = match &d.layer.keys {
+                    Some(k) => k.iter().map(|k| (k.clone(), "String".into())).collect(),
+                    None => seen
+                        .iter()
+                        .map(|k| (k.to_string(), "String".into()))
+                        .collect(),
+                };
+                vec![serde_json::json!({
+                    "id": d.name, "minzoom": d.layer.zoom_min, "maxzoom": d.layer.zoom_max, "fields": fields,
+                })]
+            }
         };
-        let json = serde_json::json!({"vector_layers": [{
-            "id": d.name, "minzoom": d.layer.zoom_min, "maxzoom": d.layer.zoom_max, "fields": fields,
-        }]});
+        let json = serde_json::json!({ "vector_layers": layers });
+        let kind = if d.layer.schema.is_some() {
+            "baselayer"
+        } else {
+            "overlay"
+        };
         for (k, v) in [
             ("name", d.name.clone()),
             ("format", "pbf".into()),
-            ("type", "overlay".into()),
+            ("type", kind.into()),
             ("minzoom", d.layer.zoom_min.to_string()),
             ("maxzoom", d.layer.zoom_max.to_string()),
             ("json", json.to_string()),
@@ -311,40 +334,50 @@ fn failpoint(name: &str, dataset: &str) -> Result<(), TilesError> {
     Ok(())
 }
 
-/// The rebuild's view of a layer: every feature, and per tile the features
-/// whose signature shows in it.
+/// The rebuild's view of a layer: every feature, its placements, and per
+/// tile the features that show in it.
 pub struct Rebuild {
     pub features: Vec<(ElementKey, Feature)>,
+    pub placements: Vec<Vec<Placement>>,
     pub by_tile: BTreeMap<Tile, Vec<usize>>,
 }
 
 /// A full pass over the store: what every tile of the layer should hold.
 pub fn rebuild_view(store: &Store, layer: &TileLayer) -> Result<Rebuild, StoreError> {
     let features = features::all(store, layer)?;
+    let placements: Vec<Vec<Placement>> =
+        features.par_iter().map(|(_, f)| layer.place(f)).collect();
     let mut by_tile: BTreeMap<Tile, Vec<usize>> = BTreeMap::new();
-    for (i, (_, f)) in features.iter().enumerate() {
+    for (i, ps) in placements.iter().enumerate() {
+        if ps.is_empty() {
+            continue;
+        }
         for z in layer.zoom_min..=layer.zoom_max {
-            for (x, y) in signatures(&f.shape, z, layer.buffer).into_keys() {
+            for (x, y) in layer.signatures(ps, z).into_keys() {
                 by_tile.entry(Tile { z, x, y }).or_default().push(i);
             }
         }
     }
-    Ok(Rebuild { features, by_tile })
+    Ok(Rebuild {
+        features,
+        placements,
+        by_tile,
+    })
 }
 
 impl Rebuild {
     /// The tile as a rebuild cuts it.
-    pub fn cut(&self, t: Tile, name: &str, buffer: f64) -> Option<Vec<u8>> {
-        let fs: Vec<(ElementKey, &Feature)> = self
+    pub fn cut(&self, t: Tile, d: &TileDataset) -> Option<Vec<u8>> {
+        let fs: Vec<(ElementKey, &[Placement])> = self
             .by_tile
             .get(&t)
             .map(|ix| {
                 ix.iter()
-                    .map(|&i| (self.features[i].0, &self.features[i].1))
+                    .map(|&i| (self.features[i].0, self.placements[i].as_slice()))
                     .collect()
             })
             .unwrap_or_default();
-        cut(t, name, buffer, &fs)
+        cut(t, &d.layer, &d.name, &fs)
     }
 }
 
@@ -406,7 +439,7 @@ pub fn build(store: &mut Store, d: &TileDataset) -> Result<BuildReport, TilesErr
     for chunk in tiles.chunks(DRAIN_BATCH_TILES) {
         let batch: Vec<(Tile, Option<Vec<u8>>)> = chunk
             .par_iter()
-            .map(|t| (*t, view.cut(*t, &d.name, d.layer.buffer)))
+            .map(|t| (*t, view.cut(*t, d)))
             .filter(|(_, b)| b.is_some())
             .collect();
         written += batch.len();
@@ -528,13 +561,14 @@ pub fn drain(
         // (a low-zoom tile shows most of them).
         let batch = store.snapshot(|s| {
             let view = Current::new(s);
-            let mut built: HashMap<ElementKey, Option<Feature>> = HashMap::new();
+            let mut built: HashMap<ElementKey, Vec<Placement>> = HashMap::new();
             let mut cands = Vec::with_capacity(tiles.len());
             for &t in &tiles {
                 let keys = s.shapes_in(tile_box(t, d.layer.buffer))?;
                 for &k in &keys {
                     if let std::collections::hash_map::Entry::Vacant(e) = built.entry(k) {
-                        e.insert(feature(&view, k.0, k.1, &d.layer)?);
+                        let f = feature(&view, k.0, k.1, &d.layer)?;
+                        e.insert(f.map(|f| d.layer.place(&f)).unwrap_or_default());
                     }
                 }
                 cands.push(keys);
@@ -543,11 +577,12 @@ pub fn drain(
                 .par_iter()
                 .zip(&cands)
                 .map(|(&t, keys)| {
-                    let fs: Vec<(ElementKey, &Feature)> = keys
+                    let fs: Vec<(ElementKey, &[Placement])> = keys
                         .iter()
-                        .filter_map(|k| built[k].as_ref().map(|f| (*k, f)))
+                        .filter(|k| !built[*k].is_empty())
+                        .map(|k| (*k, built[k].as_slice()))
                         .collect();
-                    (t, cut(t, &d.name, d.layer.buffer, &fs))
+                    (t, cut(t, &d.layer, &d.name, &fs))
                 })
                 .collect();
             Ok(batch)
@@ -668,7 +703,7 @@ pub fn verify(
     };
     mb.conn.execute_batch("BEGIN").map_err(|e| mb.err(e))?;
     for t in chosen {
-        let want = view.cut(t, &d.name, d.layer.buffer);
+        let want = view.cut(t, d);
         let have = mb.get(t)?;
         if want == have {
             continue;

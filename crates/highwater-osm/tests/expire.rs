@@ -52,6 +52,7 @@ fn layer(keys: Option<&[&str]>) -> TileLayer {
         keys: keys.map(|k| k.iter().map(|s| s.to_string()).collect()),
         buffer: 0.0,
         diff_expire: false,
+        schema: None,
     }
 }
 

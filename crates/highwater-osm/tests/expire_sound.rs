@@ -25,6 +25,7 @@ fn layers() -> Vec<TileLayer> {
             keys: None,
             buffer: 0.0,
             diff_expire: true,
+            schema: None,
         },
         TileLayer {
             zoom_min: 13,
@@ -32,6 +33,7 @@ fn layers() -> Vec<TileLayer> {
             keys: keys(&["highway", "building", "name", "landuse", "route"]),
             buffer: 0.2,
             diff_expire: true,
+            schema: None,
         },
         TileLayer {
             zoom_min: 14,
@@ -39,6 +41,7 @@ fn layers() -> Vec<TileLayer> {
             keys: None,
             buffer: 0.05,
             diff_expire: false,
+            schema: None,
         },
     ]
 }

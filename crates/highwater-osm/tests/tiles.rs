@@ -47,9 +47,7 @@ fn check(store: &Store, d: &TileDataset) {
     let mut shown = 0;
     for t in all {
         let have = mb.get(t).unwrap().map(|b| mvt::decode(&b).unwrap());
-        let want = view
-            .cut(t, &d.name, d.layer.buffer)
-            .map(|b| mvt::decode(&b).unwrap());
+        let want = view.cut(t, d).map(|b| mvt::decode(&b).unwrap());
         assert_eq!(have, want, "{}: tile {}", d.name, t.to_zxy());
         shown += usize::from(have.is_some());
     }
