@@ -131,7 +131,7 @@ pub struct OsmConfig {
 /// The version of the code that decides what a tile shows (features,
 /// expiry, cutting): part of every tile dataset's recipe, so a change to it
 /// forces a rebuild instead of mixing old tiles with new.
-pub const TILES_CODE_VERSION: &str = "tiles-3";
+pub const TILES_CODE_VERSION: &str = "tiles-4";
 
 /// The version of the aggregates code (features, areas, contributions):
 /// part of every aggregates dataset's recipe.

@@ -366,9 +366,11 @@ fn geometry(s: &str, at: &str) -> Result<Geometry, String> {
         "polygon" => Geometry::Polygon,
         "label" => Geometry::Label,
         "polygon_label" => Geometry::PolygonLabel,
-        other => return Err(format!(
+        other => {
+            return Err(format!(
             "{at}: geometry {other:?}: use point, line, outline, polygon, label or polygon_label"
-        )),
+        ))
+        }
     })
 }
 

@@ -2,7 +2,8 @@
 //! every tile whose content changed, as a full rebuild of every feature's
 //! per-tile content sees it, is in the affected set derived before apply.
 //! Checked for a layer reading every key with `diff_expire`, one reading a
-//! few keys with a buffer, and one without `diff_expire`.
+//! few keys with a buffer, one without `diff_expire`, and the bundled
+//! Shortbread schema at z0-14 (its per-zoom simplified, thinned shapes).
 
 use highwater_core::tile::Tile;
 use highwater_osm::derive::{affected_tiles, derive_and_apply, TileLayer};
@@ -43,23 +44,48 @@ fn layers() -> Vec<TileLayer> {
             diff_expire: false,
             schema: None,
         },
+        shortbread(),
     ]
+}
+
+fn shortbread() -> TileLayer {
+    let s = highwater_osm::schema::Schema::bundled("shortbread").unwrap();
+    TileLayer {
+        zoom_min: 0,
+        zoom_max: 14,
+        keys: Some(s.keys.clone()),
+        buffer: s.buffer,
+        diff_expire: true,
+        schema: Some(std::sync::Arc::new(s)),
+    }
 }
 
 type Contents = BTreeMap<Tile, BTreeSet<(MemberKind, i64, u64)>>;
 
-/// The rebuild: every feature's content signature in every tile.
+/// The rebuild: every feature's content signature in every tile: its
+/// shape's segments and area there, with its tags, or (with a schema) what
+/// each of its placements shows there.
 fn contents(store: &Store, layer: &TileLayer) -> Contents {
     let mut out = Contents::new();
     for (key, f) in features::all(store, layer).unwrap() {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         f.tags.hash(&mut h);
         let tags = h.finish();
+        let placements = layer.place(&f);
         for z in layer.zoom_min..=layer.zoom_max {
-            for ((x, y), sig) in signatures(&f.shape, z, layer.buffer) {
+            // A schema's signatures carry each placement's attributes: a
+            // tag it does not show (a building's name) changes no tile.
+            let sigs = match &layer.schema {
+                Some(_) => layer.signatures(&placements, z),
+                None => signatures(&f.shape, z, layer.buffer)
+                    .into_iter()
+                    .map(|(c, s)| (c, s ^ tags))
+                    .collect(),
+            };
+            for ((x, y), sig) in sigs {
                 out.entry(Tile { z, x, y })
                     .or_default()
-                    .insert((key.0, key.1, sig ^ tags));
+                    .insert((key.0, key.1, sig));
             }
         }
     }

@@ -1,6 +1,7 @@
 //! The vector-tile dataset kept current equals its rebuild, tile for tile
 //! (decoded MVT): after random edits, along the real Monaco timelines, after
-//! deferred drains, and across a recipe change.
+//! deferred drains, and across a recipe change; for two layers of tags as
+//! they are and for the bundled Shortbread schema at z0-14.
 
 use highwater_core::tile::Tile;
 use highwater_osm::mvt;
@@ -14,7 +15,7 @@ use std::path::Path;
 mod common;
 use common::*;
 
-const TWO_LAYERS: &str = r#"
+const DATASETS: &str = r#"
 [osm.tiles.a]
 zooms = "12-15"
 keys = ["*"]
@@ -28,6 +29,11 @@ zooms = "13-16"
 keys = ["highway", "building", "name", "landuse", "route"]
 buffer = 0
 mbtiles = "b.mbtiles"
+drain_rebuild_share = 1000
+
+[osm.tiles.sb]
+schema = "shortbread"
+mbtiles = "sb.mbtiles"
 drain_rebuild_share = 1000
 "#;
 
@@ -68,7 +74,7 @@ proptest! {
     #[test]
     fn tiles_after_random_edits_equal_a_rebuild(steps in prop::collection::vec(prop::collection::vec(edit(), 1..5), 1..4)) {
         let tmp = tempfile::tempdir().unwrap();
-        let cfg = config(tmp.path(), TWO_LAYERS);
+        let cfg = config(tmp.path(), DATASETS);
         let mut store = monaco(&tmp.path().join("store"));
         for d in &cfg.tiles {
             tiles::build(&mut store, d).unwrap();
@@ -91,7 +97,7 @@ proptest! {
 #[test]
 fn monaco_3047_to_3076_one_diff_at_a_time_equals_a_rebuild() {
     let tmp = tempfile::tempdir().unwrap();
-    let cfg = config(tmp.path(), TWO_LAYERS);
+    let cfg = config(tmp.path(), DATASETS);
     let mut store = monaco(&tmp.path().join("store"));
     for d in &cfg.tiles {
         tiles::build(&mut store, d).unwrap();
@@ -117,7 +123,7 @@ fn monaco_3047_to_3076_one_diff_at_a_time_equals_a_rebuild() {
 fn monaco_2787_to_3047_via_derived_diffs_equals_the_final_snapshot() {
     let tmp = tempfile::tempdir().unwrap();
     let inc = tmp.path().join("inc");
-    let cfg = config(&inc, TWO_LAYERS);
+    let cfg = config(&inc, DATASETS);
     let mut store = Store::create(&inc.join("store")).unwrap();
     highwater_osm::import::import(&mut store, &data("monaco-2787-20201109.osm.pbf")).unwrap();
     for d in &cfg.tiles {
@@ -131,7 +137,7 @@ fn monaco_2787_to_3047_via_derived_diffs_equals_the_final_snapshot() {
         apply_and_drain(&mut store, &cfg, d.remove(0));
     }
     let snap = tmp.path().join("snap");
-    let snap_cfg = config(&snap, TWO_LAYERS);
+    let snap_cfg = config(&snap, DATASETS);
     let mut fresh = Store::create(&snap.join("store")).unwrap();
     highwater_osm::import::import(&mut fresh, &data("monaco-3047-20210801.osm.pbf")).unwrap();
     for (d, s) in cfg.tiles.iter().zip(&snap_cfg.tiles) {
@@ -261,7 +267,7 @@ fn a_tile_that_becomes_empty_is_deleted() {
 #[test]
 fn the_file_is_standard_mbtiles() {
     let tmp = tempfile::tempdir().unwrap();
-    let cfg = config(tmp.path(), TWO_LAYERS);
+    let cfg = config(tmp.path(), DATASETS);
     let mut store = monaco(&tmp.path().join("store"));
     let d = &cfg.tiles[1];
     tiles::build(&mut store, d).unwrap();
