@@ -42,13 +42,12 @@ fn point() -> Shape {
     Shape::Point((0.5, 0.5))
 }
 
+/// The zoom a placement shows from and its attributes.
+type Expected<'a> = (u8, &'a [(&'a str, Value)]);
+
 /// Element cases: tags and shape in; per layer, the zoom it shows from and
 /// the attributes out (`None`: in no layer of that name).
-fn check_element(
-    tags: &[(&str, &str)],
-    shape: Shape,
-    want: &[(&str, Option<(u8, &[(&str, Value)])>)],
-) {
+fn check_element(tags: &[(&str, &str)], shape: Shape, want: &[(&str, Option<Expected>)]) {
     let l = layer();
     let schema = l.schema.as_ref().unwrap();
     let f = Feature {
