@@ -33,7 +33,7 @@
 //! sort = "-way_area"          # by an attribute, `-` for descending
 //! attributes = { kind = "$kind", way_area = "$way_area", name = "name" }
 //! [[layers.features]]
-//! tags = { natural = "water", water = "!river" }   # "*" any, "!" absent, "!v" not v, [..] one of
+//! tags = { natural = "water", water = "!river" }   # "*" present, "!" absent, "!v" present but not v, [..] one of
 //! kind = "water"
 //! zoom = 4
 //! set = { intermittent = false }                   # typed defaults for attributes left unset
@@ -74,8 +74,11 @@ pub enum Geometry {
 
 #[derive(Clone, Debug, PartialEq)]
 enum Match {
+    /// `"*"`: present.
     Any,
+    /// `"!"`: absent.
     Absent,
+    /// `"!v"`: present, with another value (`building = "!no"`).
     Not(String),
     OneOf(Vec<String>),
 }
@@ -85,7 +88,7 @@ impl Match {
         match self {
             Match::Any => v.is_some(),
             Match::Absent => v.is_none(),
-            Match::Not(x) => v != Some(x.as_str()),
+            Match::Not(x) => v.is_some_and(|v| v != x),
             Match::OneOf(xs) => v.is_some_and(|v| xs.iter().any(|x| x == v)),
         }
     }

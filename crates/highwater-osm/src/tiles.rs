@@ -158,7 +158,16 @@ impl Mbtiles {
             ("maxzoom", d.layer.zoom_max.to_string()),
             ("json", json.to_string()),
             ("highwater_recipe", d.recipe.clone()),
-        ] {
+        ]
+        .into_iter()
+        // The schema's name tells readers (serve's map style) what the
+        // layers mean.
+        .chain(
+            d.layer
+                .schema
+                .as_ref()
+                .map(|s| ("highwater_schema", s.name.clone())),
+        ) {
             mb.conn
                 .execute(
                     "INSERT INTO metadata(name, value) VALUES(?1, ?2)",

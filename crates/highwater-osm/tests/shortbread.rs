@@ -92,6 +92,16 @@ fn elements_go_where_the_spec_says() {
         ],
     );
     check_element(&[("building", "no")], area(), &[("buildings", None)]);
+    // Regression (found by the MapLibre test): `building = "!no"` once
+    // matched every area without a building tag, parks and ponds included.
+    check_element(
+        &[("leisure", "park")],
+        area(),
+        &[
+            ("buildings", None),
+            ("land", Some((11, &[("kind", s("park"))]))),
+        ],
+    );
     check_element(
         &[
             ("highway", "motorway_link"),

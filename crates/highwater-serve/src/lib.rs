@@ -112,6 +112,7 @@ fn router(app: Shared) -> Router {
         .route("/api/dirty/{file}", get(dirty))
         .route("/metrics", get(metrics_text))
         .route("/tiles/{file}", get(tilejson))
+        .route("/tiles/{name}/style.json", get(style))
         .route("/tiles/{name}/{z}/{x}/{file}", get(tile))
         .route("/assets/{file}", get(asset))
         .with_state(app)
@@ -208,6 +209,45 @@ async fn tilejson(
     .await
 }
 
+/// `/tiles/NAME/style.json`: for a dataset cut with the Shortbread schema,
+/// the vendored VersaTiles style pointed at it (see assets/SOURCE.md).
+async fn style(
+    State(app): State<Shared>,
+    headers: HeaderMap,
+    UrlPath(name): UrlPath<String>,
+) -> Response {
+    let host = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("localhost")
+        .to_string();
+    blocking(move || {
+        let Some(t) = tileset(&app, &name) else {
+            return not_found(format!("no tile dataset named `{name}`"));
+        };
+        let tj = match mbtiles::tilejson(&t, &format!("http://{host}")) {
+            Ok(j) => j,
+            Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e).into_response(),
+        };
+        if tj["tile_schema"] != "shortbread" {
+            return not_found(format!(
+                "`{name}` is not cut with schema = \"shortbread\": there is no style for its layers"
+            ));
+        }
+        let have: Vec<&str> = tj["vector_layers"]
+            .as_array()
+            .map(|v| v.iter().filter_map(|l| l["id"].as_str()).collect())
+            .unwrap_or_default();
+        let style = mbtiles::shortbread_style(&format!("http://{host}/tiles/{name}.json"), &have);
+        (
+            [(header::CONTENT_TYPE, "application/json")],
+            style.to_string(),
+        )
+            .into_response()
+    })
+    .await
+}
+
 async fn tile(
     State(app): State<Shared>,
     headers: HeaderMap,
@@ -258,6 +298,8 @@ pub mod assets {
     pub const MAPLIBRE_WORKER_JS: &[u8] = include_bytes!("../assets/maplibre-gl-worker.mjs");
     pub const MAPLIBRE_SHARED_JS: &[u8] = include_bytes!("../assets/maplibre-gl-shared.mjs");
     pub const MAPLIBRE_CSS: &[u8] = include_bytes!("../assets/maplibre-gl.css");
+    /// `@versatiles/style`'s colorful style for Shortbread tiles.
+    pub const SHORTBREAD_STYLE: &str = include_str!("../assets/versatiles-colorful.json");
 }
 
 async fn asset(UrlPath(file): UrlPath<String>) -> Response {

@@ -82,6 +82,7 @@ pub fn tilejson(t: &Tileset, origin: &str) -> Result<serde_json::Value, String> 
         "bounds": bounds,
         "center": center,
         "vector_layers": layers,
+        "tile_schema": meta("highwater_schema"),
     }))
 }
 
@@ -89,4 +90,53 @@ pub fn tilejson(t: &Tileset, origin: &str) -> Result<serde_json::Value, String> 
 pub fn tiles_geojson(tiles: &[(u8, u32, u32)]) -> serde_json::Value {
     let tiles: Vec<Tile> = tiles.iter().map(|&(z, x, y)| Tile { z, x, y }).collect();
     highwater_core::tile::tiles_geojson(&tiles)
+}
+
+/// The vendored Shortbread style with its one vector source pointed at
+/// `tilejson`, and without what would load from elsewhere (glyphs,
+/// sprites, and the symbol layers that need them) or what the tiles do not
+/// have: style layers reading a source layer outside `have` (`ocean`, which
+/// needs coastline processing of data from outside OSM's own elements).
+pub fn shortbread_style(tilejson: &str, have: &[&str]) -> serde_json::Value {
+    let mut s: serde_json::Value =
+        serde_json::from_str(crate::assets::SHORTBREAD_STYLE).expect("the vendored style is JSON");
+    let o = s.as_object_mut().expect("a style is an object");
+    o.remove("glyphs");
+    o.remove("sprite");
+    if let Some(sources) = o.get_mut("sources").and_then(|v| v.as_object_mut()) {
+        for (_, src) in sources.iter_mut() {
+            if src["type"] == "vector" {
+                *src = serde_json::json!({"type": "vector", "url": tilejson});
+            }
+        }
+    }
+    if let Some(layers) = o.get_mut("layers").and_then(|v| v.as_array_mut()) {
+        layers.retain(|l| {
+            l["type"] != "symbol"
+                && l["source-layer"]
+                    .as_str()
+                    .is_none_or(|sl| have.contains(&sl))
+        });
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_shortbread_style_loads_nothing_from_elsewhere() {
+        let s =
+            super::shortbread_style("http://127.0.0.1:1/tiles/x.json", &["streets", "buildings"]);
+        let text = s.to_string();
+        assert!(!text.contains("versatiles.org"), "{}", &text[..200]);
+        let layers = s["layers"].as_array().unwrap();
+        assert!(layers.len() > 100);
+        assert!(layers.iter().all(|l| l["source-layer"].is_null()
+            || l["source-layer"] == "streets"
+            || l["source-layer"] == "buildings"));
+        assert_eq!(
+            s["sources"]["versatiles-shortbread"]["url"],
+            "http://127.0.0.1:1/tiles/x.json"
+        );
+    }
 }

@@ -188,8 +188,11 @@ pub fn index(s: &Value) -> String {
     )
 }
 
-/// `/map`: the first tile dataset (or `?`-less choice of the first), with
-/// its dirty tiles outlined. After the map is idle, the page counts the
+/// `/map`: the first tile dataset, with its dirty tiles outlined; drawn
+/// with the vendored VersaTiles style when it is cut with the Shortbread
+/// schema, else with plain fills and lines per layer. `?probe=LON,LAT,Z;..`
+/// reads the colour at each place into `body[data-probes]`, and the
+/// style layers and feature ids drawn there into `body[data-features]`. After the map is idle, the page counts the
 /// canvas pixels that are not background and puts the count on
 /// `body[data-drawn]`: the browser test reads it.
 pub fn map(sets: &[Tileset]) -> String {
@@ -212,20 +215,33 @@ document.body.dataset.stage = 'module';
 const cfg = {config};
 const tj = await (await fetch(`/tiles/${{cfg.name}}.json`)).json();
 document.body.dataset.stage = 'tilejson';
-const layers = [{{id: 'bg', type: 'background', paint: {{'background-color': '#ffffff'}}}}];
-for (const l of tj.vector_layers) {{
-  layers.push({{id: l.id + '-fill', type: 'fill', source: 't', 'source-layer': l.id, filter: ['==', ['geometry-type'], 'Polygon'], paint: {{'fill-color': '#3a78d8', 'fill-opacity': 0.5}}}});
-  layers.push({{id: l.id + '-line', type: 'line', source: 't', 'source-layer': l.id, paint: {{'line-color': '#1b1b1b', 'line-width': 1}}}});
-  layers.push({{id: l.id + '-point', type: 'circle', source: 't', 'source-layer': l.id, filter: ['==', ['geometry-type'], 'Point'], paint: {{'circle-radius': 2, 'circle-color': '#c62828'}}}});
-}}
-layers.push({{id: 'dirty', type: 'line', source: 'dirty', paint: {{'line-color': '#e0a100', 'line-width': 2}}}});
-const map = new maplibregl.Map({{
-  container: 'map',
-  style: {{version: 8, sources: {{
+// Probes for tests and for looking: `?probe=LON,LAT,ZOOM;...` reads the
+// colour at each place after the map is idle there, into body[data-probes].
+const probes = (new URLSearchParams(location.search).get('probe') || '')
+  .split(';').filter(Boolean).map((p) => p.split(',').map(Number));
+let style;
+if (tj.tile_schema === 'shortbread') {{
+  // A schema map styles read: draw it with a real Shortbread style.
+  style = await (await fetch(`/tiles/${{cfg.name}}/style.json`)).json();
+  style.sources.dirty = {{type: 'geojson', data: `/api/dirty/${{cfg.name}}.geojson`}};
+}} else {{
+  const layers = [{{id: 'bg', type: 'background', paint: {{'background-color': '#ffffff'}}}}];
+  for (const l of tj.vector_layers) {{
+    layers.push({{id: l.id + '-fill', type: 'fill', source: 't', 'source-layer': l.id, filter: ['==', ['geometry-type'], 'Polygon'], paint: {{'fill-color': '#3a78d8', 'fill-opacity': 0.5}}}});
+    layers.push({{id: l.id + '-line', type: 'line', source: 't', 'source-layer': l.id, paint: {{'line-color': '#1b1b1b', 'line-width': 1}}}});
+    layers.push({{id: l.id + '-point', type: 'circle', source: 't', 'source-layer': l.id, filter: ['==', ['geometry-type'], 'Point'], paint: {{'circle-radius': 2, 'circle-color': '#c62828'}}}});
+  }}
+  style = {{version: 8, sources: {{
     t: {{type: 'vector', url: `/tiles/${{cfg.name}}.json`}},
     dirty: {{type: 'geojson', data: `/api/dirty/${{cfg.name}}.geojson`}},
-  }}, layers}},
-  bounds: tj.bounds,
+  }}, layers}};
+}}
+style.layers.push({{id: 'dirty', type: 'line', source: 'dirty', paint: {{'line-color': '#e0a100', 'line-width': 2}}}});
+const view = probes.length ? {{center: [probes[0][0], probes[0][1]], zoom: probes[0][2]}} : {{bounds: tj.bounds}};
+const map = new maplibregl.Map({{
+  container: 'map',
+  style,
+  ...view,
   canvasContextAttributes: {{preserveDrawingBuffer: true}},
 }});
 document.body.dataset.stage = 'map';
@@ -242,7 +258,25 @@ map.once('idle', () => {{
   }}
   document.body.dataset.drawn = String(drawn);
   document.body.dataset.pixels = String(w * h);
+  probe();
 }});
+async function probe() {{
+  const out = [], seen = [];
+  for (const [lon, lat, zoom] of probes) {{
+    map.jumpTo({{center: [lon, lat], zoom}});
+    await new Promise((r) => map.once('idle', r));
+    const gl = map.getCanvas().getContext('webgl2') || map.getCanvas().getContext('webgl');
+    const p = map.project([lon, lat]);
+    const k = gl.drawingBufferWidth / map.getCanvas().clientWidth;
+    const px = new Uint8Array(4);
+    gl.readPixels(Math.round(p.x * k), gl.drawingBufferHeight - 1 - Math.round(p.y * k), 1, 1, gl.RGBA, gl.UNSIGNED_BYTE, px);
+    out.push([px[0], px[1], px[2]]);
+    seen.push(map.queryRenderedFeatures(p).map((f) => [f.layer.id, f.id]));
+  }}
+  document.body.dataset.probes = JSON.stringify(out);
+  document.body.dataset.features = JSON.stringify(seen);
+  document.body.dataset.probed = '1';
+}}
 "#
     );
     page(
