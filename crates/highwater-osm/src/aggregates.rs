@@ -520,13 +520,13 @@ pub fn drain(store: &mut Store, d: &AggDataset) -> Result<AggReport, StoreError>
             (Some(o), Some(n)) if o.rings == n.rings => {}
             (Some(o), Some(n)) => {
                 if let Some(b) = changed_box(&o.rings, &n.rings) {
-                    candidates.extend(store.shapes_in(b)?);
+                    candidates.extend(store.shapes_in(b, false)?);
                 }
             }
             (Some(o), None) => {
                 candidates.extend(store.agg_contributors(&d.name, o.key)?);
             }
-            (None, Some(n)) => candidates.extend(store.shapes_in(n.bbox)?),
+            (None, Some(n)) => candidates.extend(store.shapes_in(n.bbox, false)?),
             (None, None) => unreachable!("k came from one of the maps"),
         }
     }

@@ -13,7 +13,7 @@
 //! as [`crate::features`] describes, with a tag filter and a buffer
 //! computed at every zoom in the layer's range.
 
-use crate::features::{feature, Current, ElementKey, Feature, Overlay};
+use crate::features::{self, feature, Current, ElementKey, Feature, LowZoom, Overlay};
 use crate::model::{Action, Change, Element, MemberKind};
 use crate::store::{OsmRead, Store, StoreError, Writer};
 use highwater_core::tile::Tile;
@@ -100,36 +100,55 @@ pub fn touched(
 }
 
 /// Brings the shapes index up to date for the touched elements, reading the
-/// store after the diff is applied.
+/// store after the diff is applied: each one's bounding box, its feature
+/// (every key) and whether it shows at low zooms.
 pub(crate) fn index_shapes(
     w: &mut Writer<'_>,
     keys: &BTreeSet<ElementKey>,
+    low: &LowZoom,
 ) -> Result<(), StoreError> {
     let every = TileLayer::every_key();
-    let mut boxes = Vec::with_capacity(keys.len());
+    let mut rows = Vec::with_capacity(keys.len());
     {
         let view = Current::new(&*w);
         for &(kind, id) in keys {
             let f = feature(&view, kind, id, &every)?;
-            boxes.push((kind, id, f.map(|f| f.shape.bbox())));
+            rows.push((
+                kind,
+                id,
+                f.map(|f| (f.shape.bbox(), features::encode(&f), low.shows_low(&f))),
+            ));
         }
     }
-    for (kind, id, b) in boxes {
-        w.set_shape(kind, id, b)?;
+    for (kind, id, row) in rows {
+        w.set_shape(
+            kind,
+            id,
+            row.as_ref().map(|(b, d, l)| (*b, d.as_slice(), *l)),
+        )?;
     }
     Ok(())
 }
 
 /// Rebuilds the shapes index from every feature in the store: part of
-/// import and of every full rebuild.
-pub fn rebuild_shapes(store: &mut Store) -> Result<usize, StoreError> {
+/// import and of every full rebuild. `low` says which features show at low
+/// zooms; its id is recorded, so that apply and drain know the index is
+/// theirs.
+pub fn rebuild_shapes(store: &mut Store, low: &LowZoom) -> Result<usize, StoreError> {
     let all = crate::features::all(store, &TileLayer::every_key())?;
+    let rows: Vec<(Vec<u8>, bool)> = {
+        use rayon::prelude::*;
+        all.par_iter()
+            .map(|(_, f)| (features::encode(f), low.shows_low(f)))
+            .collect()
+    };
     store.write(|w| {
         w.clear_shapes()?;
-        for ((kind, id), f) in &all {
-            w.set_shape(*kind, *id, Some(f.shape.bbox()))?;
+        for (((kind, id), f), (data, l)) in all.iter().zip(&rows) {
+            w.set_shape(*kind, *id, Some((f.shape.bbox(), data, *l)))?;
         }
         w.set_meta("shapes", "1")?;
+        w.set_meta("shapes_low", &low.id)?;
         Ok(all.len())
     })
 }
@@ -226,12 +245,21 @@ pub(crate) fn apply_in(w: &mut Writer<'_>, changes: &[Change]) -> Result<(), Sto
 /// Applies one diff and keeps the shapes index current (when the store has
 /// one): the touched elements are found before the diff lands, their new
 /// shapes after.
-pub(crate) fn apply_indexed(w: &mut Writer<'_>, changes: &[Change]) -> Result<Touched, StoreError> {
+///
+/// Bounding boxes and features are kept whatever `low` is (search and
+/// aggregates read them too); a low-zoom index built for another set of
+/// datasets (its id in `shapes_low` differs from `low`'s) stays marked as
+/// such, and the next drain or build rebuilds it.
+pub(crate) fn apply_indexed(
+    w: &mut Writer<'_>,
+    changes: &[Change],
+    low: &LowZoom,
+) -> Result<Touched, StoreError> {
     let live = w.meta("shapes")?.is_some();
     let t = touched(&*w, &merge(changes))?;
     apply_in(w, changes)?;
     if live {
-        index_shapes(w, &t.all)?;
+        index_shapes(w, &t.all, low)?;
     }
     Ok(t)
 }
@@ -253,7 +281,7 @@ pub fn derive_and_apply(
             tiles.extend(t);
             stats.changes += s.changes;
             stats.filtered += s.filtered;
-            apply_indexed(w, d)?;
+            apply_indexed(w, d, &LowZoom::none())?;
         }
         Ok((tiles, stats))
     })

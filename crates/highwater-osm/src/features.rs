@@ -617,3 +617,180 @@ pub fn signatures(shape: &Shape, z: u8, buffer: f64) -> HashMap<(u32, u32), u64>
     }
     sig
 }
+
+/// Below this zoom a tile's candidates come from the low-zoom index: the
+/// features that some dataset shows below it. At z10 a tile is about 40 km
+/// wide, and Shortbread shows only major roads, water, forests, boundaries
+/// and places there.
+pub const LOW_ZOOM: u8 = 10;
+
+/// Which features show at low zooms, for the tile datasets of a config:
+/// the predicate of the low-zoom index. `id` names it, so that an index
+/// built for another set of datasets is seen as stale and rebuilt.
+#[derive(Clone, Debug)]
+pub struct LowZoom {
+    layers: Vec<TileLayer>,
+    pub id: String,
+}
+
+/// The version of what the shapes index holds (bump when the feature
+/// encoding or the index's meaning changes: an old index is rebuilt).
+const SHAPES_VERSION: &str = "shapes-2";
+
+impl LowZoom {
+    pub fn new(layers: Vec<TileLayer>, recipes: &[&str]) -> LowZoom {
+        let layers: Vec<TileLayer> = layers
+            .into_iter()
+            .filter(|l| l.zoom_min < LOW_ZOOM)
+            .collect();
+        let mut h = std::hash::DefaultHasher::new();
+        std::hash::Hash::hash(&recipes, &mut h);
+        LowZoom {
+            id: format!("{SHAPES_VERSION}:{:016x}", std::hash::Hasher::finish(&h)),
+            layers,
+        }
+    }
+
+    /// For a store without tile datasets (import, tests of expiry alone).
+    pub fn none() -> LowZoom {
+        LowZoom::new(Vec::new(), &[])
+    }
+
+    /// Whether a feature (with every key) shows below [`LOW_ZOOM`] in some
+    /// dataset.
+    pub fn shows_low(&self, every: &Feature) -> bool {
+        self.layers.iter().any(|l| {
+            l.narrow(every).is_some_and(|f| {
+                l.place(&f)
+                    .iter()
+                    .any(|p| p.zoom.max(l.zoom_min) < LOW_ZOOM)
+            })
+        })
+    }
+}
+
+impl TileLayer {
+    /// A feature read with every key, as this layer reads it: its tags cut
+    /// to the layer's keys; `None` when none is left (the layer does not
+    /// see it), exactly as [`feature`] would build it for the layer.
+    pub fn narrow(&self, every: &Feature) -> Option<Feature> {
+        let tags = owned(self.relevant(&every.tags));
+        (!tags.is_empty()).then(|| Feature {
+            tags,
+            shape: every.shape.clone(),
+        })
+    }
+}
+
+/// A feature as bytes, exactly (the floats' bits): the shapes index keeps
+/// it, so that a re-cut never assembles ways and relations from nodes and
+/// still cuts what a rebuild from nodes cuts.
+pub fn encode(f: &Feature) -> Vec<u8> {
+    let mut out = Vec::new();
+    let u32_ = |out: &mut Vec<u8>, v: usize| out.extend_from_slice(&(v as u32).to_le_bytes());
+    u32_(&mut out, f.tags.len());
+    for (k, v) in &f.tags {
+        for s in [k, v] {
+            u32_(&mut out, s.len());
+            out.extend_from_slice(s.as_bytes());
+        }
+    }
+    let (kind, parts): (u8, Vec<&[P]>) = match &f.shape {
+        Shape::Point(p) => (0, vec![std::slice::from_ref(p)]),
+        Shape::Lines(l) => (1, l.iter().map(Vec::as_slice).collect()),
+        Shape::Polygon(r) => (2, r.iter().map(Vec::as_slice).collect()),
+    };
+    out.push(kind);
+    u32_(&mut out, parts.len());
+    for part in parts {
+        u32_(&mut out, part.len());
+        for p in part {
+            out.extend_from_slice(&p.0.to_le_bytes());
+            out.extend_from_slice(&p.1.to_le_bytes());
+        }
+    }
+    out
+}
+
+/// The feature [`encode`] wrote; `None` for bytes it did not write (a
+/// damaged index: the caller rebuilds it).
+pub fn decode(b: &[u8]) -> Option<Feature> {
+    struct Cursor<'a>(&'a [u8]);
+    impl<'a> Cursor<'a> {
+        fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+            if n > self.0.len() {
+                return None;
+            }
+            let (a, rest) = self.0.split_at(n);
+            self.0 = rest;
+            Some(a)
+        }
+        fn len(&mut self) -> Option<usize> {
+            Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?) as usize)
+        }
+        fn string(&mut self) -> Option<String> {
+            let n = self.len()?;
+            String::from_utf8(self.take(n)?.to_vec()).ok()
+        }
+    }
+    let mut c = Cursor(b);
+    let mut tags = BTreeMap::new();
+    for _ in 0..c.len()? {
+        let k = c.string()?;
+        let v = c.string()?;
+        tags.insert(k, v);
+    }
+    let kind = c.take(1)?[0];
+    let mut parts = Vec::new();
+    for _ in 0..c.len()? {
+        let n = c.len()?;
+        let raw = c.take(n.checked_mul(16)?)?;
+        parts.push(
+            raw.chunks_exact(16)
+                .map(|c| {
+                    (
+                        f64::from_le_bytes(c[..8].try_into().expect("8 bytes")),
+                        f64::from_le_bytes(c[8..].try_into().expect("8 bytes")),
+                    )
+                })
+                .collect::<Vec<P>>(),
+        );
+    }
+    let shape = match kind {
+        0 => Shape::Point(*parts.first()?.first()?),
+        1 => Shape::Lines(parts),
+        2 => Shape::Polygon(parts),
+        _ => return None,
+    };
+    Some(Feature { tags, shape })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_feature_survives_its_encoding_bit_for_bit() {
+        let tags: BTreeMap<String, String> = [
+            ("name".into(), "Ä;b".into()),
+            ("building".into(), "yes".into()),
+        ]
+        .into();
+        for shape in [
+            Shape::Point((0.1 + 0.2, 1.0 / 3.0)),
+            Shape::Lines(vec![
+                vec![(0.5, 0.25), (0.75, 0.125)],
+                vec![(0.0, 1e-300), (1.0, 0.0)],
+            ]),
+            Shape::Polygon(vec![vec![(0.0, 0.0), (1.0, 0.0), (1.0, 1.0), (0.0, 0.0)]]),
+        ] {
+            let f = Feature {
+                tags: tags.clone(),
+                shape,
+            };
+            let b = encode(&f);
+            assert_eq!(decode(&b), Some(f));
+            assert_eq!(decode(&b[..b.len() - 1]), None, "a cut record is refused");
+        }
+    }
+}

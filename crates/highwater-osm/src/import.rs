@@ -269,7 +269,7 @@ pub fn import(store: &mut Store, path: &Path) -> Result<ImportStats, ImportError
             w.bump_generation()?;
             Ok(())
         })?;
-        crate::derive::rebuild_shapes(store)?;
+        crate::derive::rebuild_shapes(store, &crate::features::LowZoom::none())?;
         return Ok(stats);
     }
     let bad = |message: String| ImportError::Pbf {
@@ -354,7 +354,7 @@ pub fn import(store: &mut Store, path: &Path) -> Result<ImportStats, ImportError
         Ok(())
     })?;
     // The shapes index lets a drain find the features of a dirty tile.
-    crate::derive::rebuild_shapes(store)?;
+    crate::derive::rebuild_shapes(store, &crate::features::LowZoom::none())?;
     Ok(stats)
 }
 

@@ -91,6 +91,9 @@ pub type Diff = (Vec<Change>, Option<State>);
 pub struct TileDataset {
     pub name: String,
     pub layer: TileLayer,
+    /// Which features show at low zooms in any tile dataset of the config:
+    /// the predicate of the low-zoom index (one, shared by all of them).
+    pub low: std::sync::Arc<crate::features::LowZoom>,
     /// Tiles one diff may dirty at the layer's top zoom before expiry zooms
     /// out to coarser tiles: bounds the dirty set a single large edit (a
     /// country boundary) can create.
@@ -191,6 +194,14 @@ fn parse_zooms(s: &str) -> Option<(u8, u8)> {
 }
 
 impl OsmConfig {
+    /// The low-zoom predicate of the config's tile datasets.
+    pub fn low(&self) -> std::sync::Arc<crate::features::LowZoom> {
+        self.tiles
+            .first()
+            .map(|d| d.low.clone())
+            .unwrap_or_else(|| std::sync::Arc::new(crate::features::LowZoom::none()))
+    }
+
     /// The datasets kept current from dirty keys (search, aggregates), as
     /// (kind, name, recipe).
     pub fn keyed(&self) -> impl Iterator<Item = (&'static str, &str, &str)> {
@@ -386,6 +397,7 @@ impl OsmConfig {
                     diff_expire,
                     schema: schema.map(|(s, _)| std::sync::Arc::new(s)),
                 },
+                low: std::sync::Arc::new(crate::features::LowZoom::none()),
                 tiles_affected_max: t.tiles_affected_max.unwrap_or(1_000_000).max(1),
                 recipe,
                 name,
@@ -393,6 +405,13 @@ impl OsmConfig {
                 drain_on_apply,
                 drain_rebuild_share,
             });
+        }
+        let low = std::sync::Arc::new(crate::features::LowZoom::new(
+            tiles.iter().map(|d| d.layer.clone()).collect(),
+            &tiles.iter().map(|d| d.recipe.as_str()).collect::<Vec<_>>(),
+        ));
+        for d in &mut tiles {
+            d.low = low.clone();
         }
         Ok(OsmConfig {
             store: root.join(raw.store.unwrap_or_else(|| ".highwater/osm".into())),
@@ -607,7 +626,7 @@ pub fn apply_with(
                 }
                 per[i].extend(t);
             }
-            let touched = apply_indexed(w, changes)?;
+            let touched = apply_indexed(w, changes, &cfg.low())?;
             for (_, name, _) in cfg.keyed() {
                 w.add_dirty_keys(name, &touched.all)?;
             }

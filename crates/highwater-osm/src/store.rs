@@ -46,6 +46,8 @@ CREATE TABLE IF NOT EXISTS markers(dataset TEXT PRIMARY KEY, sequence INTEGER, r
 CREATE TABLE IF NOT EXISTS dirty(dataset TEXT NOT NULL, z INTEGER NOT NULL, x INTEGER NOT NULL, y INTEGER NOT NULL, PRIMARY KEY(dataset, z, x, y)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS member_rels(kind INTEGER NOT NULL, member INTEGER NOT NULL, rel INTEGER NOT NULL, PRIMARY KEY(kind, member, rel)) WITHOUT ROWID;
 CREATE VIRTUAL TABLE IF NOT EXISTS shapes USING rtree(id, minx, maxx, miny, maxy);
+CREATE TABLE IF NOT EXISTS shape_data(id INTEGER PRIMARY KEY, data BLOB NOT NULL);
+CREATE VIRTUAL TABLE IF NOT EXISTS shapes_low USING rtree(id, minx, maxx, miny, maxy);
 CREATE TABLE IF NOT EXISTS dirty_keys(dataset TEXT NOT NULL, kind INTEGER NOT NULL, id INTEGER NOT NULL, PRIMARY KEY(dataset, kind, id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS agg_contrib(dataset TEXT NOT NULL, kind INTEGER NOT NULL, id INTEGER NOT NULL, area_kind INTEGER NOT NULL, area_id INTEGER NOT NULL, class TEXT NOT NULL, count INTEGER NOT NULL, length_mm INTEGER NOT NULL, area_dm2 INTEGER NOT NULL, PRIMARY KEY(dataset, kind, id, area_kind, area_id, class)) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS agg_contrib_area ON agg_contrib(dataset, area_kind, area_id);
@@ -89,6 +91,11 @@ pub enum DrainOrder {
     /// Tiles dirtied by the most diffs first.
     MostEdited,
 }
+
+/// What the shapes index keeps of an element: its bounding box (min x, min
+/// y, max x, max y), opaque bytes (its feature), and whether it shows at
+/// low zooms.
+pub type ShapeRow<'a> = ((f64, f64, f64, f64), &'a [u8], bool);
 
 /// An element's key in the shapes index: the id with its type in the low
 /// two bits.
@@ -475,17 +482,20 @@ impl Store {
     }
 
     /// The elements whose shape's bounding box meets the box (world
-    /// coordinates): a superset of the features that show in a tile.
+    /// coordinates): a superset of the features that show in a tile. With
+    /// `low`, only those marked as showing at low zooms (a second, smaller
+    /// index: a low-zoom tile covers much, and shows little of it).
     pub fn shapes_in(
         &self,
         (minx, miny, maxx, maxy): (f64, f64, f64, f64),
+        low: bool,
     ) -> Result<Vec<(MemberKind, i64)>, StoreError> {
-        let mut st = self
-            .conn
-            .prepare_cached(
-                "SELECT id FROM shapes WHERE maxx >= ?1 AND minx <= ?2 AND maxy >= ?3 AND miny <= ?4 ORDER BY id",
-            )
-            .map_err(|e| self.err(e))?;
+        let sql = if low {
+            "SELECT id FROM shapes_low WHERE maxx >= ?1 AND minx <= ?2 AND maxy >= ?3 AND miny <= ?4"
+        } else {
+            "SELECT id FROM shapes WHERE maxx >= ?1 AND minx <= ?2 AND maxy >= ?3 AND miny <= ?4"
+        };
+        let mut st = self.conn.prepare_cached(sql).map_err(|e| self.err(e))?;
         let rows = st
             .query_map(params![minx, maxx, miny, maxy], |r| r.get::<_, i64>(0))
             .map_err(|e| self.err(e))?;
@@ -495,6 +505,15 @@ impl Store {
         }
         out.sort();
         Ok(out)
+    }
+
+    /// The bytes stored with an element's shape (the features module's
+    /// encoding of its feature; opaque here).
+    pub fn shape_data(&self, kind: MemberKind, id: i64) -> Result<Option<Vec<u8>>, StoreError> {
+        self.conn
+            .prepare_cached("SELECT data FROM shape_data WHERE id = ?1")
+            .and_then(|mut st| st.query_row([shape_id(kind, id)], |r| r.get(0)).optional())
+            .map_err(|e| self.err(e))
     }
 
     /// Up to `max` dirty tiles of a dataset, in the order a drain takes them.
@@ -979,24 +998,41 @@ impl Writer<'_> {
     }
 
     /// Moves a dataset's marker.
-    /// Records (or with `None`, removes) an element's shape bounding box.
+    /// Records (or with `None`, removes) an element's shape: its bounding
+    /// box, the bytes to keep with it, and whether it shows at low zooms.
     pub fn set_shape(
         &mut self,
         kind: MemberKind,
         id: i64,
-        bbox: Option<(f64, f64, f64, f64)>,
+        shape: Option<ShapeRow<'_>>,
     ) -> Result<(), StoreError> {
         let key = shape_id(kind, id);
-        self.tx
-            .prepare_cached("DELETE FROM shapes WHERE id = ?1")
-            .and_then(|mut st| st.execute([key]))
-            .map_err(|e| self.err(e))?;
-        if let Some((minx, miny, maxx, maxy)) = bbox {
+        for sql in [
+            "DELETE FROM shapes WHERE id = ?1",
+            "DELETE FROM shapes_low WHERE id = ?1",
+            "DELETE FROM shape_data WHERE id = ?1",
+        ] {
             self.tx
-                .prepare_cached(
-                    "INSERT INTO shapes(id, minx, maxx, miny, maxy) VALUES(?1, ?2, ?3, ?4, ?5)",
-                )
-                .and_then(|mut st| st.execute(params![key, minx, maxx, miny, maxy]))
+                .prepare_cached(sql)
+                .and_then(|mut st| st.execute([key]))
+                .map_err(|e| self.err(e))?;
+        }
+        if let Some(((minx, miny, maxx, maxy), data, low)) = shape {
+            let mut tables = vec!["shapes"];
+            if low {
+                tables.push("shapes_low");
+            }
+            for t in tables {
+                self.tx
+                    .prepare_cached(&format!(
+                        "INSERT INTO {t}(id, minx, maxx, miny, maxy) VALUES(?1, ?2, ?3, ?4, ?5)"
+                    ))
+                    .and_then(|mut st| st.execute(params![key, minx, maxx, miny, maxy]))
+                    .map_err(|e| self.err(e))?;
+            }
+            self.tx
+                .prepare_cached("INSERT INTO shape_data(id, data) VALUES(?1, ?2)")
+                .and_then(|mut st| st.execute(params![key, data]))
                 .map_err(|e| self.err(e))?;
         }
         Ok(())
@@ -1073,7 +1109,7 @@ impl Writer<'_> {
     /// Empties the shapes index, before a full rebuild of it.
     pub fn clear_shapes(&mut self) -> Result<(), StoreError> {
         self.tx
-            .execute("DELETE FROM shapes", [])
+            .execute_batch("DELETE FROM shapes; DELETE FROM shapes_low; DELETE FROM shape_data;")
             .map_err(|e| self.err(e))?;
         Ok(())
     }

@@ -15,7 +15,7 @@
 
 use crate::cut::cut;
 use crate::derive::{rebuild_shapes, TileLayer};
-use crate::features::{self, feature, Current, ElementKey, Feature};
+use crate::features::{self, ElementKey, Feature};
 use crate::mvt;
 use crate::ops::TileDataset;
 use crate::schema::Placement;
@@ -412,7 +412,7 @@ pub fn build(store: &mut Store, d: &TileDataset) -> Result<BuildReport, TilesErr
     store.lease_writer(false)?;
     let token = store.writer_token();
     crate::import::sweep_leftovers(&path);
-    rebuild_shapes(store)?;
+    rebuild_shapes(store, &d.low)?;
     // What the rebuild reads: diffs applied after this stay dirty for it.
     let (sequence, generation) = store.snapshot(|s| {
         Ok((
@@ -552,8 +552,10 @@ pub fn drain(
         report.rebuilt = Some(b);
         return Ok(report);
     }
-    if store.meta("shapes")?.is_none() {
-        rebuild_shapes(store)?;
+    if store.meta("shapes")?.is_none()
+        || store.meta("shapes_low")?.as_deref() != Some(d.low.id.as_str())
+    {
+        rebuild_shapes(store, &d.low)?;
     }
     let mut mb = Mbtiles::open(&path)?.expect("checked above");
     let token = store.writer_token();
@@ -568,15 +570,27 @@ pub fn drain(
         // One read transaction per batch: one snapshot, one file lock; and
         // each feature built once per batch, however many tiles show it
         // (a low-zoom tile shows most of them).
+        // Features come from the shapes index's copy (kept current by
+        // apply with the same touched keys that expiry reads), never
+        // re-assembled from nodes; a low-zoom tile's candidates come from
+        // the low-zoom index, so its cost is what it shows.
         let batch = store.snapshot(|s| {
-            let view = Current::new(s);
             let mut built: HashMap<ElementKey, Vec<Placement>> = HashMap::new();
             let mut cands = Vec::with_capacity(tiles.len());
             for &t in &tiles {
-                let keys = s.shapes_in(tile_box(t, d.layer.buffer))?;
+                let low = t.z < crate::features::LOW_ZOOM;
+                let keys = s.shapes_in(tile_box(t, d.layer.buffer), low)?;
                 for &k in &keys {
                     if let std::collections::hash_map::Entry::Vacant(e) = built.entry(k) {
-                        let f = feature(&view, k.0, k.1, &d.layer)?;
+                        let every = s.shape_data(k.0, k.1)?.and_then(|b| features::decode(&b));
+                        let every = every.ok_or_else(|| StoreError::Corrupt {
+                            path: s.path().to_path_buf(),
+                            what: format!(
+                                "the shapes index has no readable feature for {k:?}; run `highwater osm rebuild {}`",
+                                d.name
+                            ),
+                        })?;
+                        let f = d.layer.narrow(&every);
                         e.insert(f.map(|f| d.layer.place(&f)).unwrap_or_default());
                     }
                 }

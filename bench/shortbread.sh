@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Shortbread tiles at a cost set by the diff (issue 10), in one run:
+# 1. Liechtenstein 2434 + daily diffs 2435..2437, schema = "shortbread",
+#    z0-14: each diff's `osm apply` (derive, apply, drain the dirty tiles)
+#    against `osm rebuild` of the tiles from the same store. Target: each
+#    at least 20x faster.
+# 2. Growth with the store: the real six-month Liechtenstein diff applied
+#    to Liechtenstein alone and to the seven-region store about six times
+#    larger (../shared/data/osm/scale): each dataset's incremental time
+#    (tiles drain, search, aggregates), large / small. Target: at most 1.2x.
+# 3. Import: elements per second of `osm import` against `osmium cat` of
+#    the same file to PBF.
+# Reads ../shared/data/osm (set OSM_DATA). Work files go to BENCH_DIR.
+#
+#   bash bench/shortbread.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DATA=${OSM_DATA:-../shared/data/osm}
+[ -d "$DATA" ] || { echo "no OSM data at $DATA (set OSM_DATA)" >&2; exit 2; }
+DATA=$(cd "$DATA" && pwd)
+command -v osmium >/dev/null || { echo "osmium-tool is needed (apt-get install osmium-tool)" >&2; exit 2; }
+cargo build --release -q -p highwater
+HW="$PWD/target/release/highwater" W="${BENCH_DIR:-/tmp/highwater-bench}/shortbread" DATA="$DATA" python3 - <<'PY'
+import json, os, shutil, subprocess, time
+
+HW, W, DATA = os.environ["HW"], os.environ["W"], os.environ["DATA"]
+CONFIG = """
+[osm]
+store = "store"
+
+[osm.tiles.base]
+schema = "shortbread"
+mbtiles = "base.mbtiles"
+# Always drain here, to time the incremental path against the rebuild.
+drain_rebuild_share = 1000
+tiles_affected_max = 100000000
+
+[osm.search.places]
+index = "search"
+
+[osm.aggregates.admin]
+classes = ["building", "highway=*"]
+admin_levels = [2, 4, 6, 8]
+"""
+
+def hw(*args, cwd=None):
+    t = time.perf_counter()
+    out = subprocess.run([HW, *args], cwd=cwd or W, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"{' '.join(args)}: {out.stderr}")
+    lines = [json.loads(l) for l in out.stdout.splitlines() if l.startswith("{")]
+    return lines, time.perf_counter() - t
+
+def fresh(base):
+    shutil.rmtree(W, ignore_errors=True)
+    os.makedirs(W)
+    open(f"{W}/highwater.toml", "w").write(CONFIG)
+    _, s = hw("osm", "import", base)
+    for name in ["base", "places", "admin"]:
+        hw("osm", "rebuild", name, "--json")
+    return s
+
+def apply(diff):
+    lines, wall = hw("osm", "apply", diff, "--json")
+    inc = {"changes": lines[0]["datasets"][0]["changes"]}
+    for l in lines[1:]:
+        if "drain" in l:
+            inc["base"] = (l["elapsed_ms"], l["drain"]["recut"])
+        elif "search" in l:
+            inc["places"] = (l["elapsed_ms"], l["search"]["reindexed"])
+        elif "aggregates" in l:
+            inc["admin"] = (l["elapsed_ms"], l["aggregates"]["changed"])
+    return inc, wall
+
+def rebuild_s(name):
+    _, s = hw("osm", "rebuild", name, "--json")
+    return s
+
+print(f"# Shortbread benchmark ({time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}, {os.cpu_count()} cores)")
+
+L = f"{DATA}/liechtenstein"
+print("\n## 1. Liechtenstein 2434 + daily diffs, shortbread z0-14\n")
+fresh(f"{L}/liechtenstein-2434-20191118.osm.pbf")
+print("| diff | changes | tiles re-cut | apply (derive+apply+drain, all datasets) s | drain ms | tiles rebuild s | rebuild / apply |")
+print("|---|---|---|---|---|---|---|")
+for s in (435, 436, 437):
+    d = f"{L}/liechtenstein-updates/000/002/{s}.osc.gz"
+    inc, wall = apply(d)
+    full = rebuild_s("base")
+    print(f"| {s} | {inc['changes']} | {inc['base'][1]} | {wall:.2f} | {inc['base'][0]} | {full:.2f} | {full / wall:.1f}x |")
+
+S = f"{DATA}/scale"
+print("\n## 2. The six-month diff on a small and a large store\n")
+print("| store | import s | changes | tiles drain ms (re-cut) | search ms | aggregates ms | apply wall s |")
+print("|---|---|---|---|---|---|---|")
+res = {}
+for label, base in [("Liechtenstein", f"{S}/liechtenstein-2025-09-19.osm.pbf"),
+                    ("seven regions", f"{S}/merged-7regions-2025.osm.pbf")]:
+    imp = fresh(base)
+    inc, wall = apply(f"{S}/liechtenstein-2025-09-19_to_2026-03-29.osc.gz")
+    res[label] = inc
+    print(f"| {label} | {imp:.1f} | {inc['changes']} | {inc['base'][0]} ({inc['base'][1]}) | {inc['places'][0]} | {inc['admin'][0]} | {wall:.2f} |")
+a, b = res["Liechtenstein"], res["seven regions"]
+for k, label in [("base", "tiles"), ("places", "search"), ("admin", "aggregates")]:
+    print(f"\ngrowth {label}: {b[k][0] / max(a[k][0], 1):.2f}x (target at most 1.2x)", end="")
+print()
+
+print("\n## 3. Import against osmium cat\n")
+print("| file | elements | highwater import s | elements/s | osmium cat s | elements/s | ratio |")
+print("|---|---|---|---|---|---|---|")
+for f in [f"{S}/liechtenstein-2025-09-19.osm.pbf", f"{S}/merged-7regions-2025.osm.pbf"]:
+    info = subprocess.run(["osmium", "fileinfo", "-e", "-j", f], capture_output=True, text=True, check=True)
+    c = json.loads(info.stdout)["data"]["count"]
+    n = c["nodes"] + c["ways"] + c["relations"]
+    shutil.rmtree(W, ignore_errors=True)
+    os.makedirs(W)
+    open(f"{W}/highwater.toml", "w").write("[osm]\nstore = \"store\"\n")
+    _, hs = hw("osm", "import", f)
+    t = time.perf_counter()
+    subprocess.run(["osmium", "cat", "-O", "-o", f"{W}/cat.osm.pbf", f], check=True)
+    os_s = time.perf_counter() - t
+    print(f"| {os.path.basename(f)} | {n:,} | {hs:.2f} | {n / hs:,.0f} | {os_s:.2f} | {n / os_s:,.0f} | {os_s / hs:.2f}x |")
+PY
