@@ -12,7 +12,7 @@
 #    the same file to PBF.
 # Reads ../shared/data/osm (set OSM_DATA). Work files go to BENCH_DIR.
 #
-#   bash bench/shortbread.sh
+#   bash bench/shortbread.sh          # PART=1, 2 or 3 for one part
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=${OSM_DATA:-../shared/data/osm}
@@ -84,57 +84,66 @@ def rebuild_s(name):
 print(f"# Shortbread benchmark ({time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}, {os.cpu_count()} cores)")
 
 L = f"{DATA}/liechtenstein"
-print("\n## 1. Liechtenstein 2434 + daily diffs, shortbread z0-14\n")
-fresh(f"{L}/liechtenstein-2434-20191118.osm.pbf", TILES_ONLY)
-print("| diff | changes | tiles re-cut | apply (derive+apply+drain, whole process) s | drain ms | tiles rebuild s | rebuild / apply |")
-print("|---|---|---|---|---|---|---|")
-for s in (435, 436, 437):
-    # Each timed as the best of three: restore the store, apply again.
-    shutil.copytree(f"{W}/store", f"{W}/store.before")
-    shutil.copy(f"{W}/base.mbtiles", f"{W}/base.before")
-    d = f"{L}/liechtenstein-updates/000/002/{s}.osc.gz"
-    walls = []
-    for _ in range(3):
-        shutil.rmtree(f"{W}/store"); shutil.copytree(f"{W}/store.before", f"{W}/store")
-        shutil.copy(f"{W}/base.before", f"{W}/base.mbtiles")
-        inc, wall = apply(d)
-        walls.append(wall)
-    wall = min(walls)
-    shutil.rmtree(f"{W}/store.before"); os.remove(f"{W}/base.before")
-    full = rebuild_s("base")
-    print(f"| {s} | {inc['changes']} | {inc['base'][1]} | {wall:.2f} | {inc['base'][0]} | {full:.2f} | {full / wall:.1f}x |")
-
-import sys
-if os.environ.get("PART") == "1": sys.exit(0)
 S = f"{DATA}/scale"
-print("\n## 2. The six-month diff on a small and a large store\n")
-print("| store | import s | changes | tiles drain ms (re-cut) | search ms | aggregates ms | apply wall s |")
-print("|---|---|---|---|---|---|---|")
-res = {}
-for label, base in [("Liechtenstein", f"{S}/liechtenstein-2025-09-19.osm.pbf"),
-                    ("seven regions", f"{S}/merged-7regions-2025.osm.pbf")]:
-    imp = fresh(base)
-    inc, wall = apply(f"{S}/liechtenstein-2025-09-19_to_2026-03-29.osc.gz")
-    res[label] = inc
-    print(f"| {label} | {imp:.1f} | {inc['changes']} | {inc['base'][0]} ({inc['base'][1]}) | {inc['places'][0]} | {inc['admin'][0]} | {wall:.2f} |")
-a, b = res["Liechtenstein"], res["seven regions"]
-for k, label in [("base", "tiles"), ("places", "search"), ("admin", "aggregates")]:
-    print(f"\ngrowth {label}: {b[k][0] / max(a[k][0], 1):.2f}x (target at most 1.2x)", end="")
-print()
 
-print("\n## 3. Import against osmium cat\n")
-print("| file | elements | highwater import s | elements/s | osmium cat s | elements/s | ratio |")
-print("|---|---|---|---|---|---|---|")
-for f in [f"{S}/liechtenstein-2025-09-19.osm.pbf", f"{S}/merged-7regions-2025.osm.pbf"]:
-    info = subprocess.run(["osmium", "fileinfo", "-e", "-j", f], capture_output=True, text=True, check=True)
-    c = json.loads(info.stdout)["data"]["count"]
-    n = c["nodes"] + c["ways"] + c["relations"]
-    shutil.rmtree(W, ignore_errors=True)
-    os.makedirs(W)
-    open(f"{W}/highwater.toml", "w").write("[osm]\nstore = \"store\"\n")
-    _, hs = hw("osm", "import", f)
-    t = time.perf_counter()
-    subprocess.run(["osmium", "cat", "-O", "-o", f"{W}/cat.osm.pbf", f], check=True)
-    os_s = time.perf_counter() - t
-    print(f"| {os.path.basename(f)} | {n:,} | {hs:.2f} | {n / hs:,.0f} | {os_s:.2f} | {n / os_s:,.0f} | {os_s / hs:.2f}x |")
+def part1():
+    print("\n## 1. Liechtenstein 2434 + daily diffs, shortbread z0-14\n")
+    fresh(f"{L}/liechtenstein-2434-20191118.osm.pbf", TILES_ONLY)
+    print("| diff | changes | tiles re-cut | apply (derive+apply+drain, whole process) s | drain ms | tiles rebuild s | rebuild / apply |")
+    print("|---|---|---|---|---|---|---|")
+    for s in (435, 436, 437):
+        # Each timed as the best of three: restore the store, apply again.
+        shutil.copytree(f"{W}/store", f"{W}/store.before")
+        shutil.copy(f"{W}/base.mbtiles", f"{W}/base.before")
+        d = f"{L}/liechtenstein-updates/000/002/{s}.osc.gz"
+        walls = []
+        for _ in range(3):
+            shutil.rmtree(f"{W}/store")
+            shutil.copytree(f"{W}/store.before", f"{W}/store")
+            shutil.copy(f"{W}/base.before", f"{W}/base.mbtiles")
+            inc, wall = apply(d)
+            walls.append(wall)
+        wall = min(walls)
+        shutil.rmtree(f"{W}/store.before")
+        os.remove(f"{W}/base.before")
+        full = rebuild_s("base")
+        print(f"| {s} | {inc['changes']} | {inc['base'][1]} | {wall:.2f} | {inc['base'][0]} | {full:.2f} | {full / wall:.1f}x |")
+
+def part2():
+    print("\n## 2. The six-month diff on a small and a large store\n")
+    print("| store | import s | changes | tiles drain ms (re-cut) | search ms | aggregates ms | apply wall s |")
+    print("|---|---|---|---|---|---|---|")
+    res = {}
+    for label, base in [("Liechtenstein", f"{S}/liechtenstein-2025-09-19.osm.pbf"),
+                        ("seven regions", f"{S}/merged-7regions-2025.osm.pbf")]:
+        imp = fresh(base)
+        inc, wall = apply(f"{S}/liechtenstein-2025-09-19_to_2026-03-29.osc.gz")
+        res[label] = inc
+        print(f"| {label} | {imp:.1f} | {inc['changes']} | {inc['base'][0]} ({inc['base'][1]}) | {inc['places'][0]} | {inc['admin'][0]} | {wall:.2f} |")
+    a, b = res["Liechtenstein"], res["seven regions"]
+    print()
+    for k, label in [("base", "tiles"), ("places", "search"), ("admin", "aggregates")]:
+        print(f"growth {label}: {b[k][0] / max(a[k][0], 1):.2f}x (target at most 1.2x)")
+
+def part3():
+    print("\n## 3. Import against osmium cat\n")
+    print("| file | elements | highwater import s | elements/s | osmium cat s | elements/s | ratio |")
+    print("|---|---|---|---|---|---|---|")
+    for f in [f"{S}/liechtenstein-2025-09-19.osm.pbf", f"{S}/merged-7regions-2025.osm.pbf"]:
+        info = subprocess.run(["osmium", "fileinfo", "-e", "-j", f], capture_output=True, text=True, check=True)
+        c = json.loads(info.stdout)["data"]["count"]
+        n = c["nodes"] + c["ways"] + c["relations"]
+        shutil.rmtree(W, ignore_errors=True)
+        os.makedirs(W)
+        open(f"{W}/highwater.toml", "w").write("[osm]\nstore = \"store\"\n")
+        _, hs = hw("osm", "import", f)
+        t = time.perf_counter()
+        subprocess.run(["osmium", "cat", "-O", "-o", f"{W}/cat.osm.pbf", f], check=True)
+        os_s = time.perf_counter() - t
+        print(f"| {os.path.basename(f)} | {n:,} | {hs:.2f} | {n / hs:,.0f} | {os_s:.2f} | {n / os_s:,.0f} | {os_s / hs:.2f}x |")
+
+# PART=1, 2 or 3 runs one part; none, all.
+for i, part in enumerate([part1, part2, part3], 1):
+    if os.environ.get("PART", str(i)) == str(i):
+        part()
 PY

@@ -125,6 +125,24 @@ impl Areas {
     }
 }
 
+/// The place area of a feature, if it is one: a way or relation tagged
+/// with one of `places`, whose shape is a polygon. Its level is 0.
+fn place_area(key: ElementKey, f: &Feature, places: &[String]) -> Option<Area> {
+    if key.0 == MemberKind::Node || !f.tags.get("place").is_some_and(|p| places.contains(p)) {
+        return None;
+    }
+    let Shape::Polygon(rings) = &f.shape else {
+        return None;
+    };
+    Some(Area {
+        key,
+        name: f.tags.get("name").cloned(),
+        level: 0,
+        bbox: f.shape.bbox(),
+        rings: rings.clone(),
+    })
+}
+
 /// Reads the place areas (place=city, town, village, ... as given): ways and
 /// relations whose shape is a polygon. Their level is 0.
 pub fn place_areas(store: &Store, places: &[String]) -> Result<Areas, StoreError> {
@@ -132,30 +150,89 @@ pub fn place_areas(store: &Store, places: &[String]) -> Result<Areas, StoreError
     let view = Current::new(store);
     let mut list = Vec::new();
     for (kind, id) in store.tagged_like("\"place\":")? {
-        if kind == MemberKind::Node {
-            continue;
-        }
-        let Some(f) = feature(&view, kind, id, &every)? else {
-            continue;
-        };
-        if !f.tags.get("place").is_some_and(|p| places.contains(p)) {
-            continue;
-        }
-        if let Shape::Polygon(rings) = &f.shape {
-            list.push(Area {
-                key: (kind, id),
-                name: f.tags.get("name").cloned(),
-                level: 0,
-                bbox: f.shape.bbox(),
-                rings: rings.clone(),
-            });
+        if let Some(f) = feature(&view, kind, id, &every)? {
+            list.extend(place_area((kind, id), &f, places));
         }
     }
     Ok(Areas::new(list))
 }
 
+/// The place areas after the elements in `dirty` changed: `old`, as last
+/// stored, with each dirty element's area recomputed. What a drain reads
+/// instead of every place in the store.
+pub fn place_areas_after(
+    store: &Store,
+    old: &[Area],
+    dirty: &BTreeSet<ElementKey>,
+    places: &[String],
+) -> Result<Areas, StoreError> {
+    update_areas(store, old, dirty, &|k, f| place_area(k, f, places))
+}
+
+/// The admin areas after the elements in `dirty` changed (see
+/// [`place_areas_after`]). An area's shape, name or level changes only
+/// when its element is touched (its own tags, a member way, a node of
+/// one), and the touched elements are exactly the dirty keys.
+pub fn areas_after(
+    store: &Store,
+    old: &[Area],
+    dirty: &BTreeSet<ElementKey>,
+    levels: &[u8],
+) -> Result<Areas, StoreError> {
+    update_areas(store, old, dirty, &|k, f| admin_area(k, f, levels))
+}
+
+fn update_areas(
+    store: &Store,
+    old: &[Area],
+    dirty: &BTreeSet<ElementKey>,
+    make: &dyn Fn(ElementKey, &Feature) -> Option<Area>,
+) -> Result<Areas, StoreError> {
+    let every = TileLayer::every_key();
+    let view = Current::new(store);
+    let mut by: BTreeMap<ElementKey, Area> = old.iter().map(|a| (a.key, a.clone())).collect();
+    for &k in dirty {
+        by.remove(&k);
+        if k.0 == MemberKind::Node {
+            // Areas are ways and relations.
+            continue;
+        }
+        if let Some(f) = feature(&view, k.0, k.1, &every)? {
+            if let Some(a) = make(k, &f) {
+                by.insert(k, a);
+            }
+        }
+    }
+    Ok(Areas::new(by.into_values().collect()))
+}
+
 fn in_rings(p: P, rings: &[Vec<P>]) -> bool {
     rings.iter().filter(|r| inside(p, r)).count() % 2 == 1
+}
+
+/// The admin area of a feature, if it is one: boundary=administrative at
+/// one of `levels`, with a polygon shape.
+fn admin_area(key: ElementKey, f: &Feature, levels: &[u8]) -> Option<Area> {
+    if f.tags.get("boundary").map(String::as_str) != Some("administrative") {
+        return None;
+    }
+    let level = f
+        .tags
+        .get("admin_level")
+        .and_then(|l| l.parse::<u8>().ok())?;
+    if !levels.contains(&level) {
+        return None;
+    }
+    let Shape::Polygon(rings) = &f.shape else {
+        return None;
+    };
+    Some(Area {
+        key,
+        name: f.tags.get("name").cloned(),
+        level,
+        bbox: f.shape.bbox(),
+        rings: rings.clone(),
+    })
 }
 
 /// Reads the admin areas of the given levels: boundary=administrative
@@ -165,26 +242,8 @@ pub fn areas(store: &Store, levels: &[u8]) -> Result<Areas, StoreError> {
     let view = Current::new(store);
     let mut list = Vec::new();
     for (kind, id) in store.tagged_like("\"boundary\":\"administrative\"")? {
-        let Some(f) = feature(&view, kind, id, &every)? else {
-            continue;
-        };
-        if f.tags.get("boundary").map(String::as_str) != Some("administrative") {
-            continue;
-        }
-        let Some(level) = f.tags.get("admin_level").and_then(|l| l.parse::<u8>().ok()) else {
-            continue;
-        };
-        if !levels.contains(&level) {
-            continue;
-        }
-        if let Shape::Polygon(rings) = &f.shape {
-            list.push(Area {
-                key: (kind, id),
-                name: f.tags.get("name").cloned(),
-                level,
-                bbox: f.shape.bbox(),
-                rings: rings.clone(),
-            });
+        if let Some(f) = feature(&view, kind, id, &every)? {
+            list.extend(admin_area((kind, id), &f, levels));
         }
     }
     Ok(Areas::new(list))
@@ -494,12 +553,12 @@ pub fn drain(store: &mut Store, d: &AggDataset) -> Result<AggReport, StoreError>
     }
     let every = TileLayer::every_key();
     let (sequence, generation) = store.snapshot(|s| Ok((s.meta("sequence")?, s.generation()?)))?;
+    // The areas as last stored, with the touched ones recomputed: never a
+    // scan of every boundary in the store.
     let (new_areas, old_areas, dirty) = store.snapshot(|s| {
-        Ok((
-            areas(s, &d.admin_levels)?,
-            s.agg_areas(&d.name)?,
-            s.dirty_keys(&d.name)?,
-        ))
+        let old = s.agg_areas(&d.name)?;
+        let dirty = s.dirty_keys(&d.name)?;
+        Ok((areas_after(s, &old, &dirty, &d.admin_levels)?, old, dirty))
     })?;
     let old_by: BTreeMap<ElementKey, &Area> = old_areas.iter().map(|a| (a.key, a)).collect();
     let new_by: BTreeMap<ElementKey, &Area> = new_areas.list.iter().map(|a| (a.key, a)).collect();
@@ -556,7 +615,7 @@ pub fn drain(store: &mut Store, d: &AggDataset) -> Result<AggReport, StoreError>
                 w.agg_put(&d.name, *k, c)?;
             }
         }
-        w.agg_set_areas(&d.name, &new_areas.list)?;
+        w.agg_update_areas(&d.name, &old_areas, &new_areas.list)?;
         w.clear_dirty_keys(&d.name, generation)?;
         w.set_marker(&d.name, sequence.and_then(|s| s.parse().ok()), &d.recipe)
     })?;
@@ -739,6 +798,55 @@ impl Writer<'_> {
         }
         Ok(())
     }
+    /// Writes only the areas that differ between `old` (as stored) and
+    /// `new`: a drain's write costs the areas that changed.
+    pub fn agg_update_areas(
+        &mut self,
+        dataset: &str,
+        old: &[Area],
+        new: &[Area],
+    ) -> Result<(), StoreError> {
+        let old_by: BTreeMap<ElementKey, &Area> = old.iter().map(|a| (a.key, a)).collect();
+        let new_by: BTreeMap<ElementKey, &Area> = new.iter().map(|a| (a.key, a)).collect();
+        for (k, o) in &old_by {
+            if new_by.get(k) != Some(o) {
+                self.tx
+                    .prepare_cached(
+                        "DELETE FROM agg_areas WHERE dataset = ?1 AND kind = ?2 AND id = ?3",
+                    )
+                    .and_then(|mut st| st.execute(params![dataset, kind_code(k.0), k.1]))
+                    .map_err(|e| self.err(e))?;
+            }
+        }
+        for (k, n) in &new_by {
+            if old_by.get(k) != Some(n) {
+                self.agg_insert_area(dataset, n)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn agg_insert_area(&mut self, dataset: &str, a: &Area) -> Result<(), StoreError> {
+        self.tx
+            .prepare_cached("INSERT INTO agg_areas(dataset, kind, id, name, level, minx, miny, maxx, maxy, rings) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)")
+            .and_then(|mut st| {
+                st.execute(params![
+                    dataset,
+                    kind_code(a.key.0),
+                    a.key.1,
+                    a.name,
+                    a.level,
+                    a.bbox.0,
+                    a.bbox.1,
+                    a.bbox.2,
+                    a.bbox.3,
+                    rings_blob(&a.rings)
+                ])
+            })
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
     pub fn agg_set_areas(&mut self, dataset: &str, areas: &[Area]) -> Result<(), StoreError> {
         self.clear_dataset(&["agg_areas"], dataset)?;
         let mut st = self

@@ -18,7 +18,9 @@
 //! leaves the dirty keys, and the next drain writes the same documents
 //! again. A rebuild writes a new index beside the old one and swaps them.
 
-use crate::aggregates::{changed_box, place_areas, surface_point, Area, Areas};
+use crate::aggregates::{
+    areas_after, changed_box, place_areas, place_areas_after, surface_point, Area, Areas,
+};
 use crate::features::{feature, Current, ElementKey, TileLayer, View};
 use crate::model::MemberKind;
 use crate::store::{built_recipe_key, kind_code, kind_of, Store, StoreError, Writer};
@@ -381,10 +383,17 @@ pub fn drain(store: &mut Store, d: &SearchDataset) -> Result<SearchReport, Searc
         return Ok(r);
     }
     let (sequence, generation) = store.snapshot(|s| Ok((s.meta("sequence")?, s.generation()?)))?;
-    let ctx = context(store, d)?;
+    // The context areas as last stored, with the touched ones recomputed:
+    // never a scan of every boundary and place in the store.
     let old_admin = store.agg_areas(&d.name)?;
     let old_places = store.agg_areas(&format!("{}#places", d.name))?;
     let mut candidates: BTreeSet<ElementKey> = store.dirty_keys(&d.name)?;
+    let ctx = store.snapshot(|s| {
+        Ok(Context {
+            admin: areas_after(s, &old_admin, &candidates, &d.admin_levels)?,
+            places: place_areas_after(s, &old_places, &candidates, &d.places)?,
+        })
+    })?;
     let mut report = SearchReport {
         dataset: d.name.clone(),
         ..Default::default()
@@ -433,8 +442,8 @@ pub fn drain(store: &mut Store, d: &SearchDataset) -> Result<SearchReport, Searc
                 w.search_put(&d.name, *k, doc, embeds)?;
             }
         }
-        w.agg_set_areas(&d.name, &ctx.admin.list)?;
-        w.agg_set_areas(&format!("{}#places", d.name), &ctx.places.list)?;
+        w.agg_update_areas(&d.name, &old_admin, &ctx.admin.list)?;
+        w.agg_update_areas(&format!("{}#places", d.name), &old_places, &ctx.places.list)?;
         w.clear_dirty_keys(&d.name, generation)?;
         w.set_marker(&d.name, sequence.and_then(|s| s.parse().ok()), &d.recipe)
     })?;
