@@ -20,6 +20,8 @@
 //! - [`tiles`]: the MBTiles dataset: build, drain, verify.
 //! - [`search`]: the tantivy dataset with denormalised context.
 //! - [`aggregates`]: counts, lengths and areas per admin area and class.
+//! - [`flatnodes`]: planet-scale node locations, a flat file indexed by id
+//!   (the design, tested; extracts keep the `nodes` table).
 //! - [`fetch`]: replication over HTTP (the pyosmium/osmosis protocol), each
 //!   failure classed: retried, refused, or needing an operator.
 //! - [`ops`]: config, apply (dry run, dirty sets, markers), replicate, status.
@@ -31,6 +33,7 @@ pub mod cut;
 pub mod derive;
 pub mod features;
 pub mod fetch;
+pub mod flatnodes;
 pub mod import;
 pub mod model;
 pub mod mvt;
