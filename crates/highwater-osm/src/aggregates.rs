@@ -849,25 +849,8 @@ impl Writer<'_> {
 
     pub fn agg_set_areas(&mut self, dataset: &str, areas: &[Area]) -> Result<(), StoreError> {
         self.clear_dataset(&["agg_areas"], dataset)?;
-        let mut st = self
-            .tx
-            .prepare_cached("INSERT INTO agg_areas(dataset, kind, id, name, level, minx, miny, maxx, maxy, rings) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)")
-            .map_err(|e| self.err(e))?;
         for a in areas {
-            let rings = rings_blob(&a.rings);
-            st.execute(params![
-                dataset,
-                kind_code(a.key.0),
-                a.key.1,
-                a.name,
-                a.level,
-                a.bbox.0,
-                a.bbox.1,
-                a.bbox.2,
-                a.bbox.3,
-                rings
-            ])
-            .map_err(|e| self.err(e))?;
+            self.agg_insert_area(dataset, a)?;
         }
         Ok(())
     }

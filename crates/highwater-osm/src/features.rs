@@ -63,6 +63,19 @@ impl TileLayer {
         }
     }
 
+    /// A layer following `schema` over all its zooms, with its buffer, its
+    /// keys and exact (signature-comparing) expiry.
+    pub fn from_schema(schema: Schema) -> TileLayer {
+        TileLayer {
+            zoom_min: 0,
+            zoom_max: schema.zoom_max,
+            keys: Some(schema.keys.clone()),
+            buffer: schema.buffer,
+            diff_expire: true,
+            schema: Some(std::sync::Arc::new(schema)),
+        }
+    }
+
     /// Where a feature goes in the tiles: its placements (see
     /// [`crate::schema`]); without a schema, one placement in layer 0 with
     /// its tags as string attributes.

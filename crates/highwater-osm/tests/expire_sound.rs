@@ -49,15 +49,7 @@ fn layers() -> Vec<TileLayer> {
 }
 
 fn shortbread() -> TileLayer {
-    let s = highwater_osm::schema::Schema::bundled("shortbread").unwrap();
-    TileLayer {
-        zoom_min: 0,
-        zoom_max: 14,
-        keys: Some(s.keys.clone()),
-        buffer: s.buffer,
-        diff_expire: true,
-        schema: Some(std::sync::Arc::new(s)),
-    }
+    TileLayer::from_schema(highwater_osm::schema::Schema::bundled("shortbread").unwrap())
 }
 
 type Contents = BTreeMap<Tile, BTreeSet<(MemberKind, i64, u64)>>;

@@ -9,24 +9,15 @@ use highwater_core::tile::Tile;
 use highwater_osm::features::{Feature, Shape, TileLayer};
 use highwater_osm::mvt::{self, Value};
 use highwater_osm::ops::OsmConfig;
-use highwater_osm::schema::Schema;
 use highwater_osm::tiles::{self, Mbtiles};
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 mod common;
 use common::*;
 
 fn layer() -> TileLayer {
-    let s = Schema::bundled("shortbread").unwrap();
-    TileLayer {
-        zoom_min: 0,
-        zoom_max: 14,
-        keys: Some(s.keys.clone()),
-        buffer: s.buffer,
-        diff_expire: true,
-        schema: Some(Arc::new(s)),
-    }
+    TileLayer::from_schema(highwater_osm::schema::Schema::bundled("shortbread").unwrap())
 }
 
 fn line() -> Shape {

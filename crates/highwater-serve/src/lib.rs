@@ -156,6 +156,16 @@ async fn metrics_text(State(app): State<Shared>) -> Response {
         .into_response()
 }
 
+/// The Host the client asked for: absolute URLs in TileJSON and styles
+/// point back at the address the client reached.
+fn host(headers: &HeaderMap) -> String {
+    headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("localhost")
+        .to_string()
+}
+
 fn not_found(what: String) -> Response {
     (StatusCode::NOT_FOUND, what).into_response()
 }
@@ -192,11 +202,7 @@ async fn tilejson(
     let Some(name) = file.strip_suffix(".json").map(str::to_string) else {
         return not_found(format!("{file}: ask for NAME.json"));
     };
-    let host = headers
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .unwrap_or("localhost")
-        .to_string();
+    let host = host(&headers);
     blocking(move || {
         let Some(t) = tileset(&app, &name) else {
             return not_found(format!("no tile dataset named `{name}`"));
@@ -216,11 +222,7 @@ async fn style(
     headers: HeaderMap,
     UrlPath(name): UrlPath<String>,
 ) -> Response {
-    let host = headers
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .unwrap_or("localhost")
-        .to_string();
+    let host = host(&headers);
     blocking(move || {
         let Some(t) = tileset(&app, &name) else {
             return not_found(format!("no tile dataset named `{name}`"));

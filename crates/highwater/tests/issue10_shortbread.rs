@@ -7,16 +7,12 @@
 //!   there turns to the building colour.
 //! - GDAL's MBTiles driver lists every Shortbread layer.
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::path::Path;
 
 mod common;
+use common::osm::data;
+use common::serve::{browser, serve};
 use common::*;
-
-fn data() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../highwater-osm/tests/data")
-}
 
 const CONFIG: &str = r#"
 [osm.tiles.base]
@@ -32,66 +28,18 @@ fn project() -> Project {
     p
 }
 
-struct Served {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn serve(p: &Project) -> Served {
-    let mut child = p
-        .cmd(&["serve", "--listen", "127.0.0.1:0"])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    err.read_line(&mut line).unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("listening on http://")
-        .unwrap_or_else(|| panic!("serve said: {line}"))
-        .trim_end_matches('/')
-        .to_string();
-    Served { child, addr }
-}
-
 /// The colours at each (lon, lat, zoom), as MapLibre draws them.
 fn probe(addr: &str, png: &Path, places: &[(f64, f64, f64)]) -> Vec<[u8; 3]> {
-    let python = std::env::var("HIGHWATER_TEST_PYTHON").expect(
-        "HIGHWATER_TEST_PYTHON is not set: run the tests with `bash scripts/test.sh`, which installs Chromium and the DevTools client",
-    );
     let q: Vec<String> = places
         .iter()
         .map(|(a, b, z)| format!("{a},{b},{z}"))
         .collect();
-    let url = format!("http://{addr}/map?probe={}", q.join(";"));
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser/cdp.py");
-    let out = std::process::Command::new(python)
-        .arg(script)
-        .args([
-            url.as_str(),
-            png.to_str().unwrap(),
-            "document.body.dataset.probed || document.body.dataset.error",
-            "JSON.stringify(document.body.dataset)",
-            "90",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "the browser run failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    let d = browser(
+        &format!("http://{addr}/map?probe={}", q.join(";")),
+        png,
+        "document.body.dataset.probed || document.body.dataset.error",
+        "JSON.stringify(document.body.dataset)",
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let d: serde_json::Value = serde_json::from_str(v.as_str().unwrap()).unwrap();
     assert!(d["error"].is_null(), "the map reported an error: {d}");
     let probes: Vec<[u8; 3]> = serde_json::from_str(d["probes"].as_str().unwrap()).unwrap();
     assert_eq!(probes.len(), places.len());
@@ -139,7 +87,7 @@ const NEW_BUILDING: (f64, f64, f64) = (7.42632, 43.74065, 17.0);
 #[test]
 fn issue10_maplibre_draws_shortbread_with_the_styles_colours() {
     let p = project();
-    let s = serve(&p);
+    let s = serve(&p, &[]);
     let shots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("issue10-shortbread");
     std::fs::create_dir_all(&shots).unwrap();
     let got = probe(

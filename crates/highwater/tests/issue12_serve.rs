@@ -6,11 +6,12 @@
 mod common;
 use common::ingest::SQLITE_SOURCE;
 use common::osm::data;
+use common::serve::{browser, serve};
 use common::*;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 
 /// The page shows the newest week of windows by the clock, so the source's
 /// grid starts a day before now (on the hour), and its rows fall in it.
@@ -83,34 +84,6 @@ fn project() -> Project {
     }
     p.check(&["osm", "replicate", "--from", "updates"], 0);
     p
-}
-
-struct Served {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn serve(p: &Project, extra: &[&str]) -> Served {
-    let mut args = vec!["serve", "--listen", "127.0.0.1:0"];
-    args.extend_from_slice(extra);
-    let mut child = p.cmd(&args).stderr(Stdio::piped()).spawn().unwrap();
-    let mut err = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    err.read_line(&mut line).unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("listening on http://")
-        .unwrap_or_else(|| panic!("serve said: {line}"))
-        .trim_end_matches('/')
-        .to_string();
-    Served { child, addr }
 }
 
 /// One HTTP/1.1 request: (status, headers lower-cased, body).
@@ -343,30 +316,6 @@ fn issue12_serve_listens_on_loopback_unless_told_otherwise() {
         Some(0),
         "SIGTERM stops serve cleanly"
     );
-}
-
-/// Runs the DevTools driver; returns the JSON value of `result`.
-fn browser(url: &str, png: &Path, wait: &str, result: &str) -> serde_json::Value {
-    let python = std::env::var("HIGHWATER_TEST_PYTHON").expect(
-        "HIGHWATER_TEST_PYTHON is not set: run the tests with `bash scripts/test.sh`, which installs Chromium and the DevTools client",
-    );
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser/cdp.py");
-    let out = std::process::Command::new(python)
-        .arg(script)
-        .args([url, png.to_str().unwrap(), wait, result, "60"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "the browser run failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    match v {
-        serde_json::Value::String(s) => serde_json::from_str(&s).unwrap(),
-        other => other,
-    }
 }
 
 /// The page and the map in headless Chromium: the grid's cells say what

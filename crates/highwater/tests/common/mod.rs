@@ -182,3 +182,4 @@ pub fn stage<'a>(report: &'a serde_json::Value, name: &str) -> &'a serde_json::V
 pub mod http;
 pub mod ingest;
 pub mod osm;
+pub mod serve;

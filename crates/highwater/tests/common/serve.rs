@@ -1,0 +1,64 @@
+//! `highwater serve` and a real browser for end-to-end tests: the server on
+//! 127.0.0.1 (stopped when dropped), and headless Chromium driven over the
+//! DevTools protocol (`tests/browser/cdp.py`).
+
+#![allow(dead_code)]
+
+use super::Project;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Stdio};
+
+pub struct Served {
+    child: Child,
+    pub addr: String,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `highwater serve` on a free loopback port.
+pub fn serve(p: &Project, extra: &[&str]) -> Served {
+    let mut args = vec!["serve", "--listen", "127.0.0.1:0"];
+    args.extend_from_slice(extra);
+    let mut child = p.cmd(&args).stderr(Stdio::piped()).spawn().unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("listening on http://")
+        .unwrap_or_else(|| panic!("serve said: {line}"))
+        .trim_end_matches('/')
+        .to_string();
+    Served { child, addr }
+}
+
+/// Opens `url` in headless Chromium, waits until `wait` (JS) is truthy,
+/// saves a screenshot to `png`, and returns the JSON value of `result`.
+pub fn browser(url: &str, png: &Path, wait: &str, result: &str) -> serde_json::Value {
+    let python = std::env::var("HIGHWATER_TEST_PYTHON").expect(
+        "HIGHWATER_TEST_PYTHON is not set: run the tests with `bash scripts/test.sh`, which installs Chromium and the DevTools client",
+    );
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser/cdp.py");
+    let out = std::process::Command::new(python)
+        .arg(script)
+        .args([url, png.to_str().unwrap(), wait, result, "90"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the browser run failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    match v {
+        serde_json::Value::String(s) => serde_json::from_str(&s).unwrap(),
+        other => other,
+    }
+}
