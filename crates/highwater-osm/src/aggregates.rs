@@ -18,7 +18,7 @@
 //! its surface; a line's length is clipped to each area it crosses.
 
 use crate::features::{self, feature, inside, Current, ElementKey, Feature, Shape, TileLayer, P};
-use crate::model::MemberKind;
+use crate::model::{MemberKind, Tags};
 use crate::store::{
     built_recipe_key, kind_code, kind_of, rings_blob, rings_from_blob, Store, StoreError, Writer,
 };
@@ -166,7 +166,9 @@ pub fn place_areas_after(
     dirty: &BTreeSet<ElementKey>,
     places: &[String],
 ) -> Result<Areas, StoreError> {
-    update_areas(store, old, dirty, &|k, f| place_area(k, f, places))
+    update_areas(store, old, dirty, &|t| t.contains_key("place"), &|k, f| {
+        place_area(k, f, places)
+    })
 }
 
 /// The admin areas after the elements in `dirty` changed (see
@@ -179,13 +181,20 @@ pub fn areas_after(
     dirty: &BTreeSet<ElementKey>,
     levels: &[u8],
 ) -> Result<Areas, StoreError> {
-    update_areas(store, old, dirty, &|k, f| admin_area(k, f, levels))
+    update_areas(
+        store,
+        old,
+        dirty,
+        &|t| t.get("boundary").is_some_and(|b| b == "administrative"),
+        &|k, f| admin_area(k, f, levels),
+    )
 }
 
 fn update_areas(
     store: &Store,
     old: &[Area],
     dirty: &BTreeSet<ElementKey>,
+    maybe: &dyn Fn(&Tags) -> bool,
     make: &dyn Fn(ElementKey, &Feature) -> Option<Area>,
 ) -> Result<Areas, StoreError> {
     let every = TileLayer::every_key();
@@ -193,8 +202,14 @@ fn update_areas(
     let mut by: BTreeMap<ElementKey, Area> = old.iter().map(|a| (a.key, a.clone())).collect();
     for &k in dirty {
         by.remove(&k);
-        if k.0 == MemberKind::Node {
-            // Areas are ways and relations.
+        // Areas are ways and relations, and only those whose tags say so
+        // are assembled (most touched elements are not areas).
+        let tags = match k.0 {
+            MemberKind::Node => continue,
+            MemberKind::Way => store.way(k.1)?.map(|w| w.tags),
+            MemberKind::Relation => store.relation(k.1)?.map(|r| r.tags),
+        };
+        if !tags.is_some_and(|t| maybe(&t)) {
             continue;
         }
         if let Some(f) = feature(&view, k.0, k.1, &every)? {
