@@ -248,8 +248,8 @@ pub(crate) fn apply_in(w: &mut Writer<'_>, changes: &[Change]) -> Result<(), Sto
 ///
 /// Bounding boxes and features are kept whatever `low` is (search and
 /// aggregates read them too); a low-zoom index built for another set of
-/// datasets (its id in `shapes_low` differs from `low`'s) stays marked as
-/// such, and the next drain or build rebuilds it.
+/// datasets (its id in `shapes_low` differs from `low`'s) is unmarked, and
+/// the next drain or build rebuilds it.
 pub(crate) fn apply_indexed(
     w: &mut Writer<'_>,
     changes: &[Change],
@@ -260,6 +260,12 @@ pub(crate) fn apply_indexed(
     apply_in(w, changes)?;
     if live {
         index_shapes(w, &t.all, low)?;
+        // The rows just written say "low" by this predicate; an index
+        // marked for another is now a mix of both: unmark it, so that the
+        // next drain rebuilds it rather than trust it.
+        if w.meta("shapes_low")?.as_deref() != Some(low.id.as_str()) {
+            w.del_meta("shapes_low")?;
+        }
     }
     Ok(t)
 }

@@ -355,3 +355,40 @@ fn a_large_backlog_is_rebuilt_instead_of_drained() {
     assert_eq!(store.dirty_count("s").unwrap(), 0);
     check(&store, d);
 }
+
+/// A diff applied through a path that knows no tile dataset (here
+/// `derive_and_apply`, whose low-zoom predicate is empty) leaves the
+/// low-zoom index unmarked, so the next drain rebuilds it instead of
+/// missing a motorway at z5-z9.
+#[test]
+fn a_low_zoom_index_written_for_other_datasets_is_rebuilt_not_trusted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = config(tmp.path(), DATASETS);
+    let mut store = monaco(&tmp.path().join("store"));
+    let sb = cfg.tiles.iter().find(|d| d.name == "sb").unwrap();
+    tiles::build(&mut store, sb).unwrap();
+    let node = |id: i64, lat: f64, lon: f64| {
+        modify(highwater_osm::Element::Node(highwater_osm::Node {
+            id,
+            lat_e7: Some((lat * 1e7) as i32),
+            lon_e7: Some((lon * 1e7) as i32),
+            tags: Default::default(),
+        }))
+    };
+    let diff = vec![
+        node(1 << 40, 43.70, 7.40),
+        node((1 << 40) + 1, 43.75, 7.45),
+        modify(highwater_osm::Element::Way(highwater_osm::Way {
+            id: 1 << 40,
+            refs: vec![1 << 40, (1 << 40) + 1],
+            tags: [("highway".to_string(), "motorway".to_string())].into(),
+        })),
+    ];
+    let (dirty, _) =
+        highwater_osm::derive::derive_and_apply(&mut store, &[diff], &sb.layer).unwrap();
+    assert!(dirty.iter().any(|t| t.z == 5), "the motorway shows from z5");
+    store.write(|w| w.add_dirty(&sb.name, &dirty)).unwrap();
+    let r = tiles::drain(&mut store, sb, usize::MAX, DrainOrder::LowZoomFirst).unwrap();
+    assert!(r.rebuilt.is_none(), "{r:?}");
+    check(&store, sb);
+}
