@@ -131,13 +131,18 @@ fn place_area(key: ElementKey, f: &Feature, places: &[String]) -> Option<Area> {
     if key.0 == MemberKind::Node || !f.tags.get("place").is_some_and(|p| places.contains(p)) {
         return None;
     }
+    polygon_area(key, f, 0)
+}
+
+/// An area of a feature whose shape is a polygon, at `level`.
+fn polygon_area(key: ElementKey, f: &Feature, level: u8) -> Option<Area> {
     let Shape::Polygon(rings) = &f.shape else {
         return None;
     };
     Some(Area {
         key,
         name: f.tags.get("name").cloned(),
-        level: 0,
+        level,
         bbox: f.shape.bbox(),
         rings: rings.clone(),
     })
@@ -238,16 +243,7 @@ fn admin_area(key: ElementKey, f: &Feature, levels: &[u8]) -> Option<Area> {
     if !levels.contains(&level) {
         return None;
     }
-    let Shape::Polygon(rings) = &f.shape else {
-        return None;
-    };
-    Some(Area {
-        key,
-        name: f.tags.get("name").cloned(),
-        level,
-        bbox: f.shape.bbox(),
-        rings: rings.clone(),
-    })
+    polygon_area(key, f, level)
 }
 
 /// Reads the admin areas of the given levels: boundary=administrative
