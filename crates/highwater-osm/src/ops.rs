@@ -660,9 +660,20 @@ pub fn apply_with(
         }
         before_commit(w, &report)?;
         if std::env::var_os("HIGHWATER_FAILPOINT").is_some_and(|v| v == "osm-slow-commit") {
-            // For the overlap tests: hold the writer lease a while, the way a
-            // large batch does.
-            std::thread::sleep(std::time::Duration::from_secs(3));
+            // For the overlap tests: hold the writer lease the way a large
+            // batch does: while the gate file the test names exists (at most
+            // a minute), else three seconds. A gate, not a fixed time: the
+            // test's own commands must all run while the lease is held,
+            // however fast or loaded the machine.
+            match std::env::var_os("HIGHWATER_FAILPOINT_GATE") {
+                Some(gate) => {
+                    let t0 = std::time::Instant::now();
+                    while std::path::Path::new(&gate).exists() && t0.elapsed().as_secs() < 60 {
+                        std::thread::sleep(std::time::Duration::from_millis(20));
+                    }
+                }
+                None => std::thread::sleep(std::time::Duration::from_secs(3)),
+            }
         }
         if std::env::var_os("HIGHWATER_FAILPOINT").is_some_and(|v| v == "osm-before-commit") {
             // For the crash test: die with everything written but not

@@ -80,6 +80,14 @@ pub fn acquire(
     duration_ns: i64,
 ) -> rusqlite::Result<LeaseOutcome> {
     assert!(duration_ns > 0);
+    // A holder in the middle of a long write transaction keeps the write
+    // lock: read first (a read needs no lock in WAL mode), so that a second
+    // command is told who holds the lease instead of "database is locked".
+    if let Some(c) = current(conn, name)? {
+        if c.owner != owner && c.expires_at_ns > now_ns {
+            return Ok(LeaseOutcome::Held(c));
+        }
+    }
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let current = current(&tx, name)?;
     if let Some(c) = &current {

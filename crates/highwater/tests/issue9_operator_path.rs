@@ -100,9 +100,14 @@ fn issue9_1_an_empty_input_folder_is_refused_and_no_output_deleted() {
 fn issue9_2_overlapping_writers_are_fenced_and_every_dataset_stays_current() {
     let p = osm_project();
     let from = data().join("monaco-updates");
+    // The replicate holds its lease while this gate exists: the refusals
+    // below never race its finishing.
+    let gate = p.path("hold-the-lease");
+    std::fs::write(&gate, "").unwrap();
     let slow = p
         .cmd(&["osm", "replicate", "--from", from.to_str().unwrap()])
         .env("HIGHWATER_FAILPOINT", "osm-slow-commit")
+        .env("HIGHWATER_FAILPOINT_GATE", &gate)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -130,6 +135,7 @@ fn issue9_2_overlapping_writers_are_fenced_and_every_dataset_stays_current() {
         let r = p.hw(&args);
         refused(&r, &["another process writes it", "pid"]);
     }
+    std::fs::remove_file(&gate).unwrap();
     // With --wait, a rebuild runs after the replicate, on its result.
     p.check(&["osm", "rebuild", "base", "--wait"], 0);
     let out = slow.wait_with_output().unwrap();
