@@ -709,16 +709,11 @@ impl Store {
         dataset: &str,
         area: (MemberKind, i64),
     ) -> Result<Vec<(MemberKind, i64)>, StoreError> {
-        let mut st = self
-            .conn
-            .prepare_cached("SELECT DISTINCT kind, id FROM agg_contrib WHERE dataset = ?1 AND area_kind = ?2 AND area_id = ?3")
-            .map_err(|e| self.err(e))?;
-        let rows = st
-            .query_map(params![dataset, kind_code(area.0), area.1], |r| {
-                Ok((kind_of(r.get(0)?), r.get(1)?))
-            })
-            .map_err(|e| self.err(e))?;
-        rows.collect::<Result<_, _>>().map_err(|e| self.err(e))
+        self.keys_of_area(
+            "SELECT DISTINCT kind, id FROM agg_contrib WHERE dataset = ?1 AND area_kind = ?2 AND area_id = ?3",
+            dataset,
+            area,
+        )
     }
     /// Every stored contribution of a dataset, by feature.
     pub fn agg_all(&self, dataset: &str) -> Result<Vec<Contributed>, StoreError> {

@@ -507,6 +507,23 @@ impl Store {
         Ok(out)
     }
 
+    /// The elements a reverse index (`sql`: a SELECT of kind and id,
+    /// bound to dataset, area kind and area id) lists for an area.
+    pub(crate) fn keys_of_area(
+        &self,
+        sql: &str,
+        dataset: &str,
+        area: (MemberKind, i64),
+    ) -> Result<Vec<(MemberKind, i64)>, StoreError> {
+        let mut st = self.conn.prepare_cached(sql).map_err(|e| self.err(e))?;
+        let rows = st
+            .query_map(params![dataset, kind_code(area.0), area.1], |r| {
+                Ok((kind_of(r.get(0)?), r.get(1)?))
+            })
+            .map_err(|e| self.err(e))?;
+        rows.collect::<Result<_, _>>().map_err(|e| self.err(e))
+    }
+
     /// The bytes stored with an element's shape (the features module's
     /// encoding of its feature; opaque here).
     pub fn shape_data(&self, kind: MemberKind, id: i64) -> Result<Option<Vec<u8>>, StoreError> {
