@@ -296,7 +296,7 @@ impl<S: OsmRead + ?Sized> View for Overlay<'_, S> {
     }
 }
 
-fn world_of(n: &crate::model::Node) -> Option<P> {
+pub(crate) fn world_of(n: &crate::model::Node) -> Option<P> {
     n.lonlat().map(|(lon, lat)| tile::world(lon, lat))
 }
 

@@ -2,6 +2,7 @@
 //! replication state files.
 
 use crate::model::{Element, Member, MemberKind, Node, Relation, Tags, Way};
+use crate::nodeblocks::Entry;
 use crate::store::{Store, StoreError};
 use crate::xml::{read_osm, OsmError};
 use rayon::prelude::*;
@@ -66,6 +67,10 @@ pub fn sweep_leftovers(target: &Path) {
 /// `osm import`: the only way a store is made. Into an empty place only;
 /// with `replace`, the new store is built beside the old one and swapped
 /// in, under the old one's writer lease, so a reader sees one or the other.
+///
+/// Either way the new store is built unseen (a hidden file with no journal,
+/// see [`Store::create_unpublished`]) and published whole: a first import
+/// links its file into place only if no store appeared there meanwhile.
 pub fn import_into(
     dir: &Path,
     extract: &Path,
@@ -73,25 +78,6 @@ pub fn import_into(
     wait: bool,
 ) -> Result<ImportStats, ImportError> {
     check_extract(extract)?;
-    // A first import, or --replace with nothing to replace: into the place
-    // itself, which must hold no data.
-    if !replace || !dir.join("store.db").exists() {
-        let mut store = Store::create(dir)?;
-        store.lease_writer(wait)?;
-        if !store.is_empty()? {
-            return Err(ImportError::Refused {
-                path: dir.to_path_buf(),
-                message: "the store already holds data; importing into it would merge two snapshots. Give --replace to build a new store from the extract and swap it in, or another --store".into(),
-            });
-        }
-        return import(&mut store, extract);
-    }
-    let mut old = Store::open(dir)?;
-    old.lease_writer(wait)?;
-    sweep_leftovers(dir);
-    let name = dir.file_name().unwrap_or_default().to_string_lossy();
-    let new_dir = dir.with_file_name(format!(".{name}.hw-new-{}", std::process::id()));
-    let aside = dir.with_file_name(format!(".{name}.hw-old-{}", std::process::id()));
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |e: std::io::Error| ImportError::Refused {
@@ -99,11 +85,59 @@ pub fn import_into(
             message: e.to_string(),
         }
     };
-    let stats = {
-        let mut new = Store::create(&new_dir)?;
-        let stats = import(&mut new, extract)?;
-        new.checkpoint()?;
-        stats
+    let target = dir.join("store.db");
+    if !target.exists() {
+        std::fs::create_dir_all(dir).map_err(|e| ImportError::Refused {
+            path: dir.to_path_buf(),
+            message: format!("cannot create the store folder: {e}"),
+        })?;
+        sweep_dead_builds(dir);
+        let tmp = dir.join(format!(".store.db.hw-new-{}", std::process::id()));
+        let built = build(&tmp, extract);
+        let stats = match built {
+            Ok(stats) => stats,
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e);
+            }
+        };
+        failpoint_before_publish();
+        // A hard link never replaces: if another import published a store
+        // here meanwhile, this one is refused and changes nothing.
+        let linked = std::fs::hard_link(&tmp, &target);
+        let _ = std::fs::remove_file(&tmp);
+        match linked {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                return Err(ImportError::Refused {
+                    path: dir.to_path_buf(),
+                    message: "another import made a store here while this one ran; nothing was changed. Give --replace to replace it".into(),
+                });
+            }
+            Err(e) => return Err(io(&target)(e)),
+        }
+        sync_parent(&target).map_err(io(dir))?;
+        return Ok(stats);
+    }
+    let mut old = Store::open(dir)?;
+    old.lease_writer(wait)?;
+    if !replace && !old.is_empty()? {
+        return Err(ImportError::Refused {
+            path: dir.to_path_buf(),
+            message: "the store already holds data; importing into it would merge two snapshots. Give --replace to build a new store from the extract and swap it in, or another --store".into(),
+        });
+    }
+    sweep_leftovers(dir);
+    let name = dir.file_name().unwrap_or_default().to_string_lossy();
+    let new_dir = dir.with_file_name(format!(".{name}.hw-new-{}", std::process::id()));
+    let aside = dir.with_file_name(format!(".{name}.hw-old-{}", std::process::id()));
+    std::fs::create_dir_all(&new_dir).map_err(io(&new_dir))?;
+    let stats = match build(&new_dir.join("store.db"), extract) {
+        Ok(stats) => stats,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&new_dir);
+            return Err(e);
+        }
     };
     // Anyone who opened the old store and waits for its lease finds it
     // retired, not writable.
@@ -114,6 +148,58 @@ pub fn import_into(
     drop(old);
     std::fs::remove_dir_all(&aside).map_err(io(&aside))?;
     Ok(stats)
+}
+
+/// For the crash and overlap tests: `HIGHWATER_FAILPOINT=import-kill`
+/// dies (SIGKILL) with the store built but not published;
+/// `import-gate` waits while the file `HIGHWATER_FAILPOINT_GATE` names
+/// exists (at most a minute), so another import can run meanwhile.
+fn failpoint_before_publish() {
+    match std::env::var("HIGHWATER_FAILPOINT").as_deref() {
+        Ok("import-kill") => {
+            // SAFETY: a signal to our own pid has no memory effects.
+            unsafe {
+                libc::kill(libc::getpid(), libc::SIGKILL);
+            }
+        }
+        Ok("import-gate") => {
+            if let Some(gate) = std::env::var_os("HIGHWATER_FAILPOINT_GATE") {
+                let t0 = std::time::Instant::now();
+                while Path::new(&gate).exists() && t0.elapsed().as_secs() < 60 {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Builds a store from an extract into a new, unpublished file.
+fn build(file: &Path, extract: &Path) -> Result<ImportStats, ImportError> {
+    let mut store = Store::create_unpublished(file)?;
+    let stats = import(&mut store, extract)?;
+    store.seal()?;
+    Ok(stats)
+}
+
+/// Removes hidden store files that killed first imports left in `dir`:
+/// only those whose process is gone, so a running import keeps its file.
+fn sweep_dead_builds(dir: &Path) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let n = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = n.strip_prefix(".store.db.hw-new-") else {
+            continue;
+        };
+        let alive = pid
+            .parse::<u32>()
+            .is_ok_and(|p| Path::new(&format!("/proc/{p}")).exists());
+        if !alive {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
 }
 
 /// Refuses an extract that cannot be one: missing, empty, or a change file.
@@ -242,101 +328,265 @@ fn count(stats: &mut ImportStats, e: &Element) {
     }
 }
 
-/// Imports an extract into the store, in one transaction: the store holds
-/// the whole extract or nothing of it. PBF blocks are decoded in parallel,
-/// a bounded chunk at a time, and written in file order.
-pub fn import(store: &mut Store, path: &Path) -> Result<ImportStats, ImportError> {
-    let mut stats = ImportStats::default();
-    let is_pbf = path.to_string_lossy().ends_with(".pbf");
-    if !is_pbf {
-        let mut elements = Vec::new();
-        read_osm(path, |e| {
-            elements.push(e);
-            Ok(())
-        })?;
-        if elements.is_empty() {
-            return Err(ImportError::Refused {
-                path: path.to_path_buf(),
-                message: "the extract holds no element: nothing to import".into(),
-            });
-        }
-        store.write(|w| {
-            for e in &elements {
-                count(&mut stats, e);
-                w.put(e)?;
-            }
-            w.set_meta("imported", &path.display().to_string())?;
-            w.bump_generation()?;
-            Ok(())
-        })?;
-        crate::derive::rebuild_shapes(store, &crate::features::LowZoom::none())?;
-        return Ok(stats);
-    }
-    let bad = |message: String| ImportError::Pbf {
-        path: path.to_path_buf(),
-        message,
-    };
-    let reader = osmpbf::BlobReader::from_path(path).map_err(|e| bad(e.to_string()))?;
-    let mut blobs = reader.peekable();
-    store.write(|w| {
-        loop {
-            let chunk: Vec<osmpbf::Blob> = blobs
-                .by_ref()
-                .take(PBF_BLOBS_PER_CHUNK)
-                .collect::<Result<_, _>>()
-                .map_err(|e| StoreError::Corrupt {
-                    path: path.to_path_buf(),
-                    what: e.to_string(),
-                })?;
-            if chunk.is_empty() {
-                break;
-            }
-            let decoded: Vec<Decoded> = chunk
-                .par_iter()
-                .map(|b| match b.decode().map_err(|e| e.to_string())? {
-                    osmpbf::BlobDecode::OsmHeader(h) => Ok((
-                        Some((
-                            h.osmosis_replication_sequence_number(),
-                            h.osmosis_replication_timestamp(),
-                            h.osmosis_replication_base_url().map(str::to_string),
-                        )),
-                        Vec::new(),
-                    )),
-                    osmpbf::BlobDecode::OsmData(block) => Ok((None, pbf_elements(&block)?)),
-                    osmpbf::BlobDecode::Unknown(_) => Ok((None, Vec::new())),
-                })
-                .collect();
-            for d in decoded {
-                let (header, elements) = d.map_err(|e| StoreError::Corrupt {
-                    path: path.to_path_buf(),
-                    what: e,
-                })?;
-                if let Some((seq, ts, url)) = header {
-                    stats.sequence = seq;
-                    stats.timestamp = ts;
-                    stats.replication_url = url;
-                }
-                for e in &elements {
-                    if let Some(id) = id_out_of_range(e) {
-                        return Err(StoreError::Corrupt {
-                            path: path.to_path_buf(),
-                            what: format!(
-                                "{}: id {id} is beyond ±2^60, the largest id highwater stores; nothing was imported",
-                                e.key()
-                            ),
-                        });
-                    }
-                    count(&mut stats, e);
-                    w.put(e)?;
-                }
-            }
-        }
-        if stats.nodes + stats.ways + stats.relations == 0 {
+/// Nodes an import holds in memory before writing them as blocks: 16
+/// bytes each plus the ways through them, so 2^28 nodes (about 8 GB with
+/// their references) is the most one machine should be asked for. A
+/// larger extract is the planet's case, which needs flat nodes
+/// ([`crate::flatnodes`]) and is refused with that said.
+pub const IMPORT_NODES_MAX: usize = 1 << 28;
+
+/// What an import gathers before writing: the writes are sorted bulk
+/// inserts (node blocks, see [`crate::nodeblocks`]), and the shapes index
+/// is computed from memory, not by reading back every node.
+#[derive(Default)]
+struct Bulk {
+    /// (id, lat, lon) in arrival order.
+    nodes: Vec<(i64, i32, i32)>,
+    node_tags: std::collections::HashMap<i64, Tags>,
+    ways: Vec<Way>,
+    relations: Vec<Relation>,
+    stats: ImportStats,
+}
+
+impl Bulk {
+    fn add(&mut self, e: Element, path: &Path) -> Result<(), StoreError> {
+        if let Some(id) = id_out_of_range(&e) {
             return Err(StoreError::Corrupt {
                 path: path.to_path_buf(),
-                what: "the extract holds no element: nothing was imported".into(),
+                what: format!(
+                    "{}: id {id} is beyond ±2^60, the largest id highwater stores; nothing was imported",
+                    e.key()
+                ),
             });
         }
+        count(&mut self.stats, &e);
+        match e {
+            Element::Node(n) => {
+                let (Some(lat), Some(lon)) = (n.lat_e7, n.lon_e7) else {
+                    return Err(StoreError::Corrupt {
+                        path: path.to_path_buf(),
+                        what: format!("n{} has no location; nothing was imported", n.id),
+                    });
+                };
+                if self.nodes.len() >= IMPORT_NODES_MAX {
+                    return Err(StoreError::Corrupt {
+                        path: path.to_path_buf(),
+                        what: format!("the extract holds more than {IMPORT_NODES_MAX} nodes, more than an import keeps in memory: a planet-sized import needs flat nodes (ARCHITECTURE.md, Flat nodes), which this version does not wire in; nothing was imported"),
+                    });
+                }
+                self.nodes.push((n.id, lat, lon));
+                if n.tags.is_empty() {
+                    // A repeated id: the last copy wins, as it would in a
+                    // diff.
+                    if !self.node_tags.is_empty() {
+                        self.node_tags.remove(&n.id);
+                    }
+                } else {
+                    self.node_tags.insert(n.id, n.tags);
+                }
+            }
+            Element::Way(w) => self.ways.push(w),
+            Element::Relation(r) => self.relations.push(r),
+        }
+        Ok(())
+    }
+
+    /// The elements, in bulk: node blocks from the sorted nodes merged with
+    /// the sorted way references, then ways and relations.
+    fn write_elements(&self, w: &mut crate::store::Writer<'_>) -> Result<(), StoreError> {
+        let mut refs: Vec<(i64, i64)> = self
+            .ways
+            .iter()
+            .flat_map(|w| w.refs.iter().map(move |&r| (r, w.id)))
+            .collect();
+        refs.sort_unstable();
+        refs.dedup();
+        let nodes = self.nodes.iter().map(|&(id, lat, lon)| Entry {
+            id,
+            loc: Some((lat, lon)),
+            tagged: self.node_tags.contains_key(&id),
+            ways: Vec::new(),
+        });
+        let mut tagged_nodes: Vec<(i64, &Tags)> =
+            self.node_tags.iter().map(|(id, t)| (*id, t)).collect();
+        tagged_nodes.sort_unstable_by_key(|t| t.0);
+        w.put_bulk(
+            crate::store::merge_refs(nodes, &refs),
+            &tagged_nodes,
+            &self.ways,
+            &self.relations,
+        )
+    }
+
+    /// Writes everything gathered, and the shapes index, in `w`'s
+    /// transaction.
+    fn finish(mut self, w: &mut crate::store::Writer<'_>) -> Result<ImportStats, StoreError> {
+        // Extracts come sorted by id; a repeated id keeps its last copy.
+        last_of_each(&mut self.nodes, |n| n.0);
+        last_of_each(&mut self.ways, |w| w.id);
+        last_of_each(&mut self.relations, |r| r.id);
+        // The shapes index's features are computed (on the thread pool)
+        // while the elements are written (on this thread, SQLite's).
+        let view = Memory {
+            nodes: &self.nodes,
+            node_tags: &self.node_tags,
+            ways: self.ways.iter().map(|w| (w.id, w)).collect(),
+            relations: self.relations.iter().map(|r| (r.id, r)).collect(),
+        };
+        let (rows, written) = std::thread::scope(|scope| {
+            let rows = scope.spawn(|| features_of(&view, &self.ways, &self.relations));
+            let written = self.write_elements(w);
+            (rows.join(), written)
+        });
+        written?;
+        let rows = rows.expect("the features thread does not panic")?;
+        w.clear_shapes()?;
+        w.insert_shapes(rows.iter().map(|(k, b, d)| (*k, *b, d.as_slice())))?;
+        w.set_meta("shapes", "1")?;
+        w.set_meta("shapes_low", &crate::features::LowZoom::none().id)?;
+        Ok(self.stats)
+    }
+}
+
+/// A feature's bounding box in world coordinates.
+type Bbox = (f64, f64, f64, f64);
+
+/// A row of the shapes index: the element, its box, its encoded feature.
+type IndexRow = ((MemberKind, i64), Bbox, Vec<u8>);
+
+/// Every tagged element's feature as the shapes index keeps it (all keys
+/// read), in parallel.
+fn features_of(
+    view: &Memory<'_>,
+    ways: &[Way],
+    relations: &[Relation],
+) -> Result<Vec<IndexRow>, StoreError> {
+    let mut tagged_nodes: Vec<i64> = view.node_tags.keys().copied().collect();
+    tagged_nodes.sort_unstable();
+    let keys: Vec<(MemberKind, i64)> = tagged_nodes
+        .iter()
+        .map(|&id| (MemberKind::Node, id))
+        .chain(
+            ways.iter()
+                .filter(|w| !w.tags.is_empty())
+                .map(|w| (MemberKind::Way, w.id)),
+        )
+        .chain(
+            relations
+                .iter()
+                .filter(|r| !r.tags.is_empty())
+                .map(|r| (MemberKind::Relation, r.id)),
+        )
+        .collect();
+    let every = crate::features::TileLayer::every_key();
+    keys.par_iter()
+        .filter_map(
+            |&(kind, id)| match crate::features::feature(view, kind, id, &every) {
+                Ok(Some(f)) => Some(Ok((
+                    (kind, id),
+                    f.shape.bbox(),
+                    crate::features::encode(&f),
+                ))),
+                Ok(None) => None,
+                Err(e) => Some(Err(e)),
+            },
+        )
+        .collect()
+}
+
+/// Sorts by key (stably) and keeps the last of each run of equal keys.
+fn last_of_each<T>(v: &mut Vec<T>, key: impl Fn(&T) -> i64) {
+    if v.windows(2).all(|w| key(&w[0]) < key(&w[1])) {
+        return;
+    }
+    v.sort_by_key(&key);
+    v.reverse();
+    v.dedup_by_key(|t| key(t));
+    v.reverse();
+}
+
+/// An import's elements in memory, as features read them.
+struct Memory<'a> {
+    /// Sorted by id, one per id.
+    nodes: &'a [(i64, i32, i32)],
+    node_tags: &'a std::collections::HashMap<i64, Tags>,
+    ways: std::collections::HashMap<i64, &'a Way>,
+    relations: std::collections::HashMap<i64, &'a Relation>,
+}
+
+impl crate::features::View for Memory<'_> {
+    fn loc(&self, node: i64) -> Result<Option<crate::features::P>, StoreError> {
+        Ok(self
+            .nodes
+            .binary_search_by_key(&node, |n| n.0)
+            .ok()
+            .and_then(|i| {
+                let (id, lat, lon) = self.nodes[i];
+                crate::features::world_of(&Node {
+                    id,
+                    lat_e7: Some(lat),
+                    lon_e7: Some(lon),
+                    tags: Tags::new(),
+                })
+            }))
+    }
+    fn node_tags(&self, node: i64) -> Result<Option<Tags>, StoreError> {
+        if let Some(t) = self.node_tags.get(&node) {
+            return Ok(Some(t.clone()));
+        }
+        Ok(self
+            .nodes
+            .binary_search_by_key(&node, |n| n.0)
+            .ok()
+            .map(|_| Tags::new()))
+    }
+    fn way(&self, id: i64) -> Result<Option<Way>, StoreError> {
+        Ok(self.ways.get(&id).map(|w| (*w).clone()))
+    }
+    fn relation(&self, id: i64) -> Result<Option<Relation>, StoreError> {
+        Ok(self.relations.get(&id).map(|r| (*r).clone()))
+    }
+}
+
+/// Imports an extract into an empty store, in one transaction: the store
+/// holds the whole extract or nothing of it. PBF blocks are decoded in
+/// parallel, a bounded chunk at a time, on a thread of their own while the
+/// elements already decoded are gathered.
+pub fn import(store: &mut Store, path: &Path) -> Result<ImportStats, ImportError> {
+    if !store.is_empty()? {
+        return Err(ImportError::Refused {
+            path: store.path().to_path_buf(),
+            message: "the store already holds data: an import writes only into an empty store"
+                .into(),
+        });
+    }
+    let is_pbf = path.to_string_lossy().ends_with(".pbf");
+    let mut bulk = Bulk::default();
+    if !is_pbf {
+        let mut err = None;
+        read_osm(path, |e| {
+            if err.is_none() {
+                if let Err(e) = bulk.add(e, path) {
+                    err = Some(e);
+                }
+            }
+            Ok(())
+        })?;
+        if let Some(e) = err {
+            return Err(e.into());
+        }
+    } else {
+        read_pbf(path, &mut bulk)?;
+    }
+    let stats = &bulk.stats;
+    if stats.nodes + stats.ways + stats.relations == 0 {
+        return Err(ImportError::Refused {
+            path: path.to_path_buf(),
+            message: "the extract holds no element: nothing to import".into(),
+        });
+    }
+    let stats = store.write(|w| {
+        let stats = bulk.finish(w)?;
         w.set_meta("imported", &path.display().to_string())?;
         w.bump_generation()?;
         if let Some(seq) = stats.sequence {
@@ -351,11 +601,76 @@ pub fn import(store: &mut Store, path: &Path) -> Result<ImportStats, ImportError
         if let Some(u) = &stats.replication_url {
             w.set_meta("replication_url", u)?;
         }
-        Ok(())
+        Ok(stats)
     })?;
-    // The shapes index lets a drain find the features of a dirty tile.
-    crate::derive::rebuild_shapes(store, &crate::features::LowZoom::none())?;
     Ok(stats)
+}
+
+/// Reads a PBF file into `bulk`: a thread decodes chunks of blobs in
+/// parallel and hands them over a channel of [`PBF_CHUNKS_QUEUED`], so
+/// decoding the next chunk overlaps gathering this one.
+fn read_pbf(path: &Path, bulk: &mut Bulk) -> Result<(), ImportError> {
+    let bad = |message: String| ImportError::Pbf {
+        path: path.to_path_buf(),
+        message,
+    };
+    let reader = osmpbf::BlobReader::from_path(path).map_err(|e| bad(e.to_string()))?;
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Vec<Decoded>, String>>(PBF_CHUNKS_QUEUED);
+    std::thread::scope(|scope| -> Result<(), ImportError> {
+        scope.spawn(move || {
+            let mut blobs = reader;
+            loop {
+                let chunk: Result<Vec<osmpbf::Blob>, _> =
+                    blobs.by_ref().take(PBF_BLOBS_PER_CHUNK).collect();
+                let chunk = match chunk {
+                    Ok(c) if c.is_empty() => return,
+                    Ok(c) => c,
+                    Err(e) => {
+                        let _ = tx.send(Err(e.to_string()));
+                        return;
+                    }
+                };
+                let decoded: Vec<Decoded> = chunk.par_iter().map(decode_blob).collect();
+                // A closed channel: the reader stopped on an error.
+                if tx.send(Ok(decoded)).is_err() {
+                    return;
+                }
+            }
+        });
+        for chunk in rx {
+            for d in chunk.map_err(&bad)? {
+                let (header, elements) = d.map_err(&bad)?;
+                if let Some((seq, ts, url)) = header {
+                    bulk.stats.sequence = seq;
+                    bulk.stats.timestamp = ts;
+                    bulk.stats.replication_url = url;
+                }
+                for e in elements {
+                    bulk.add(e, path)?;
+                }
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Chunks decoded ahead of the gatherer: bounds memory to this many
+/// chunks of [`PBF_BLOBS_PER_CHUNK`] blobs.
+pub const PBF_CHUNKS_QUEUED: usize = 2;
+
+fn decode_blob(b: &osmpbf::Blob) -> Decoded {
+    match b.decode().map_err(|e| e.to_string())? {
+        osmpbf::BlobDecode::OsmHeader(h) => Ok((
+            Some((
+                h.osmosis_replication_sequence_number(),
+                h.osmosis_replication_timestamp(),
+                h.osmosis_replication_base_url().map(str::to_string),
+            )),
+            Vec::new(),
+        )),
+        osmpbf::BlobDecode::OsmData(block) => Ok((None, pbf_elements(&block)?)),
+        osmpbf::BlobDecode::Unknown(_) => Ok((None, Vec::new())),
+    }
 }
 
 /// A replication state file (`sequenceNumber=`, `timestamp=` with escaped

@@ -29,6 +29,7 @@
 //! Tile math lives in `highwater_core::tile`, since it is pure.
 
 pub mod aggregates;
+pub mod cells;
 pub mod cut;
 pub mod derive;
 pub mod features;
@@ -37,6 +38,7 @@ pub mod flatnodes;
 pub mod import;
 pub mod model;
 pub mod mvt;
+pub mod nodeblocks;
 pub mod ops;
 pub mod schema;
 pub mod search;

@@ -3,12 +3,14 @@
 //! (node → ways, member → relations). Bundled SQLite; one transaction per
 //! applied diff (or batch), so a crash leaves the store at a whole diff.
 //!
-//! Nodes live in a table keyed by id here, which suits extracts. For the
-//! planet the node locations would move to a flat file indexed by node id
-//! (8 bytes per id, ~100 GB, mmapped, as osm2pgsql's flat nodes); the
-//! `Store` API (`node`, `put_node`) is the seam for that.
+//! Nodes live in blocks of consecutive ids, each entry with the ways
+//! through the node ([`crate::nodeblocks`]); their tags in `node_tags`.
+//! For the planet the node locations would move to a flat file indexed by
+//! node id ([`crate::flatnodes`]); `read_node` and `edit_nodes` are the
+//! seam for that.
 
 use crate::model::{Element, Member, MemberKind, Node, Relation, Tags, Way};
+use crate::nodeblocks::{self, Entry};
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -38,16 +40,16 @@ pub enum StoreError {
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS nodes(id INTEGER PRIMARY KEY, lat INTEGER NOT NULL, lon INTEGER NOT NULL, tags TEXT);
+CREATE TABLE IF NOT EXISTS node_blocks(first INTEGER PRIMARY KEY, data BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS node_tags(id INTEGER PRIMARY KEY, tags TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS ways(id INTEGER PRIMARY KEY, refs BLOB NOT NULL, tags TEXT);
 CREATE TABLE IF NOT EXISTS relations(id INTEGER PRIMARY KEY, members TEXT NOT NULL, tags TEXT);
-CREATE TABLE IF NOT EXISTS node_ways(node INTEGER NOT NULL, way INTEGER NOT NULL, PRIMARY KEY(node, way)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS markers(dataset TEXT PRIMARY KEY, sequence INTEGER, recipe TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS dirty(dataset TEXT NOT NULL, z INTEGER NOT NULL, x INTEGER NOT NULL, y INTEGER NOT NULL, PRIMARY KEY(dataset, z, x, y)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS member_rels(kind INTEGER NOT NULL, member INTEGER NOT NULL, rel INTEGER NOT NULL, PRIMARY KEY(kind, member, rel)) WITHOUT ROWID;
-CREATE VIRTUAL TABLE IF NOT EXISTS shapes USING rtree(id, minx, maxx, miny, maxy);
-CREATE TABLE IF NOT EXISTS shape_data(id INTEGER PRIMARY KEY, data BLOB NOT NULL);
-CREATE VIRTUAL TABLE IF NOT EXISTS shapes_low USING rtree(id, minx, maxx, miny, maxy);
+CREATE TABLE IF NOT EXISTS shape_cells(cell INTEGER NOT NULL, id INTEGER NOT NULL, minx REAL NOT NULL, miny REAL NOT NULL, maxx REAL NOT NULL, maxy REAL NOT NULL, PRIMARY KEY(cell, id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS shape_cells_low(cell INTEGER NOT NULL, id INTEGER NOT NULL, minx REAL NOT NULL, miny REAL NOT NULL, maxx REAL NOT NULL, maxy REAL NOT NULL, PRIMARY KEY(cell, id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS shape_data(id INTEGER PRIMARY KEY, cell INTEGER NOT NULL, data BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS dirty_keys(dataset TEXT NOT NULL, kind INTEGER NOT NULL, id INTEGER NOT NULL, PRIMARY KEY(dataset, kind, id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS agg_contrib(dataset TEXT NOT NULL, kind INTEGER NOT NULL, id INTEGER NOT NULL, area_kind INTEGER NOT NULL, area_id INTEGER NOT NULL, class TEXT NOT NULL, count INTEGER NOT NULL, length_mm INTEGER NOT NULL, area_dm2 INTEGER NOT NULL, PRIMARY KEY(dataset, kind, id, area_kind, area_id, class)) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS agg_contrib_area ON agg_contrib(dataset, area_kind, area_id);
@@ -224,6 +226,59 @@ impl Store {
         Self::open_path(path)
     }
 
+    /// Opens a new store file that nobody else can see yet, for an import
+    /// to fill: no journal and no fsync while it is written, since a crash
+    /// leaves only a hidden file that the next import sweeps away.
+    /// [`Store::seal`] makes it durable; it is published by renaming.
+    pub(crate) fn create_unpublished(path: &Path) -> Result<Store, StoreError> {
+        let err = |err| StoreError::Sqlite {
+            path: path.to_path_buf(),
+            err,
+        };
+        let conn = Connection::open(path).map_err(err)?;
+        conn.pragma_update(None, "journal_mode", "OFF")
+            .map_err(err)?;
+        conn.pragma_update(None, "synchronous", "OFF")
+            .map_err(err)?;
+        conn.pragma_update(None, "cache_size", -STORE_CACHE_KIB)
+            .map_err(err)?;
+        conn.execute_batch(SCHEMA).map_err(err)?;
+        conn.execute_batch(highwater_store::lease::LEASES_SQL)
+            .map_err(err)?;
+        Ok(Store {
+            conn,
+            path: path.to_path_buf(),
+            writer: None,
+            lease_duration_s: WRITER_LEASE_DURATION_S,
+        })
+    }
+
+    /// Closes a store made by [`Store::create_unpublished`] and syncs its
+    /// file, so that once renamed into place it survives a power cut.
+    pub(crate) fn seal(self) -> Result<(), StoreError> {
+        let path = self.path.clone();
+        let io = |e: std::io::Error| StoreError::Corrupt {
+            path: path.clone(),
+            what: format!("cannot sync the new store: {e}"),
+        };
+        let mut me = self;
+        let conn = std::mem::replace(
+            &mut me.conn,
+            Connection::open_in_memory().map_err(|e| StoreError::Sqlite {
+                path: path.clone(),
+                err: e,
+            })?,
+        );
+        conn.close().map_err(|(_, err)| StoreError::Sqlite {
+            path: path.clone(),
+            err,
+        })?;
+        drop(me);
+        std::fs::File::open(&path)
+            .and_then(|f| f.sync_all())
+            .map_err(io)
+    }
+
     fn open_path(path: PathBuf) -> Result<Store, StoreError> {
         let err = |err| StoreError::Sqlite {
             path: path.clone(),
@@ -240,7 +295,9 @@ impl Store {
         // cache turns most of those reads from system calls into lookups.
         conn.pragma_update(None, "cache_size", -STORE_CACHE_KIB)
             .map_err(err)?;
+        let rtree_shapes = drop_rtree_shapes(&conn).map_err(err)?;
         conn.execute_batch(SCHEMA).map_err(err)?;
+        migrate_node_rows(&conn).map_err(err)?;
         // Stores made before dirty tiles counted their edits.
         let has_hits: bool = conn
             .query_row(
@@ -276,12 +333,16 @@ impl Store {
         }
         conn.execute_batch(highwater_store::lease::LEASES_SQL)
             .map_err(err)?;
-        Ok(Store {
+        let mut store = Store {
             conn,
             path,
             writer: None,
             lease_duration_s: WRITER_LEASE_DURATION_S,
-        })
+        };
+        if rtree_shapes {
+            crate::derive::rebuild_shapes(&mut store, &crate::features::LowZoom::none())?;
+        }
+        Ok(store)
     }
 
     /// Folds the write-ahead log into the database file.
@@ -419,7 +480,7 @@ impl Store {
         let n: i64 = self
             .conn
             .query_row(
-                "SELECT (SELECT count(*) FROM (SELECT 1 FROM nodes LIMIT 1))
+                "SELECT (SELECT count(*) FROM (SELECT 1 FROM node_blocks LIMIT 1))
                       + (SELECT count(*) FROM (SELECT 1 FROM ways LIMIT 1))
                       + (SELECT count(*) FROM (SELECT 1 FROM relations LIMIT 1))
                       + (SELECT count(*) FROM meta WHERE key IN ('sequence', 'imported'))",
@@ -487,23 +548,40 @@ impl Store {
     /// index: a low-zoom tile covers much, and shows little of it).
     pub fn shapes_in(
         &self,
-        (minx, miny, maxx, maxy): (f64, f64, f64, f64),
+        bbox: (f64, f64, f64, f64),
         low: bool,
     ) -> Result<Vec<(MemberKind, i64)>, StoreError> {
+        let (minx, miny, maxx, maxy) = bbox;
         let sql = if low {
-            "SELECT id FROM shapes_low WHERE maxx >= ?1 AND minx <= ?2 AND maxy >= ?3 AND miny <= ?4"
+            "SELECT id, minx, miny, maxx, maxy FROM shape_cells_low WHERE cell BETWEEN ?1 AND ?2"
         } else {
-            "SELECT id FROM shapes WHERE maxx >= ?1 AND minx <= ?2 AND maxy >= ?3 AND miny <= ?4"
+            "SELECT id, minx, miny, maxx, maxy FROM shape_cells WHERE cell BETWEEN ?1 AND ?2"
         };
         let mut st = self.conn.prepare_cached(sql).map_err(|e| self.err(e))?;
-        let rows = st
-            .query_map(params![minx, maxx, miny, maxy], |r| r.get::<_, i64>(0))
-            .map_err(|e| self.err(e))?;
         let mut out = Vec::new();
-        for r in rows {
-            out.push(unshape_id(r.map_err(|e| self.err(e))?));
+        for (a, b) in crate::cells::ranges(bbox) {
+            let rows = st
+                .query_map([a, b], |r| {
+                    Ok((
+                        r.get::<_, i64>(0)?,
+                        (
+                            r.get::<_, f64>(1)?,
+                            r.get::<_, f64>(2)?,
+                            r.get::<_, f64>(3)?,
+                            r.get::<_, f64>(4)?,
+                        ),
+                    ))
+                })
+                .map_err(|e| self.err(e))?;
+            for r in rows {
+                let (id, (x0, y0, x1, y1)) = r.map_err(|e| self.err(e))?;
+                if x1 >= minx && x0 <= maxx && y1 >= miny && y0 <= maxy {
+                    out.push(unshape_id(id));
+                }
+            }
         }
         out.sort();
+        out.dedup();
         Ok(out)
     }
 
@@ -581,7 +659,7 @@ impl Store {
         for (kind, sql) in [
             (
                 MemberKind::Node,
-                "SELECT id FROM nodes WHERE tags LIKE ?1 ORDER BY id",
+                "SELECT id FROM node_tags WHERE tags LIKE ?1 ORDER BY id",
             ),
             (
                 MemberKind::Way,
@@ -761,10 +839,7 @@ impl Store {
     pub fn tagged(&self) -> Result<Vec<(MemberKind, i64)>, StoreError> {
         let mut out = Vec::new();
         for (kind, sql) in [
-            (
-                MemberKind::Node,
-                "SELECT id FROM nodes WHERE tags IS NOT NULL ORDER BY id",
-            ),
+            (MemberKind::Node, "SELECT id FROM node_tags ORDER BY id"),
             (
                 MemberKind::Way,
                 "SELECT id FROM ways WHERE tags IS NOT NULL ORDER BY id",
@@ -787,8 +862,26 @@ impl Store {
 
     /// Every element, ordered by type and id: for exports and comparisons.
     pub fn export(&self, mut sink: impl FnMut(Element)) -> Result<(), StoreError> {
+        {
+            let mut st = self
+                .conn
+                .prepare("SELECT first, data FROM node_blocks ORDER BY first")
+                .map_err(|e| self.err(e))?;
+            let blocks = st
+                .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?)))
+                .map_err(|e| self.err(e))?;
+            for b in blocks {
+                let (first, data) = b.map_err(|e| self.err(e))?;
+                let entries = nodeblocks::decode(first, &data)
+                    .ok_or_else(|| self.err(corrupt_block(first)))?;
+                for e in entries {
+                    if let Some(n) = node_of(&self.conn, e).map_err(|e| self.err(e))? {
+                        sink(Element::Node(n));
+                    }
+                }
+            }
+        }
         for sql in [
-            "SELECT id FROM nodes ORDER BY id",
             "SELECT id FROM ways ORDER BY id",
             "SELECT id FROM relations ORDER BY id",
         ] {
@@ -799,9 +892,7 @@ impl Store {
                 .collect::<Result<_, _>>()
                 .map_err(|e| self.err(e))?;
             for id in ids {
-                let e = if sql.contains("nodes") {
-                    self.node(id)?.map(Element::Node)
-                } else if sql.contains("ways") {
+                let e = if sql.contains("ways") {
                     self.way(id)?.map(Element::Way)
                 } else {
                     self.relation(id)?.map(Element::Relation)
@@ -818,17 +909,193 @@ fn parse_tags(t: Option<String>) -> Tags {
         .unwrap_or_default()
 }
 
+/// A node block that does not decode: named by its first id.
+fn corrupt_block(first: i64) -> rusqlite::Error {
+    rusqlite::Error::FromSqlConversionFailure(
+        0,
+        rusqlite::types::Type::Blob,
+        format!("node block {first} is not a node block (damaged store: import the extract again with --replace)").into(),
+    )
+}
+
+/// The block that holds `id`'s entry if there is one: the last block
+/// starting at or before it.
+fn block_of(c: &Connection, id: i64) -> rusqlite::Result<Option<(i64, Vec<u8>)>> {
+    c.prepare_cached(
+        "SELECT first, data FROM node_blocks WHERE first <= ?1 ORDER BY first DESC LIMIT 1",
+    )?
+    .query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))
+    .optional()
+}
+
+fn node_entry(c: &Connection, id: i64) -> rusqlite::Result<Option<Entry>> {
+    let Some((first, data)) = block_of(c, id)? else {
+        return Ok(None);
+    };
+    nodeblocks::find(first, &data, id).ok_or_else(|| corrupt_block(first))
+}
+
+/// The node an entry describes, with its tags; none for an entry that only
+/// records ways through a node the store does not hold.
+fn node_of(c: &Connection, e: Entry) -> rusqlite::Result<Option<Node>> {
+    let Some((lat, lon)) = e.loc else {
+        return Ok(None);
+    };
+    let tags = if e.tagged {
+        c.prepare_cached("SELECT tags FROM node_tags WHERE id = ?1")?
+            .query_row([e.id], |r| r.get(0))
+            .optional()?
+    } else {
+        None
+    };
+    Ok(Some(Node {
+        id: e.id,
+        lat_e7: Some(lat),
+        lon_e7: Some(lon),
+        tags: parse_tags(tags),
+    }))
+}
+
 fn read_node(c: &Connection, id: i64) -> rusqlite::Result<Option<Node>> {
-    c.prepare_cached("SELECT lat, lon, tags FROM nodes WHERE id = ?1")?
-        .query_row([id], |r| {
-            Ok(Node {
-                id,
-                lat_e7: Some(r.get(0)?),
-                lon_e7: Some(r.get(1)?),
-                tags: parse_tags(r.get(2)?),
-            })
-        })
-        .optional()
+    match node_entry(c, id)? {
+        Some(e) => node_of(c, e),
+        None => Ok(None),
+    }
+}
+
+/// Stores made before the cell-keyed shapes index kept it in R-trees: the
+/// index is derived, so it is dropped here and rebuilt from the elements
+/// once the store is open. True when that is needed.
+fn drop_rtree_shapes(c: &Connection) -> rusqlite::Result<bool> {
+    let rtree = |c: &Connection| -> rusqlite::Result<bool> {
+        c.query_row(
+            "SELECT count(*) FROM sqlite_master WHERE name = 'shapes' AND sql LIKE '%rtree%'",
+            [],
+            |r| r.get::<_, i64>(0),
+        )
+        .map(|n| n > 0)
+    };
+    // A read first: opening a current store never asks for the write lock,
+    // which another process's long write may hold.
+    if !rtree(c)? {
+        return Ok(false);
+    }
+    let tx = rusqlite::Transaction::new_unchecked(c, rusqlite::TransactionBehavior::Immediate)?;
+    if !rtree(&tx)? {
+        tx.commit()?;
+        return Ok(false);
+    }
+    tx.execute_batch(
+        "DROP TABLE shapes; DROP TABLE IF EXISTS shapes_low; DROP TABLE IF EXISTS shape_data;
+         DELETE FROM meta WHERE key IN ('shapes', 'shapes_low');",
+    )?;
+    tx.commit()?;
+    Ok(true)
+}
+
+/// Stores made before node blocks kept a row per node (`nodes`) and per
+/// node and way (`node_ways`): their content moves into blocks, once, in
+/// one transaction, so a store is never half in each form.
+fn migrate_node_rows(c: &Connection) -> rusqlite::Result<()> {
+    let old = |c: &Connection| -> rusqlite::Result<bool> {
+        c.query_row(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'nodes'",
+            [],
+            |r| r.get::<_, i64>(0),
+        )
+        .map(|n| n > 0)
+    };
+    if !old(c)? {
+        return Ok(());
+    }
+    let tx = rusqlite::Transaction::new_unchecked(c, rusqlite::TransactionBehavior::Immediate)?;
+    // Another process may have migrated it while this one waited.
+    if !old(&tx)? {
+        return tx.commit();
+    }
+    let mut entries: Vec<Entry> = Vec::new();
+    {
+        let mut st = tx.prepare("SELECT id, lat, lon, tags IS NOT NULL FROM nodes ORDER BY id")?;
+        let mut rows = st.query([])?;
+        while let Some(r) = rows.next()? {
+            entries.push(Entry {
+                id: r.get(0)?,
+                loc: Some((r.get(1)?, r.get(2)?)),
+                tagged: r.get(3)?,
+                ways: Vec::new(),
+            });
+        }
+        let mut st = tx.prepare("SELECT node, way FROM node_ways ORDER BY node, way")?;
+        let mut rows = st.query([])?;
+        let mut refs: Vec<(i64, i64)> = Vec::new();
+        while let Some(r) = rows.next()? {
+            refs.push((r.get(0)?, r.get(1)?));
+        }
+        entries = merge_refs(std::mem::take(&mut entries).into_iter(), &refs).collect();
+    }
+    tx.execute_batch(
+        "INSERT INTO node_tags(id, tags) SELECT id, tags FROM nodes WHERE tags IS NOT NULL;
+         DROP TABLE nodes; DROP TABLE node_ways;",
+    )?;
+    insert_blocks(&tx, entries.into_iter())?;
+    tx.commit()
+}
+
+/// Nodes (ascending ids) joined with (node, way) references sorted by node
+/// then way: every node's entry with its ways, and a location-less entry
+/// for each referenced node the store does not hold. Streams: an import
+/// never holds all entries at once.
+pub(crate) fn merge_refs<'a>(
+    nodes: impl Iterator<Item = Entry> + 'a,
+    refs: &'a [(i64, i64)],
+) -> impl Iterator<Item = Entry> + 'a {
+    let mut nodes = nodes.peekable();
+    let mut r = 0;
+    std::iter::from_fn(move || {
+        let next_ref = refs.get(r).map(|p| p.0);
+        let mut e = match (nodes.peek().map(|n| n.id), next_ref) {
+            (None, None) => return None,
+            (Some(n), Some(f)) if f < n => Entry {
+                id: f,
+                ..Entry::default()
+            },
+            (Some(_), _) => nodes.next().expect("peeked"),
+            (None, Some(f)) => Entry {
+                id: f,
+                ..Entry::default()
+            },
+        };
+        while let Some(&(node, way)) = refs.get(r) {
+            if node != e.id {
+                break;
+            }
+            if e.ways.last() != Some(&way) {
+                e.ways.push(way);
+            }
+            r += 1;
+        }
+        Some(e)
+    })
+}
+
+/// Writes sorted entries as new blocks of [`nodeblocks::BLOCK_ENTRIES_IMPORT`].
+fn insert_blocks(c: &Connection, entries: impl Iterator<Item = Entry>) -> rusqlite::Result<()> {
+    let mut st = c.prepare_cached("INSERT INTO node_blocks(first, data) VALUES(?1, ?2)")?;
+    let mut block = Vec::with_capacity(nodeblocks::BLOCK_ENTRIES_IMPORT);
+    let mut flush = |block: &mut Vec<Entry>| -> rusqlite::Result<()> {
+        if let Some(first) = block.first().map(|e| e.id) {
+            st.execute(params![first, nodeblocks::encode(block)])?;
+            block.clear();
+        }
+        Ok(())
+    };
+    for e in entries {
+        block.push(e);
+        if block.len() == nodeblocks::BLOCK_ENTRIES_IMPORT {
+            flush(&mut block)?;
+        }
+    }
+    flush(&mut block)
 }
 
 fn read_way(c: &Connection, id: i64) -> rusqlite::Result<Option<Way>> {
@@ -891,9 +1158,7 @@ fn relations_of(c: &Connection, kind: MemberKind, id: i64) -> rusqlite::Result<V
 }
 
 fn ways_of_node(c: &Connection, node: i64) -> rusqlite::Result<Vec<i64>> {
-    c.prepare_cached("SELECT way FROM node_ways WHERE node = ?1")?
-        .query_map([node], |r| r.get(0))?
-        .collect()
+    Ok(node_entry(c, node)?.map(|e| e.ways).unwrap_or_default())
 }
 
 impl OsmRead for Store {
@@ -1024,33 +1289,91 @@ impl Writer<'_> {
         shape: Option<ShapeRow<'_>>,
     ) -> Result<(), StoreError> {
         let key = shape_id(kind, id);
-        for sql in [
-            "DELETE FROM shapes WHERE id = ?1",
-            "DELETE FROM shapes_low WHERE id = ?1",
-            "DELETE FROM shape_data WHERE id = ?1",
-        ] {
-            self.tx
-                .prepare_cached(sql)
-                .and_then(|mut st| st.execute([key]))
-                .map_err(|e| self.err(e))?;
-        }
-        if let Some(((minx, miny, maxx, maxy), data, low)) = shape {
-            let mut tables = vec!["shapes"];
-            if low {
-                tables.push("shapes_low");
-            }
-            for t in tables {
+        let old: Option<i64> = self
+            .tx
+            .prepare_cached("SELECT cell FROM shape_data WHERE id = ?1")
+            .and_then(|mut st| st.query_row([key], |r| r.get(0)).optional())
+            .map_err(|e| self.err(e))?;
+        if let Some(cell) = old {
+            for sql in [
+                "DELETE FROM shape_cells WHERE cell = ?1 AND id = ?2",
+                "DELETE FROM shape_cells_low WHERE cell = ?1 AND id = ?2",
+            ] {
                 self.tx
-                    .prepare_cached(&format!(
-                        "INSERT INTO {t}(id, minx, maxx, miny, maxy) VALUES(?1, ?2, ?3, ?4, ?5)"
-                    ))
-                    .and_then(|mut st| st.execute(params![key, minx, maxx, miny, maxy]))
+                    .prepare_cached(sql)
+                    .and_then(|mut st| st.execute([cell, key]))
                     .map_err(|e| self.err(e))?;
             }
             self.tx
-                .prepare_cached("INSERT INTO shape_data(id, data) VALUES(?1, ?2)")
-                .and_then(|mut st| st.execute(params![key, data]))
+                .prepare_cached("DELETE FROM shape_data WHERE id = ?1")
+                .and_then(|mut st| st.execute([key]))
                 .map_err(|e| self.err(e))?;
+        }
+        if let Some((bbox, data, low)) = shape {
+            self.insert_shape(key, bbox, data, low)?;
+        }
+        Ok(())
+    }
+
+    fn insert_shape(
+        &mut self,
+        key: i64,
+        bbox: (f64, f64, f64, f64),
+        data: &[u8],
+        low: bool,
+    ) -> Result<(), StoreError> {
+        let cell = crate::cells::cell_of(bbox);
+        let (minx, miny, maxx, maxy) = bbox;
+        let tables: &[&str] = if low {
+            &["shape_cells", "shape_cells_low"]
+        } else {
+            &["shape_cells"]
+        };
+        for t in tables {
+            self.tx
+                .prepare_cached(&format!(
+                    "INSERT INTO {t}(cell, id, minx, miny, maxx, maxy) VALUES(?1, ?2, ?3, ?4, ?5, ?6)"
+                ))
+                .and_then(|mut st| st.execute(params![cell, key, minx, miny, maxx, maxy]))
+                .map_err(|e| self.err(e))?;
+        }
+        self.tx
+            .prepare_cached("INSERT INTO shape_data(id, cell, data) VALUES(?1, ?2, ?3)")
+            .and_then(|mut st| st.execute(params![key, cell, data]))
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    /// Adds features to an empty shapes index (an import's): inserts only,
+    /// none shown below the low zoom until a drain rebuilds that index.
+    pub(crate) fn insert_shapes<'d>(
+        &mut self,
+        rows: impl Iterator<Item = ((MemberKind, i64), (f64, f64, f64, f64), &'d [u8])>,
+    ) -> Result<(), StoreError> {
+        // Each table in its own key order, so every insert is an append.
+        let mut cells = Vec::new();
+        let mut data: Vec<(i64, i64, &[u8])> = Vec::new();
+        for ((kind, id), bbox, d) in rows {
+            let (key, cell) = (shape_id(kind, id), crate::cells::cell_of(bbox));
+            cells.push((cell, key, bbox));
+            data.push((key, cell, d));
+        }
+        cells.sort_unstable_by_key(|c| (c.0, c.1));
+        data.sort_unstable_by_key(|d| d.0);
+        let mut st = self
+            .tx
+            .prepare_cached("INSERT INTO shape_cells(cell, id, minx, miny, maxx, maxy) VALUES(?1, ?2, ?3, ?4, ?5, ?6)")
+            .map_err(|e| self.err(e))?;
+        for (cell, key, (minx, miny, maxx, maxy)) in cells {
+            st.execute(params![cell, key, minx, miny, maxx, maxy])
+                .map_err(|e| self.err(e))?;
+        }
+        let mut st = self
+            .tx
+            .prepare_cached("INSERT INTO shape_data(id, cell, data) VALUES(?1, ?2, ?3)")
+            .map_err(|e| self.err(e))?;
+        for (key, cell, d) in data {
+            st.execute(params![key, cell, d]).map_err(|e| self.err(e))?;
         }
         Ok(())
     }
@@ -1126,7 +1449,9 @@ impl Writer<'_> {
     /// Empties the shapes index, before a full rebuild of it.
     pub fn clear_shapes(&mut self) -> Result<(), StoreError> {
         self.tx
-            .execute_batch("DELETE FROM shapes; DELETE FROM shapes_low; DELETE FROM shape_data;")
+            .execute_batch(
+                "DELETE FROM shape_cells; DELETE FROM shape_cells_low; DELETE FROM shape_data;",
+            )
             .map_err(|e| self.err(e))?;
         Ok(())
     }
@@ -1189,6 +1514,107 @@ impl Writer<'_> {
         read_relation(&self.tx, id).map_err(|e| self.err(e))
     }
 
+    /// Edits the node entries of `ids` (ascending, distinct), block by
+    /// block: `f` gets each id's entry, a void one when there is none.
+    /// Void entries are dropped, empty blocks deleted, and a block grown
+    /// past [`nodeblocks::BLOCK_ENTRIES_MAX`] split.
+    fn edit_nodes(&mut self, ids: &[i64], mut f: impl FnMut(&mut Entry)) -> Result<(), StoreError> {
+        debug_assert!(ids.windows(2).all(|w| w[0] < w[1]));
+        let mut i = 0;
+        while i < ids.len() {
+            // The block an id belongs in: the last starting at or before
+            // it, else (an id below every block) the first.
+            let found = match block_of(&self.tx, ids[i]).map_err(|e| self.err(e))? {
+                Some(b) => Some(b),
+                None => self
+                    .tx
+                    .prepare_cached("SELECT first, data FROM node_blocks ORDER BY first LIMIT 1")
+                    .and_then(|mut st| st.query_row([], |r| Ok((r.get(0)?, r.get(1)?))).optional())
+                    .map_err(|e| self.err(e))?,
+            };
+            let (key, mut entries) = match found {
+                Some((first, data)) => (
+                    Some(first),
+                    nodeblocks::decode(first, &data)
+                        .ok_or_else(|| self.err(corrupt_block(first)))?,
+                ),
+                None => (None, Vec::new()),
+            };
+            // The block covers ids up to where the next one starts.
+            let next: Option<i64> = match key {
+                Some(k) => self
+                    .tx
+                    .prepare_cached(
+                        "SELECT first FROM node_blocks WHERE first > ?1 ORDER BY first LIMIT 1",
+                    )
+                    .and_then(|mut st| st.query_row([k], |r| r.get(0)).optional())
+                    .map_err(|e| self.err(e))?,
+                None => None,
+            };
+            let mut j = i;
+            while j < ids.len() && next.is_none_or(|n| ids[j] < n) {
+                let id = ids[j];
+                match entries.binary_search_by_key(&id, |e| e.id) {
+                    Ok(p) => f(&mut entries[p]),
+                    Err(p) => {
+                        let mut e = Entry {
+                            id,
+                            ..Entry::default()
+                        };
+                        f(&mut e);
+                        entries.insert(p, e);
+                    }
+                }
+                j += 1;
+            }
+            entries.retain(|e| !e.is_void());
+            if let Some(k) = key {
+                self.tx
+                    .prepare_cached("DELETE FROM node_blocks WHERE first = ?1")
+                    .and_then(|mut st| st.execute([k]))
+                    .map_err(|e| self.err(e))?;
+            }
+            let per_block = if entries.len() > nodeblocks::BLOCK_ENTRIES_MAX {
+                nodeblocks::BLOCK_ENTRIES_IMPORT
+            } else {
+                nodeblocks::BLOCK_ENTRIES_MAX
+            };
+            let mut st = self
+                .tx
+                .prepare_cached("INSERT INTO node_blocks(first, data) VALUES(?1, ?2)")
+                .map_err(|e| self.err(e))?;
+            for (first, data) in nodeblocks::blocks(&entries, per_block) {
+                st.execute(params![first, data]).map_err(|e| self.err(e))?;
+            }
+            i = j;
+        }
+        Ok(())
+    }
+
+    /// Moves way `way` from the entries of `old` refs to those of `new`.
+    fn reindex_way(&mut self, way: i64, old: &[i64], new: &[i64]) -> Result<(), StoreError> {
+        let sorted = |r: &[i64]| -> Vec<i64> {
+            let mut v = r.to_vec();
+            v.sort_unstable();
+            v.dedup();
+            v
+        };
+        let (old, new) = (sorted(old), sorted(new));
+        let mut ids: Vec<i64> = old.iter().chain(&new).copied().collect();
+        ids.sort_unstable();
+        ids.dedup();
+        self.edit_nodes(&ids, |e| {
+            let uses = new.binary_search(&e.id).is_ok();
+            match (e.ways.binary_search(&way), uses) {
+                (Ok(p), false) => {
+                    e.ways.remove(p);
+                }
+                (Err(p), true) => e.ways.insert(p, way),
+                _ => {}
+            }
+        })
+    }
+
     /// Inserts or replaces an element, keeping the reverse indexes true.
     pub fn put(&mut self, e: &Element) -> Result<(), StoreError> {
         match e {
@@ -1199,74 +1625,107 @@ impl Writer<'_> {
                         what: format!("n{} has no location", n.id),
                     });
                 };
-                self.tx
-                    .prepare_cached(
-                        "INSERT OR REPLACE INTO nodes(id, lat, lon, tags) VALUES(?1, ?2, ?3, ?4)",
-                    )
-                    .and_then(|mut s| s.execute(params![n.id, lat, lon, tags_text(&n.tags)]))
-                    .map_err(|e| self.err(e))?;
+                let tagged = !n.tags.is_empty();
+                self.edit_nodes(&[n.id], |e| {
+                    e.loc = Some((lat, lon));
+                    e.tagged = tagged;
+                })?;
+                self.set_node_tags(n.id, &n.tags)?;
             }
             Element::Way(w) => {
-                self.unindex_way(w.id)?;
-                self.tx
-                    .prepare_cached(
-                        "INSERT OR REPLACE INTO ways(id, refs, tags) VALUES(?1, ?2, ?3)",
-                    )
-                    .and_then(|mut s| {
-                        s.execute(params![w.id, refs_blob(&w.refs), tags_text(&w.tags)])
-                    })
-                    .map_err(|e| self.err(e))?;
-                let mut st = self
-                    .tx
-                    .prepare_cached("INSERT OR IGNORE INTO node_ways(node, way) VALUES(?1, ?2)")
-                    .map_err(|e| self.err(e))?;
-                for r in &w.refs {
-                    st.execute(params![r, w.id]).map_err(|e| self.err(e))?;
-                }
+                let old = self.way(w.id)?.map(|o| o.refs).unwrap_or_default();
+                self.put_way_row(w)?;
+                self.reindex_way(w.id, &old, &w.refs)?;
             }
             Element::Relation(r) => {
                 self.unindex_relation(r.id)?;
-                let members: Vec<(i64, i64, &str)> = r
-                    .members
-                    .iter()
-                    .map(|m| (kind_code(m.kind), m.id, m.role.as_str()))
-                    .collect();
-                self.tx
-                    .prepare_cached(
-                        "INSERT OR REPLACE INTO relations(id, members, tags) VALUES(?1, ?2, ?3)",
-                    )
-                    .and_then(|mut s| {
-                        s.execute(params![
-                            r.id,
-                            serde_json::to_string(&members).expect("members serialize"),
-                            tags_text(&r.tags)
-                        ])
-                    })
-                    .map_err(|e| self.err(e))?;
-                let mut st = self
-                    .tx
-                    .prepare_cached(
-                        "INSERT OR IGNORE INTO member_rels(kind, member, rel) VALUES(?1, ?2, ?3)",
-                    )
-                    .map_err(|e| self.err(e))?;
-                for m in &r.members {
-                    st.execute(params![kind_code(m.kind), m.id, r.id])
-                        .map_err(|e| self.err(e))?;
-                }
+                self.put_relation_row(r)?;
+                self.index_relation(r)?;
             }
         }
         Ok(())
     }
 
-    fn unindex_way(&mut self, id: i64) -> Result<(), StoreError> {
-        if let Some(old) = self.way(id)? {
-            let mut st = self
+    fn set_node_tags(&mut self, id: i64, tags: &Tags) -> Result<(), StoreError> {
+        match tags_text(tags) {
+            Some(t) => self
                 .tx
-                .prepare_cached("DELETE FROM node_ways WHERE node = ?1 AND way = ?2")
+                .prepare_cached("INSERT OR REPLACE INTO node_tags(id, tags) VALUES(?1, ?2)")
+                .and_then(|mut s| s.execute(params![id, t])),
+            None => self
+                .tx
+                .prepare_cached("DELETE FROM node_tags WHERE id = ?1")
+                .and_then(|mut s| s.execute([id])),
+        }
+        .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    fn put_way_row(&mut self, w: &Way) -> Result<(), StoreError> {
+        self.tx
+            .prepare_cached("INSERT OR REPLACE INTO ways(id, refs, tags) VALUES(?1, ?2, ?3)")
+            .and_then(|mut s| s.execute(params![w.id, refs_blob(&w.refs), tags_text(&w.tags)]))
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    fn put_relation_row(&mut self, r: &Relation) -> Result<(), StoreError> {
+        let members: Vec<(i64, i64, &str)> = r
+            .members
+            .iter()
+            .map(|m| (kind_code(m.kind), m.id, m.role.as_str()))
+            .collect();
+        self.tx
+            .prepare_cached(
+                "INSERT OR REPLACE INTO relations(id, members, tags) VALUES(?1, ?2, ?3)",
+            )
+            .and_then(|mut s| {
+                s.execute(params![
+                    r.id,
+                    serde_json::to_string(&members).expect("members serialize"),
+                    tags_text(&r.tags)
+                ])
+            })
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    fn index_relation(&mut self, r: &Relation) -> Result<(), StoreError> {
+        let mut st = self
+            .tx
+            .prepare_cached(
+                "INSERT OR IGNORE INTO member_rels(kind, member, rel) VALUES(?1, ?2, ?3)",
+            )
+            .map_err(|e| self.err(e))?;
+        for m in &r.members {
+            st.execute(params![kind_code(m.kind), m.id, r.id])
                 .map_err(|e| self.err(e))?;
-            for r in &old.refs {
-                st.execute(params![r, id]).map_err(|e| self.err(e))?;
-            }
+        }
+        Ok(())
+    }
+
+    /// Writes an extract's elements into an empty store in bulk: nodes as
+    /// sorted entries (each with the ways through it, see
+    /// [`merge_refs`]), ways and relations without the per-element index
+    /// upkeep of [`Writer::put`]. Only `osm import` calls it, and only on
+    /// a store it just created.
+    pub(crate) fn put_bulk(
+        &mut self,
+        entries: impl Iterator<Item = Entry>,
+        node_tags: &[(i64, &Tags)],
+        ways: &[Way],
+        relations: &[Relation],
+    ) -> Result<(), StoreError> {
+        insert_blocks(&self.tx, entries).map_err(|e| self.err(e))?;
+        for (id, tags) in node_tags {
+            self.set_node_tags(*id, tags)?;
+        }
+        for w in ways {
+            self.put_way_row(w)?;
+        }
+        for r in relations {
+            self.put_relation_row(r)?;
+            self.index_relation(r)?;
         }
         Ok(())
     }
@@ -1290,9 +1749,17 @@ impl Writer<'_> {
     /// Deletes an element (absent is fine: deletes are idempotent).
     pub fn delete(&mut self, kind: MemberKind, id: i64) -> Result<(), StoreError> {
         let sql = match kind {
-            MemberKind::Node => "DELETE FROM nodes WHERE id = ?1",
+            MemberKind::Node => {
+                self.edit_nodes(&[id], |e| {
+                    e.loc = None;
+                    e.tagged = false;
+                })?;
+                "DELETE FROM node_tags WHERE id = ?1"
+            }
             MemberKind::Way => {
-                self.unindex_way(id)?;
+                if let Some(old) = self.way(id)? {
+                    self.reindex_way(id, &old.refs, &[])?;
+                }
                 "DELETE FROM ways WHERE id = ?1"
             }
             MemberKind::Relation => {

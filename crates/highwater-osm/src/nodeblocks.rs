@@ -1,0 +1,236 @@
+//! Node blocks: how the store keeps nodes and the ways through them.
+//!
+//! A store holds millions of nodes and, for each, the ways that use it (the
+//! reverse index deriving walks when a node moves). One SQLite row per node
+//! and one per (node, way) made an import cost two B-tree inserts per node
+//! and per way reference, most of an import's time. Instead, nodes live in
+//! blocks of consecutive ids: row `first` of `node_blocks` holds the
+//! entries whose ids run from `first` up to the next block's `first`, each
+//! with its location, whether it has tags (kept in `node_tags`), and the
+//! ways through it. An import writes a block per [`BLOCK_ENTRIES_IMPORT`]
+//! nodes; an apply rewrites the blocks its changes touch and splits one
+//! that grows past [`BLOCK_ENTRIES_MAX`].
+//!
+//! An entry may have no location: a node that a way references but the
+//! store does not hold (clipped by the extract, or deleted), kept so that
+//! the way is found when the node arrives.
+//!
+//! Encoding (all integers little-endian): entry count (varint), then per
+//! entry its id as a varint delta from the previous entry's (the first from
+//! the block's `first`), a flags byte (1: located, 2: tagged), latitude and
+//! longitude in 1e-7 degrees (i32 each) when located, the way count
+//! (varint) and the way ids as zigzag varint deltas. This module is pure:
+//! the store reads and writes the bytes.
+
+/// Entries an import puts in a block: small enough that reading one node
+/// decodes little, large enough that a block row costs little per node.
+pub const BLOCK_ENTRIES_IMPORT: usize = 64;
+
+/// Entries above which an apply splits a block in two.
+pub const BLOCK_ENTRIES_MAX: usize = 2 * BLOCK_ENTRIES_IMPORT;
+
+/// One node id's entry in its block.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Entry {
+    pub id: i64,
+    /// Latitude and longitude in 1e-7 degrees; none when the store holds
+    /// no node of this id (only ways referencing it).
+    pub loc: Option<(i32, i32)>,
+    /// The node has tags (in `node_tags`).
+    pub tagged: bool,
+    /// The ways through the node, ascending, without repeats.
+    pub ways: Vec<i64>,
+}
+
+impl Entry {
+    /// Neither a node nor referenced: the entry can go.
+    pub fn is_void(&self) -> bool {
+        self.loc.is_none() && self.ways.is_empty()
+    }
+}
+
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn get_varint(b: &[u8], i: &mut usize) -> Option<u64> {
+    let mut v = 0u64;
+    let mut shift = 0;
+    loop {
+        let byte = *b.get(*i)?;
+        *i += 1;
+        if shift > 63 {
+            return None;
+        }
+        v |= u64::from(byte & 0x7f) << shift;
+        if byte < 0x80 {
+            return Some(v);
+        }
+        shift += 7;
+    }
+}
+
+fn zigzag(v: i64) -> u64 {
+    ((v << 1) ^ (v >> 63)) as u64
+}
+
+fn unzigzag(v: u64) -> i64 {
+    ((v >> 1) as i64) ^ -((v & 1) as i64)
+}
+
+/// Encodes entries (ascending ids, the first at `first`).
+pub fn encode(entries: &[Entry]) -> Vec<u8> {
+    debug_assert!(entries.windows(2).all(|w| w[0].id < w[1].id));
+    let mut out = Vec::with_capacity(entries.len() * 12);
+    put_varint(&mut out, entries.len() as u64);
+    let mut prev = entries.first().map_or(0, |e| e.id);
+    for e in entries {
+        put_varint(&mut out, e.id.wrapping_sub(prev) as u64);
+        prev = e.id;
+        out.push(u8::from(e.loc.is_some()) | (u8::from(e.tagged) << 1));
+        if let Some((lat, lon)) = e.loc {
+            out.extend_from_slice(&lat.to_le_bytes());
+            out.extend_from_slice(&lon.to_le_bytes());
+        }
+        put_varint(&mut out, e.ways.len() as u64);
+        let mut pw = 0i64;
+        for &w in &e.ways {
+            put_varint(&mut out, zigzag(w.wrapping_sub(pw)));
+            pw = w;
+        }
+    }
+    out
+}
+
+/// Reads entries from a block until `stop` says so (it sees each entry
+/// and returns true to stop after it). None when the bytes are not a
+/// block: the caller names the store.
+pub fn decode_until(
+    first: i64,
+    b: &[u8],
+    mut stop: impl FnMut(&Entry) -> bool,
+) -> Option<Vec<Entry>> {
+    let mut i = 0;
+    let n = get_varint(b, &mut i)? as usize;
+    // A count beyond what the bytes can hold is corruption, not a request
+    // to allocate.
+    let mut out = Vec::with_capacity(n.min(b.len()));
+    let mut prev = first;
+    for _ in 0..n {
+        let id = prev.wrapping_add(get_varint(b, &mut i)? as i64);
+        prev = id;
+        let flags = *b.get(i)?;
+        i += 1;
+        let loc = if flags & 1 != 0 {
+            let lat = i32::from_le_bytes(b.get(i..i + 4)?.try_into().ok()?);
+            let lon = i32::from_le_bytes(b.get(i + 4..i + 8)?.try_into().ok()?);
+            i += 8;
+            Some((lat, lon))
+        } else {
+            None
+        };
+        let nw = get_varint(b, &mut i)? as usize;
+        let mut ways = Vec::with_capacity(nw.min(b.len()));
+        let mut pw = 0i64;
+        for _ in 0..nw {
+            pw = pw.wrapping_add(unzigzag(get_varint(b, &mut i)?));
+            ways.push(pw);
+        }
+        let e = Entry {
+            id,
+            loc,
+            tagged: flags & 2 != 0,
+            ways,
+        };
+        let done = stop(&e);
+        out.push(e);
+        if done {
+            break;
+        }
+    }
+    Some(out)
+}
+
+/// Every entry of a block.
+pub fn decode(first: i64, b: &[u8]) -> Option<Vec<Entry>> {
+    decode_until(first, b, |_| false)
+}
+
+/// The entry for `id` in a block, if it has one: decodes only up to it.
+pub fn find(first: i64, b: &[u8], id: i64) -> Option<Option<Entry>> {
+    let entries = decode_until(first, b, |e| e.id >= id)?;
+    Some(entries.into_iter().last().filter(|e| e.id == id))
+}
+
+/// Cuts sorted entries into blocks of at most `per_block`, each keyed by
+/// its first id.
+pub fn blocks(entries: &[Entry], per_block: usize) -> impl Iterator<Item = (i64, Vec<u8>)> + '_ {
+    assert!(per_block > 0, "a block holds at least one entry");
+    entries.chunks(per_block).map(|c| (c[0].id, encode(c)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn e(id: i64, loc: Option<(i32, i32)>, tagged: bool, ways: &[i64]) -> Entry {
+        Entry {
+            id,
+            loc,
+            tagged,
+            ways: ways.to_vec(),
+        }
+    }
+
+    #[test]
+    fn entries_round_trip_with_extreme_values() {
+        let entries = vec![
+            e(
+                -(1 << 60),
+                Some((i32::MIN, i32::MAX)),
+                true,
+                &[1 << 60, -(1 << 60)],
+            ),
+            e(-1, None, false, &[5]),
+            e(0, Some((0, 0)), false, &[]),
+            e(
+                1 << 60,
+                Some((-900_000_000, 1_800_000_000)),
+                true,
+                &[1, 2, 3],
+            ),
+        ];
+        let b = encode(&entries);
+        assert_eq!(decode(entries[0].id, &b).unwrap(), entries);
+        assert_eq!(
+            find(entries[0].id, &b, 0).unwrap(),
+            Some(entries[2].clone())
+        );
+        assert_eq!(find(entries[0].id, &b, 7).unwrap(), None);
+        assert_eq!(find(entries[0].id, &b, 1 << 61).unwrap(), None);
+    }
+
+    #[test]
+    fn truncated_or_garbage_bytes_are_refused_not_panicked_on() {
+        let b = encode(&[e(10, Some((1, 2)), true, &[3, 4])]);
+        for n in 0..b.len() {
+            assert_eq!(decode(10, &b[..n]), None, "{n} bytes");
+        }
+        assert_eq!(decode(0, &[0xff; 11]), None);
+        // A huge count with no bytes behind it.
+        assert_eq!(decode(0, &[0xff, 0xff, 0xff, 0xff, 0x0f]), None);
+    }
+
+    #[test]
+    fn blocks_key_each_chunk_by_its_first_id() {
+        let entries: Vec<Entry> = (0..10)
+            .map(|i| e(i * 3, Some((0, 0)), false, &[]))
+            .collect();
+        let keys: Vec<i64> = blocks(&entries, 4).map(|(k, _)| k).collect();
+        assert_eq!(keys, vec![0, 12, 24]);
+    }
+}
