@@ -18,6 +18,7 @@ mod output;
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use highwater_files::{Pipeline, RunOptions};
+use highwater_osm::dataset::{Dataset, DrainLimits};
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -931,20 +932,11 @@ fn osm(
             return Ok(0);
         }
         let on_apply: Vec<_> = cfg
-            .tiles
-            .iter()
-            .filter(|d| d.mbtiles.is_some() && d.drain_on_apply)
+            .datasets()
+            .into_iter()
+            .filter(|d| d.drains_on_apply())
             .collect();
-        let a = agg_drains(st, &cfg, json, &mut out)?;
-        let t = drains(
-            st,
-            &on_apply,
-            usize::MAX,
-            DrainOrder::LowZoomFirst,
-            json,
-            &mut out,
-        )?;
-        Ok(a.max(t))
+        drains(st, &on_apply, DrainLimits::default(), json, &mut out)
     };
     match command {
         OsmCommand::Import {
@@ -1189,9 +1181,8 @@ fn osm(
             } => {
                 let mut st = writer(store, *wait)?;
                 for d in tile_datasets(&cfg, dataset.as_deref())? {
-                    let t0 = std::time::Instant::now();
-                    let r = highwater_osm::tiles::build(&mut st, d)?;
-                    output::tiles_build(out, &r, t0.elapsed(), *json)?;
+                    let o = d.rebuild(&mut st).map_err(anyhow::Error::msg)?;
+                    output::outcome(out, &o, *json)?;
                 }
                 Ok(0)
             }
@@ -1208,8 +1199,15 @@ fn osm(
                     Priority::LowZoomFirst => DrainOrder::LowZoomFirst,
                     Priority::MostEdited => DrainOrder::MostEdited,
                 };
-                let sets = tile_datasets(&cfg, dataset.as_deref())?;
-                drains(&mut st, &sets, max.unwrap_or(usize::MAX), order, *json, out)
+                let sets: Vec<&dyn Dataset> = tile_datasets(&cfg, dataset.as_deref())?
+                    .into_iter()
+                    .map(|d| d as &dyn Dataset)
+                    .collect();
+                let limits = DrainLimits {
+                    tiles_max: max.unwrap_or(usize::MAX),
+                    order,
+                };
+                drains(&mut st, &sets, limits, *json, out)
             }
         },
         OsmCommand::Search {
@@ -1272,44 +1270,16 @@ fn osm(
             json,
         } => {
             let st = Store::open(&store_dir(store))?;
-            let (checked, differences): (usize, Vec<String>) = match named(&cfg, dataset)? {
-                Named::Tiles(d) => {
-                    let sample = if *all {
-                        None
-                    } else {
-                        Some(sample.unwrap_or(200))
-                    };
-                    let r = highwater_osm::tiles::verify(&st, d, sample)?;
-                    output::tiles_verify(out, &r, *json)?;
-                    return Ok(if r.differences.is_empty() { 0 } else { 1 });
-                }
-                Named::Aggregates(a) => highwater_osm::aggregates::verify(&st, a)?,
-                Named::Search(q) => {
-                    let (n, diffs) = highwater_osm::search::verify(&st, q)?;
-                    let diffs = diffs
-                        .iter()
-                        .map(|(k, have, want)| format!("{k}: index {have:?}, rebuild {want:?}"))
-                        .collect();
-                    (n, diffs)
-                }
-            };
-            if *json {
-                writeln!(
-                    out,
-                    "{}",
-                    serde_json::json!({"verify": {"dataset": dataset, "checked": checked, "differences": differences}})
-                )?;
+            let d = named(&cfg, dataset)?;
+            // Tiles can be checked on a spread sample; the others whole.
+            let sample = if *all {
+                None
             } else {
-                writeln!(
-                    out,
-                    "{dataset}: {checked} checked against a rebuild, {} differ",
-                    differences.len()
-                )?;
-                for d in &differences {
-                    writeln!(out, "  {d}")?;
-                }
-            }
-            Ok(if differences.is_empty() { 0 } else { 1 })
+                Some(sample.unwrap_or(200))
+            };
+            let o = d.verify(&st, sample).map_err(anyhow::Error::msg)?;
+            output::outcome(out, &o, *json)?;
+            Ok(if o.differences == 0 { 0 } else { 1 })
         }
         OsmCommand::Rebuild {
             dataset,
@@ -1318,41 +1288,21 @@ fn osm(
             json,
         } => {
             let mut st = writer(store, *wait)?;
-            let t0 = std::time::Instant::now();
-            match named(&cfg, dataset)? {
-                Named::Tiles(d) => {
-                    let r = highwater_osm::tiles::build(&mut st, d)?;
-                    output::tiles_build(out, &r, t0.elapsed(), *json)?;
-                }
-                Named::Aggregates(a) => {
-                    let r = highwater_osm::aggregates::rebuild(&mut st, a)?;
-                    output::agg_drain(out, &r, t0.elapsed(), *json)?;
-                }
-                Named::Search(q) => {
-                    let r = highwater_osm::search::rebuild(&mut st, q)?;
-                    output::search_drain(out, &r, t0.elapsed(), *json)?;
-                }
-            }
+            let o = named(&cfg, dataset)?
+                .rebuild(&mut st)
+                .map_err(anyhow::Error::msg)?;
+            output::outcome(out, &o, *json)?;
             Ok(0)
         }
     }
 }
 
-/// A dataset of any kind, by name.
-enum Named<'c> {
-    Tiles(&'c highwater_osm::ops::TileDataset),
-    Aggregates(&'c highwater_osm::aggregates::AggDataset),
-    Search(&'c highwater_osm::search::SearchDataset),
-}
-
-fn named<'c>(cfg: &'c highwater_osm::ops::OsmConfig, name: &str) -> Result<Named<'c>> {
-    if let Some(a) = cfg.aggregates.iter().find(|a| a.name == name) {
-        return Ok(Named::Aggregates(a));
+/// A dataset of any kind, by name (a tile dataset must have a file).
+fn named<'c>(cfg: &'c highwater_osm::ops::OsmConfig, name: &str) -> Result<&'c dyn Dataset> {
+    match cfg.dataset(name) {
+        Some(d) if d.kind() != "tiles" => Ok(d),
+        _ => Ok(tile_datasets(cfg, Some(name))?[0]),
     }
-    if let Some(q) = cfg.search.iter().find(|q| q.name == name) {
-        return Ok(Named::Search(q));
-    }
-    Ok(Named::Tiles(tile_datasets(cfg, Some(name))?[0]))
 }
 
 /// The tile datasets with a file: one by name, or all of them.
@@ -1390,66 +1340,32 @@ fn tile_datasets<'c>(
     }
 }
 
-/// Brings each search and aggregates dataset current on its own; one failing is
-/// reported and the others still run. Exit 1 when any failed.
-fn agg_drains(
-    st: &mut highwater_osm::store::Store,
-    cfg: &highwater_osm::ops::OsmConfig,
-    json: bool,
-    out: &mut impl Write,
-) -> Result<i32> {
-    let mut failed = 0;
-    for q in &cfg.search {
-        let t0 = std::time::Instant::now();
-        match highwater_osm::search::drain(st, q) {
-            Ok(r) => output::search_drain(out, &r, t0.elapsed(), json)?,
-            Err(e) => {
-                failed += 1;
-                output::drain_failed(out, &q.name, "dirty keys", &e.to_string(), json)?;
-            }
-        }
-    }
-    for a in &cfg.aggregates {
-        let t0 = std::time::Instant::now();
-        let r = if std::env::var("HIGHWATER_FAILPOINT")
-            .is_ok_and(|v| v == format!("fail-drain:{}", a.name))
-        {
-            Err(format!(
-                "dataset {}: failed on purpose (HIGHWATER_FAILPOINT)",
-                a.name
-            ))
-        } else {
-            highwater_osm::aggregates::drain(st, a).map_err(|e| e.to_string())
-        };
-        match r {
-            Ok(r) => output::agg_drain(out, &r, t0.elapsed(), json)?,
-            Err(e) => {
-                failed += 1;
-                output::drain_failed(out, &a.name, "dirty keys", &e, json)?;
-            }
-        }
-    }
-    Ok(if failed > 0 { 1 } else { 0 })
-}
-
 /// Drains each dataset on its own: one failing is reported and the others
 /// still drain. Exit 1 when any failed.
 fn drains(
     st: &mut highwater_osm::store::Store,
-    sets: &[&highwater_osm::ops::TileDataset],
-    max: usize,
-    order: highwater_osm::store::DrainOrder,
+    sets: &[&dyn Dataset],
+    limits: DrainLimits,
     json: bool,
     out: &mut impl Write,
 ) -> Result<i32> {
     let mut failed = 0;
     for d in sets {
-        let t0 = std::time::Instant::now();
-        match highwater_osm::tiles::drain(st, d, max, order) {
-            Ok(r) => output::tiles_drain(out, &r, t0.elapsed(), json)?,
+        let r = if std::env::var("HIGHWATER_FAILPOINT")
+            .is_ok_and(|v| v == format!("fail-drain:{}", d.name()))
+        {
+            Err(format!(
+                "dataset {}: failed on purpose (HIGHWATER_FAILPOINT)",
+                d.name()
+            ))
+        } else {
+            d.drain(st, limits)
+        };
+        match r {
+            Ok(o) => output::outcome(out, &o, json)?,
             Err(e) => {
                 failed += 1;
-                output::drain_failed(out, &d.name, "dirty tiles", &e.to_string(), json)?;
+                output::drain_failed(out, d.name(), d.dirty_what(), &e, json)?;
             }
         }
     }

@@ -563,56 +563,24 @@ pub fn osm_apply(
     Ok(())
 }
 
-pub fn tiles_build(
+/// What a dataset's drain, rebuild or verify did: its line, or its JSON
+/// (`{KEY: ..., "elapsed_ms": N}`; a verify's without the time). A
+/// warning goes to stderr.
+pub fn outcome(
     out: &mut impl Write,
-    r: &highwater_osm::tiles::BuildReport,
-    took: std::time::Duration,
+    o: &highwater_osm::dataset::Outcome,
     as_json: bool,
 ) -> io::Result<()> {
-    if as_json {
-        return timed_json(out, "build", serde_json::json!(r), took);
-    }
-    writeln!(
-        out,
-        "{}: built {} tiles from {} features at sequence {} in {:.2} s{}",
-        r.dataset,
-        r.tiles,
-        r.features,
-        r.sequence.map_or("(none)".into(), |s| s.to_string()),
-        took.as_secs_f64(),
-        r.reason
-            .as_ref()
-            .map_or(String::new(), |why| format!(" (rebuilt because {why})"))
-    )
-}
-
-pub fn tiles_drain(
-    out: &mut impl Write,
-    r: &highwater_osm::tiles::DrainReport,
-    took: std::time::Duration,
-    as_json: bool,
-) -> io::Result<()> {
-    if let Some(from) = r.growing_from {
-        eprintln!(
-            "warning: {}'s dirty set grows faster than it drains ({from} -> {} tiles): drain more often, with a larger --max, or rebuild",
-            r.dataset, r.backlog
-        );
+    if let Some(w) = &o.warning {
+        eprintln!("warning: {w}");
     }
     if as_json {
-        return timed_json(out, "drain", serde_json::json!(r), took);
+        if o.key == "verify" {
+            return writeln!(out, "{}", serde_json::json!({"verify": o.json}));
+        }
+        return timed_json(out, o.key, o.json.clone(), o.took);
     }
-    if let Some(b) = &r.rebuilt {
-        return tiles_build(out, b, took, false);
-    }
-    writeln!(
-        out,
-        "{}: re-cut {} tiles ({} now empty, deleted) in {:.2} s; backlog {} dirty tiles",
-        r.dataset,
-        r.recut,
-        r.deleted,
-        took.as_secs_f64(),
-        r.backlog
-    )
+    writeln!(out, "{}", o.text)
 }
 
 /// A dataset whose drain failed; `what` names its dirty set ("dirty
@@ -633,64 +601,6 @@ pub fn drain_failed(
         );
     }
     Ok(())
-}
-
-pub fn tiles_verify(
-    out: &mut impl Write,
-    r: &highwater_osm::tiles::VerifyReport,
-    as_json: bool,
-) -> io::Result<()> {
-    if as_json {
-        return writeln!(out, "{}", serde_json::json!({"verify": r}));
-    }
-    writeln!(
-        out,
-        "{}: {} tiles checked against a rebuild, {} differ ({} dirty tiles skipped)",
-        r.dataset,
-        r.checked,
-        r.differences.len(),
-        r.dirty_skipped
-    )?;
-    for d in &r.differences {
-        writeln!(
-            out,
-            "  {}: only in the file {:?}, only in the rebuild {:?}, changed {:?}",
-            d.tile, d.only_in_file, d.only_in_rebuild, d.changed
-        )?;
-    }
-    Ok(())
-}
-
-pub fn agg_drain(
-    out: &mut impl Write,
-    r: &highwater_osm::aggregates::AggReport,
-    took: std::time::Duration,
-    as_json: bool,
-) -> io::Result<()> {
-    if as_json {
-        return timed_json(out, "aggregates", serde_json::json!(r), took);
-    }
-    if r.rebuilt {
-        return writeln!(
-            out,
-            "{}: rebuilt from {} contributing features in {:.2} s{}",
-            r.dataset,
-            r.recomputed,
-            took.as_secs_f64(),
-            r.reason
-                .as_ref()
-                .map_or(String::new(), |why| format!(" (because {why})"))
-        );
-    }
-    writeln!(
-        out,
-        "{}: recomputed {} features ({} changed), {} admin areas changed, in {:.2} s",
-        r.dataset,
-        r.recomputed,
-        r.changed,
-        r.areas_changed,
-        took.as_secs_f64()
-    )
 }
 
 pub fn aggregates(
@@ -720,39 +630,6 @@ pub fn aggregates(
         )?;
     }
     Ok(())
-}
-
-pub fn search_drain(
-    out: &mut impl Write,
-    r: &highwater_osm::search::SearchReport,
-    took: std::time::Duration,
-    as_json: bool,
-) -> io::Result<()> {
-    if as_json {
-        return timed_json(out, "search", serde_json::json!(r), took);
-    }
-    if r.rebuilt {
-        return writeln!(
-            out,
-            "{}: rebuilt, {} documents, in {:.2} s{}",
-            r.dataset,
-            r.documents,
-            took.as_secs_f64(),
-            r.reason
-                .as_ref()
-                .map_or(String::new(), |why| format!(" (because {why})"))
-        );
-    }
-    writeln!(
-        out,
-        "{}: recomputed {} documents, reindexed {}, {} context areas changed, in {:.2} s; {} documents",
-        r.dataset,
-        r.recomputed,
-        r.reindexed,
-        r.areas_changed,
-        took.as_secs_f64(),
-        r.documents
-    )
 }
 
 pub fn search_hits(

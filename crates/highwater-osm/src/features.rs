@@ -18,9 +18,9 @@
 //! (outside an extract) are skipped, the way osm2pgsql skips them.
 
 use crate::model::{Action, Change, Element, MemberKind, Relation, Tags, Way};
-use crate::mvt::Value;
-use crate::schema::{Placement, Schema};
 use crate::store::{OsmRead, StoreError};
+use crate::tiles::mvt::Value;
+use crate::tiles::schema::{Placement, Schema};
 use highwater_core::tile;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -77,7 +77,7 @@ impl TileLayer {
     }
 
     /// Where a feature goes in the tiles: its placements (see
-    /// [`crate::schema`]); without a schema, one placement in layer 0 with
+    /// [`crate::tiles::schema`]); without a schema, one placement in layer 0 with
     /// its tags as string attributes.
     pub fn place(&self, f: &Feature) -> Vec<Placement> {
         match &self.schema {

@@ -8,20 +8,28 @@
 //! - [`model`]: nodes, ways, relations and the actions of a change file.
 //! - [`xml`]: a streaming reader for `.osm` and `.osc` (optionally gzipped)
 //!   whose errors name the file, line and element.
-//! - [`import`]: extracts (PBF in parallel, or XML) into the store; replication state files.
-//! - [`store`]: the primary store (SQLite) with its reverse indexes, the
-//!   shapes index, dirty sets, markers, and the search and aggregates tables.
+//! - [`import`]: extracts (PBF in parallel, or XML) gathered in memory and
+//!   written in bulk into an unseen file, published whole; replication
+//!   state files.
+//! - [`store`]: the primary store (SQLite): elements, the member→relations
+//!   index, the shapes index, dirty sets, markers. It knows no dataset:
+//!   each kind creates its own tables ([`dataset::tables`]).
+//! - [`nodeblocks`]: nodes and the ways through them, in blocks of
+//!   consecutive ids.
+//! - [`cells`]: the shapes index's spatial key (a flattened loose quadtree).
 //! - [`features`]: what a layer sees of an element, and per-tile content
 //!   signatures; expiry and the cutter both read features from here.
-//! - [`derive`](mod@derive): derive-before-apply: affected tiles from old and new state.
-//! - [`schema`]: tile schemas (layers, rules, attributes, per-zoom
-//!   simplification and thinning); Shortbread 1.0 bundled.
-//! - [`cut`] and [`mvt`]: one tile cut from features, encoded as MVT.
-//! - [`tiles`]: the MBTiles dataset: build, drain, verify.
+//! - [`derive`](mod@derive): derive-before-apply (affected tiles from old
+//!   and new state), the touched set, and the shapes index's upkeep.
+//! - [`dataset`]: the one trait every derived dataset implements, with
+//!   the order `ops::apply` calls it in.
+//! - [`tiles`]: the MBTiles dataset (build, drain, verify), with
+//!   [`tiles::schema`] (Shortbread 1.0 bundled), [`tiles::cut`] and
+//!   [`tiles::mvt`].
 //! - [`search`]: the tantivy dataset with denormalised context.
 //! - [`aggregates`]: counts, lengths and areas per admin area and class.
 //! - [`flatnodes`]: planet-scale node locations, a flat file indexed by id
-//!   (the design, tested; extracts keep the `nodes` table).
+//!   (the design, tested; extracts keep node blocks).
 //! - [`fetch`]: replication over HTTP (the pyosmium/osmosis protocol), each
 //!   failure classed: retried, refused, or needing an operator.
 //! - [`ops`]: config, apply (dry run, dirty sets, markers), replicate, status.
@@ -30,17 +38,15 @@
 
 pub mod aggregates;
 pub mod cells;
-pub mod cut;
+pub mod dataset;
 pub mod derive;
 pub mod features;
 pub mod fetch;
 pub mod flatnodes;
 pub mod import;
 pub mod model;
-pub mod mvt;
 pub mod nodeblocks;
 pub mod ops;
-pub mod schema;
 pub mod search;
 pub mod store;
 pub mod tiles;

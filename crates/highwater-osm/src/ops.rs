@@ -1,7 +1,7 @@
 //! The OSM operations the CLI offers: config, apply (with dry run and
 //! expire output), replicate from a local replication directory, status.
 
-use crate::derive::{affected_tiles, apply_indexed, TileLayer};
+use crate::derive::{apply_indexed, TileLayer};
 use crate::fetch::{check_forward, FetchError, Fetched, Server};
 use crate::import::{read_state, sequence_path, ImportError, State};
 use crate::model::Change;
@@ -86,33 +86,7 @@ struct RawTiles {
 /// A parsed diff and the replication state beside it, if any.
 pub type Diff = (Vec<Change>, Option<State>);
 
-/// One tile dataset.
-#[derive(Clone, Debug)]
-pub struct TileDataset {
-    pub name: String,
-    pub layer: TileLayer,
-    /// Which features show at low zooms in any tile dataset of the config:
-    /// the predicate of the low-zoom index (one, shared by all of them).
-    pub low: std::sync::Arc<crate::features::LowZoom>,
-    /// Tiles one diff may dirty at the layer's top zoom before expiry zooms
-    /// out to coarser tiles: bounds the dirty set a single large edit (a
-    /// country boundary) can create.
-    pub tiles_affected_max: usize,
-    pub recipe: String,
-    /// The MBTiles file `osm tiles build` writes and `osm apply` keeps
-    /// current; `None`: expiry only.
-    pub mbtiles: Option<PathBuf>,
-    /// Whether `osm apply` re-cuts the dirty tiles right away (true) or
-    /// leaves them for `osm tiles drain`.
-    pub drain_on_apply: bool,
-    /// Above this share of the file's tiles dirty, a drain rebuilds the
-    /// file instead: it bounds a drain's cost by a full pass's. Measured
-    /// (bench/osm-datasets.sh): re-cutting 98% of Monaco's tiles took 0.6x
-    /// a rebuild; re-cutting 2.6 times Liechtenstein's tile count (a
-    /// three-year diff, old and new tiles) took 1.0x. The default, 1,
-    /// rebuilds a little early, on the side that is always correct.
-    pub drain_rebuild_share: f64,
-}
+pub use crate::tiles::TileDataset;
 
 #[derive(Clone, Debug)]
 pub struct OsmConfig {
@@ -163,10 +137,10 @@ fn load_schema(
     root: &Path,
     dataset: &str,
     s: &str,
-) -> Result<(crate::schema::Schema, String), String> {
+) -> Result<(crate::tiles::schema::Schema, String), String> {
     if s == "shortbread" {
-        let text = crate::schema::SHORTBREAD.to_string();
-        let schema = crate::schema::Schema::parse(&text, "shortbread (bundled)")
+        let text = crate::tiles::schema::SHORTBREAD.to_string();
+        let schema = crate::tiles::schema::Schema::parse(&text, "shortbread (bundled)")
             .expect("the bundled schema parses (a unit test checks it)");
         return Ok((schema, text));
     }
@@ -182,7 +156,7 @@ fn load_schema(
             path.display()
         ))
     })?;
-    let schema = crate::schema::Schema::parse(&text, &path.display().to_string())
+    let schema = crate::tiles::schema::Schema::parse(&text, &path.display().to_string())
         .map_err(|e| bad(format!("[osm.tiles.{dataset}] {e}")))?;
     Ok((schema, text))
 }
@@ -200,6 +174,30 @@ impl OsmConfig {
             .first()
             .map(|d| d.low.clone())
             .unwrap_or_else(|| std::sync::Arc::new(crate::features::LowZoom::none()))
+    }
+
+    /// Every dataset, in the order apply and drains visit them: search,
+    /// aggregates, tiles (the keyed datasets drain first: they are cheap,
+    /// and a tile drain may be bounded by --max).
+    pub fn datasets(&self) -> Vec<&dyn crate::dataset::Dataset> {
+        let mut out: Vec<&dyn crate::dataset::Dataset> = Vec::new();
+        out.extend(
+            self.search
+                .iter()
+                .map(|d| d as &dyn crate::dataset::Dataset),
+        );
+        out.extend(
+            self.aggregates
+                .iter()
+                .map(|d| d as &dyn crate::dataset::Dataset),
+        );
+        out.extend(self.tiles.iter().map(|d| d as &dyn crate::dataset::Dataset));
+        out
+    }
+
+    /// A dataset by name.
+    pub fn dataset(&self, name: &str) -> Option<&dyn crate::dataset::Dataset> {
+        self.datasets().into_iter().find(|d| d.name() == name)
     }
 
     /// The datasets kept current from dirty keys (search, aggregates), as
@@ -479,6 +477,10 @@ impl OsmConfig {
 pub struct DatasetReport {
     pub name: String,
     pub tiles: usize,
+    /// The tiles the batch dirtied (tile datasets), gathered diff by diff
+    /// and written once by `Dataset::commit`.
+    #[serde(skip)]
+    pub dirty: BTreeSet<Tile>,
     pub changes: usize,
     pub filtered: usize,
     /// Set when a diff dirtied more than `tiles_affected_max` tiles and
@@ -498,7 +500,11 @@ pub struct ApplyReport {
 
 /// Keeps at most `max` tiles at the top zoom by taking parents; returns the
 /// zoom it stopped at when it had to.
-fn bound(tiles: BTreeSet<Tile>, layer: &TileLayer, max: usize) -> (BTreeSet<Tile>, Option<u8>) {
+pub(crate) fn bound(
+    tiles: BTreeSet<Tile>,
+    layer: &TileLayer,
+    max: usize,
+) -> (BTreeSet<Tile>, Option<u8>) {
     let mut top: BTreeSet<(u32, u32)> = tiles
         .iter()
         .filter(|t| t.z == layer.zoom_max)
@@ -580,18 +586,31 @@ pub fn apply_with(
     dry_run: bool,
     before_commit: &mut dyn FnMut(&mut Writer<'_>, &ApplyReport) -> Result<(), OpsError>,
 ) -> Result<ApplyReport, OpsError> {
+    apply_to(store, cfg, &cfg.datasets(), diffs, dry_run, before_commit)
+}
+
+/// [`apply_with`] for the datasets given: the config's, or (in tests)
+/// any other [`crate::dataset::Dataset`], called in the order that trait
+/// documents.
+pub fn apply_to(
+    store: &mut Store,
+    cfg: &OsmConfig,
+    sets: &[&dyn crate::dataset::Dataset],
+    diffs: &[Diff],
+    dry_run: bool,
+    before_commit: &mut dyn FnMut(&mut Writer<'_>, &ApplyReport) -> Result<(), OpsError>,
+) -> Result<ApplyReport, OpsError> {
     let run = |w: &mut Writer<'_>| -> Result<ApplyReport, OpsError> {
+        let mut per: Vec<DatasetReport> = sets
+            .iter()
+            .map(|d| DatasetReport {
+                name: d.name().to_string(),
+                ..Default::default()
+            })
+            .collect();
         let mut report = ApplyReport {
             diffs: diffs.len(),
             dry_run,
-            datasets: cfg
-                .tiles
-                .iter()
-                .map(|d| DatasetReport {
-                    name: d.name.clone(),
-                    ..Default::default()
-                })
-                .collect(),
             ..Default::default()
         };
         // Every diff is checked against the sequence the ones before it
@@ -608,27 +627,16 @@ pub fn apply_with(
         if !diffs.is_empty() {
             w.bump_generation()?;
         }
-        let mut per: Vec<BTreeSet<Tile>> = vec![BTreeSet::new(); cfg.tiles.len()];
+        // The order `dataset` gives: each dataset derives from the store
+        // before a diff, the diff is applied, each hears what it touched;
+        // one commit per batch.
         for (changes, state) in diffs {
-            for (i, d) in cfg.tiles.iter().enumerate() {
-                let (t, s) = affected_tiles(&*w, changes, &d.layer)?;
-                let (t, z) = bound(t, &d.layer, d.tiles_affected_max);
-                let r = &mut report.datasets[i];
-                r.changes += s.changes;
-                r.filtered += s.filtered;
-                if z.is_some() {
-                    r.zoomed_out_to = z.min(r.zoomed_out_to.or(z));
-                    if d.mbtiles.is_some() {
-                        // Coarse dirty tiles stand for their whole subtree,
-                        // which a drain would not re-cut: the file is rebuilt.
-                        w.set_meta(&format!("tiles_rebuild:{}", d.name), "1")?;
-                    }
-                }
-                per[i].extend(t);
+            for (d, r) in sets.iter().zip(per.iter_mut()) {
+                d.derive(w, changes, r)?;
             }
             let touched = apply_indexed(w, changes, &cfg.low())?;
-            for (_, name, _) in cfg.keyed() {
-                w.add_dirty_keys(name, &touched.all)?;
+            for d in sets {
+                d.touched(w, &touched)?;
             }
             match state {
                 Some(s) => {
@@ -649,15 +657,16 @@ pub fn apply_with(
         // The markers say up to which sequence the dirty sets are recorded:
         // the store's, whether or not these diffs carried one.
         report.sequence = w.meta("sequence")?.and_then(|s| s.parse().ok());
-        for (_, name, recipe) in cfg.keyed() {
-            w.set_marker(name, report.sequence, recipe)?;
+        for (d, r) in sets.iter().zip(per.iter_mut()) {
+            d.commit(w, report.sequence, r)?;
+            report.tiles.extend(r.dirty.iter().copied());
         }
-        for (i, d) in cfg.tiles.iter().enumerate() {
-            w.add_dirty(&d.name, &per[i])?;
-            w.set_marker(&d.name, report.sequence, &d.recipe)?;
-            report.datasets[i].tiles = per[i].len();
-            report.tiles.extend(per[i].iter().copied());
-        }
+        report.datasets = sets
+            .iter()
+            .zip(per)
+            .filter(|(d, _)| d.kind() == "tiles")
+            .map(|(_, r)| r)
+            .collect();
         before_commit(w, &report)?;
         if std::env::var_os("HIGHWATER_FAILPOINT").is_some_and(|v| v == "osm-slow-commit") {
             // For the overlap tests: hold the writer lease the way a large

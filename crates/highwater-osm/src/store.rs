@@ -51,13 +51,7 @@ CREATE TABLE IF NOT EXISTS shape_cells(cell INTEGER NOT NULL, id INTEGER NOT NUL
 CREATE TABLE IF NOT EXISTS shape_cells_low(cell INTEGER NOT NULL, id INTEGER NOT NULL, minx REAL NOT NULL, miny REAL NOT NULL, maxx REAL NOT NULL, maxy REAL NOT NULL, PRIMARY KEY(cell, id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS shape_data(id INTEGER PRIMARY KEY, cell INTEGER NOT NULL, data BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS dirty_keys(dataset TEXT NOT NULL, kind INTEGER NOT NULL, id INTEGER NOT NULL, PRIMARY KEY(dataset, kind, id)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS agg_contrib(dataset TEXT NOT NULL, kind INTEGER NOT NULL, id INTEGER NOT NULL, area_kind INTEGER NOT NULL, area_id INTEGER NOT NULL, class TEXT NOT NULL, count INTEGER NOT NULL, length_mm INTEGER NOT NULL, area_dm2 INTEGER NOT NULL, PRIMARY KEY(dataset, kind, id, area_kind, area_id, class)) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS agg_contrib_area ON agg_contrib(dataset, area_kind, area_id);
-CREATE TABLE IF NOT EXISTS search_docs(dataset TEXT NOT NULL, kind INTEGER NOT NULL, id INTEGER NOT NULL, doc TEXT NOT NULL, PRIMARY KEY(dataset, kind, id)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS search_context(dataset TEXT NOT NULL, area_kind INTEGER NOT NULL, area_id INTEGER NOT NULL, kind INTEGER NOT NULL, id INTEGER NOT NULL, PRIMARY KEY(dataset, area_kind, area_id, kind, id)) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS search_context_doc ON search_context(dataset, kind, id);
 CREATE TABLE IF NOT EXISTS replication_log(sequence INTEGER PRIMARY KEY, url TEXT NOT NULL, sha256 TEXT NOT NULL, timestamp TEXT NOT NULL, applied_at_ns INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS agg_areas(dataset TEXT NOT NULL, kind INTEGER NOT NULL, id INTEGER NOT NULL, name TEXT, level INTEGER NOT NULL, minx REAL NOT NULL, miny REAL NOT NULL, maxx REAL NOT NULL, maxy REAL NOT NULL, rings BLOB NOT NULL, PRIMARY KEY(dataset, kind, id)) WITHOUT ROWID;
 ";
 
 /// One applied HTTP diff: sequence, URL, sha256 of the body, the state's
@@ -243,6 +237,9 @@ impl Store {
         conn.pragma_update(None, "cache_size", -STORE_CACHE_KIB)
             .map_err(err)?;
         conn.execute_batch(SCHEMA).map_err(err)?;
+        for tables in crate::dataset::tables() {
+            conn.execute_batch(tables).map_err(err)?;
+        }
         conn.execute_batch(highwater_store::lease::LEASES_SQL)
             .map_err(err)?;
         Ok(Store {
@@ -297,6 +294,9 @@ impl Store {
             .map_err(err)?;
         let rtree_shapes = drop_rtree_shapes(&conn).map_err(err)?;
         conn.execute_batch(SCHEMA).map_err(err)?;
+        for tables in crate::dataset::tables() {
+            conn.execute_batch(tables).map_err(err)?;
+        }
         migrate_node_rows(&conn).map_err(err)?;
         // Stores made before dirty tiles counted their edits.
         let has_hits: bool = conn

@@ -49,7 +49,7 @@ fn layers() -> Vec<TileLayer> {
 }
 
 fn shortbread() -> TileLayer {
-    TileLayer::from_schema(highwater_osm::schema::Schema::bundled("shortbread").unwrap())
+    TileLayer::from_schema(highwater_osm::tiles::schema::Schema::bundled("shortbread").unwrap())
 }
 
 type Contents = BTreeMap<Tile, BTreeSet<(MemberKind, i64, u64)>>;

@@ -7,8 +7,8 @@
 
 use highwater_core::tile::Tile;
 use highwater_osm::features::{Feature, Shape, TileLayer};
-use highwater_osm::mvt::{self, Value};
 use highwater_osm::ops::OsmConfig;
+use highwater_osm::tiles::mvt::{self, Value};
 use highwater_osm::tiles::{self, Mbtiles};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::OnceLock;
@@ -17,7 +17,7 @@ mod common;
 use common::*;
 
 fn layer() -> TileLayer {
-    TileLayer::from_schema(highwater_osm::schema::Schema::bundled("shortbread").unwrap())
+    TileLayer::from_schema(highwater_osm::tiles::schema::Schema::bundled("shortbread").unwrap())
 }
 
 fn line() -> Shape {

@@ -4,9 +4,9 @@
 //! they are and for the bundled Shortbread schema at z0-14.
 
 use highwater_core::tile::Tile;
-use highwater_osm::mvt;
 use highwater_osm::ops::{self, OsmConfig, TileDataset};
 use highwater_osm::store::{DrainOrder, Store};
+use highwater_osm::tiles::mvt;
 use highwater_osm::tiles::{self, Mbtiles};
 use proptest::prelude::*;
 use std::collections::BTreeSet;

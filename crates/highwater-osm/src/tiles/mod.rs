@@ -12,14 +12,23 @@
 //! The MBTiles file carries the recipe it was cut with (`highwater_recipe`
 //! in its metadata); a drain that finds another recipe rebuilds the file
 //! instead, and says so, so that new logic never mixes with old tiles.
+//!
+//! Layout: this file is the dataset (its config, [`Dataset`] impl, build,
+//! drain, verify); [`schema`]: tile schemas as data, Shortbread 1.0
+//! bundled (`shortbread.toml`); [`cut`]: one tile cut from features;
+//! [`mvt`]: the MVT encoding and a decoder. Expiry (which tiles a diff
+//! affects) reads the same schema through [`crate::features`] and
+//! [`crate::derive`].
 
-use crate::cut::cut;
+pub mod cut;
+pub mod mvt;
+pub mod schema;
+
 use crate::derive::{rebuild_shapes, TileLayer};
 use crate::features::{self, ElementKey, Feature};
-use crate::mvt;
-use crate::ops::TileDataset;
-use crate::schema::Placement;
 use crate::store::{DrainOrder, Store, StoreError};
+use crate::tiles::cut::cut;
+use crate::tiles::schema::Placement;
 use highwater_core::tile::Tile;
 use rayon::prelude::*;
 use rusqlite::{params, Connection, OptionalExtension};
@@ -27,6 +36,38 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use thiserror::Error;
+
+/// Tiles keep no table of their own in the store: their tiles are in the
+/// MBTiles file, their dirty set and marker in the store's own tables.
+pub const TABLES: &str = "";
+
+/// One tile dataset.
+#[derive(Clone, Debug)]
+pub struct TileDataset {
+    pub name: String,
+    pub layer: TileLayer,
+    /// Which features show at low zooms in any tile dataset of the config:
+    /// the predicate of the low-zoom index (one, shared by all of them).
+    pub low: std::sync::Arc<crate::features::LowZoom>,
+    /// Tiles one diff may dirty at the layer's top zoom before expiry zooms
+    /// out to coarser tiles: bounds the dirty set a single large edit (a
+    /// country boundary) can create.
+    pub tiles_affected_max: usize,
+    pub recipe: String,
+    /// The MBTiles file `osm tiles build` writes and `osm apply` keeps
+    /// current; `None`: expiry only.
+    pub mbtiles: Option<PathBuf>,
+    /// Whether `osm apply` re-cuts the dirty tiles right away (true) or
+    /// leaves them for `osm tiles drain`.
+    pub drain_on_apply: bool,
+    /// Above this share of the file's tiles dirty, a drain rebuilds the
+    /// file instead: it bounds a drain's cost by a full pass's. Measured
+    /// (bench/osm-datasets.sh): re-cutting 98% of Monaco's tiles took 0.6x
+    /// a rebuild; re-cutting 2.6 times Liechtenstein's tile count (a
+    /// three-year diff, old and new tiles) took 1.0x. The default, 1,
+    /// rebuilds a little early, on the side that is always correct.
+    pub drain_rebuild_share: f64,
+}
 
 /// Tiles cut and written per MBTiles transaction: bounds the memory of a
 /// batch and the work a crash can make a drain repeat.
@@ -746,4 +787,147 @@ pub fn verify(
     }
     mb.conn.execute_batch("COMMIT").map_err(|e| mb.err(e))?;
     Ok(report)
+}
+
+impl crate::dataset::Dataset for TileDataset {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn kind(&self) -> &'static str {
+        "tiles"
+    }
+
+    fn recipe(&self) -> &str {
+        &self.recipe
+    }
+
+    fn dirty_what(&self) -> &'static str {
+        "dirty tiles"
+    }
+
+    /// The tiles the diff affects, from the store before it (bounded by
+    /// `tiles_affected_max`, zooming out past it).
+    fn derive(
+        &self,
+        w: &mut crate::store::Writer<'_>,
+        changes: &[crate::model::Change],
+        r: &mut crate::ops::DatasetReport,
+    ) -> Result<(), crate::ops::OpsError> {
+        let (t, s) = crate::derive::affected_tiles(&*w, changes, &self.layer)?;
+        let (t, z) = crate::ops::bound(t, &self.layer, self.tiles_affected_max);
+        r.changes += s.changes;
+        r.filtered += s.filtered;
+        if z.is_some() {
+            r.zoomed_out_to = z.min(r.zoomed_out_to.or(z));
+            if self.mbtiles.is_some() {
+                // Coarse dirty tiles stand for their whole subtree, which
+                // a drain would not re-cut: the file is rebuilt.
+                w.set_meta(&format!("tiles_rebuild:{}", self.name), "1")?;
+            }
+        }
+        r.dirty.extend(t);
+        Ok(())
+    }
+
+    fn commit(
+        &self,
+        w: &mut crate::store::Writer<'_>,
+        sequence: Option<i64>,
+        r: &mut crate::ops::DatasetReport,
+    ) -> Result<(), crate::ops::OpsError> {
+        w.add_dirty(&self.name, &r.dirty)?;
+        w.set_marker(&self.name, sequence, &self.recipe)?;
+        r.tiles = r.dirty.len();
+        Ok(())
+    }
+
+    fn drains_on_apply(&self) -> bool {
+        self.mbtiles.is_some() && self.drain_on_apply
+    }
+
+    fn drain(
+        &self,
+        store: &mut Store,
+        limits: crate::dataset::DrainLimits,
+    ) -> Result<crate::dataset::Outcome, crate::dataset::DatasetError> {
+        let t0 = std::time::Instant::now();
+        let r = drain(store, self, limits.tiles_max, limits.order)
+            .map_err(|e| crate::dataset::error_text(&e))?;
+        let mut o = match &r.rebuilt {
+            Some(b) => {
+                let text = build_text(b);
+                crate::dataset::Outcome::new("drain", serde_json::json!(r), t0, text)
+            }
+            None => crate::dataset::Outcome::new("drain", serde_json::json!(r), t0, |s| {
+                format!(
+                    "{}: re-cut {} tiles ({} now empty, deleted) in {s:.2} s; backlog {} dirty tiles",
+                    r.dataset, r.recut, r.deleted, r.backlog
+                )
+            }),
+        };
+        o.warning = r.growing_from.map(|from| {
+            format!(
+                "{}'s dirty set grows faster than it drains ({from} -> {} tiles): drain more often, with a larger --max, or rebuild",
+                r.dataset, r.backlog
+            )
+        });
+        Ok(o)
+    }
+
+    fn rebuild(
+        &self,
+        store: &mut Store,
+    ) -> Result<crate::dataset::Outcome, crate::dataset::DatasetError> {
+        let t0 = std::time::Instant::now();
+        let r = build(store, self).map_err(|e| crate::dataset::error_text(&e))?;
+        let text = build_text(&r);
+        Ok(crate::dataset::Outcome::new(
+            "build",
+            serde_json::json!(r),
+            t0,
+            text,
+        ))
+    }
+
+    fn verify(
+        &self,
+        store: &Store,
+        sample: Option<usize>,
+    ) -> Result<crate::dataset::Outcome, crate::dataset::DatasetError> {
+        let t0 = std::time::Instant::now();
+        let r = verify(store, self, sample).map_err(|e| crate::dataset::error_text(&e))?;
+        let mut text = format!(
+            "{}: {} tiles checked against a rebuild, {} differ ({} dirty tiles skipped)",
+            r.dataset,
+            r.checked,
+            r.differences.len(),
+            r.dirty_skipped
+        );
+        for d in &r.differences {
+            text += &format!(
+                "\n  {}: only in the file {:?}, only in the rebuild {:?}, changed {:?}",
+                d.tile, d.only_in_file, d.only_in_rebuild, d.changed
+            );
+        }
+        let mut o = crate::dataset::Outcome::new("verify", serde_json::json!(r), t0, |_| text);
+        o.differences = r.differences.len();
+        Ok(o)
+    }
+}
+
+/// What a build says, given the seconds it took.
+fn build_text(r: &BuildReport) -> impl FnOnce(f64) -> String + '_ {
+    move |s| {
+        format!(
+            "{}: built {} tiles from {} features at sequence {} in {s:.2} s{}",
+            r.dataset,
+            r.tiles,
+            r.features,
+            r.sequence.map_or("(none)".into(), |s| s.to_string()),
+            r.reason
+                .as_ref()
+                .map_or(String::new(), |why| format!(" (rebuilt because {why})"))
+        )
+    }
 }

@@ -40,7 +40,7 @@
 //! ```
 
 use crate::features::{inside, nesting, Feature, Shape, P};
-use crate::mvt::Value;
+use crate::tiles::mvt::Value;
 use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -33,6 +33,14 @@ use tantivy::schema::{Field, Schema, Value, STORED, STRING, TEXT};
 use tantivy::{Index, IndexWriter, TantivyDocument, Term};
 use thiserror::Error;
 
+/// The tables search keeps in the store: each document as stored (to
+/// compare before reindexing) and which context areas each embeds.
+pub const TABLES: &str = "
+CREATE TABLE IF NOT EXISTS search_docs(dataset TEXT NOT NULL, kind INTEGER NOT NULL, id INTEGER NOT NULL, doc TEXT NOT NULL, PRIMARY KEY(dataset, kind, id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS search_context(dataset TEXT NOT NULL, area_kind INTEGER NOT NULL, area_id INTEGER NOT NULL, kind INTEGER NOT NULL, id INTEGER NOT NULL, PRIMARY KEY(dataset, area_kind, area_id, kind, id)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS search_context_doc ON search_context(dataset, kind, id);
+";
+
 /// Memory the tantivy writer may buffer before it flushes a segment, in
 /// bytes: bounds a drain's or a rebuild's memory.
 pub const SEARCH_WRITER_BYTES: usize = 64 * 1024 * 1024;
@@ -632,4 +640,75 @@ impl Writer<'_> {
         }
         Ok(())
     }
+}
+
+impl crate::dataset::Dataset for SearchDataset {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn kind(&self) -> &'static str {
+        "search"
+    }
+
+    fn recipe(&self) -> &str {
+        &self.recipe
+    }
+
+    fn touched(&self, w: &mut Writer<'_>, t: &crate::derive::Touched) -> Result<(), StoreError> {
+        crate::dataset::record_touched(w, &self.name, t)
+    }
+
+    fn drain(
+        &self,
+        store: &mut Store,
+        _limits: crate::dataset::DrainLimits,
+    ) -> Result<crate::dataset::Outcome, crate::dataset::DatasetError> {
+        let t0 = std::time::Instant::now();
+        let r = drain(store, self).map_err(|e| crate::dataset::error_text(&e))?;
+        Ok(outcome(&r, t0))
+    }
+
+    fn rebuild(
+        &self,
+        store: &mut Store,
+    ) -> Result<crate::dataset::Outcome, crate::dataset::DatasetError> {
+        let t0 = std::time::Instant::now();
+        let r = rebuild(store, self).map_err(|e| crate::dataset::error_text(&e))?;
+        Ok(outcome(&r, t0))
+    }
+
+    fn verify(
+        &self,
+        store: &Store,
+        _sample: Option<usize>,
+    ) -> Result<crate::dataset::Outcome, crate::dataset::DatasetError> {
+        let t0 = std::time::Instant::now();
+        let (n, diffs) = verify(store, self).map_err(|e| crate::dataset::error_text(&e))?;
+        let diffs = diffs
+            .iter()
+            .map(|(k, have, want)| format!("{k}: index {have:?}, rebuild {want:?}"))
+            .collect();
+        Ok(crate::dataset::verified(&self.name, t0, n, diffs))
+    }
+}
+
+fn outcome(r: &SearchReport, t0: std::time::Instant) -> crate::dataset::Outcome {
+    crate::dataset::Outcome::new("search", serde_json::json!(r), t0, |s| {
+        if r.rebuilt {
+            format!(
+                "{}: rebuilt, {} documents, in {s:.2} s{}",
+                r.dataset,
+                r.documents,
+                r.reason
+                    .as_ref()
+                    .map_or(String::new(), |why| format!(" (because {why})"))
+            )
+        } else {
+            format!(
+                "{}: recomputed {} documents, reindexed {}, {} context areas changed, in {s:.2} s; {} documents",
+                r.dataset, r.recomputed, r.reindexed, r.areas_changed, r.documents
+            )
+        }
+    })
 }

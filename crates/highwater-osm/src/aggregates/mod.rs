@@ -30,6 +30,14 @@ use std::collections::{BTreeMap, BTreeSet};
 /// of one world unit at latitude 0.
 const EARTH_M: f64 = 40_075_016.686;
 
+/// The tables aggregates keep in the store: each feature's contribution
+/// per area and class, and the admin areas as last computed.
+pub const TABLES: &str = "
+CREATE TABLE IF NOT EXISTS agg_contrib(dataset TEXT NOT NULL, kind INTEGER NOT NULL, id INTEGER NOT NULL, area_kind INTEGER NOT NULL, area_id INTEGER NOT NULL, class TEXT NOT NULL, count INTEGER NOT NULL, length_mm INTEGER NOT NULL, area_dm2 INTEGER NOT NULL, PRIMARY KEY(dataset, kind, id, area_kind, area_id, class)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS agg_contrib_area ON agg_contrib(dataset, area_kind, area_id);
+CREATE TABLE IF NOT EXISTS agg_areas(dataset TEXT NOT NULL, kind INTEGER NOT NULL, id INTEGER NOT NULL, name TEXT, level INTEGER NOT NULL, minx REAL NOT NULL, miny REAL NOT NULL, maxx REAL NOT NULL, maxy REAL NOT NULL, rings BLOB NOT NULL, PRIMARY KEY(dataset, kind, id)) WITHOUT ROWID;
+";
+
 /// One declared class: features with `key`, or with `key` split by value
 /// (`key=*`, giving classes like `highway=residential`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -860,4 +868,71 @@ impl Writer<'_> {
         }
         Ok(())
     }
+}
+
+impl crate::dataset::Dataset for AggDataset {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn kind(&self) -> &'static str {
+        "aggregates"
+    }
+
+    fn recipe(&self) -> &str {
+        &self.recipe
+    }
+
+    fn touched(&self, w: &mut Writer<'_>, t: &crate::derive::Touched) -> Result<(), StoreError> {
+        crate::dataset::record_touched(w, &self.name, t)
+    }
+
+    fn drain(
+        &self,
+        store: &mut Store,
+        _limits: crate::dataset::DrainLimits,
+    ) -> Result<crate::dataset::Outcome, crate::dataset::DatasetError> {
+        let t0 = std::time::Instant::now();
+        let r = drain(store, self).map_err(|e| crate::dataset::error_text(&e))?;
+        Ok(outcome(&r, t0))
+    }
+
+    fn rebuild(
+        &self,
+        store: &mut Store,
+    ) -> Result<crate::dataset::Outcome, crate::dataset::DatasetError> {
+        let t0 = std::time::Instant::now();
+        let r = rebuild(store, self).map_err(|e| crate::dataset::error_text(&e))?;
+        Ok(outcome(&r, t0))
+    }
+
+    fn verify(
+        &self,
+        store: &Store,
+        _sample: Option<usize>,
+    ) -> Result<crate::dataset::Outcome, crate::dataset::DatasetError> {
+        let t0 = std::time::Instant::now();
+        let (n, diffs) = verify(store, self).map_err(|e| crate::dataset::error_text(&e))?;
+        Ok(crate::dataset::verified(&self.name, t0, n, diffs))
+    }
+}
+
+fn outcome(r: &AggReport, t0: std::time::Instant) -> crate::dataset::Outcome {
+    crate::dataset::Outcome::new("aggregates", serde_json::json!(r), t0, |s| {
+        if r.rebuilt {
+            format!(
+                "{}: rebuilt from {} contributing features in {s:.2} s{}",
+                r.dataset,
+                r.recomputed,
+                r.reason
+                    .as_ref()
+                    .map_or(String::new(), |why| format!(" (because {why})"))
+            )
+        } else {
+            format!(
+                "{}: recomputed {} features ({} changed), {} admin areas changed, in {s:.2} s",
+                r.dataset, r.recomputed, r.changed, r.areas_changed
+            )
+        }
+    })
 }
