@@ -392,30 +392,50 @@ impl Bulk {
     }
 
     /// The elements, in bulk: node blocks from the sorted nodes merged with
-    /// the sorted way references, then ways and relations.
+    /// the sorted way references, then the other rows, which a thread of
+    /// their own encodes meanwhile.
     fn write_elements(&self, w: &mut crate::store::Writer<'_>) -> Result<(), StoreError> {
-        let mut refs: Vec<(i64, i64)> = self
-            .ways
-            .iter()
-            .flat_map(|w| w.refs.iter().map(move |&r| (r, w.id)))
+        std::thread::scope(|scope| {
+            let rows = scope.spawn(|| self.encode_rows());
+            let mut refs: Vec<(i64, i64)> = self
+                .ways
+                .iter()
+                .flat_map(|w| w.refs.iter().map(move |&r| (r, w.id)))
+                .collect();
+            refs.sort_unstable();
+            refs.dedup();
+            let nodes = self.nodes.iter().map(|&(id, lat, lon)| Entry {
+                id,
+                loc: Some((lat, lon)),
+                tagged: self.node_tags.contains_key(&id),
+                ways: Vec::new(),
+            });
+            w.put_node_blocks(crate::store::merge_refs(nodes, &refs))?;
+            drop(refs);
+            let rows = rows.join().expect("the encoding thread does not panic");
+            w.put_rows(&rows)
+        })
+    }
+
+    /// Node tags, ways and relations as the store's rows, in id order.
+    fn encode_rows(&self) -> crate::store::BulkRows {
+        use crate::store::{refs_blob, tags_text};
+        let mut node_tags: Vec<(i64, String)> = self
+            .node_tags
+            .par_iter()
+            .filter_map(|(id, t)| tags_text(t).map(|t| (*id, t)))
             .collect();
-        refs.sort_unstable();
-        refs.dedup();
-        let nodes = self.nodes.iter().map(|&(id, lat, lon)| Entry {
-            id,
-            loc: Some((lat, lon)),
-            tagged: self.node_tags.contains_key(&id),
-            ways: Vec::new(),
-        });
-        let mut tagged_nodes: Vec<(i64, &Tags)> =
-            self.node_tags.iter().map(|(id, t)| (*id, t)).collect();
-        tagged_nodes.sort_unstable_by_key(|t| t.0);
-        w.put_bulk(
-            crate::store::merge_refs(nodes, &refs),
-            &tagged_nodes,
-            &self.ways,
-            &self.relations,
-        )
+        node_tags.par_sort_unstable_by_key(|t| t.0);
+        let ways = self
+            .ways
+            .par_iter()
+            .map(|w| (w.id, refs_blob(&w.refs), tags_text(&w.tags)))
+            .collect();
+        crate::store::BulkRows {
+            node_tags,
+            ways,
+            relations: self.relations.clone(),
+        }
     }
 
     /// Writes everything gathered, and the shapes index, in `w`'s

@@ -172,7 +172,7 @@ impl Drop for Store {
     }
 }
 
-fn tags_text(t: &Tags) -> Option<String> {
+pub(crate) fn tags_text(t: &Tags) -> Option<String> {
     (!t.is_empty()).then(|| serde_json::to_string(t).expect("tags serialize"))
 }
 
@@ -184,7 +184,7 @@ pub(crate) fn kind_code(k: MemberKind) -> i64 {
     }
 }
 
-fn refs_blob(refs: &[i64]) -> Vec<u8> {
+pub(crate) fn refs_blob(refs: &[i64]) -> Vec<u8> {
     refs.iter().flat_map(|r| r.to_le_bytes()).collect()
 }
 
@@ -1078,6 +1078,44 @@ pub(crate) fn merge_refs<'a>(
     })
 }
 
+/// An import's rows, encoded: node tags (JSON), ways (refs blob, tags
+/// JSON), relations.
+#[derive(Default)]
+pub(crate) struct BulkRows {
+    pub node_tags: Vec<(i64, String)>,
+    pub ways: Vec<(i64, Vec<u8>, Option<String>)>,
+    pub relations: Vec<Relation>,
+}
+
+/// Rows one bulk INSERT statement carries: amortises a statement's
+/// per-execution cost over many rows (SQLite allows 32,766 parameters).
+const INSERT_ROWS_PER_STATEMENT: usize = 128;
+
+/// Inserts `values`, `ncols` per row, with `head` (`INSERT INTO t(cols)`),
+/// [`INSERT_ROWS_PER_STATEMENT`] rows per statement.
+fn insert_rows(
+    c: &Connection,
+    head: &str,
+    ncols: usize,
+    values: &[&dyn rusqlite::ToSql],
+) -> rusqlite::Result<()> {
+    debug_assert_eq!(values.len() % ncols, 0);
+    let row = format!("({})", vec!["?"; ncols].join(","));
+    let sql = |rows: usize| format!("{head} VALUES {}", vec![row.as_str(); rows].join(","));
+    let chunk = INSERT_ROWS_PER_STATEMENT * ncols;
+    let mut full = c.prepare_cached(&sql(INSERT_ROWS_PER_STATEMENT))?;
+    let mut parts = values.chunks_exact(chunk);
+    for part in parts.by_ref() {
+        full.execute(rusqlite::params_from_iter(part))?;
+    }
+    let rest = parts.remainder();
+    if !rest.is_empty() {
+        c.prepare(&sql(rest.len() / ncols))?
+            .execute(rusqlite::params_from_iter(rest))?;
+    }
+    Ok(())
+}
+
 /// Writes sorted entries as new blocks of [`nodeblocks::BLOCK_ENTRIES_IMPORT`].
 fn insert_blocks(c: &Connection, entries: impl Iterator<Item = Entry>) -> rusqlite::Result<()> {
     let mut st = c.prepare_cached("INSERT INTO node_blocks(first, data) VALUES(?1, ?2)")?;
@@ -1360,21 +1398,30 @@ impl Writer<'_> {
         }
         cells.sort_unstable_by_key(|c| (c.0, c.1));
         data.sort_unstable_by_key(|d| d.0);
-        let mut st = self
-            .tx
-            .prepare_cached("INSERT INTO shape_cells(cell, id, minx, miny, maxx, maxy) VALUES(?1, ?2, ?3, ?4, ?5, ?6)")
-            .map_err(|e| self.err(e))?;
-        for (cell, key, (minx, miny, maxx, maxy)) in cells {
-            st.execute(params![cell, key, minx, miny, maxx, maxy])
-                .map_err(|e| self.err(e))?;
-        }
-        let mut st = self
-            .tx
-            .prepare_cached("INSERT INTO shape_data(id, cell, data) VALUES(?1, ?2, ?3)")
-            .map_err(|e| self.err(e))?;
-        for (key, cell, d) in data {
-            st.execute(params![key, cell, d]).map_err(|e| self.err(e))?;
-        }
+        let values: Vec<&dyn rusqlite::ToSql> = cells
+            .iter()
+            .flat_map(|(cell, key, (minx, miny, maxx, maxy))| {
+                [cell as &dyn rusqlite::ToSql, key, minx, miny, maxx, maxy]
+            })
+            .collect();
+        insert_rows(
+            &self.tx,
+            "INSERT INTO shape_cells(cell, id, minx, miny, maxx, maxy)",
+            6,
+            &values,
+        )
+        .map_err(|e| self.err(e))?;
+        let values: Vec<&dyn rusqlite::ToSql> = data
+            .iter()
+            .flat_map(|(key, cell, d)| [key as &dyn rusqlite::ToSql, cell, d])
+            .collect();
+        insert_rows(
+            &self.tx,
+            "INSERT INTO shape_data(id, cell, data)",
+            3,
+            &values,
+        )
+        .map_err(|e| self.err(e))?;
         Ok(())
     }
 
@@ -1704,26 +1751,35 @@ impl Writer<'_> {
         Ok(())
     }
 
-    /// Writes an extract's elements into an empty store in bulk: nodes as
-    /// sorted entries (each with the ways through it, see
-    /// [`merge_refs`]), ways and relations without the per-element index
-    /// upkeep of [`Writer::put`]. Only `osm import` calls it, and only on
-    /// a store it just created.
-    pub(crate) fn put_bulk(
+    /// Writes an extract's node entries (sorted; each with the ways through
+    /// it, see [`merge_refs`]) into an empty store. Only `osm import`
+    /// calls it, on a store it just created.
+    pub(crate) fn put_node_blocks(
         &mut self,
         entries: impl Iterator<Item = Entry>,
-        node_tags: &[(i64, &Tags)],
-        ways: &[Way],
-        relations: &[Relation],
     ) -> Result<(), StoreError> {
-        insert_blocks(&self.tx, entries).map_err(|e| self.err(e))?;
-        for (id, tags) in node_tags {
-            self.set_node_tags(*id, tags)?;
-        }
-        for w in ways {
-            self.put_way_row(w)?;
-        }
-        for r in relations {
+        insert_blocks(&self.tx, entries).map_err(|e| self.err(e))
+    }
+
+    /// Writes an extract's rows, encoded beforehand (in parallel), into an
+    /// empty store: node tags, ways, relations with their member index.
+    /// Without the per-element index upkeep of [`Writer::put`].
+    pub(crate) fn put_rows(&mut self, rows: &BulkRows) -> Result<(), StoreError> {
+        let node_tags: Vec<&dyn rusqlite::ToSql> = rows
+            .node_tags
+            .iter()
+            .flat_map(|(id, t)| [id as &dyn rusqlite::ToSql, t])
+            .collect();
+        insert_rows(&self.tx, "INSERT INTO node_tags(id, tags)", 2, &node_tags)
+            .map_err(|e| self.err(e))?;
+        let ways: Vec<&dyn rusqlite::ToSql> = rows
+            .ways
+            .iter()
+            .flat_map(|(id, refs, t)| [id as &dyn rusqlite::ToSql, refs, t])
+            .collect();
+        insert_rows(&self.tx, "INSERT INTO ways(id, refs, tags)", 3, &ways)
+            .map_err(|e| self.err(e))?;
+        for r in &rows.relations {
             self.put_relation_row(r)?;
             self.index_relation(r)?;
         }
