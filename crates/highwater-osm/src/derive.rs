@@ -134,6 +134,16 @@ pub(crate) fn index_shapes(
 /// import and of every full rebuild. `low` says which features show at low
 /// zooms; its id is recorded, so that apply and drain know the index is
 /// theirs.
+/// Builds the shapes index if the store has none: an import leaves none,
+/// and the first dataset that reads it (a search or aggregates drain; a
+/// tile build or drain rebuilds it in any case) builds it.
+pub fn ensure_shapes(store: &mut Store) -> Result<(), StoreError> {
+    if store.meta("shapes")?.is_none() {
+        rebuild_shapes(store, &LowZoom::none())?;
+    }
+    Ok(())
+}
+
 pub fn rebuild_shapes(store: &mut Store, low: &LowZoom) -> Result<usize, StoreError> {
     let all = crate::features::all(store, &TileLayer::every_key())?;
     let rows: Vec<(Vec<u8>, bool)> = {
@@ -144,9 +154,11 @@ pub fn rebuild_shapes(store: &mut Store, low: &LowZoom) -> Result<usize, StoreEr
     };
     store.write(|w| {
         w.clear_shapes()?;
-        for (((kind, id), f), (data, l)) in all.iter().zip(&rows) {
-            w.set_shape(*kind, *id, Some((f.shape.bbox(), data, *l)))?;
-        }
+        w.insert_shapes(
+            all.iter()
+                .zip(&rows)
+                .map(|((k, f), (data, l))| (*k, f.shape.bbox(), data.as_slice(), *l)),
+        )?;
         w.set_meta("shapes", "1")?;
         w.set_meta("shapes_low", &low.id)?;
         Ok(all.len())

@@ -438,80 +438,17 @@ impl Bulk {
         }
     }
 
-    /// Writes everything gathered, and the shapes index, in `w`'s
-    /// transaction.
+    /// Writes everything gathered, in `w`'s transaction. No shapes index:
+    /// the first dataset that needs one builds it (`osm tiles build`
+    /// always rebuilds it, so building it here too did the work twice).
     fn finish(mut self, w: &mut crate::store::Writer<'_>) -> Result<ImportStats, StoreError> {
         // Extracts come sorted by id; a repeated id keeps its last copy.
         last_of_each(&mut self.nodes, |n| n.0);
         last_of_each(&mut self.ways, |w| w.id);
         last_of_each(&mut self.relations, |r| r.id);
-        // The shapes index's features are computed (on the thread pool)
-        // while the elements are written (on this thread, SQLite's).
-        let view = Memory {
-            nodes: &self.nodes,
-            node_tags: &self.node_tags,
-            ways: self.ways.iter().map(|w| (w.id, w)).collect(),
-            relations: self.relations.iter().map(|r| (r.id, r)).collect(),
-        };
-        let (rows, written) = std::thread::scope(|scope| {
-            let rows = scope.spawn(|| features_of(&view, &self.ways, &self.relations));
-            let written = self.write_elements(w);
-            (rows.join(), written)
-        });
-        written?;
-        let rows = rows.expect("the features thread does not panic")?;
-        w.clear_shapes()?;
-        w.insert_shapes(rows.iter().map(|(k, b, d)| (*k, *b, d.as_slice())))?;
-        w.set_meta("shapes", "1")?;
-        w.set_meta("shapes_low", &crate::features::LowZoom::none().id)?;
+        self.write_elements(w)?;
         Ok(self.stats)
     }
-}
-
-/// A feature's bounding box in world coordinates.
-type Bbox = (f64, f64, f64, f64);
-
-/// A row of the shapes index: the element, its box, its encoded feature.
-type IndexRow = ((MemberKind, i64), Bbox, Vec<u8>);
-
-/// Every tagged element's feature as the shapes index keeps it (all keys
-/// read), in parallel.
-fn features_of(
-    view: &Memory<'_>,
-    ways: &[Way],
-    relations: &[Relation],
-) -> Result<Vec<IndexRow>, StoreError> {
-    let mut tagged_nodes: Vec<i64> = view.node_tags.keys().copied().collect();
-    tagged_nodes.sort_unstable();
-    let keys: Vec<(MemberKind, i64)> = tagged_nodes
-        .iter()
-        .map(|&id| (MemberKind::Node, id))
-        .chain(
-            ways.iter()
-                .filter(|w| !w.tags.is_empty())
-                .map(|w| (MemberKind::Way, w.id)),
-        )
-        .chain(
-            relations
-                .iter()
-                .filter(|r| !r.tags.is_empty())
-                .map(|r| (MemberKind::Relation, r.id)),
-        )
-        .collect();
-    let every = crate::features::TileLayer::every_key();
-    keys.par_iter()
-        .filter_map(
-            |&(kind, id)| match crate::features::feature(view, kind, id, &every) {
-                Ok(Some(f)) => Some(Ok((
-                    (kind, id),
-                    f.shape.bbox(),
-                    crate::features::encode(&f),
-                ))),
-                Ok(None) => None,
-                Err(e) => Some(Err(e)),
-            },
-        )
-        .collect()
 }
 
 /// Sorts by key (stably) and keeps the last of each run of equal keys.
@@ -523,49 +460,6 @@ fn last_of_each<T>(v: &mut Vec<T>, key: impl Fn(&T) -> i64) {
     v.reverse();
     v.dedup_by_key(|t| key(t));
     v.reverse();
-}
-
-/// An import's elements in memory, as features read them.
-struct Memory<'a> {
-    /// Sorted by id, one per id.
-    nodes: &'a [(i64, i32, i32)],
-    node_tags: &'a std::collections::HashMap<i64, Tags>,
-    ways: std::collections::HashMap<i64, &'a Way>,
-    relations: std::collections::HashMap<i64, &'a Relation>,
-}
-
-impl crate::features::View for Memory<'_> {
-    fn loc(&self, node: i64) -> Result<Option<crate::features::P>, StoreError> {
-        Ok(self
-            .nodes
-            .binary_search_by_key(&node, |n| n.0)
-            .ok()
-            .and_then(|i| {
-                let (id, lat, lon) = self.nodes[i];
-                crate::features::world_of(&Node {
-                    id,
-                    lat_e7: Some(lat),
-                    lon_e7: Some(lon),
-                    tags: Tags::new(),
-                })
-            }))
-    }
-    fn node_tags(&self, node: i64) -> Result<Option<Tags>, StoreError> {
-        if let Some(t) = self.node_tags.get(&node) {
-            return Ok(Some(t.clone()));
-        }
-        Ok(self
-            .nodes
-            .binary_search_by_key(&node, |n| n.0)
-            .ok()
-            .map(|_| Tags::new()))
-    }
-    fn way(&self, id: i64) -> Result<Option<Way>, StoreError> {
-        Ok(self.ways.get(&id).map(|w| (*w).clone()))
-    }
-    fn relation(&self, id: i64) -> Result<Option<Relation>, StoreError> {
-        Ok(self.relations.get(&id).map(|r| (*r).clone()))
-    }
 }
 
 /// Imports an extract into an empty store, in one transaction: the store

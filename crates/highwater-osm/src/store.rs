@@ -93,6 +93,9 @@ pub enum DrainOrder {
 /// low zooms.
 pub type ShapeRow<'a> = ((f64, f64, f64, f64), &'a [u8], bool);
 
+/// A row for [`Writer::insert_shapes`]: the element, then as [`ShapeRow`].
+pub type ShapeInsert<'a> = ((MemberKind, i64), (f64, f64, f64, f64), &'a [u8], bool);
+
 /// An element's key in the shapes index: the id with its type in the low
 /// two bits.
 fn shape_id(kind: MemberKind, id: i64) -> i64 {
@@ -236,12 +239,7 @@ impl Store {
             .map_err(err)?;
         conn.pragma_update(None, "cache_size", -STORE_CACHE_KIB)
             .map_err(err)?;
-        conn.execute_batch(SCHEMA).map_err(err)?;
-        for tables in crate::dataset::tables() {
-            conn.execute_batch(tables).map_err(err)?;
-        }
-        conn.execute_batch(highwater_store::lease::LEASES_SQL)
-            .map_err(err)?;
+        init_schema(&conn).map_err(err)?;
         Ok(Store {
             conn,
             path: path.to_path_buf(),
@@ -292,47 +290,7 @@ impl Store {
         // cache turns most of those reads from system calls into lookups.
         conn.pragma_update(None, "cache_size", -STORE_CACHE_KIB)
             .map_err(err)?;
-        let rtree_shapes = drop_rtree_shapes(&conn).map_err(err)?;
-        conn.execute_batch(SCHEMA).map_err(err)?;
-        for tables in crate::dataset::tables() {
-            conn.execute_batch(tables).map_err(err)?;
-        }
-        migrate_node_rows(&conn).map_err(err)?;
-        // Stores made before dirty tiles counted their edits.
-        let has_hits: bool = conn
-            .query_row(
-                "SELECT count(*) FROM pragma_table_info('dirty') WHERE name = 'hits'",
-                [],
-                |r| r.get::<_, i64>(0),
-            )
-            .map_err(err)?
-            > 0;
-        if !has_hits {
-            conn.execute_batch("ALTER TABLE dirty ADD COLUMN hits INTEGER NOT NULL DEFAULT 1")
-                .map_err(err)?;
-        }
-        // Stores made before dirty rows recorded the generation that
-        // dirtied them.
-        for table in ["dirty", "dirty_keys"] {
-            let has_gen: bool = conn
-                .query_row(
-                    &format!(
-                        "SELECT count(*) FROM pragma_table_info('{table}') WHERE name = 'gen'"
-                    ),
-                    [],
-                    |r| r.get::<_, i64>(0),
-                )
-                .map_err(err)?
-                > 0;
-            if !has_gen {
-                conn.execute_batch(&format!(
-                    "ALTER TABLE {table} ADD COLUMN gen INTEGER NOT NULL DEFAULT 0"
-                ))
-                .map_err(err)?;
-            }
-        }
-        conn.execute_batch(highwater_store::lease::LEASES_SQL)
-            .map_err(err)?;
+        let rtree_shapes = init_schema(&conn).map_err(err)?;
         let mut store = Store {
             conn,
             path,
@@ -963,6 +921,49 @@ fn read_node(c: &Connection, id: i64) -> rusqlite::Result<Option<Node>> {
     }
 }
 
+/// Brings a store's schema to this version: its own tables, each dataset
+/// kind's, the leases, and the migrations of stores made by earlier
+/// versions. Every store, new or opened, goes through here, so a published
+/// store never lacks a column that the next opener would race to add. True
+/// when the shapes index was dropped and must be rebuilt.
+fn init_schema(conn: &Connection) -> rusqlite::Result<bool> {
+    let rtree_shapes = drop_rtree_shapes(conn)?;
+    conn.execute_batch(SCHEMA)?;
+    for tables in crate::dataset::tables() {
+        conn.execute_batch(tables)?;
+    }
+    migrate_node_rows(conn)?;
+    // Stores made before dirty tiles counted their edits.
+    add_column(conn, "dirty", "hits", "INTEGER NOT NULL DEFAULT 1")?;
+    // Stores made before dirty rows recorded the generation that dirtied
+    // them.
+    add_column(conn, "dirty", "gen", "INTEGER NOT NULL DEFAULT 0")?;
+    add_column(conn, "dirty_keys", "gen", "INTEGER NOT NULL DEFAULT 0")?;
+    conn.execute_batch(highwater_store::lease::LEASES_SQL)?;
+    Ok(rtree_shapes)
+}
+
+/// Adds a column a table lacks, once: checked by a read, then again under
+/// the write lock, since another process may be adding it too.
+fn add_column(c: &Connection, table: &str, column: &str, decl: &str) -> rusqlite::Result<()> {
+    let has = |c: &Connection| -> rusqlite::Result<bool> {
+        c.query_row(
+            &format!("SELECT count(*) FROM pragma_table_info('{table}') WHERE name = ?1"),
+            [column],
+            |r| r.get::<_, i64>(0),
+        )
+        .map(|n| n > 0)
+    };
+    if has(c)? {
+        return Ok(());
+    }
+    let tx = rusqlite::Transaction::new_unchecked(c, rusqlite::TransactionBehavior::Immediate)?;
+    if !has(&tx)? {
+        tx.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {decl}"))?;
+    }
+    tx.commit()
+}
+
 /// Stores made before the cell-keyed shapes index kept it in R-trees: the
 /// index is derived, so it is dropped here and rebuilt from the elements
 /// once the store is open. True when that is needed.
@@ -1382,35 +1383,39 @@ impl Writer<'_> {
         Ok(())
     }
 
-    /// Adds features to an empty shapes index (an import's): inserts only,
-    /// none shown below the low zoom until a drain rebuilds that index.
+    /// Fills an emptied shapes index (a rebuild's): each row an element,
+    /// its box, its encoded feature and whether it shows below the low
+    /// zoom. Inserts only, each table in its own key order (appends), many
+    /// rows per statement.
     pub(crate) fn insert_shapes<'d>(
         &mut self,
-        rows: impl Iterator<Item = ((MemberKind, i64), (f64, f64, f64, f64), &'d [u8])>,
+        rows: impl Iterator<Item = ShapeInsert<'d>>,
     ) -> Result<(), StoreError> {
-        // Each table in its own key order, so every insert is an append.
         let mut cells = Vec::new();
         let mut data: Vec<(i64, i64, &[u8])> = Vec::new();
-        for ((kind, id), bbox, d) in rows {
+        for ((kind, id), bbox, d, low) in rows {
             let (key, cell) = (shape_id(kind, id), crate::cells::cell_of(bbox));
-            cells.push((cell, key, bbox));
+            cells.push((cell, key, bbox, low));
             data.push((key, cell, d));
         }
         cells.sort_unstable_by_key(|c| (c.0, c.1));
         data.sort_unstable_by_key(|d| d.0);
-        let values: Vec<&dyn rusqlite::ToSql> = cells
-            .iter()
-            .flat_map(|(cell, key, (minx, miny, maxx, maxy))| {
-                [cell as &dyn rusqlite::ToSql, key, minx, miny, maxx, maxy]
-            })
-            .collect();
-        insert_rows(
-            &self.tx,
-            "INSERT INTO shape_cells(cell, id, minx, miny, maxx, maxy)",
-            6,
-            &values,
-        )
-        .map_err(|e| self.err(e))?;
+        for (table, low_only) in [("shape_cells", false), ("shape_cells_low", true)] {
+            let values: Vec<&dyn rusqlite::ToSql> = cells
+                .iter()
+                .filter(|c| !low_only || c.3)
+                .flat_map(|(cell, key, (minx, miny, maxx, maxy), _)| {
+                    [cell as &dyn rusqlite::ToSql, key, minx, miny, maxx, maxy]
+                })
+                .collect();
+            insert_rows(
+                &self.tx,
+                &format!("INSERT INTO {table}(cell, id, minx, miny, maxx, maxy)"),
+                6,
+                &values,
+            )
+            .map_err(|e| self.err(e))?;
+        }
         let values: Vec<&dyn rusqlite::ToSql> = data
             .iter()
             .flat_map(|(key, cell, d)| [key as &dyn rusqlite::ToSql, cell, d])

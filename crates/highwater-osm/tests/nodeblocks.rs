@@ -298,3 +298,28 @@ fn a_store_with_a_row_per_node_is_migrated_on_open() {
         .unwrap();
     assert_eq!(old, 0, "the row-per-node tables are gone once migrated");
 }
+
+/// Regression (found by issue12's loop test): the import's unseen file
+/// lacked the columns that `Store::open` adds to older stores, so the
+/// first two processes to open a fresh store raced to add them ("duplicate
+/// column name: hits"). A published store is complete before anyone opens
+/// it.
+#[test]
+fn issue10_a_fresh_import_has_every_column_before_its_first_open() {
+    let tmp = tempfile::tempdir().unwrap();
+    let osm = tmp.path().join("a.osm");
+    std::fs::write(&osm, base_model(3).xml()).unwrap();
+    let dir = tmp.path().join("store");
+    highwater_osm::import::import_into(&dir, &osm, false, false).unwrap();
+    let c = rusqlite::Connection::open(dir.join("store.db")).unwrap();
+    for (table, column) in [("dirty", "hits"), ("dirty", "gen"), ("dirty_keys", "gen")] {
+        let n: i64 = c
+            .query_row(
+                &format!("SELECT count(*) FROM pragma_table_info('{table}') WHERE name = ?1"),
+                [column],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(n, 1, "{table}.{column}");
+    }
+}

@@ -558,6 +558,8 @@ pub fn rebuild(store: &mut Store, d: &AggDataset) -> Result<AggReport, StoreErro
 /// together, so a crash repeats the whole drain or none of it).
 pub fn drain(store: &mut Store, d: &AggDataset) -> Result<AggReport, StoreError> {
     store.lease_writer(false)?;
+    // The shapes index finds the features near a changed area.
+    crate::derive::ensure_shapes(store)?;
     let built = store.meta(&built_recipe_key(&d.name))?;
     if built.as_deref() != Some(d.recipe.as_str()) {
         let mut r = rebuild(store, d)?;

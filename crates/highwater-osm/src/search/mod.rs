@@ -373,6 +373,8 @@ fn affected_by_areas(
 /// and the areas that changed.
 pub fn drain(store: &mut Store, d: &SearchDataset) -> Result<SearchReport, SearchError> {
     store.lease_writer(false)?;
+    // The shapes index finds the features near a changed area.
+    crate::derive::ensure_shapes(store)?;
     let built = store.meta(&built_recipe_key(&d.name))?;
     let reason = match built {
         None => Some("it was never built".to_string()),
