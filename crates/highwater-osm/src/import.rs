@@ -335,9 +335,8 @@ fn count(stats: &mut ImportStats, e: &Element) {
 /// ([`crate::flatnodes`]) and is refused with that said.
 pub const IMPORT_NODES_MAX: usize = 1 << 28;
 
-/// What an import gathers before writing: the writes are sorted bulk
-/// inserts (node blocks, see [`crate::nodeblocks`]), and the shapes index
-/// is computed from memory, not by reading back every node.
+/// What an import gathers before writing: the writes are then sorted bulk
+/// inserts (node blocks, see [`crate::nodeblocks`]).
 #[derive(Default)]
 struct Bulk {
     /// (id, lat, lon) in arrival order.
