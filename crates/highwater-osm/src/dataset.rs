@@ -1,8 +1,10 @@
 //! One trait for every derived dataset. Tiles ([`crate::tiles`]), search
 //! ([`crate::search`]) and aggregates ([`crate::aggregates`]) each
 //! implement it in their own module, which owns its tables (its `TABLES`,
-//! created with the store: [`tables`]). `ops::apply` and the CLI reach datasets only through this
-//! trait, so a fourth kind touches its own module and the two lists here.
+//! created with the store: [`tables`]). `ops::apply` and the CLI's drain,
+//! rebuild and verify reach datasets only through this trait, so a fourth
+//! kind is its own module, a line in [`tables`], and its config
+//! (`OsmConfig`'s parsing and `OsmConfig::datasets`).
 //!
 //! Ordering contract, for a batch of diffs applied in one transaction:
 //!
