@@ -210,7 +210,8 @@ impl Store {
     }
 
     /// Opens the store in `dir`, creating the folder and an empty store
-    /// when there is none (`osm import` only).
+    /// when there is none: for `import::import` into a store of its own
+    /// (tests, library users); `osm import` builds unseen instead.
     pub fn create(dir: &Path) -> Result<Store, StoreError> {
         let path = dir.join("store.db");
         if std::fs::metadata(&path).is_ok_and(|m| m.len() == 0) {
