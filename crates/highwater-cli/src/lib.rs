@@ -500,6 +500,9 @@ fn exit_code_of(e: &anyhow::Error) -> i32 {
             _ => None,
         })
     });
+    if let Some(f) = e.downcast_ref::<highwater_files::FilesError>() {
+        return f.exit_code();
+    }
     match fetch {
         Some(f) if !f.needs_operator() => 1,
         _ => 2,
@@ -520,11 +523,12 @@ fn message(e: &anyhow::Error) -> String {
     msg
 }
 
+/// A closed stdout: only a bare I/O error, never one inside another error.
+/// A lost connection to the state store is a broken pipe too (issue 20),
+/// and must be reported with its exit code, not swallowed as exit 0.
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        c.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-    })
+    e.downcast_ref::<std::io::Error>()
+        .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
 }
 
 /// `--from`/`--to` as µs, refusing a range that holds no `what`.

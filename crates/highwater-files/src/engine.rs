@@ -42,6 +42,8 @@ pub const COMMIT_INTERVAL_MS: u64 = 200;
 pub const RESULTS_QUEUE_PER_WORKER: usize = 4;
 /// Workers per run, whatever `--jobs` asks for.
 pub const JOBS_MAX: usize = 1024;
+/// What an aggregate's one output is rendered from, in messages.
+const AGGREGATE_INPUTS: &str = "(all its inputs)";
 
 /// Receives progress. Every method has a no-op default.
 pub trait Progress: Sync {
@@ -222,6 +224,10 @@ struct Observed {
     found: Vec<Found>,
     /// All inputs, for an aggregate's `{inputs}` (empty otherwise).
     inputs: Vec<String>,
+    /// Every output the stage renders now, with the input it renders from
+    /// (an aggregate: its one output), for the check that no two stages
+    /// write one path.
+    rendered: Vec<(String, String)>,
 }
 
 /// A validated pipeline, ready to plan and run.
@@ -723,6 +729,7 @@ impl Pipeline {
                 )),
             }
         };
+        let mut rendered = Vec::new();
         let (plan, listing, output_dirs) = if st.template.is_aggregate() {
             let output = render("")?;
             if found_items.contains(output.as_str()) {
@@ -732,6 +739,7 @@ impl Pipeline {
                     output,
                 });
             }
+            rendered.push((output.clone(), AGGREGATE_INPUTS.to_string()));
             let (listing, output_dirs) =
                 scan(&discover::output_dirs(std::iter::once(output.as_str())))?;
             let members = found
@@ -792,6 +800,11 @@ impl Pipeline {
                     second: found[b].item.clone(),
                 });
             }
+            rendered = outputs
+                .iter()
+                .zip(&found)
+                .map(|(o, f)| (o.clone(), f.item.clone()))
+                .collect();
             let (listing, output_dirs) =
                 scan(&discover::output_dirs(outputs.iter().map(String::as_str)))?;
             let observations = found
@@ -817,6 +830,122 @@ impl Pipeline {
             prev,
             found,
             inputs,
+            rendered,
+        })
+    }
+
+    /// Every output `st` renders now from its inputs as listed (no stat, no
+    /// digest), with the input of each: the cross-stage check of a shared
+    /// run, which does not observe every stage before the first one runs.
+    fn rendered_outputs(&self, st: &Stage) -> Result<Vec<(String, String)>, FilesError> {
+        let name = &st.spec.name;
+        let found: Vec<Found> = match &st.input_place {
+            Some(place) => {
+                discover::find_objects(&*self.objects(name, place)?, place, name, &st.input_globs)?
+                    .into_iter()
+                    .map(|(f, _)| f)
+                    .collect()
+            }
+            None => discover::find_inputs(&self.root, name, &st.input_globs, &self.state_dir())?,
+        };
+        let place = |out: String| match &st.output_place {
+            Some(p) => format!("{p}:{out}"),
+            None => out,
+        };
+        let tpl_err = |source| FilesError::Template {
+            stage: name.clone(),
+            source,
+        };
+        if st.template.is_aggregate() {
+            let out = place(st.template.render("").map_err(tpl_err)?);
+            return Ok(vec![(out, AGGREGATE_INPUTS.to_string())]);
+        }
+        found
+            .iter()
+            .map(|f| {
+                Ok((
+                    place(st.template.render(&f.relpath).map_err(tpl_err)?),
+                    f.item.clone(),
+                ))
+            })
+            .collect()
+    }
+
+    /// `check_outputs_disjoint` over `selected` (stage, rendered outputs)
+    /// and every other stage of the pipeline as its inputs render now.
+    fn check_against_all(
+        &self,
+        selected: &[(&str, &[(String, String)])],
+    ) -> Result<(), FilesError> {
+        if self.stages.len() < 2 {
+            return Ok(());
+        }
+        let mut others = Vec::new();
+        for st in &self.stages {
+            if !selected.iter().any(|(n, _)| *n == st.spec.name) {
+                others.push((st.spec.name.as_str(), self.rendered_outputs(st)?));
+            }
+        }
+        let mut all: Vec<(&str, &[(String, String)])> = selected.to_vec();
+        all.extend(others.iter().map(|(n, r)| (*n, r.as_slice())));
+        Self::check_outputs_disjoint(&all)
+    }
+
+    /// Refuses two stages that render onto one output path (issue 20): the
+    /// later would overwrite the earlier, both recorded as done.
+    fn check_outputs_disjoint(per_stage: &[(&str, &[(String, String)])]) -> Result<(), FilesError> {
+        if per_stage.len() < 2 {
+            return Ok(());
+        }
+        let mut all: Vec<(&str, usize, &str)> = per_stage
+            .iter()
+            .enumerate()
+            .flat_map(|(i, (_, outs))| outs.iter().map(move |(o, f)| (o.as_str(), i, f.as_str())))
+            .collect();
+        all.sort_unstable();
+        for w in all.windows(2) {
+            let ((o, a, fa), (p, b, fb)) = (w[0], w[1]);
+            if o == p && a != b {
+                return Err(FilesError::StagesShareOutput {
+                    output: o.to_string(),
+                    first_stage: per_stage[a].0.to_string(),
+                    first_input: fa.to_string(),
+                    second_stage: per_stage[b].0.to_string(),
+                    second_input: fb.to_string(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuses a local output root that this process cannot write (issue
+    /// 20): every item would run and then fail to publish. The root, or the
+    /// nearest folder above it that exists (the run creates the rest), must
+    /// be writable. An output that cannot be published below a writable
+    /// root is a failed item, reported with exit 1.
+    fn check_writable(&self, st: &Stage) -> Result<(), FilesError> {
+        if st.output_place.is_some() {
+            return Ok(());
+        }
+        let mut dir = self.root.join(st.template.root());
+        while !dir.exists() {
+            match dir.parent() {
+                Some(p) => dir = p.to_path_buf(),
+                None => return Ok(()),
+            }
+        }
+        use std::os::unix::ffi::OsStrExt;
+        let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+            return Ok(());
+        };
+        // SAFETY: `c` is a valid NUL-terminated path; access only reads it.
+        if unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } == 0 {
+            return Ok(());
+        }
+        Err(FilesError::OutputUnwritable {
+            stage: st.spec.name.clone(),
+            path: dir,
+            reason: std::io::Error::last_os_error().to_string(),
         })
     }
 
@@ -826,11 +955,17 @@ impl Pipeline {
     pub fn plan(&self, only: Option<&str>, rehash: bool) -> Result<Vec<StagePlan>, FilesError> {
         // Opened once so that a first plan creates and migrates the store.
         drop(self.open_store()?);
-        let mut plans = Vec::new();
+        let mut observed = Vec::new();
         for st in self.select(only)? {
-            plans.push(self.observe(st, rehash, None)?.plan);
+            observed.push((st.spec.name.as_str(), self.observe(st, rehash, None)?));
         }
-        Ok(plans)
+        self.check_against_all(
+            &observed
+                .iter()
+                .map(|(n, o)| (*n, o.rendered.as_slice()))
+                .collect::<Vec<_>>(),
+        )?;
+        Ok(observed.into_iter().map(|(_, o)| o.plan).collect())
     }
 
     /// Runs every (or one) stage in dependency order.
@@ -860,6 +995,23 @@ impl Pipeline {
         if !refusals.is_empty() {
             return Err(FilesError::Guard { refusals });
         }
+        let mut rendered: Vec<(&str, Vec<(String, String)>)> = selected
+            .iter()
+            .zip(&observed)
+            .map(|(st, o)| {
+                let o = o.as_ref().expect("observed once per stage");
+                (st.spec.name.as_str(), o.rendered.clone())
+            })
+            .collect();
+        self.check_against_all(
+            &rendered
+                .iter()
+                .map(|(n, r)| (*n, r.as_slice()))
+                .collect::<Vec<_>>(),
+        )?;
+        for st in &selected {
+            self.check_writable(st)?;
+        }
         let mut report = RunReport::default();
         let mut upstream_worked = false;
         for (i, st) in selected.iter().enumerate() {
@@ -878,7 +1030,16 @@ impl Pipeline {
                 }
             }
             let o = if upstream_worked {
-                self.observe(st, opts.rehash, None)?
+                let o = self.observe(st, opts.rehash, None)?;
+                // Its inputs may be new: checked again before it runs.
+                rendered[i].1 = o.rendered.clone();
+                self.check_against_all(
+                    &rendered
+                        .iter()
+                        .map(|(n, r)| (*n, r.as_slice()))
+                        .collect::<Vec<_>>(),
+                )?;
+                o
             } else {
                 observed[i].take().expect("observed once per stage")
             };
@@ -1176,9 +1337,18 @@ impl Pipeline {
                 let final_path = self.root.join(output);
                 let temp = exec::temp_path_for(&final_path);
                 exec::run_transform(&job, &temp)?;
-                if !still_ours()? {
-                    exec::remove_temp(&temp);
-                    return Ok(None);
+                // Asked of the store: when it does not answer, the temp
+                // output goes too (issue 20), not at the next plan.
+                match still_ours() {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        exec::remove_temp(&temp);
+                        return Ok(None);
+                    }
+                    Err(e) => {
+                        exec::remove_temp(&temp);
+                        return Err(e);
+                    }
                 }
                 exec::publish(&temp, &final_path).map_err(|e| {
                     exec::remove_temp(&temp);

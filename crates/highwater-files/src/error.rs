@@ -103,6 +103,45 @@ pub enum FilesError {
     UnknownStage { name: String, known: String },
     #[error("{}", refusals.iter().map(|r| r.to_string()).collect::<Vec<_>>().join("\n"))]
     Guard { refusals: Vec<Refusal> },
+    #[error("stages `{first_stage}` and `{second_stage}` both write `{output}` (from `{first_input}` and `{second_input}`): the later would overwrite the earlier, and both would be recorded as done. Give the stages separate output roots or templates")]
+    StagesShareOutput {
+        output: String,
+        first_stage: String,
+        first_input: String,
+        second_stage: String,
+        second_input: String,
+    },
+    #[error("stage `{stage}`: the output folder {path} cannot be written ({reason}); nothing was run. Make it writable (or point `output` elsewhere), then run again")]
+    OutputUnwritable {
+        stage: String,
+        path: PathBuf,
+        reason: String,
+    },
+    #[error("stage `{stage}`: this process's recipe {ours} is not the recipe of the stage's queued plan, {theirs} (queued on {planned_by}; held now by {holders}): two configs of one stage are running side by side, as in a rolling deploy. Nothing was run here; run every process with one config (the items queued under {theirs} are done by its processes)")]
+    RecipeQueued {
+        stage: String,
+        ours: String,
+        theirs: String,
+        planned_by: String,
+        holders: String,
+    },
+    #[error("stage `{stage}`: this process's recipe {ours} was replaced by recipe {theirs} (planned on {planned_by}): this config is older than the one the fleet runs now. Nothing was run here; deploy the current config on this host. To roll back to {ours} on purpose, run with --force")]
+    RecipeReplaced {
+        stage: String,
+        ours: String,
+        theirs: String,
+        planned_by: String,
+    },
+    #[error(
+        "stage `{stage}`: {source}\nThe run stopped with work unfinished: {unfinished}. {advice}"
+    )]
+    Unfinished {
+        stage: String,
+        unfinished: String,
+        advice: String,
+        #[source]
+        source: Box<FilesError>,
+    },
     #[error("{op} {path}: {source}")]
     Io {
         op: &'static str,
@@ -115,6 +154,16 @@ pub enum FilesError {
 }
 
 impl FilesError {
+    /// The exit code this error ends a command with: 1 when the command
+    /// had started its work and stopped with it unfinished, 2 (refused,
+    /// nothing touched) otherwise.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            FilesError::Unfinished { .. } => 1,
+            _ => 2,
+        }
+    }
+
     pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         FilesError::Io {
             op,

@@ -476,6 +476,26 @@ pub struct FleetProcess {
     pub now_ns: i64,
 }
 
+/// Who queued a stage's current plan, and under which recipe (issue 20: a
+/// rolling deploy runs two recipes of one stage side by side). `replaced`
+/// lists the recipes this plan's recipe took over from: a process whose
+/// recipe is among them runs an older config and is refused, so that two
+/// deploys never take turns remaking every item.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct QueuePlan {
+    pub recipe: String,
+    pub owner: String,
+    pub host: String,
+    pub pid: i64,
+    pub planned_at_ns: i64,
+    #[serde(default)]
+    pub replaced: Vec<String>,
+    /// Read back only: `host pid N` of every process holding a live claim
+    /// of the stage now (not stored).
+    #[serde(skip)]
+    pub holders: Vec<String>,
+}
+
 /// The work queue of a shared store: the planner enqueues a stage's changed
 /// items under the stage's plan lease; every process claims batches with
 /// `FOR UPDATE SKIP LOCKED`, keeps its claims alive with a heartbeat, and
@@ -497,6 +517,28 @@ pub trait WorkQueue {
         items: &[(String, String)],
         fence: &Fence,
     ) -> Result<WindowCommit, StoreError>;
+    /// `enqueue`, recording `plan` as the stage's current plan in the same
+    /// transaction: claims under another recipe then find nothing.
+    fn enqueue_plan(
+        &mut self,
+        stage: &str,
+        batch: &Batch,
+        items: &[(String, String)],
+        fence: &Fence,
+        plan: &QueuePlan,
+    ) -> Result<WindowCommit, StoreError>;
+    /// The stage's current plan, with the processes holding its claims.
+    fn queue_plan(&mut self, stage: &str) -> Result<Option<QueuePlan>, StoreError>;
+    /// `claim`, only while the stage's current plan has `recipe`: a process
+    /// never runs an item another recipe's plan queued.
+    fn claim_recipe(
+        &mut self,
+        stage: &str,
+        owner: &str,
+        n: usize,
+        lease_ns: i64,
+        recipe: &str,
+    ) -> Result<Vec<Claim>, StoreError>;
     /// Claims up to `n` items for `lease_ns` (server clock).
     fn claim(
         &mut self,

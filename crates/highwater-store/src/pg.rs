@@ -21,8 +21,8 @@
 
 use crate::{
     Batch, Bookmark, Claim, DirRecord, Fence, FleetProcess, Lease, LeaseOutcome, QueueCounts,
-    RunRecord, StageEntries, StateStore, StoreError, WindowCommit, WindowRecord, WindowStatus,
-    WorkQueue,
+    QueuePlan, RunRecord, StageEntries, StateStore, StoreError, WindowCommit, WindowRecord,
+    WindowStatus, WorkQueue,
 };
 use highwater_core::evidence::Digest;
 use highwater_core::{Entry, EntryKind, Stat, Status};
@@ -150,6 +150,97 @@ impl PgStore {
         };
         s.migrate(version)?;
         Ok(s)
+    }
+
+    fn enqueue_with(
+        &mut self,
+        stage: &str,
+        batch: &Batch,
+        items: &[(String, String)],
+        fence: &Fence,
+        plan: Option<&QueuePlan>,
+    ) -> Result<WindowCommit, StoreError> {
+        let plan_text = plan.map(|p| serde_json::to_string(p).expect("a plan is plain data"));
+        self.fenced(fence, |tx| {
+            if let Some(text) = &plan_text {
+                tx.execute(
+                    "INSERT INTO meta(key, value) VALUES('queue:' || $1, $2)
+                     ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                    &[&stage, text],
+                )?;
+            }
+            // Earlier plans' rows are history now: the stage had nothing
+            // pending when this plan began (the planner checks under the
+            // plan lease), so only done rows remain.
+            tx.execute(
+                "DELETE FROM work WHERE stage = $1 AND state = 'done'",
+                &[&stage],
+            )?;
+            apply_batch(tx, batch)?;
+            let ins = tx.prepare(
+                "INSERT INTO work(stage, item, state, token, claims, payload)
+                 VALUES($1, $2, 'todo', 0, 0, $3)",
+            )?;
+            for (item, payload) in items {
+                tx.execute(&ins, &[&stage, item, payload])?;
+            }
+            Ok(WindowCommit::Done)
+        })
+    }
+
+    fn claim_with(
+        &mut self,
+        stage: &str,
+        owner: &str,
+        n: usize,
+        lease_ns: i64,
+        recipe: Option<&str>,
+    ) -> Result<Vec<Claim>, StoreError> {
+        // One statement: pick unclaimed rows and rows whose claim expired,
+        // skipping rows another claimer has locked, and give each a new,
+        // globally increasing token. With `recipe`, only while the stage's
+        // plan has it (a plan queued before plans were recorded: anyone's);
+        // the plan row and its items commit together, so one statement
+        // never sees one without the other.
+        let sql = format!(
+            "WITH picked AS (
+                SELECT stage, item, state AS was FROM work
+                WHERE stage = $1 AND (state = 'todo' OR (state = 'claimed' AND lease_until_ns <= {NOW_NS}))
+                AND ($5::text IS NULL
+                     OR coalesce((SELECT value::json->>'recipe' FROM meta
+                                  WHERE key = 'queue:' || $1), $5) = $5)
+                ORDER BY item LIMIT $2 FOR UPDATE SKIP LOCKED)
+             UPDATE work w SET state = 'claimed', owner = $3, token = nextval('work_token'),
+                lease_until_ns = {NOW_NS} + $4, claims = w.claims + 1
+             FROM picked WHERE w.stage = picked.stage AND w.item = picked.item
+             RETURNING w.item, w.token, w.payload, picked.was = 'claimed'"
+        );
+        let rows = self
+            .client
+            .borrow_mut()
+            .query(&sql, &[&stage, &(n as i64), &owner, &lease_ns, &recipe])
+            .map_err(|e| self.err(e))?;
+        let claims: Vec<Claim> = rows
+            .iter()
+            .map(|r| Claim {
+                item: r.get(0),
+                token: r.get(1),
+                payload: r.get(2),
+                takeover: r.get(3),
+            })
+            .collect();
+        let takeovers = claims.iter().filter(|c| c.takeover).count() as i64;
+        if !claims.is_empty() {
+            self.client
+                .borrow_mut()
+                .execute(
+                    "UPDATE processes SET claimed = claimed + $2, takeovers = takeovers + $3
+                     WHERE owner = $1",
+                    &[&owner, &(claims.len() as i64), &takeovers],
+                )
+                .map_err(|e| self.err(e))?;
+        }
+        Ok(claims)
     }
 
     fn err(&self, source: postgres::Error) -> StoreError {
@@ -955,24 +1046,54 @@ impl WorkQueue for PgStore {
         items: &[(String, String)],
         fence: &Fence,
     ) -> Result<WindowCommit, StoreError> {
-        self.fenced(fence, |tx| {
-            // Earlier plans' rows are history now: the stage had nothing
-            // pending when this plan began (the planner checks under the
-            // plan lease), so only done rows remain.
-            tx.execute(
-                "DELETE FROM work WHERE stage = $1 AND state = 'done'",
-                &[&stage],
-            )?;
-            apply_batch(tx, batch)?;
-            let ins = tx.prepare(
-                "INSERT INTO work(stage, item, state, token, claims, payload)
-                 VALUES($1, $2, 'todo', 0, 0, $3)",
-            )?;
-            for (item, payload) in items {
-                tx.execute(&ins, &[&stage, item, payload])?;
-            }
-            Ok(WindowCommit::Done)
-        })
+        self.enqueue_with(stage, batch, items, fence, None)
+    }
+
+    fn enqueue_plan(
+        &mut self,
+        stage: &str,
+        batch: &Batch,
+        items: &[(String, String)],
+        fence: &Fence,
+        plan: &QueuePlan,
+    ) -> Result<WindowCommit, StoreError> {
+        self.enqueue_with(stage, batch, items, fence, Some(plan))
+    }
+
+    fn queue_plan(&mut self, stage: &str) -> Result<Option<QueuePlan>, StoreError> {
+        let sql = format!(
+            "SELECT m.value,
+                    ARRAY(SELECT DISTINCT p.host || ' pid ' || p.pid FROM work w
+                          JOIN processes p ON p.owner = w.owner
+                          WHERE w.stage = $1 AND w.state = 'claimed'
+                          AND w.lease_until_ns > {NOW_NS})
+             FROM meta m WHERE m.key = 'queue:' || $1"
+        );
+        let row = self
+            .client
+            .borrow_mut()
+            .query_opt(&sql, &[&stage])
+            .map_err(|e| self.err(e))?;
+        let Some(row) = row else { return Ok(None) };
+        let text: String = row.get(0);
+        // Written by `enqueue_plan` only; a row that does not parse is
+        // treated as no plan, so that the next plan rewrites it.
+        let Ok(mut plan) = serde_json::from_str::<QueuePlan>(&text) else {
+            return Ok(None);
+        };
+        plan.holders = row.get(1);
+        Ok(Some(plan))
+    }
+
+    fn claim_recipe(
+        &mut self,
+        stage: &str,
+        owner: &str,
+        n: usize,
+        lease_ns: i64,
+        recipe: &str,
+    ) -> Result<Vec<Claim>, StoreError> {
+        self.claim_with(stage, owner, n, lease_ns, Some(recipe))
     }
 
     fn claim(
@@ -982,47 +1103,8 @@ impl WorkQueue for PgStore {
         n: usize,
         lease_ns: i64,
     ) -> Result<Vec<Claim>, StoreError> {
-        // One statement: pick unclaimed rows and rows whose claim expired,
-        // skipping rows another claimer has locked, and give each a new,
-        // globally increasing token.
-        let sql = format!(
-            "WITH picked AS (
-                SELECT stage, item, state AS was FROM work
-                WHERE stage = $1 AND (state = 'todo' OR (state = 'claimed' AND lease_until_ns <= {NOW_NS}))
-                ORDER BY item LIMIT $2 FOR UPDATE SKIP LOCKED)
-             UPDATE work w SET state = 'claimed', owner = $3, token = nextval('work_token'),
-                lease_until_ns = {NOW_NS} + $4, claims = w.claims + 1
-             FROM picked WHERE w.stage = picked.stage AND w.item = picked.item
-             RETURNING w.item, w.token, w.payload, picked.was = 'claimed'"
-        );
-        let rows = self
-            .client
-            .borrow_mut()
-            .query(&sql, &[&stage, &(n as i64), &owner, &lease_ns])
-            .map_err(|e| self.err(e))?;
-        let claims: Vec<Claim> = rows
-            .iter()
-            .map(|r| Claim {
-                item: r.get(0),
-                token: r.get(1),
-                payload: r.get(2),
-                takeover: r.get(3),
-            })
-            .collect();
-        let takeovers = claims.iter().filter(|c| c.takeover).count() as i64;
-        if !claims.is_empty() {
-            self.client
-                .borrow_mut()
-                .execute(
-                    "UPDATE processes SET claimed = claimed + $2, takeovers = takeovers + $3
-                     WHERE owner = $1",
-                    &[&owner, &(claims.len() as i64), &takeovers],
-                )
-                .map_err(|e| self.err(e))?;
-        }
-        Ok(claims)
+        self.claim_with(stage, owner, n, lease_ns, None)
     }
-
     fn heartbeat(&mut self, owner: &str, lease_ns: i64) -> Result<u64, StoreError> {
         let sql = format!(
             "WITH renewed AS (UPDATE work SET lease_until_ns = {NOW_NS} + $2

@@ -187,3 +187,24 @@ fn a_closed_stdout_ends_quietly() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Issue 20: two stages rendering onto one output path would overwrite each
+/// other, both recorded as done; refused by `plan` and `run` before any
+/// work, naming both stages and the path.
+#[test]
+fn two_stages_writing_one_output_are_refused_naming_both() {
+    let (p, export) = settled();
+    p.write("more/a.txt", "m");
+    let cfg = format!(
+        "{}\n[stages.copy]\ninputs = [\"more/*.txt\"]\noutput = \"out/{{relpath}}.upper\"\ncommand = [\"cp\", \"{{input}}\", \"{{output}}\"]\n",
+        upper_config("")
+    );
+    p.write("highwater.toml", &cfg);
+    let wants = ["`upper`", "`copy`", "out/a.txt.upper"];
+    let r = p.check(&["plan"], 2);
+    for w in wants {
+        assert!(r.stderr.contains(w), "{}", r.stderr);
+    }
+    p.write("highwater.toml", &cfg);
+    refused(&p, &export, &wants);
+}

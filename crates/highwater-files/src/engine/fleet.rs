@@ -24,6 +24,20 @@
 //! 5. **waits for the stage to close** (no item todo or claimed) before the
 //!    next stage, whose inputs may be this stage's outputs. The planner then
 //!    records the output folders for the next plan's folder cache.
+//!
+//! **One recipe at a time** (issue 20: a rolling deploy runs two configs of
+//! a stage side by side). The plan records its recipe with the queue, and a
+//! claim takes items only while the stage's plan has the claimer's recipe.
+//! A process whose recipe differs from the queued plan's is refused (exit
+//! 2, naming both recipes and the hosts holding the items); a process whose
+//! recipe a later plan replaced runs an older config and is refused too,
+//! unless `--force` asks for a rollback. So no item is made by one recipe
+//! and recorded under another, and two deploys never take turns remaking
+//! every item.
+//!
+//! **A store lost mid-run** ends the process with exit 1 (`Unfinished`),
+//! naming the store and what this process leaves unfinished. Its claims
+//! expire and are taken over by the next run; nothing recorded is lost.
 
 use super::{FailedItem, Observed, Pipeline, Progress, RunOptions, RunReport, Stage, StageReport};
 use crate::error::FilesError;
@@ -34,7 +48,8 @@ use highwater_core::plan::{self, Observation, Reason};
 use highwater_core::{Stat, Status};
 use highwater_store::lease::{host, owner_id, ClaimHeartbeat, LEASE_POLL_MS};
 use highwater_store::{
-    Batch, Claim, Fence, FleetProcess, LeaseOutcome, PgStore, StateStore, WindowCommit, WorkQueue,
+    Batch, Claim, Fence, FleetProcess, LeaseOutcome, PgStore, QueuePlan, StateStore, WindowCommit,
+    WorkQueue,
 };
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -86,6 +101,17 @@ pub struct FleetStage {
     pub fenced: usize,
 }
 
+/// Recipes a plan remembers as replaced, at most (a limit on everything).
+const REPLACED_RECIPES_MAX: usize = 16;
+
+/// Where a process of the fleet got to in a stage, for the message when it
+/// stops unfinished.
+#[derive(Default)]
+struct Reached {
+    /// Items claimed and not yet recorded done.
+    in_hand: usize,
+}
+
 /// What planning under the lease came to.
 enum Planned {
     /// Another process queued the stage first: join its items.
@@ -124,25 +150,187 @@ impl Pipeline {
         })?;
         let _heartbeat = ClaimHeartbeat::start(&self.state_location(), owner.clone(), lease_ns)?;
         let selected = self.select(opts.stage.as_deref())?;
+        // Before any work: each stage's recipe against the fleet's plans,
+        // two stages writing one path, output roots that cannot be written.
+        for st in &selected {
+            self.check_recipe(store.as_mut(), st, opts.force)?;
+        }
+        if self.stages.len() > 1 {
+            let rendered = selected
+                .iter()
+                .map(|st| Ok((st.spec.name.as_str(), self.rendered_outputs(st)?)))
+                .collect::<Result<Vec<_>, FilesError>>()?;
+            self.check_against_all(
+                &rendered
+                    .iter()
+                    .map(|(n, r)| (*n, r.as_slice()))
+                    .collect::<Vec<_>>(),
+            )?;
+        }
+        for st in &selected {
+            self.check_writable(st)?;
+        }
         let mut report = RunReport::default();
-        for st in selected {
-            if st.template.is_aggregate() {
-                if let Some(why) = self.upstream_failures(store.as_ref(), st)? {
-                    report.stages.push(StageReport {
-                        name: st.spec.name.clone(),
-                        blocked: Some(why),
-                        ..StageReport::default()
-                    });
-                    continue;
+        for (i, st) in selected.iter().enumerate() {
+            let mut r = StageReport {
+                name: st.spec.name.clone(),
+                ..StageReport::default()
+            };
+            let mut reached = Reached::default();
+            let result = (|| -> Result<(), FilesError> {
+                if st.template.is_aggregate() {
+                    if let Some(why) = self.upstream_failures(store.as_ref(), st)? {
+                        r.blocked = Some(why);
+                        return Ok(());
+                    }
                 }
+                self.fleet_stage(
+                    store.as_mut(),
+                    st,
+                    &owner,
+                    lease_ns,
+                    opts,
+                    progress,
+                    &mut r,
+                    &mut reached,
+                )
+            })();
+            if let Err(e) = result {
+                return Err(self.unfinished(e, &report, &r, &reached, &selected[i + 1..]));
             }
-            let r = self.fleet_stage(store.as_mut(), st, &owner, lease_ns, opts, progress)?;
             report.stages.push(r);
         }
-        queue(store.as_mut()).finish(&owner)?;
+        queue(store.as_mut()).finish(&owner).map_err(|e| {
+            self.unfinished(
+                e.into(),
+                &report,
+                &StageReport::default(),
+                &Reached::default(),
+                &[],
+            )
+        })?;
         Ok(report)
     }
 
+    /// The error a shared run ends with when it stops part way: a lost
+    /// store, or any error after this process planned or claimed, is
+    /// `Unfinished` (exit 1), naming what it did and what it leaves; any
+    /// other error is a refusal with nothing touched (exit 2).
+    fn unfinished(
+        &self,
+        e: FilesError,
+        done: &RunReport,
+        stage: &StageReport,
+        reached: &Reached,
+        later: &[&Stage],
+    ) -> FilesError {
+        let fleet = stage.fleet.clone().unwrap_or_default();
+        let touched = fleet.planned
+            || fleet.claimed > 0
+            || stage.deleted > 0
+            || done
+                .stages
+                .iter()
+                .any(|s| s.fleet.as_ref().is_some_and(|f| f.planned || f.claimed > 0));
+        let store_lost = matches!(e, FilesError::Store(_));
+        if !store_lost && !touched {
+            return e;
+        }
+        let mut parts = Vec::new();
+        let earlier: usize = done.stages.iter().map(|s| s.processed).sum();
+        parts.push(format!(
+            "this process made and recorded {} item(s) of stage `{}`{}",
+            stage.processed,
+            stage.name,
+            if done.stages.is_empty() {
+                String::new()
+            } else {
+                format!(" (and {earlier} in the stages before)")
+            }
+        ));
+        if reached.in_hand > 0 {
+            parts.push(format!(
+                "{} item(s) it had claimed are not recorded and become claimable again when their claims expire (lease_duration_s = {})",
+                reached.in_hand, self.fleet.lease_duration_s
+            ));
+        }
+        parts.push(format!(
+            "the items of stage `{}` still queued are not done",
+            stage.name
+        ));
+        if !later.is_empty() {
+            parts.push(format!(
+                "stages not started: {}",
+                later
+                    .iter()
+                    .map(|s| format!("`{}`", s.spec.name))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        let advice = if store_lost {
+            "Nothing recorded is lost: once the state store answers again, run again; each item is still recorded once, and the outputs of unrecorded claims are made again"
+        } else {
+            "Fix the cause above, then run again; what was recorded stays"
+        };
+        FilesError::Unfinished {
+            stage: stage.name.clone(),
+            unfinished: parts.join("; "),
+            advice: advice.to_string(),
+            source: Box::new(e),
+        }
+    }
+
+    /// Refuses to run stage `st` under a recipe other than the one of the
+    /// stage's open plan, or under a recipe a later plan replaced (unless
+    /// `force`: a rollback on purpose).
+    fn check_recipe(
+        &self,
+        store: &mut dyn StateStore,
+        st: &Stage,
+        force: bool,
+    ) -> Result<(), FilesError> {
+        let name = &st.spec.name;
+        let ours = &st.settings.recipe;
+        let Some(plan) = queue(store).queue_plan(name)? else {
+            return Ok(());
+        };
+        if &plan.recipe == ours {
+            return Ok(());
+        }
+        let planned_by = format!(
+            "{} pid {} at {}",
+            plan.host,
+            plan.pid,
+            highwater_core::time::rfc3339_utc(plan.planned_at_ns)
+        );
+        if queue(store).pending(name)?.open() > 0 {
+            return Err(FilesError::RecipeQueued {
+                stage: name.clone(),
+                ours: ours.clone(),
+                theirs: plan.recipe.clone(),
+                planned_by,
+                holders: if plan.holders.is_empty() {
+                    "no process at this moment".into()
+                } else {
+                    plan.holders.join(", ")
+                },
+            });
+        }
+        if plan.replaced.contains(ours) && !force {
+            return Err(FilesError::RecipeReplaced {
+                stage: name.clone(),
+                ours: ours.clone(),
+                theirs: plan.recipe.clone(),
+                planned_by,
+            });
+        }
+        Ok(())
+    }
+
+    /// One stage of a shared run. `report` is filled in as it goes, so
+    /// that a run that stops part way can say what it did.
+    #[allow(clippy::too_many_arguments)]
     fn fleet_stage(
         &self,
         store: &mut dyn StateStore,
@@ -151,24 +339,43 @@ impl Pipeline {
         lease_ns: i64,
         opts: &RunOptions,
         progress: &dyn Progress,
-    ) -> Result<StageReport, FilesError> {
+        report: &mut StageReport,
+        reached: &mut Reached,
+    ) -> Result<(), FilesError> {
         let started = Instant::now();
         let name = st.spec.name.clone();
+        let recipe = st.settings.recipe.as_str();
         let run_id = store.begin_run(&name, now_ns())?;
-        let mut report = StageReport {
-            name: name.clone(),
-            ..StageReport::default()
-        };
-        let mut fleet = FleetStage::default();
-        let planned = self.plan_or_join(store, st, owner, lease_ns, opts, &mut report)?;
-        fleet.planned = planned.is_some();
+        report.fleet = Some(FleetStage::default());
+        let planned = self.plan_or_join(store, st, owner, lease_ns, opts, report)?;
+        report.fleet = Some(FleetStage {
+            planned: planned.is_some(),
+            ..FleetStage::default()
+        });
+        let mut fleet = report.fleet.clone().unwrap_or_default();
         progress.stage_start(&name, report.changed);
         let jobs = opts.jobs.clamp(1, super::JOBS_MAX);
+        let mut foreign = false;
         loop {
-            let claims =
-                queue(store).claim(&name, owner, self.fleet.claim_batch_max.max(jobs), lease_ns)?;
+            let claims = queue(store).claim_recipe(
+                &name,
+                owner,
+                self.fleet.claim_batch_max.max(jobs),
+                lease_ns,
+                recipe,
+            )?;
             if claims.is_empty() {
                 if queue(store).pending(&name)?.open() == 0 {
+                    break;
+                }
+                // Open items of another recipe's plan: that plan was queued
+                // after ours closed, so all of ours are done; its items are
+                // its processes' to do.
+                if queue(store)
+                    .queue_plan(&name)?
+                    .is_some_and(|p| p.recipe != recipe)
+                {
+                    foreign = true;
                     break;
                 }
                 // Others hold live claims: wait for them to finish or
@@ -178,20 +385,16 @@ impl Pipeline {
             }
             fleet.claimed += claims.len();
             fleet.takeovers += claims.iter().filter(|c| c.takeover).count();
+            report.fleet = Some(fleet.clone());
+            reached.in_hand = claims.len();
             self.work_claims(
-                store,
-                st,
-                owner,
-                lease_ns,
-                &claims,
-                jobs,
-                &mut report,
-                &mut fleet,
-                progress,
+                store, st, owner, lease_ns, &claims, jobs, report, &mut fleet, progress,
             )?;
+            reached.in_hand = 0;
+            report.fleet = Some(fleet.clone());
         }
         let retried = queue(store).pending(&name)?.retried;
-        if let (Some(Some(dirs)), 0) = (planned, retried) {
+        if let (Some(Some(dirs)), 0, false) = (planned, retried, foreign) {
             // Every queued item is done: the folders are final for now. Not
             // recorded when a claim was taken over or a young temp output
             // was kept: the folders may hold a temp output of a process
@@ -218,7 +421,7 @@ impl Pipeline {
         let exit = if report.failed.is_empty() { 0 } else { 1 };
         store.finish_run(run_id, now_ns(), &summary, exit)?;
         report.fleet = Some(fleet);
-        Ok(report)
+        Ok(())
     }
 
     /// Plans the stage under its plan lease when nothing of it is open, or
@@ -237,6 +440,8 @@ impl Pipeline {
         let lease_name = format!("plan:{name}");
         loop {
             if queue(store).pending(name)?.open() > 0 {
+                // Joined only under our own recipe.
+                self.check_recipe(store, st, opts.force)?;
                 return Ok(None);
             }
             let lease = match store.acquire_lease(
@@ -257,20 +462,22 @@ impl Pipeline {
                 name: lease_name.clone(),
                 token: lease.token,
             };
-            let result = self.plan_under_lease(store, st, &fence, lease_ns, opts, report);
+            let result = self.plan_under_lease(store, st, owner, &fence, lease_ns, opts, report);
             store.release_lease(&fence)?;
             match result? {
-                Planned::Lapsed => continue,
-                Planned::Joined => return Ok(None),
+                // Looked at again, recipe included, at the loop's top.
+                Planned::Lapsed | Planned::Joined => continue,
                 Planned::Queued(dirs) => return Ok(Some(dirs)),
             }
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn plan_under_lease(
         &self,
         store: &mut dyn StateStore,
         st: &Stage,
+        owner: &str,
         fence: &Fence,
         lease_ns: i64,
         opts: &RunOptions,
@@ -282,6 +489,10 @@ impl Pipeline {
         if queue(store).pending(&name)?.open() > 0 {
             return Ok(Planned::Joined);
         }
+        // Under the lease, the stage's plan cannot change: a recipe a later
+        // plan replaced is refused here for good.
+        self.check_recipe(store, st, opts.force)?;
+        let before = queue(store).queue_plan(&name)?;
         let o: Observed = self.observe(st, opts.rehash, None)?;
         if let Err(r) = guard::check(
             &o.plan,
@@ -338,7 +549,34 @@ impl Pipeline {
             let text = serde_json::to_string(&payload).expect("a payload is plain data");
             items.push((c.item.clone(), text));
         }
-        match queue(store).enqueue(&name, &batch, &items, fence)? {
+        // What this plan's recipe replaces: the previous plan's recipe and
+        // every other recipe the stage's entries were made by.
+        let ours = &st.settings.recipe;
+        let mut replaced: Vec<String> = before
+            .map(|p| {
+                let mut r = p.replaced;
+                r.push(p.recipe);
+                r
+            })
+            .unwrap_or_default();
+        replaced.extend(o.prev.items.values().map(|e| e.recipe.clone()));
+        replaced.retain(|r| r != ours && !r.is_empty());
+        let mut seen = std::collections::HashSet::new();
+        // Newest last; the oldest are dropped first past the limit.
+        replaced.reverse();
+        replaced.retain(|r| seen.insert(r.clone()));
+        replaced.truncate(REPLACED_RECIPES_MAX);
+        replaced.reverse();
+        let plan = QueuePlan {
+            recipe: ours.clone(),
+            owner: owner.to_string(),
+            host: host(),
+            pid: std::process::id() as i64,
+            planned_at_ns: now_ns(),
+            replaced,
+            holders: Vec::new(),
+        };
+        match queue(store).enqueue_plan(&name, &batch, &items, fence, &plan)? {
             WindowCommit::Done if kept_temp => Ok(Planned::Queued(None)),
             WindowCommit::Done => Ok(Planned::Queued(Some(o.output_dirs))),
             _ => Ok(Planned::Lapsed),
