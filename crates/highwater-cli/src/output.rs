@@ -458,6 +458,23 @@ pub fn grid(
             }
         )?;
     }
+    // Windows shown missing although a record says published: say why.
+    let notes: Vec<&highwater_ingest::GridRow> = rows.iter().filter(|r| r.note.is_some()).collect();
+    for r in notes.iter().take(10) {
+        writeln!(
+            out,
+            "  {} missing: {}",
+            r.start,
+            r.note.as_deref().unwrap_or("")
+        )?;
+    }
+    if notes.len() > 10 {
+        writeln!(
+            out,
+            "  ... and {} more missing windows like these",
+            notes.len() - 10
+        )?;
+    }
     let l = &view.layout;
     if let (Some(f), Some(b)) = (l.files_per_window_median, l.file_bytes_median) {
         writeln!(

@@ -169,6 +169,82 @@ pub fn schema_of(path: &Path) -> Result<SchemaRef, IngestError> {
     Ok(b.schema().clone())
 }
 
+/// `batch` in the period's `schema`: the same columns, each of the same
+/// type or one it widens into ([`crate::sink::widens`]), cast. `None`
+/// when it cannot be, with what is wrong.
+pub fn widen_batch(batch: RecordBatch, schema: &SchemaRef) -> Result<RecordBatch, String> {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::{Float32Type, Int16Type, Int32Type};
+    use arrow_array::{ArrayRef, Float64Array, Int32Array, Int64Array};
+    use arrow_schema::DataType as D;
+    if batch.schema().fields() == schema.fields() {
+        return Ok(batch);
+    }
+    let names = |s: &arrow_schema::Schema| -> Vec<String> {
+        s.fields().iter().map(|f| f.name().clone()).collect()
+    };
+    if names(&batch.schema()) != names(schema) {
+        return Err(format!(
+            "its columns are {} where the period's are {}",
+            names(&batch.schema()).join(", "),
+            names(schema).join(", ")
+        ));
+    }
+    let mut cols: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
+    for (f, c) in schema.fields().iter().zip(batch.columns()) {
+        let c: ArrayRef = match (c.data_type(), f.data_type()) {
+            (a, b) if a == b => c.clone(),
+            (D::Int16, D::Int32) => std::sync::Arc::new(
+                c.as_primitive::<Int16Type>()
+                    .iter()
+                    .map(|v| v.map(i32::from))
+                    .collect::<Int32Array>(),
+            ),
+            (D::Int16, D::Int64) => std::sync::Arc::new(
+                c.as_primitive::<Int16Type>()
+                    .iter()
+                    .map(|v| v.map(i64::from))
+                    .collect::<Int64Array>(),
+            ),
+            (D::Int32, D::Int64) => std::sync::Arc::new(
+                c.as_primitive::<Int32Type>()
+                    .iter()
+                    .map(|v| v.map(i64::from))
+                    .collect::<Int64Array>(),
+            ),
+            (D::Float32, D::Float64) => std::sync::Arc::new(
+                c.as_primitive::<Float32Type>()
+                    .iter()
+                    .map(|v| v.map(f64::from))
+                    .collect::<Float64Array>(),
+            ),
+            (a, b) => {
+                return Err(format!(
+                    "column `{}` is {a} in its files where the period's is {b}, which it does not widen into",
+                    f.name()
+                ))
+            }
+        };
+        cols.push(c);
+    }
+    RecordBatch::try_new(schema.clone(), cols).map_err(|e| e.to_string())
+}
+
+/// The schema a period of windows with `schemas` (in window order) is
+/// written in: the newest, when every other widens into it column by
+/// column; otherwise the first pair that does not, by index.
+pub fn period_schema(schemas: &[SchemaRef]) -> Result<SchemaRef, (usize, usize, String)> {
+    let last = schemas.len() - 1;
+    let target = &schemas[last];
+    for (i, s) in schemas.iter().enumerate() {
+        let empty = RecordBatch::new_empty(s.clone());
+        if let Err(why) = widen_batch(empty, target) {
+            return Err((i, last, why));
+        }
+    }
+    Ok(target.clone())
+}
+
 /// One window to write into a period, with the digest its rows must have
 /// (`None`: take the inputs' as they are, for windows recorded before
 /// digests were).
@@ -200,7 +276,7 @@ pub fn write_period(
     };
     let mut sink = ParquetSink::with_schema(
         staging,
-        schema,
+        schema.clone(),
         READ_BATCH_ROWS,
         usize::MAX,
         target_bytes,
@@ -210,13 +286,32 @@ pub fn write_period(
     let mut out = Vec::with_capacity(windows.len());
     let mut offset = 0u64;
     for w in windows {
+        // `d_in` over the rows as published (checked against the
+        // window's digest), `d` over the rows as written: they differ
+        // only where a column was widened.
         let mut d = RowsDigest::default();
+        let mut d_in = RowsDigest::default();
         let keep = w.keep;
+        let start_us = w.start_us;
         let mut push = |b: RecordBatch| {
             if !keep {
                 return Ok(());
             }
-            d.add_batch(&b);
+            d_in.add_batch(&b);
+            let b = if b.schema().fields() == schema.fields() {
+                d.add_batch(&b);
+                b
+            } else {
+                let c = widen_batch(b, &schema).map_err(|why| IngestError::Parquet {
+                    path: staging.to_path_buf(),
+                    message: format!(
+                        "the window starting {}: {why}",
+                        highwater_core::window::format_rfc3339(start_us)
+                    ),
+                })?;
+                d.add_batch(&c);
+                c
+            };
             sink.push_batch(b)
         };
         match &w.input {
@@ -240,14 +335,15 @@ pub fn write_period(
             continue;
         }
         let digest = d.render();
-        if let Some(e) = w.expect.as_deref().filter(|e| *e != digest) {
+        let published = d_in.render();
+        if let Some(e) = w.expect.as_deref().filter(|e| *e != published) {
             return Err(IngestError::Parquet {
                 path: match &w.input {
                     Input::Files(dir, _) => dir.clone(),
                     Input::Old(_) => old.unwrap_or(staging).to_path_buf(),
                 },
                 message: format!(
-                    "the window starting {} reads back as {digest} where it was published as {e}; its files changed since. Re-ingest it (`ingest --window`) before compacting",
+                    "the window starting {} reads back as {published} where it was published as {e}; its files changed since. Re-ingest it (`ingest --window`) before compacting",
                     highwater_core::window::format_rfc3339(w.start_us)
                 ),
             });

@@ -77,6 +77,11 @@ pub struct Checks {
     /// (8 bytes of memory per row of that window).
     #[serde(default = "off")]
     pub adjacent_duplicates: Policy,
+    /// A window whose columns differ from the previous published window's
+    /// in a way that does not widen (see [`crate::sink::widens`]): a
+    /// reader of the output would see one column with two types.
+    #[serde(default = "fail")]
+    pub schema: Policy,
 }
 
 fn off() -> Policy {
@@ -97,6 +102,7 @@ impl Default for Checks {
                 warn_share_of_interval: 0.5,
             }),
             adjacent_duplicates: Policy::Off,
+            schema: Policy::Fail,
         }
     }
 }

@@ -266,10 +266,12 @@ mod tests {
             Column {
                 name: "id".into(),
                 ty: ColType::I64,
+                source_type: "int8".into(),
             },
             Column {
                 name: "note".into(),
                 ty: ColType::Text,
+                source_type: "text".into(),
             },
         ]
     }

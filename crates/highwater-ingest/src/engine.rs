@@ -5,7 +5,7 @@
 use crate::config::{Mode, Policy, SourceSpec};
 use crate::error::IngestError;
 use crate::publish;
-use crate::sink::{FileInfo, ParquetSink, Written};
+use crate::sink::{ColType, FileInfo, ParquetSink, Written};
 use crate::source::{self, KeyRange, Pred, Reader, Scope};
 use highwater_core::window::{format_rfc3339, Window};
 use highwater_store::{
@@ -118,6 +118,9 @@ pub struct GridRow {
     pub compacted: Option<String>,
     /// A chunked window's chunks by status.
     pub chunks: Option<BTreeMap<String, usize>>,
+    /// What is wrong with the window beyond its status (a published
+    /// window whose folder is gone).
+    pub note: Option<String>,
     /// The content digest of the published rows: independent of files and
     /// row order, so it stays the same through a compaction.
     pub digest: Option<String>,
@@ -365,6 +368,58 @@ impl Ingestor {
             }
         }
         Ok(ks.into_iter().collect())
+    }
+
+    /// Whether published window `r` is still on disk where its record says:
+    /// its folder's `_manifest.json`, or its compacted period's manifest
+    /// listing it. A folder deleted out of band is caught here, so that
+    /// `windows` does not show it as published and `ingest` lands it again.
+    /// Windows in object storage are not checked (that would be a request
+    /// per window); `compact` checks every window it reads.
+    pub(crate) fn on_disk(
+        &self,
+        r: &WindowRecord,
+        periods: &mut BTreeMap<String, Option<crate::compact::PeriodManifest>>,
+    ) -> bool {
+        if self.spec.output_place.is_some() {
+            return true;
+        }
+        let safe = |p: &str| {
+            Path::new(p)
+                .components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)))
+        };
+        if let Some(period) = r.extra["compacted"]["path"].as_str().filter(|p| safe(p)) {
+            let m = periods
+                .entry(period.to_string())
+                .or_insert_with(|| crate::compact::read_manifest(&self.root.join(period)));
+            return m
+                .as_ref()
+                .is_some_and(|m| m.windows.iter().any(|w| w.start_us == r.start_us));
+        }
+        let rel = match r.extra["path"].as_str().filter(|p| safe(p)) {
+            Some(p) => p.to_string(),
+            None => {
+                self.window_path(&Window {
+                    start_us: r.start_us,
+                    end_us: r.end_us,
+                })
+                .0
+            }
+        };
+        self.root.join(rel).join("_manifest.json").is_file()
+    }
+
+    /// The published windows, under the current recipe, that are gone
+    /// from disk ([`Self::on_disk`]), oldest first.
+    fn gone_windows(&self, records: &BTreeMap<i64, WindowRecord>) -> Vec<i64> {
+        let mut periods = BTreeMap::new();
+        records
+            .iter()
+            .filter(|(_, r)| r.status == WindowStatus::Published && r.recipe == self.recipe)
+            .filter(|(_, r)| !self.on_disk(r, &mut periods))
+            .map(|(k, _)| *k)
+            .collect()
     }
 
     /// The parts of the recipe that differ between the current definition
@@ -1031,6 +1086,46 @@ impl Ingestor {
                 }
             }
         }
+        // The window's schema against its neighbour's (the nearest
+        // published window before it, else after it): a reader of the
+        // output must not see one column with two types unannounced.
+        let schema = crate::sink::schema_json(&ctx.columns);
+        rec.extra["schema"] = schema.clone();
+        if self.spec.checks.schema != Policy::Off {
+            let with_schema = |r: &&WindowRecord| {
+                r.status == WindowStatus::Published && r.extra["schema"].is_array()
+            };
+            let neighbour = ctx
+                .records
+                .range(..k)
+                .rev()
+                .map(|(_, r)| r)
+                .find(with_schema)
+                .or_else(|| ctx.records.range(k + 1..).map(|(_, r)| r).find(with_schema));
+            if let Some(n) = neighbour {
+                let (changes, widening) = crate::sink::schema_changes(&n.extra["schema"], &schema);
+                let nw = Window {
+                    start_us: n.start_us,
+                    end_us: n.end_us,
+                };
+                if !changes.is_empty() && widening {
+                    outcome.warnings.push(format!(
+                        "window {w}: {} since window {nw} (check schema); compaction widens the older windows' files to match",
+                        changes.join("; ")
+                    ));
+                } else if !changes.is_empty() {
+                    judge(
+                        self.spec.checks.schema,
+                        format!(
+                            "window {w}: {} since window {nw} (check schema). A reader of the output would see two types in one column, and a compaction of a period holding both would fail. If the source changed on purpose: cast the column back in a `query` (e.g. `SELECT ..., amount::int4 AS amount`), or land the new schema under a new source name and output, or set `[sources.{}.checks] schema = \"warn\"` to publish it as it is",
+                            changes.join("; "),
+                            self.spec.name
+                        ),
+                        &mut outcome,
+                    );
+                }
+            }
+        }
         if let Some(d) = &self.spec.checks.duration {
             let interval_ms = self.spec.grid.interval_us as f64 / 1000.0;
             if extract_ms as f64 > d.warn_share_of_interval * interval_ms {
@@ -1059,6 +1154,7 @@ impl Ingestor {
             "files": files,
             "rows": rows,
             "digest": digest.render(),
+            "schema": schema,
             "chunks": rec.extra.get("chunks").cloned().unwrap_or(serde_json::Value::Null),
             "key_unique": {"checked": dups.is_some(), "duplicate_keys": dups},
             "extract_ms": extract_ms,
@@ -1236,6 +1332,41 @@ impl Ingestor {
         };
         let mut first = source::open(&self.spec)?;
         let columns = first.columns()?;
+        if let Some(ch) = &self.spec.chunking {
+            // Refused before any window runs: every window would fail the
+            // same way.
+            let cut_on = columns.iter().find(|c| c.name == ch.by);
+            match cut_on {
+                Some(c) if matches!(c.ty, ColType::I16 | ColType::I32 | ColType::I64) => {}
+                Some(c) => {
+                    return Err(IngestError::Schema {
+                        name: name.clone(),
+                        message: format!(
+                            "`chunk_by` column `{}` is {}, not an integer: chunks are ranges of an integer key. Chunk by an indexed integer column (the primary key, say), or remove `chunk_by`",
+                            ch.by, c.source_type
+                        ),
+                    })
+                }
+                None => {
+                    return Err(IngestError::Schema {
+                        name: name.clone(),
+                        message: format!(
+                            "`chunk_by` names `{}`, which the table does not have (it has {}); name an indexed integer column",
+                            ch.by,
+                            columns.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", ")
+                        ),
+                    })
+                }
+            }
+            if !first.leads_an_index(&ch.by)? {
+                report.warnings.push(format!(
+                    "`chunk_by` column `{}` leads no index: each chunk scans the whole window for its key range, several times slower than through an index. Create one (`CREATE INDEX ON {} ({})`)",
+                    ch.by,
+                    self.spec.relation_sql(),
+                    crate::config::quote_column(&ch.by)
+                ));
+            }
+        }
         // commit_order: the horizon, and the published windows that rows of
         // late-committing transactions belong to.
         let (horizon, late) = if self.spec.mode == Mode::CommitOrder {
@@ -1253,9 +1384,22 @@ impl Ingestor {
         let stale = self.stale_windows(opts, &records)?;
         let mut ks = self.choose(opts, bookmark.as_ref(), &records, &late)?;
         if opts.window.is_none() && opts.from_us.is_none() && opts.to_us.is_none() {
-            // Windows published under another recipe are re-landed first,
-            // oldest first, within the catch-up cap.
-            let mut all: BTreeSet<i64> = stale.iter().copied().collect();
+            // Windows published under another recipe, and published ones
+            // whose folder is gone, are re-landed first, oldest first,
+            // within the catch-up cap.
+            let gone = self.gone_windows(&records);
+            if let Some(first) = gone.first() {
+                report.warnings.push(format!(
+                    "{} published window(s) are gone from disk (first: {} at {}), deleted out of band: landing them again",
+                    gone.len(),
+                    self.spec.grid.window(*first),
+                    records[first].extra["compacted"]["path"]
+                        .as_str()
+                        .or(records[first].extra["path"].as_str())
+                        .unwrap_or("?")
+                ));
+            }
+            let mut all: BTreeSet<i64> = stale.iter().chain(gone.iter()).copied().collect();
             for k in ks {
                 if all.len() >= self.spec.catch_up_windows_max {
                     break;
@@ -1475,10 +1619,28 @@ impl Ingestor {
         let mut file_sizes = Vec::new();
         let mut files_per_window = Vec::new();
         let mut periods: BTreeMap<String, CompactedPeriod> = BTreeMap::new();
+        let mut manifests = BTreeMap::new();
         let rows = (from..closed)
             .map(|k| {
                 let w = g.window(k);
                 let r = records.get(&k);
+                // Published, but gone from disk: shown as missing, as the
+                // next ingest sees it.
+                let gone = r.filter(|r| {
+                    r.status == WindowStatus::Published && !self.on_disk(r, &mut manifests)
+                });
+                let note = gone.map(|r| {
+                    format!(
+                        "published at {}, but {} is gone (deleted out of band?); the next `highwater ingest {}` lands it again",
+                        format_rfc3339(r.updated_at_ns / 1000),
+                        r.extra["compacted"]["path"]
+                            .as_str()
+                            .or(r.extra["path"].as_str())
+                            .unwrap_or("its folder"),
+                        self.spec.name
+                    )
+                });
+                let r = if gone.is_some() { None } else { r };
                 let prior: Vec<f64> = (1..=7)
                     .filter_map(|d| records.get(&g.index_of(w.start_us - d * DAY_US)))
                     .filter(|r| r.status == WindowStatus::Published)
@@ -1537,6 +1699,7 @@ impl Ingestor {
                     files,
                     compacted,
                     chunks,
+                    note,
                     digest: published
                         .and_then(|r| r.extra["digest"].as_str())
                         .map(str::to_string),

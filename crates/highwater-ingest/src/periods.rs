@@ -56,8 +56,14 @@ pub struct CompactReport {
 }
 
 impl CompactReport {
+    /// Periods asked for and not compacted, failed or skipped (a window
+    /// inside not published): non-zero means exit 1, since what was asked
+    /// was not done.
     pub fn failed(&self) -> usize {
-        self.periods.iter().filter(|p| p.status == "failed").count()
+        self.periods
+            .iter()
+            .filter(|p| p.status == "failed" || p.status == "skipped")
+            .count()
     }
 }
 
@@ -162,7 +168,26 @@ impl Ingestor {
         };
         let start = self.spec.grid.window(k).start_us;
         let names = compact::parquet_files(staging)?;
-        let schema = compact::schema_of(&staging.join(&names[0]))?;
+        // The period's files and the window's may differ by a widening
+        // (either way round): the rewritten period takes the wider one.
+        let wschema = compact::schema_of(&staging.join(&names[0]))?;
+        let schema = match compact::parquet_files(&pabs)?.first() {
+            None => wschema,
+            Some(n) => {
+                let pschema = compact::schema_of(&pabs.join(n))?;
+                compact::period_schema(&[pschema.clone(), wschema.clone()])
+                    .or_else(|_| compact::period_schema(&[wschema, pschema]))
+                    .map_err(|(_, _, why)| IngestError::Schema {
+                        name: self.spec.name.clone(),
+                        message: format!(
+                            "window {} cannot be written into its compacted period {}: {why}; the period keeps its previous rows. Cast the column back to its old type in a `query`, or keep `[sources.{}.checks] schema = \"fail\"` (the default) so that such a window is refused before it is published",
+                            self.spec.grid.window(k),
+                            pabs.display(),
+                            self.spec.name
+                        ),
+                    })?
+            }
+        };
         let mut ins = Vec::new();
         let mut placed = false;
         let ours = |ins: &mut Vec<WindowIn>| {
@@ -374,26 +399,38 @@ impl Ingestor {
             o.bytes_after = o.bytes_before;
             return Ok(o);
         }
-        let not_ready: Vec<String> = ks
+        let not_ready: Vec<i64> = ks
             .clone()
             .filter(|k| {
                 records
                     .get(k)
                     .is_none_or(|r| r.status != WindowStatus::Published || r.recipe != self.recipe)
             })
-            .map(|k| g.window(k).to_string())
             .collect();
-        if !not_ready.is_empty() {
+        if let Some(first) = not_ready.first() {
+            // What the first of them is, in its record's words.
+            let what = match records.get(first) {
+                None => "never ingested".to_string(),
+                Some(r) if r.status == WindowStatus::Published => {
+                    "published under another recipe".to_string()
+                }
+                Some(r) => match &r.error {
+                    Some(e) => format!("{}: {e}", r.status.as_str()),
+                    None => r.status.as_str().to_string(),
+                },
+            };
             o.reason = Some(format!(
-                "{} of its windows are not published under the current recipe (first: {}); ingest them first",
+                "{} of its windows are not published under the current recipe (first: {}, {what}); ingest them first (`highwater ingest {}`), then compact again",
                 not_ready.len(),
-                not_ready[0]
+                g.window(*first),
+                self.spec.name
             ));
             return Ok(o);
         }
         let token = self.token(p);
         let mut ins = Vec::new();
-        let mut schema = None;
+        // Each window's schema, from its first file, with the window.
+        let mut schemas: Vec<(Window, arrow_schema::SchemaRef)> = Vec::new();
         for k in ks.clone() {
             let r = &records[&k];
             let w = Window {
@@ -418,10 +455,8 @@ impl Ingestor {
                 o.files_before += 1;
                 o.bytes_before += bytes;
             }
-            if schema.is_none() {
-                if let Some(n) = names.first() {
-                    schema = Some(compact::schema_of(&wabs.join(n))?);
-                }
+            if let Some(n) = names.first() {
+                schemas.push((w, compact::schema_of(&wabs.join(n))?));
             }
             ins.push(WindowIn {
                 start_us: r.start_us,
@@ -432,9 +467,29 @@ impl Ingestor {
                 keep: true,
             });
         }
-        let Some(schema) = schema else {
+        if schemas.is_empty() {
             o.reason = Some("its windows have no files".into());
             return Ok(o);
+        }
+        // One schema for the period: the newest window's, when every
+        // older one widens into it (their files are cast as they are
+        // copied); otherwise the period is not compacted, and the two
+        // windows that disagree are named.
+        let only: Vec<arrow_schema::SchemaRef> = schemas.iter().map(|(_, s)| s.clone()).collect();
+        let schema = match compact::period_schema(&only) {
+            Ok(s) => s,
+            Err((a, b, why)) => {
+                o.status = "failed";
+                o.reason = Some(format!(
+                    "its windows have schemas that do not widen into one: window {} against window {}: {why}. Re-ingest the older windows so they are read with the source's current types (`highwater ingest {} --from {} --to {}`), then compact again",
+                    schemas[a].0,
+                    schemas[b].0,
+                    self.spec.name,
+                    format_rfc3339(schemas[a].0.start_us),
+                    format_rfc3339(schemas[b].0.start_us),
+                ));
+                return Ok(o);
+            }
         };
         let staging = publish::staging_path(&pabs, &token);
         publish::sweep_staging(&pabs, None);

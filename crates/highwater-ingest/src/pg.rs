@@ -8,6 +8,31 @@
 use postgres::types::ToSql;
 use postgres::{Error, Row, SimpleQueryMessage, Statement};
 
+/// What went wrong, in the server's words where the server said it: the
+/// client's own text for a server error is only "db error", with the
+/// reason (`relation "orders" does not exist`, `password authentication
+/// failed for user "x"`) in the error's source. Neither holds the
+/// connection string.
+pub fn reason(e: &postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        let mut out = db.message().to_string();
+        if let Some(d) = db.detail() {
+            out.push_str(&format!(" ({d})"));
+        }
+        if let Some(h) = db.hint() {
+            out.push_str(&format!("; hint: {h}"));
+        }
+        return out;
+    }
+    let mut out = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        out.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
+    out
+}
+
 pub struct Pg {
     rt: tokio::runtime::Runtime,
     client: tokio_postgres::Client,
@@ -22,7 +47,7 @@ impl Pg {
             .map_err(|e| format!("starting the client runtime: {e}"))?;
         let (client, connection) = rt
             .block_on(tokio_postgres::connect(url, postgres::NoTls))
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| reason(&e))?;
         // The connection task runs whenever the runtime does (inside every
         // block_on below); its end is seen by the next call as an error.
         rt.spawn(connection);
@@ -58,9 +83,9 @@ impl Pg {
     ) -> Result<(), String> {
         use futures_util::TryStreamExt;
         self.rt.block_on(async {
-            let stream = self.client.copy_out(sql).await.map_err(|e| e.to_string())?;
+            let stream = self.client.copy_out(sql).await.map_err(|e| reason(&e))?;
             let mut stream = std::pin::pin!(stream);
-            while let Some(chunk) = stream.try_next().await.map_err(|e| e.to_string())? {
+            while let Some(chunk) = stream.try_next().await.map_err(|e| reason(&e))? {
                 f(&chunk)?;
             }
             Ok(())

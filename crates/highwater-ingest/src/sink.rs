@@ -68,10 +68,153 @@ impl ColType {
     }
 }
 
+impl ColType {
+    /// The name a window's recorded schema gives the type.
+    pub fn name(self) -> &'static str {
+        match self {
+            ColType::Bool => "boolean",
+            ColType::I16 => "int16",
+            ColType::I32 => "int32",
+            ColType::I64 => "int64",
+            ColType::F32 => "float32",
+            ColType::F64 => "float64",
+            ColType::Text => "utf8",
+            ColType::Bytes => "binary",
+            ColType::TimestampTz => "timestamp[us, UTC]",
+            ColType::Timestamp => "timestamp[us]",
+            ColType::Date => "date32",
+        }
+    }
+}
+
+/// Whether a column of Arrow type `from` may become `to` between windows
+/// without a reader of the output noticing anything but wider values:
+/// int16 → int32 → int64 and float32 → float64, the changes Delta's type
+/// widening and Iceberg's schema evolution both allow, and which
+/// compaction carries out (every old value is exactly representable in
+/// the new type). An integer becoming a float is not: int64 loses digits
+/// past 2^53, sums and joins change meaning, and Iceberg refuses it.
+pub fn widens(from: &DataType, to: &DataType) -> bool {
+    use DataType as D;
+    from == to
+        || matches!(
+            (from, to),
+            (D::Int16, D::Int32)
+                | (D::Int16, D::Int64)
+                | (D::Int32, D::Int64)
+                | (D::Float32, D::Float64)
+        )
+}
+
+/// The Arrow type a recorded type name stands for.
+pub fn type_of_name(name: &str) -> Option<DataType> {
+    [
+        ColType::Bool,
+        ColType::I16,
+        ColType::I32,
+        ColType::I64,
+        ColType::F32,
+        ColType::F64,
+        ColType::Text,
+        ColType::Bytes,
+        ColType::TimestampTz,
+        ColType::Timestamp,
+        ColType::Date,
+    ]
+    .into_iter()
+    .find(|t| t.name() == name)
+    .map(ColType::data_type)
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Column {
     pub name: String,
     pub ty: ColType,
+    /// The source's own name for the type (`int4`, `numeric`, SQLite's
+    /// declared type), for messages about a changed schema.
+    pub source_type: String,
+}
+
+/// A window's schema as its record and manifest keep it: each column's
+/// name, Arrow type and source type, in order.
+pub fn schema_json(columns: &[Column]) -> serde_json::Value {
+    serde_json::Value::Array(
+        columns
+            .iter()
+            .map(|c| {
+                serde_json::json!({"name": c.name, "type": c.ty.name(), "source_type": c.source_type})
+            })
+            .collect(),
+    )
+}
+
+/// How the schema `new` differs from `old` (both as [`schema_json`]
+/// records them): one line per column, and whether every change widens.
+pub fn schema_changes(old: &serde_json::Value, new: &serde_json::Value) -> (Vec<String>, bool) {
+    let cols = |v: &serde_json::Value| -> Vec<(String, String, String)> {
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|c| {
+                        let s = |k: &str| c[k].as_str().unwrap_or("?").to_string();
+                        (s("name"), s("type"), s("source_type"))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let (old, new) = (cols(old), cols(new));
+    let mut lines = Vec::new();
+    let mut widening = true;
+    for (name, ty, src) in &old {
+        match new.iter().find(|c| &c.0 == name) {
+            None => {
+                widening = false;
+                lines.push(format!("column `{name}` ({src}, {ty}) is gone"));
+            }
+            Some((_, nty, nsrc)) if nty != ty || nsrc != src => {
+                let w = match (type_of_name(ty), type_of_name(nty)) {
+                    (Some(a), Some(b)) => widens(&a, &b),
+                    _ => false,
+                };
+                if nty == ty {
+                    // Same Arrow type (e.g. varchar → text): the files
+                    // cannot tell; say it and move on.
+                    lines.push(format!(
+                        "column `{name}` changed from {src} to {nsrc} (both {ty} in the files)"
+                    ));
+                    continue;
+                }
+                widening &= w;
+                lines.push(format!(
+                    "column `{name}` changed from {src} ({ty}) to {nsrc} ({nty}){}",
+                    if w {
+                        ", which widens"
+                    } else {
+                        ", which does not widen"
+                    }
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    for (name, ty, src) in &new {
+        if !old.iter().any(|c| &c.0 == name) {
+            widening = false;
+            lines.push(format!("column `{name}` ({src}, {ty}) is new"));
+        }
+    }
+    let order =
+        |v: &[(String, String, String)]| -> Vec<String> { v.iter().map(|c| c.0.clone()).collect() };
+    if lines.is_empty() && order(&old) != order(&new) {
+        widening = false;
+        lines.push(format!(
+            "the columns are in another order ({} before, {} now)",
+            order(&old).join(", "),
+            order(&new).join(", ")
+        ));
+    }
+    (lines, widening)
 }
 
 /// One value, borrowed from the source's row.

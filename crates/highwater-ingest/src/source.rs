@@ -83,6 +83,12 @@ pub trait Reader: Send {
         let _ = (pred, unique, chunk_by, chunk_rows, window);
         unreachable!("chunk_by is refused for this source kind at config load")
     }
+    /// Whether an index leads with `column` (a chunk reads its key range
+    /// through it; without one every chunk scans the whole window).
+    fn leads_an_index(&mut self, column: &str) -> Result<bool, IngestError> {
+        let _ = column;
+        Ok(true)
+    }
     /// Ends the read `plan_chunks` opened.
     fn end_chunks(&mut self) -> Result<(), IngestError> {
         Ok(())
@@ -228,6 +234,11 @@ impl Reader for SqliteReader {
                 Column {
                     name: c.name().to_string(),
                     ty,
+                    source_type: if decl.is_empty() {
+                        "(no declared type)".into()
+                    } else {
+                        decl.to_ascii_lowercase()
+                    },
                 }
             })
             .collect())
@@ -328,17 +339,21 @@ impl PgReader {
             name: spec.name.clone(),
             var: var.clone(),
         })?;
-        let mut client = crate::pg::Pg::connect(&url).map_err(|message| IngestError::Connect {
+        // The server's reason never contains the URL (and so no
+        // password); the variable is named so the operator knows where to
+        // look.
+        let connect_err = |reason: String| {
+            IngestError::Connect {
             name: spec.name.clone(),
-            // The error never contains the URL (and so no password).
-            message,
-        })?;
+            message: format!(
+                "{reason} (with the connection string in {var}, which is never printed; check the host, user, password and database in it)"
+            ),
+        }
+        };
+        let mut client = crate::pg::Pg::connect(&url).map_err(connect_err)?;
         client
             .batch_execute("SET TIME ZONE 'UTC'")
-            .map_err(|e| IngestError::Connect {
-                name: spec.name.clone(),
-                message: e.to_string(),
-            })?;
+            .map_err(|e| connect_err(crate::pg::reason(&e)))?;
         Ok(PgReader {
             spec: spec.clone(),
             client,
@@ -350,7 +365,7 @@ impl PgReader {
         IngestError::Read {
             name: self.spec.name.clone(),
             window: window.to_string(),
-            message: e.to_string(),
+            message: crate::pg::reason(&e),
         }
     }
 
@@ -363,7 +378,22 @@ impl PgReader {
         let sql = format!("SELECT * FROM {} AS s LIMIT 0", self.spec.relation_sql());
         let stmt = self.client.prepare(&sql).map_err(|e| IngestError::Schema {
             name: self.spec.name.clone(),
-            message: format!("cannot read the columns: {e}"),
+            message: format!(
+                "cannot read the columns of {}: {}; {}",
+                match &self.spec.relation {
+                    crate::config::Relation::Table(t) => format!("table `{t}`"),
+                    crate::config::Relation::Query(_) => "the query".to_string(),
+                },
+                crate::pg::reason(&e),
+                if e.code() == Some(&postgres::error::SqlState::UNDEFINED_TABLE) {
+                    format!(
+                        "was it renamed or dropped? `table` (or `query`) in [sources.{}] names what is read",
+                        self.spec.name
+                    )
+                } else {
+                    format!("check `table` (or `query`) in [sources.{}]", self.spec.name)
+                }
+            ),
         })?;
         let cols: Vec<(Column, String)> = stmt
             .columns()
@@ -390,6 +420,7 @@ impl PgReader {
                     Column {
                         name: c.name().to_string(),
                         ty,
+                        source_type: c.type_().name().to_string(),
                     },
                     expr,
                 )
@@ -531,7 +562,7 @@ impl Reader for PgReader {
         let werr = |e: postgres::Error| IngestError::Read {
             name: name.clone(),
             window: window.to_string(),
-            message: e.to_string(),
+            message: crate::pg::reason(&e),
         };
         // One read-only repeatable-read transaction: the duplicate count
         // and the rows see the same snapshot; a chunk joins the snapshot
@@ -597,7 +628,7 @@ impl Reader for PgReader {
         let werr = |e: postgres::Error| IngestError::Read {
             name: name.clone(),
             window: window.to_string(),
-            message: e.to_string(),
+            message: crate::pg::reason(&e),
         };
         let cols = self.described()?;
         match cols.iter().find(|(c, _)| c.name == chunk_by) {
@@ -694,6 +725,21 @@ impl Reader for PgReader {
         plan
     }
 
+    fn leads_an_index(&mut self, column: &str) -> Result<bool, IngestError> {
+        let crate::config::Relation::Table(t) = &self.spec.relation else {
+            return Ok(true);
+        };
+        let sql = "SELECT EXISTS (SELECT 1 FROM pg_index i JOIN pg_attribute a \
+                     ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] \
+                   WHERE i.indrelid = to_regclass($1) AND a.attname = $2 AND i.indpred IS NULL)";
+        let rel = crate::config::quote_ident(t);
+        let row = self
+            .client
+            .query_one(sql, &[&rel, &column])
+            .map_err(|e| self.err("(chunk_by index)", e))?;
+        Ok(row.get(0))
+    }
+
     fn end_chunks(&mut self) -> Result<(), IngestError> {
         self.client
             .batch_execute("COMMIT")
@@ -721,7 +767,7 @@ impl Reader for PgReader {
         let werr = |e: postgres::Error| IngestError::Read {
             name: name.clone(),
             window: "(horizon)".into(),
-            message: e.to_string(),
+            message: crate::pg::reason(&e),
         };
         self.client
             .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
