@@ -174,6 +174,26 @@ enum Command {
         /// sources to whoever can reach them).
         #[arg(long)]
         public: bool,
+        /// The address clients reach this server at (https://host/prefix):
+        /// TileJSON and styles then carry absolute URLs under it. Without
+        /// it they are root-relative; never the request's Host.
+        #[arg(long)]
+        public_url: Option<String>,
+        /// Seconds a request's head may take, from its first byte.
+        #[arg(long, default_value_t = 10)]
+        header_read_timeout_s: u64,
+        /// Seconds a connection may stay idle (no request under way, no
+        /// byte either way) before it is closed.
+        #[arg(long, default_value_t = 60)]
+        idle_timeout_s: u64,
+        /// Open connections at most; by default RLIMIT_NOFILE less the
+        /// descriptors kept for files.
+        #[arg(long)]
+        connections_max: Option<u64>,
+        /// Seconds between checks of the replication server, made in the
+        /// background: the pages show the last one and its age.
+        #[arg(long, default_value_t = 60)]
+        refresh_s: u64,
     },
     /// OpenStreetMap: the primary store, diffs, tile expiry.
     Osm {
@@ -652,12 +672,50 @@ fn write_durably(path: &std::path::Path, bytes: &[u8]) -> Result<(), highwater_o
     r.map_err(bad)
 }
 
+/// The replication server's state, or why it could not be had.
+type ServerTop = Result<highwater_osm::import::State, String>;
+
 /// `osm status --json`: the store, each dataset, the applied HTTP diffs,
 /// and the server's side when one is known (one quick request; an
 /// unreachable server is reported, not fatal).
 fn osm_status(
     st: &highwater_osm::store::Store,
     cfg: &highwater_osm::ops::OsmConfig,
+) -> Result<serde_json::Value> {
+    osm_status_with(st, cfg, &|base| Some(server_top(base, cfg)))
+}
+
+/// One quick request for the server's newest state.
+fn server_top(base: &str, cfg: &highwater_osm::ops::OsmConfig) -> ServerTop {
+    let quick = highwater_osm::fetch::RetryPolicy {
+        retries_max: 0,
+        timeout_s: cfg.retry.timeout_s.min(10),
+        ..cfg.retry.clone()
+    };
+    highwater_osm::fetch::Server::new(base, quick)
+        .and_then(|mut s| s.top())
+        .map_err(|e| e.to_string())
+}
+
+/// The server the store follows: the config names it, or the store has
+/// fetched from it. A store fed from a local folder follows none.
+fn followed_base(
+    st: &highwater_osm::store::Store,
+    cfg: &highwater_osm::ops::OsmConfig,
+) -> Option<String> {
+    cfg.replication_url.clone().or_else(|| {
+        let last = st.replication_log(1).ok()?.into_iter().next()?;
+        // `BASE/AAA/BBB/CCC.osc.gz`: the base is what precedes the path.
+        Some(last.1.rsplitn(4, '/').nth(3)?.to_string())
+    })
+}
+
+/// `osm_status` with the server's state from `server` (`None`: not known
+/// yet), so that `serve` can answer from its cache.
+fn osm_status_with(
+    st: &highwater_osm::store::Store,
+    cfg: &highwater_osm::ops::OsmConfig,
+    server: &dyn Fn(&str) -> Option<ServerTop>,
 ) -> Result<serde_json::Value> {
     use highwater_osm::ops;
     let mut v = ops::status(st, cfg)?;
@@ -670,24 +728,12 @@ fn osm_status(
         }))
         .collect::<Vec<_>>());
     v["replication_url_from_extract"] = serde_json::json!(st.meta("replication_url")?);
-    // The server's side, when the store follows one (the config names it,
-    // or the store has fetched from it): one quick request, and an
-    // unreachable server is reported, not fatal. A store fed from a local
-    // folder asks no server.
-    let followed = cfg.replication_url.clone().or_else(|| {
-        let last = st.replication_log(1).ok()?.into_iter().next()?;
-        // `BASE/AAA/BBB/CCC.osc.gz`: the base is what precedes the path.
-        Some(last.1.rsplitn(4, '/').nth(3)?.to_string())
-    });
-    if let Some(base) = followed {
-        let quick = highwater_osm::fetch::RetryPolicy {
-            retries_max: 0,
-            timeout_s: cfg.retry.timeout_s.min(10),
-            ..cfg.retry.clone()
-        };
-        let top = highwater_osm::fetch::Server::new(&base, quick).and_then(|mut s| s.top());
-        v["server"] = match top {
-            Ok(t) => {
+    // The server's side, when the store follows one: an unreachable server
+    // is reported, not fatal.
+    if let Some(base) = followed_base(st, cfg) {
+        v["server"] = match server(&base) {
+            None => serde_json::json!({"url": base}),
+            Some(Ok(t)) => {
                 let lag = |ts: &serde_json::Value| {
                     let a = highwater_core::window::parse_rfc3339(&t.timestamp).ok()?;
                     let b = highwater_core::window::parse_rfc3339(ts.as_str()?).ok()?;
@@ -702,7 +748,7 @@ fn osm_status(
                 }
                 serde_json::json!({"url": base, "sequence": t.sequence, "timestamp": t.timestamp, "lag_s": lag_s})
             }
-            Err(e) => serde_json::json!({"url": base, "error": e.to_string()}),
+            Some(Err(e)) => serde_json::json!({"url": base, "error": e}),
         };
     }
     Ok(v)
@@ -716,12 +762,83 @@ struct ServedProject {
     pipeline: Pipeline,
     cfg: highwater_osm::ops::OsmConfig,
     spec: highwater_files::PipelineSpec,
+    /// The last check of the replication server, made in the background
+    /// (`refresh`): a page never waits on the network (issue 20).
+    server_check: std::sync::Mutex<Option<ServerCheck>>,
+}
+
+#[derive(Clone)]
+struct ServerCheck {
+    base: String,
+    at_us: i64,
+    top: ServerTop,
 }
 
 /// Windows per source on the status page: a week of hourly windows.
 const SERVE_WINDOWS_SHOWN: usize = 168;
 
 impl ServedProject {
+    /// What a missing OSM store is said as, on every surface: the path and
+    /// the fix.
+    fn missing_store(&self) -> String {
+        format!(
+            "the OSM store {} does not exist: create it with `highwater osm import EXTRACT.osm.pbf` (or point [osm] store in {} at it)",
+            self.cfg.store.display(),
+            self.config.display()
+        )
+    }
+
+    /// The `osm` part of the status: null when no [osm] is configured, an
+    /// `error` naming the path and the fix when the store is missing or
+    /// unreadable, the server's side from the background check.
+    fn osm(&self, errors: &mut Vec<String>) -> serde_json::Value {
+        if self.spec.osm.is_none() {
+            return serde_json::Value::Null;
+        }
+        let store = self.cfg.store.display().to_string();
+        if !self.cfg.store.exists() {
+            let e = self.missing_store();
+            errors.push(e.clone());
+            return serde_json::json!({"store": store, "error": e, "datasets": []});
+        }
+        let check = self.server_check.lock().expect("not poisoned").clone();
+        // The check used, if it was of the server the store follows now.
+        let used = std::cell::RefCell::new(None);
+        let r = highwater_osm::store::Store::open(&self.cfg.store)
+            .map_err(anyhow::Error::from)
+            .and_then(|st| {
+                osm_status_with(&st, &self.cfg, &|base| {
+                    let c = check.clone().filter(|c| c.base == base);
+                    *used.borrow_mut() = c.clone();
+                    c.map(|c| c.top)
+                })
+            });
+        match r {
+            Ok(mut v) => {
+                let now = highwater_store::lease::now_ns() / 1000;
+                if let Some(sv) = v.get_mut("server").and_then(|s| s.as_object_mut()) {
+                    let c = used.into_inner();
+                    sv.insert(
+                        "checked_at".into(),
+                        serde_json::json!(c
+                            .as_ref()
+                            .map(|c| highwater_core::window::format_rfc3339(c.at_us))),
+                    );
+                    sv.insert(
+                        "age_s".into(),
+                        serde_json::json!(c.map(|c| (now - c.at_us).max(0) / 1_000_000)),
+                    );
+                }
+                v
+            }
+            Err(e) => {
+                let e = format!("the OSM store {store}: {}", message(&e));
+                errors.push(e.clone());
+                serde_json::json!({"store": store, "error": e, "datasets": []})
+            }
+        }
+    }
+
     fn sources(&self, errors: &mut Vec<String>) -> Vec<serde_json::Value> {
         let now = highwater_store::lease::now_ns() / 1000;
         let mut out = Vec::new();
@@ -775,20 +892,7 @@ impl highwater_serve::Project for ServedProject {
         } else {
             Vec::new()
         };
-        let osm = if self.cfg.store.exists() {
-            match highwater_osm::store::Store::open(&self.cfg.store)
-                .map_err(anyhow::Error::from)
-                .and_then(|st| osm_status(&st, &self.cfg))
-            {
-                Ok(v) => v,
-                Err(e) => {
-                    errors.push(format!("OSM store: {}", message(&e)));
-                    serde_json::Value::Null
-                }
-            }
-        } else {
-            serde_json::Value::Null
-        };
+        let osm = self.osm(&mut errors);
         serde_json::json!({
             "version": env!("CARGO_PKG_VERSION"),
             "generated_at": highwater_core::window::format_rfc3339(highwater_store::lease::now_ns() / 1000),
@@ -828,6 +932,39 @@ impl highwater_serve::Project for ServedProject {
             )
             .map_err(|e| e.to_string())?;
         Ok(tiles.into_iter().map(|t| (t.z, t.x, t.y)).collect())
+    }
+
+    fn notes(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.spec.osm.is_some() && !self.cfg.store.exists() {
+            out.push(self.missing_store());
+        }
+        for d in &self.cfg.tiles {
+            if let Some(mb) = d.mbtiles.as_ref().filter(|m| !m.exists()) {
+                out.push(format!(
+                    "[osm.tiles.{}] mbtiles {} does not exist: build it with `highwater osm tiles build`",
+                    d.name,
+                    mb.display()
+                ));
+            }
+        }
+        out
+    }
+
+    /// The replication server's state, into the cache `status` reads.
+    fn refresh(&self) {
+        if !self.cfg.store.exists() {
+            return;
+        }
+        let Some(base) = highwater_osm::store::Store::open(&self.cfg.store)
+            .ok()
+            .and_then(|st| followed_base(&st, &self.cfg))
+        else {
+            return;
+        };
+        let top = server_top(&base, &self.cfg);
+        let at_us = highwater_store::lease::now_ns() / 1000;
+        *self.server_check.lock().expect("not poisoned") = Some(ServerCheck { base, at_us, top });
     }
 }
 
@@ -1490,21 +1627,45 @@ fn run(cli: Cli) -> Result<i32> {
             return Ok(if report.failed() > 0 { 1 } else { 0 });
         }
         Command::Osm { command } => return osm(&config, named_config, command, &mut out),
-        Command::Serve { listen, public } => {
+        Command::Serve {
+            listen,
+            public,
+            public_url,
+            header_read_timeout_s,
+            idle_timeout_s,
+            connections_max,
+            refresh_s,
+        } => {
             let (pipeline, cfg, spec) = load_config(&config)?;
             let project = std::sync::Arc::new(ServedProject {
                 config: config.clone(),
                 pipeline,
                 cfg,
                 spec,
+                server_check: std::sync::Mutex::new(None),
             });
-            highwater_serve::serve(*listen, *public, project, |addr| {
+            let opts = highwater_serve::Options {
+                public: *public,
+                public_url: public_url.clone(),
+                header_read_timeout_s: *header_read_timeout_s,
+                idle_timeout_s: *idle_timeout_s,
+                connections_max: *connections_max,
+                refresh_s: *refresh_s,
+                ..highwater_serve::Options::new(*listen)
+            };
+            let notes = highwater_serve::Project::notes(&*project);
+            highwater_serve::serve(opts, project, |addr| {
+                // Only what a closed stderr cannot turn into a panic.
+                let mut err = std::io::stderr();
                 if !addr.ip().is_loopback() {
-                    eprintln!(
+                    let _ = writeln!(err,
                         "serving on {addr}, beyond this machine (--public): anyone who can reach it sees the pages"
                     );
                 }
-                eprintln!("listening on http://{addr}/");
+                let _ = writeln!(err, "listening on http://{addr}/");
+                for n in &notes {
+                    let _ = writeln!(err, "warning: {n}");
+                }
             })?;
             return Ok(0);
         }

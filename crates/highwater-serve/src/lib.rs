@@ -17,6 +17,7 @@
 //! *is* comes from the binary through [`Project`], so this crate knows
 //! nothing of how files, sources or OSM stores keep it.
 
+pub mod conn;
 pub mod mbtiles;
 pub mod metrics;
 pub mod pages;
@@ -29,6 +30,7 @@ use axum::Router;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// One tile dataset the map and the tile endpoints offer.
 #[derive(Clone, Debug)]
@@ -46,6 +48,16 @@ pub trait Project: Send + Sync + 'static {
     fn tilesets(&self) -> Vec<Tileset>;
     /// A tile dataset's dirty tiles, as (z, x, y).
     fn dirty_tiles(&self, dataset: &str) -> Result<Vec<(u8, u32, u32)>, String>;
+    /// What keeps the map from showing something (a missing store or
+    /// MBTiles file), each naming the path and the fix.
+    fn notes(&self) -> Vec<String> {
+        Vec::new()
+    }
+    /// The slow part of the status (the network: the replication
+    /// server's state), fetched into a cache [`Project::status`] reads.
+    /// `serve` calls it on a thread of its own, at start and every
+    /// `refresh_s`, so that no page waits on it.
+    fn refresh(&self) {}
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -57,12 +69,133 @@ pub enum ServeError {
         addr: SocketAddr,
         err: std::io::Error,
     },
+    #[error("--public-url {url}: {why}")]
+    PublicUrl { url: String, why: &'static str },
+    #[error("{what} {value}: give 1 to {max} seconds")]
+    Timeout {
+        what: &'static str,
+        value: u64,
+        max: u64,
+    },
+    #[error("RLIMIT_NOFILE is {nofile}: after the {reserved} descriptors kept for files, {allowed} are left for connections, fewer than {min}; raise `ulimit -n` to at least {need}")]
+    TooFewDescriptors {
+        nofile: u64,
+        reserved: u64,
+        allowed: u64,
+        min: u64,
+        need: u64,
+    },
+    #[error("--connections-max {asked}: {why}")]
+    ConnectionsMax { asked: u64, why: String },
     #[error("the server stopped: {0}")]
     Io(#[from] std::io::Error),
 }
 
+/// How `serve` listens and what it allows each connection.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub listen: SocketAddr,
+    /// Allow a non-loopback `listen`.
+    pub public: bool,
+    /// The address clients reach the server at (`https://host/prefix`),
+    /// for absolute URLs in TileJSON and styles; without it they are
+    /// root-relative. Never taken from a request's `Host` header: behind a
+    /// shared cache, one client's Host would be served to all.
+    pub public_url: Option<String>,
+    /// From a request's first byte to the end of its head.
+    pub header_read_timeout_s: u64,
+    /// A connection with no request under way and no byte either way.
+    pub idle_timeout_s: u64,
+    /// Open connections at most; `None`: RLIMIT_NOFILE less what files need.
+    pub connections_max: Option<u64>,
+    /// How often [`Project::refresh`] runs (the replication server's state).
+    pub refresh_s: u64,
+}
+
+/// Timeouts above this many seconds are refused: a limit on everything.
+pub const TIMEOUT_MAX_S: u64 = 3600;
+
+impl Options {
+    pub fn new(listen: SocketAddr) -> Options {
+        Options {
+            listen,
+            public: false,
+            public_url: None,
+            header_read_timeout_s: 10,
+            idle_timeout_s: 60,
+            connections_max: None,
+            refresh_s: 60,
+        }
+    }
+}
+
+/// `https://host[:port][/prefix]`, without a trailing slash; no user
+/// info, query or fragment.
+pub fn check_public_url(url: &str) -> Result<String, ServeError> {
+    let bad = |why| ServeError::PublicUrl {
+        url: url.to_string(),
+        why,
+    };
+    let u = url.trim_end_matches('/');
+    let rest = u
+        .strip_prefix("http://")
+        .or_else(|| u.strip_prefix("https://"))
+        .ok_or_else(|| bad("give an http:// or https:// URL"))?;
+    let host = rest.split('/').next().unwrap_or("");
+    if host.is_empty() {
+        return Err(bad("no host"));
+    }
+    if host.contains('@') {
+        return Err(bad(
+            "user info (user:password@) has no place in a URL every client is sent",
+        ));
+    }
+    if u.contains(['?', '#']) || u.contains(char::is_whitespace) || u.contains(['"', '<', '>']) {
+        return Err(bad("no query, fragment, spaces or quotes"));
+    }
+    Ok(u.to_string())
+}
+
+/// The connection limit: `asked`, or what RLIMIT_NOFILE leaves after the
+/// descriptors files need; refused when it would not fit.
+pub fn connections_max(asked: Option<u64>, nofile: Option<u64>) -> Result<usize, ServeError> {
+    let reserved = conn::fds_reserved();
+    let allowed = match nofile {
+        Some(n) => n.saturating_sub(reserved),
+        None => conn::CONNECTIONS_UNLIMITED_MAX.max(asked.unwrap_or(0)),
+    };
+    if allowed < conn::CONNECTIONS_MIN {
+        return Err(ServeError::TooFewDescriptors {
+            nofile: nofile.unwrap_or(0),
+            reserved,
+            allowed,
+            min: conn::CONNECTIONS_MIN,
+            need: reserved + conn::CONNECTIONS_MIN,
+        });
+    }
+    match asked {
+        None => Ok(allowed as usize),
+        Some(0) => Err(ServeError::ConnectionsMax {
+            asked: 0,
+            why: "give at least 1".into(),
+        }),
+        Some(a) if a > allowed => Err(ServeError::ConnectionsMax {
+            asked: a,
+            why: format!(
+                "RLIMIT_NOFILE is {} and {reserved} descriptors are kept for files, so at most {allowed} fit; raise `ulimit -n` or ask for fewer",
+                nofile.unwrap_or(0)
+            ),
+        }),
+        Some(a) => Ok(a as usize),
+    }
+}
+
 struct App {
     project: Arc<dyn Project>,
+    /// Where absolute URLs start; "" for root-relative ones.
+    origin: String,
+    /// Handler reads at once: each holds descriptors the limit counts on.
+    reads: tokio::sync::Semaphore,
 }
 
 type Shared = Arc<App>;
@@ -70,18 +203,42 @@ type Shared = Arc<App>;
 /// Serves until SIGTERM or SIGINT. `ready` gets the bound address (port 0
 /// picks a free one).
 pub fn serve(
-    listen: SocketAddr,
-    public: bool,
+    opts: Options,
     project: Arc<dyn Project>,
     ready: impl FnOnce(SocketAddr),
 ) -> Result<(), ServeError> {
-    if !listen.ip().is_loopback() && !public {
+    let listen = opts.listen;
+    if !listen.ip().is_loopback() && !opts.public {
         return Err(ServeError::NotLoopback { addr: listen });
     }
+    let origin = match &opts.public_url {
+        Some(u) => check_public_url(u)?,
+        None => String::new(),
+    };
+    for (what, value) in [
+        ("--header-read-timeout-s", opts.header_read_timeout_s),
+        ("--idle-timeout-s", opts.idle_timeout_s),
+        ("--refresh-s", opts.refresh_s),
+    ] {
+        if !(1..=TIMEOUT_MAX_S).contains(&value) {
+            return Err(ServeError::Timeout {
+                what,
+                value,
+                max: TIMEOUT_MAX_S,
+            });
+        }
+    }
+    let nofile = conn::nofile();
+    let max = connections_max(opts.connections_max, nofile)?;
+    let timeouts = conn::Timeouts {
+        header_read: Duration::from_secs(opts.header_read_timeout_s),
+        idle: Duration::from_secs(opts.idle_timeout_s),
+    };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    rt.block_on(async move {
+    let refresh = refresher(project.clone(), Duration::from_secs(opts.refresh_s));
+    let r = rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(listen)
             .await
             .map_err(|err| ServeError::Bind { addr: listen, err })?;
@@ -91,17 +248,170 @@ pub fn serve(
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
         ready(listener.local_addr()?);
-        let app = router(Arc::new(App { project }));
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = int.recv() => {}
-                }
-            })
-            .await?;
+        conn::log(&format!(
+            "serve: at most {max} connections ({}); a request head must arrive within {} s of its first byte, an idle connection closes after {} s",
+            match nofile {
+                Some(n) if opts.connections_max.is_none() => format!("RLIMIT_NOFILE {n} less {} kept for files", conn::fds_reserved()),
+                _ => "--connections-max".to_string(),
+            },
+            opts.header_read_timeout_s,
+            opts.idle_timeout_s
+        ));
+        let app = router(Arc::new(App {
+            project,
+            origin,
+            reads: tokio::sync::Semaphore::new(conn::BLOCKING_READS_MAX),
+        }));
+        let stop = async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        };
+        accept(listener, app, conn::Conns::new(max, nofile), timeouts, stop).await;
         Ok(())
-    })
+    });
+    // The refresh thread may be inside a request that hangs: it is told to
+    // stop, not waited for.
+    drop(refresh);
+    r
+}
+
+/// Runs [`Project::refresh`] now and then every `every`, on a thread of
+/// its own, until the returned sender is dropped.
+fn refresher(project: Arc<dyn Project>, every: Duration) -> std::sync::mpsc::Sender<()> {
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let _ = std::thread::Builder::new()
+        .name("hw-refresh".into())
+        .spawn(move || loop {
+            project.refresh();
+            match rx.recv_timeout(every) {
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                _ => return,
+            }
+        });
+    tx
+}
+
+/// Accepts connections while there is room, until `stop`; then lets the
+/// open ones finish their request and waits for them.
+async fn accept(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    conns: Arc<conn::Conns>,
+    timeouts: conn::Timeouts,
+    stop: impl std::future::Future<Output = ()>,
+) {
+    let (bye, _) = tokio::sync::watch::channel(false);
+    tokio::pin!(stop);
+    'outer: loop {
+        while conns.len() >= conns.max {
+            conns.evict();
+            tokio::select! {
+                _ = conns.freed.notified() => {}
+                _ = &mut stop => break 'outer,
+            }
+        }
+        tokio::select! {
+            r = listener.accept() => match r {
+                Ok((stream, _)) => {
+                    let (c, slot) = conns.open();
+                    tokio::spawn(connection(stream, app.clone(), c, slot, timeouts, bye.subscribe()));
+                }
+                // Out of descriptors or the like: wait a little rather than
+                // spin; the open connections' deadlines free some.
+                Err(e) => {
+                    conn::log(&format!("serve: cannot accept a connection: {e}"));
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                        _ = &mut stop => break 'outer,
+                    }
+                }
+            },
+            _ = &mut stop => break 'outer,
+        }
+    }
+    drop(listener);
+    let _ = bye.send(true);
+    while !conns.is_empty() {
+        conns.freed.notified().await;
+    }
+}
+
+/// One connection, closed at its deadline (see [`conn`]), when evicted, or
+/// after its request when the server stops.
+async fn connection(
+    stream: tokio::net::TcpStream,
+    app: Router,
+    c: Arc<conn::Conn>,
+    _slot: conn::Slot,
+    timeouts: conn::Timeouts,
+    mut bye: tokio::sync::watch::Receiver<bool>,
+) {
+    let io = hyper_util::rt::TokioIo::new(conn::Watched {
+        inner: stream,
+        conn: c.clone(),
+    });
+    let svc = Tracked {
+        router: app,
+        conn: c.clone(),
+    };
+    let mut b = hyper::server::conn::http1::Builder::new();
+    // The deadlines are ours: hyper's starts at the wait for a request, so
+    // it would count an idle connection's wait as a slow head.
+    b.header_read_timeout(None);
+    let http = b.serve_connection(io, svc);
+    tokio::pin!(http);
+    let mut stopping = false;
+    loop {
+        let deadline = c.deadline(timeouts);
+        let sleep = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = http.as_mut() => return,
+            _ = c.kill.notified() => return,
+            _ = c.changed.notified() => {}
+            _ = sleep => {
+                if c.deadline(timeouts).is_some_and(|d| d <= Instant::now()) {
+                    return;
+                }
+            }
+            _ = bye.changed(), if !stopping => {
+                stopping = true;
+                http.as_mut().graceful_shutdown();
+            }
+        }
+    }
+}
+
+/// The router, telling the connection when it has a request and when it
+/// answered.
+#[derive(Clone)]
+struct Tracked {
+    router: Router,
+    conn: Arc<conn::Conn>,
+}
+
+impl hyper::service::Service<axum::http::Request<hyper::body::Incoming>> for Tracked {
+    type Response = Response;
+    type Error = std::convert::Infallible;
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<Response, Self::Error>> + Send>>;
+
+    fn call(&self, req: axum::http::Request<hyper::body::Incoming>) -> Self::Future {
+        self.conn.handling();
+        let answer = tower_service::Service::call(&mut self.router.clone(), req);
+        let c = self.conn.clone();
+        Box::pin(async move {
+            let r = answer.await;
+            c.answered();
+            r
+        })
+    }
 }
 
 fn router(app: Shared) -> Router {
@@ -118,25 +428,32 @@ fn router(app: Shared) -> Router {
         .with_state(app)
 }
 
-/// Runs blocking reads (SQLite, files) off the event loop.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    tokio::task::spawn_blocking(f)
+/// Runs blocking reads (SQLite, files) off the event loop, at most
+/// [`conn::BLOCKING_READS_MAX`] at once: the connection limit leaves
+/// descriptors for that many.
+async fn blocking<T: Send + 'static>(
+    app: &Shared,
+    f: impl FnOnce(Shared) -> T + Send + 'static,
+) -> T {
+    let _permit = app.reads.acquire().await.expect("never closed");
+    let a = app.clone();
+    tokio::task::spawn_blocking(move || f(a))
         .await
         .expect("status readers do not panic")
 }
 
 async fn index(State(app): State<Shared>) -> Html<String> {
-    let status = blocking(move || app.project.status()).await;
+    let status = blocking(&app, |app| app.project.status()).await;
     Html(pages::index(&status))
 }
 
 async fn map_page(State(app): State<Shared>) -> Response {
-    let sets = blocking(move || app.project.tilesets()).await;
-    Html(pages::map(&sets)).into_response()
+    let (sets, notes) = blocking(&app, |app| (app.project.tilesets(), app.project.notes())).await;
+    Html(pages::map(&sets, &notes)).into_response()
 }
 
 async fn api_status(State(app): State<Shared>) -> Response {
-    let status = blocking(move || app.project.status()).await;
+    let status = blocking(&app, |app| app.project.status()).await;
     (
         [(header::CONTENT_TYPE, "application/json")],
         status.to_string(),
@@ -145,7 +462,7 @@ async fn api_status(State(app): State<Shared>) -> Response {
 }
 
 async fn metrics_text(State(app): State<Shared>) -> Response {
-    let status = blocking(move || app.project.status()).await;
+    let status = blocking(&app, |app| app.project.status()).await;
     (
         [(
             header::CONTENT_TYPE,
@@ -154,16 +471,6 @@ async fn metrics_text(State(app): State<Shared>) -> Response {
         metrics::render(&status),
     )
         .into_response()
-}
-
-/// The Host the client asked for: absolute URLs in TileJSON and styles
-/// point back at the address the client reached.
-fn host(headers: &HeaderMap) -> String {
-    headers
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .unwrap_or("localhost")
-        .to_string()
 }
 
 fn not_found(what: String) -> Response {
@@ -178,7 +485,7 @@ async fn dirty(State(app): State<Shared>, UrlPath(file): UrlPath<String>) -> Res
     let Some(name) = file.strip_suffix(".geojson").map(str::to_string) else {
         return not_found(format!("{file}: ask for NAME.geojson"));
     };
-    blocking(move || {
+    blocking(&app, move |app| {
         if tileset(&app, &name).is_none() {
             return not_found(format!("no tile dataset named `{name}`"));
         }
@@ -194,20 +501,17 @@ async fn dirty(State(app): State<Shared>, UrlPath(file): UrlPath<String>) -> Res
     .await
 }
 
-async fn tilejson(
-    State(app): State<Shared>,
-    headers: HeaderMap,
-    UrlPath(file): UrlPath<String>,
-) -> Response {
+/// `/tiles/NAME.json`. Its URLs are root-relative, or under `public_url`:
+/// never built from the request's Host (issue 20).
+async fn tilejson(State(app): State<Shared>, UrlPath(file): UrlPath<String>) -> Response {
     let Some(name) = file.strip_suffix(".json").map(str::to_string) else {
         return not_found(format!("{file}: ask for NAME.json"));
     };
-    let host = host(&headers);
-    blocking(move || {
+    blocking(&app, move |app| {
         let Some(t) = tileset(&app, &name) else {
             return not_found(format!("no tile dataset named `{name}`"));
         };
-        match mbtiles::tilejson(&t, &format!("http://{host}")) {
+        match mbtiles::tilejson(&t, &app.origin) {
             Ok(j) => ([(header::CONTENT_TYPE, "application/json")], j.to_string()).into_response(),
             Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e).into_response(),
         }
@@ -217,17 +521,12 @@ async fn tilejson(
 
 /// `/tiles/NAME/style.json`: for a dataset cut with the Shortbread schema,
 /// the vendored VersaTiles style pointed at it (see assets/SOURCE.md).
-async fn style(
-    State(app): State<Shared>,
-    headers: HeaderMap,
-    UrlPath(name): UrlPath<String>,
-) -> Response {
-    let host = host(&headers);
-    blocking(move || {
+async fn style(State(app): State<Shared>, UrlPath(name): UrlPath<String>) -> Response {
+    blocking(&app, move |app| {
         let Some(t) = tileset(&app, &name) else {
             return not_found(format!("no tile dataset named `{name}`"));
         };
-        let tj = match mbtiles::tilejson(&t, &format!("http://{host}")) {
+        let tj = match mbtiles::tilejson(&t, &app.origin) {
             Ok(j) => j,
             Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e).into_response(),
         };
@@ -240,7 +539,7 @@ async fn style(
             .as_array()
             .map(|v| v.iter().filter_map(|l| l["id"].as_str()).collect())
             .unwrap_or_default();
-        let style = mbtiles::shortbread_style(&format!("http://{host}/tiles/{name}.json"), &have);
+        let style = mbtiles::shortbread_style(&format!("{}/tiles/{name}.json", app.origin), &have);
         (
             [(header::CONTENT_TYPE, "application/json")],
             style.to_string(),
@@ -261,18 +560,34 @@ async fn tile(
     else {
         return not_found(format!("{file}: ask for Y.pbf"));
     };
-    let if_none = headers
-        .get(header::IF_NONE_MATCH)
-        .and_then(|h| h.to_str().ok())
-        .map(str::to_string);
-    blocking(move || {
+    // Coordinates no tile can have are not an empty tile (issue 20).
+    if z > highwater_core::tile::ZOOM_MAX || x >= 1 << z || y >= 1 << z {
+        return not_found(format!(
+            "no tile {z}/{x}/{y}: zooms run 0 to {}, and at zoom {z} x and y run 0 to {}",
+            highwater_core::tile::ZOOM_MAX,
+            (1u64 << z.min(63)).saturating_sub(1)
+        ));
+    }
+    let if_none: Vec<String> = headers
+        .get_all(header::IF_NONE_MATCH)
+        .iter()
+        .filter_map(|h| h.to_str().ok())
+        .map(str::to_string)
+        .collect();
+    blocking(&app, move |app| {
         let Some(t) = tileset(&app, &name) else {
             return not_found(format!("no tile dataset named `{name}`"));
         };
+        if z < t.zoom_min || z > t.zoom_max {
+            return not_found(format!(
+                "no tile {z}/{x}/{y}: `{name}` is cut for zooms {} to {}",
+                t.zoom_min, t.zoom_max
+            ));
+        }
         match mbtiles::read_tile(&t.mbtiles, z, x, y) {
             Ok(Some(data)) => {
                 let etag = format!("\"{}\"", &blake3::hash(&data).to_hex()[..16]);
-                if if_none.as_deref() == Some(etag.as_str()) {
+                if if_none.iter().any(|h| none_match(h, &etag)) {
                     return (StatusCode::NOT_MODIFIED, [(header::ETAG, etag)]).into_response();
                 }
                 let mut r = data.into_response();
@@ -292,6 +607,35 @@ async fn tile(
         }
     })
     .await
+}
+
+/// Whether an `If-None-Match` field value matches `etag` (RFC 9110
+/// 13.1.2): `*` matches any current representation, a list matches when
+/// one of its entity tags does, by weak comparison (`W/` ignored). A value
+/// that does not parse matches nothing, and the tile is sent.
+pub fn none_match(field: &str, etag: &str) -> bool {
+    let ours = etag.strip_prefix("W/").unwrap_or(etag);
+    let mut rest = field.trim();
+    if rest == "*" {
+        return true;
+    }
+    loop {
+        rest = rest.trim_start_matches([' ', '\t', ',']);
+        if rest.is_empty() {
+            return false;
+        }
+        let tag = rest.strip_prefix("W/").unwrap_or(rest);
+        let Some(inner) = tag.strip_prefix('"') else {
+            return false;
+        };
+        let Some(end) = inner.find('"') else {
+            return false;
+        };
+        if tag[..end + 2] == *ours {
+            return true;
+        }
+        rest = &inner[end + 1..];
+    }
 }
 
 /// The vendored MapLibre files, compiled in.
@@ -320,4 +664,60 @@ async fn asset(UrlPath(file): UrlPath<String>) -> Response {
         body,
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    /// Issue 20: `If-None-Match` as RFC 9110 has it.
+    #[test]
+    fn if_none_match_takes_star_lists_and_weak_tags() {
+        let ours = "\"0123abcd\"";
+        for (field, want) in [
+            ("\"0123abcd\"", true),
+            ("*", true),
+            (" * ", true),
+            ("W/\"0123abcd\"", true),
+            ("\"x\", \"0123abcd\"", true),
+            ("\"x\",W/\"0123abcd\" ", true),
+            ("\"a,b\", \"0123abcd\"", true),
+            ("\"x\"", false),
+            ("\"x\", \"y\"", false),
+            ("\"0123abc\"", false),
+            ("0123abcd", false),
+            ("\"0123abcd", false),
+            ("", false),
+            ("\"a,\"0123abcd\"\"", false),
+        ] {
+            assert_eq!(super::none_match(field, ours), want, "{field:?}");
+        }
+    }
+
+    #[test]
+    fn public_urls_are_checked() {
+        for (url, want) in [
+            ("https://maps.example.org", Some("https://maps.example.org")),
+            (
+                "https://maps.example.org/hw/",
+                Some("https://maps.example.org/hw"),
+            ),
+            ("http://127.0.0.1:8080", Some("http://127.0.0.1:8080")),
+            ("maps.example.org", None),
+            ("https://", None),
+            ("https://u:p@maps.example.org", None),
+            ("https://maps.example.org/?a=b", None),
+            ("ftp://maps.example.org", None),
+        ] {
+            assert_eq!(super::check_public_url(url).ok().as_deref(), want, "{url}");
+        }
+    }
+
+    #[test]
+    fn the_connection_limit_leaves_descriptors_for_files() {
+        let r = super::conn::fds_reserved();
+        assert_eq!(super::connections_max(None, Some(r + 100)).unwrap(), 100);
+        assert_eq!(super::connections_max(Some(50), Some(r + 100)).unwrap(), 50);
+        assert!(super::connections_max(Some(101), Some(r + 100)).is_err());
+        assert!(super::connections_max(None, Some(r + 1)).is_err());
+        assert!(super::connections_max(None, None).unwrap() >= 1000);
+    }
 }

@@ -179,6 +179,43 @@ pub fn render(s: &Value) -> String {
 
     let o = &s["osm"];
     if !o.is_null() {
+        // Configured: whether the store could be read, so that a missing
+        // store is an alert rather than series that vanish (issue 20).
+        Family::start(
+            &mut out,
+            "highwater_osm_store_up",
+            "gauge",
+            "1 when the configured OSM store could be read, 0 when it is missing or unreadable (see /api/status osm.error).",
+        )
+        .sample(
+            "highwater_osm_store_up",
+            &[],
+            if o["error"].is_null() { 1.0 } else { 0.0 },
+        );
+        if let Some(sv) = o["server"].as_object() {
+            if !sv.get("checked_at").is_none_or(|c| c.is_null()) {
+                Family::start(
+                    &mut out,
+                    "highwater_osm_server_up",
+                    "gauge",
+                    "1 when the last check of the replication server got its state, 0 when it failed.",
+                )
+                .sample(
+                    "highwater_osm_server_up",
+                    &[],
+                    if sv.contains_key("error") { 0.0 } else { 1.0 },
+                );
+            }
+            if let Some(age) = sv.get("age_s").and_then(|a| a.as_f64()) {
+                Family::start(
+                    &mut out,
+                    "highwater_osm_server_check_age_seconds",
+                    "gauge",
+                    "How old the replication server state shown is: it is fetched in the background.",
+                )
+                .sample("highwater_osm_server_check_age_seconds", &[], age);
+            }
+        }
         if let Some(q) = o["sequence"].as_f64() {
             Family::start(
                 &mut out,

@@ -141,16 +141,24 @@ fn osm(s: &Value) -> Markup {
     let o = &s["osm"];
     html! {
         h2 { "OpenStreetMap" }
-        @if o.is_null() { p { "No OSM store." } }
+        @if o.is_null() { p { "No OSM store is configured (an [osm] table in the config)." } }
+        @else if let Some(e) = o["error"].as_str() {
+            p id="osm-store" class="bad" { (e) }
+        }
         @else {
             p id="osm-store" {
                 "store at sequence " (text(&o["sequence"])) " (" (text(&o["timestamp"])) ")"
                 @if let Some(sv) = o["server"].as_object() {
-                    @if let Some(e) = sv.get("error").and_then(|e| e.as_str()) {
+                    @if sv.get("checked_at").is_some_and(|c| c.is_null()) {
+                        " · server " (text(&sv["url"])) ": the first check is under way"
+                    } @else if let Some(e) = sv.get("error").and_then(|e| e.as_str()) {
                         span class="bad" { " · server " (text(&sv["url"])) " unreachable: " (e) }
                     } @else {
                         " · server at " (text(&sv["sequence"])) " (" (text(&sv["timestamp"])) "), lag "
                         span class=(if sv["lag_s"] == 0 { "fresh" } else { "stale" }) { (text(&sv["lag_s"])) " s" }
+                    }
+                    @if let Some(age) = sv.get("age_s").and_then(|a| a.as_i64()) {
+                        " · checked " span class="server-age" { (age) } " s ago"
                     }
                 }
             }
@@ -195,11 +203,16 @@ pub fn index(s: &Value) -> String {
 /// style layers and feature ids drawn there into `body[data-features]`. After the map is idle, the page counts the
 /// canvas pixels that are not background and puts the count on
 /// `body[data-drawn]`: the browser test reads it.
-pub fn map(sets: &[Tileset]) -> String {
+pub fn map(sets: &[Tileset], notes: &[String]) -> String {
     let Some(t) = sets.first() else {
         return page(
             "highwater map",
-            html! { p { "No tile dataset with an MBTiles file is configured." } },
+            html! {
+                @if notes.is_empty() {
+                    p { "No tile dataset with an MBTiles file is configured ([osm.tiles.NAME] with mbtiles = \"...\")." }
+                }
+                @for n in notes { p class="bad note" { (n) } }
+            },
         );
     };
     // JSON inside a script: `<` escaped, so no name can close the tag.
@@ -284,6 +297,11 @@ async function probe() {{
         html! {
             link rel="stylesheet" href="/assets/maplibre-gl.css";
             div id="map" data-dataset=(t.name) style="position:absolute;top:0;bottom:0;left:0;right:0" {}
+            @if !notes.is_empty() {
+                div id="notes" style="position:absolute;top:0;left:0;right:0;z-index:1;background:#fff;padding:.3rem .6rem" {
+                    @for n in notes { p class="bad note" { (n) } }
+                }
+            }
             script type="module" { (PreEscaped(script)) }
         },
     )

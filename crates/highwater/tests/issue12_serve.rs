@@ -226,10 +226,8 @@ fn issue12_serve_endpoints_read_only_and_in_their_formats() {
     assert_eq!(code, 200);
     let tj: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(tj["tilejson"], "3.0.0");
-    assert_eq!(
-        tj["tiles"][0],
-        format!("http://{}/tiles/base/{{z}}/{{x}}/{{y}}.pbf", s.addr)
-    );
+    // Root-relative: never built from the request's Host (issue 20).
+    assert_eq!(tj["tiles"][0], "/tiles/base/{z}/{x}/{y}.pbf");
     assert_eq!(tj["vector_layers"][0]["id"], "base");
     let mb = rusqlite::Connection::open_with_flags(
         p.path("tiles/base.mbtiles"),

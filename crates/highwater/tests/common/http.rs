@@ -25,6 +25,8 @@ pub enum Fault {
     Garbage,
     /// Wait this long before sending the body.
     Slow(Duration),
+    /// Send nothing at all for this long, then close (a server that hangs).
+    Hang(Duration),
 }
 
 pub struct ReplicationServer {
@@ -190,6 +192,10 @@ fn serve(
         }
     };
     match (fault, body) {
+        (Some(Fault::Hang(d)), _) => {
+            std::thread::sleep(d);
+            Ok(())
+        }
         (Some(Fault::Status(code)), _) => reply(&mut out, &format!("{code} Fault"), "", b""),
         (Some(Fault::TooMany(secs)), _) => reply(
             &mut out,

@@ -7,11 +7,15 @@
 use super::Project;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Stdio};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 
 pub struct Served {
     child: Child,
     pub addr: String,
+    /// Everything serve wrote to stderr, read as it comes (a pipe left
+    /// unread would stop it once full).
+    log: Arc<Mutex<String>>,
 }
 
 impl Drop for Served {
@@ -21,21 +25,46 @@ impl Drop for Served {
     }
 }
 
+impl Served {
+    /// What serve has logged so far.
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+}
+
 /// Starts `highwater serve` on a free loopback port.
 pub fn serve(p: &Project, extra: &[&str]) -> Served {
     let mut args = vec!["serve", "--listen", "127.0.0.1:0"];
     args.extend_from_slice(extra);
-    let mut child = p.cmd(&args).stderr(Stdio::piped()).spawn().unwrap();
+    serve_cmd(p.cmd(&args))
+}
+
+/// Starts a prepared `highwater serve` command (which must listen on a
+/// loopback port) and waits for its "listening on" line.
+pub fn serve_cmd(mut cmd: Command) -> Served {
+    let mut child = cmd.stderr(Stdio::piped()).spawn().unwrap();
     let mut err = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    err.read_line(&mut line).unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("listening on http://")
-        .unwrap_or_else(|| panic!("serve said: {line}"))
-        .trim_end_matches('/')
-        .to_string();
-    Served { child, addr }
+    let log = Arc::new(Mutex::new(String::new()));
+    let addr = loop {
+        let mut line = String::new();
+        if err.read_line(&mut line).unwrap() == 0 {
+            let _ = child.kill();
+            panic!("serve ended before listening: {}", log.lock().unwrap());
+        }
+        log.lock().unwrap().push_str(&line);
+        if let Some(a) = line.trim().strip_prefix("listening on http://") {
+            break a.trim_end_matches('/').to_string();
+        }
+    };
+    let l = log.clone();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        while err.read_line(&mut line).is_ok_and(|n| n > 0) {
+            l.lock().unwrap().push_str(&line);
+            line.clear();
+        }
+    });
+    Served { child, addr, log }
 }
 
 /// Opens `url` in headless Chromium, waits until `wait` (JS) is truthy,
