@@ -154,6 +154,11 @@ impl Conn {
         }
     }
 
+    /// Whether part of a request head is in, and not all of it.
+    pub fn mid_head(&self) -> bool {
+        self.state.lock().expect("not poisoned").phase == Phase::Head
+    }
+
     /// Since when it has waited without a complete request; `None` while
     /// the router has one.
     fn waiting_since(&self) -> Option<Instant> {
@@ -212,8 +217,8 @@ pub struct Conns {
     /// A connection closed: there may be room.
     pub freed: Notify,
     pub max: usize,
-    /// What the limit was derived from, for the log line.
-    pub nofile: Option<u64>,
+    /// Where the limit comes from, for the log line.
+    pub why: String,
     logged: Mutex<(Option<Instant>, u64)>,
 }
 
@@ -238,13 +243,13 @@ impl Drop for Slot {
 const LIMIT_LOG_EVERY: Duration = Duration::from_secs(60);
 
 impl Conns {
-    pub fn new(max: usize, nofile: Option<u64>) -> Arc<Conns> {
+    pub fn new(max: usize, why: String) -> Arc<Conns> {
         Arc::new(Conns {
             open: Mutex::default(),
             next: AtomicU64::new(0),
             freed: Notify::new(),
             max,
-            nofile,
+            why,
             logged: Mutex::new((None, 0)),
         })
     }
@@ -288,23 +293,20 @@ impl Conns {
         let mut l = self.logged.lock().expect("not poisoned");
         l.1 += 1;
         if l.0.is_none_or(|t| t.elapsed() >= LIMIT_LOG_EVERY) {
-            let from = match self.nofile {
-                Some(n) => format!(
-                    "RLIMIT_NOFILE {n} less {} descriptors kept for files",
-                    fds_reserved()
-                ),
-                None => "RLIMIT_NOFILE is unlimited".to_string(),
-            };
             log(&format!(
-                "serve: the connection limit is reached: {} open (at most {}, from {from}; --connections-max); {}; {} time(s) since the last such line. Raise `ulimit -n` if these are real clients",
+                "serve: the connection limit is reached: {} open, at most {} ({}); {}{}. Raise `ulimit -n` (or --connections-max) if these are real clients",
                 self.len(),
                 self.max,
+                self.why,
                 if victim.is_some() {
                     "closing the one that has waited longest without a complete request"
                 } else {
                     "every one is being answered, so new ones wait"
                 },
-                l.1
+                match l.0 {
+                    Some(_) => format!("; reached {} time(s) since the last such line", l.1),
+                    None => String::new(),
+                }
             ));
             *l = (Some(Instant::now()), 0);
         }

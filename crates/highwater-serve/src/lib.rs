@@ -248,12 +248,16 @@ pub fn serve(
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
         ready(listener.local_addr()?);
+        let why = match (opts.connections_max, nofile) {
+            (Some(_), _) => "--connections-max".to_string(),
+            (None, Some(n)) => format!(
+                "RLIMIT_NOFILE {n} less {} descriptors kept for files",
+                conn::fds_reserved()
+            ),
+            (None, None) => "RLIMIT_NOFILE is unlimited".to_string(),
+        };
         conn::log(&format!(
-            "serve: at most {max} connections ({}); a request head must arrive within {} s of its first byte, an idle connection closes after {} s",
-            match nofile {
-                Some(n) if opts.connections_max.is_none() => format!("RLIMIT_NOFILE {n} less {} kept for files", conn::fds_reserved()),
-                _ => "--connections-max".to_string(),
-            },
+            "serve: at most {max} connections ({why}); a request head must arrive within {} s of its first byte, an idle connection closes after {} s",
             opts.header_read_timeout_s,
             opts.idle_timeout_s
         ));
@@ -268,7 +272,7 @@ pub fn serve(
                 _ = int.recv() => {}
             }
         };
-        accept(listener, app, conn::Conns::new(max, nofile), timeouts, stop).await;
+        accept(listener, app, conn::Conns::new(max, why), timeouts, stop).await;
         Ok(())
     });
     // The refresh thread may be inside a request that hangs: it is told to
@@ -380,7 +384,12 @@ async fn connection(
                     return;
                 }
             }
+            // Stopping: half a head is dropped (no request was taken);
+            // a request being answered is finished first.
             _ = bye.changed(), if !stopping => {
+                if c.mid_head() {
+                    return;
+                }
                 stopping = true;
                 http.as_mut().graceful_shutdown();
             }

@@ -190,6 +190,30 @@ fn serve_closes_idle_and_half_sent_connections_after_their_timeouts() {
     ok(&s.addr, "/");
 }
 
+/// SIGTERM stops serve cleanly while idle and half-sent connections are
+/// open: they hold no request, so they do not hold the stop until their
+/// (here long) timeouts.
+#[test]
+fn serve_stops_on_sigterm_past_idle_and_half_sent_connections() {
+    let p = Project::new(&upper_config(""));
+    let mut s = serve(
+        &p,
+        &[
+            "--idle-timeout-s",
+            "3600",
+            "--header-read-timeout-s",
+            "3600",
+        ],
+    );
+    let mut conns: Vec<TcpStream> = (0..10).map(|_| idle(&s.addr)).collect();
+    conns.extend((0..10).map(|_| half_sent(&s.addr)));
+    ok(&s.addr, "/");
+    assert_eq!(s.terminate(STUCK), Some(0), "{}", s.log());
+    for (i, c) in conns.iter_mut().enumerate() {
+        assert!(closed(c), "connection {i} is still open");
+    }
+}
+
 /// Out-of-range limits are refused before serving.
 #[test]
 fn serve_refuses_limits_that_do_not_fit() {

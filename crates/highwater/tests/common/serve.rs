@@ -30,6 +30,23 @@ impl Served {
     pub fn log(&self) -> String {
         self.log.lock().unwrap().clone()
     }
+
+    /// SIGTERM, and its exit code; `None` if it is still running after
+    /// `bound` (a hang, not a measure of speed).
+    pub fn terminate(&mut self, bound: std::time::Duration) -> Option<i32> {
+        // SAFETY: a signal to our own child.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let until = std::time::Instant::now() + bound;
+        while std::time::Instant::now() < until {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return st.code();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        None
+    }
 }
 
 /// Starts `highwater serve` on a free loopback port.
