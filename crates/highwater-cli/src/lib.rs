@@ -266,7 +266,8 @@ enum OsmCommand {
         /// URL the extract's header named at import).
         #[arg(long)]
         url: Option<String>,
-        /// Diffs applied in one commit, by unpacked size (MB).
+        /// Diffs applied in one commit, by unpacked size (MB); one diff
+        /// that unpacks past it is refused, found while unpacking.
         #[arg(long, default_value_t = 500)]
         max_diff_mb: u64,
         /// Keep going: wait for the server's next state, apply it, repeat,
@@ -699,15 +700,17 @@ fn server_top(base: &str, cfg: &highwater_osm::ops::OsmConfig) -> ServerTop {
 
 /// The server the store follows: the config names it, or the store has
 /// fetched from it. A store fed from a local folder follows none.
+/// The configured URL carries credentials (from `replication_url_env`);
+/// one read from the log is stored redacted and carries none.
 fn followed_base(
     st: &highwater_osm::store::Store,
     cfg: &highwater_osm::ops::OsmConfig,
-) -> Option<String> {
-    cfg.replication_url.clone().or_else(|| {
+) -> Result<Option<String>, highwater_osm::ops::OpsError> {
+    Ok(cfg.server_url()?.or_else(|| {
         let last = st.replication_log(1).ok()?.into_iter().next()?;
         // `BASE/AAA/BBB/CCC.osc.gz`: the base is what precedes the path.
         Some(last.1.rsplitn(4, '/').nth(3)?.to_string())
-    })
+    }))
 }
 
 /// `osm_status` with the server's state from `server` (`None`: not known
@@ -727,12 +730,32 @@ fn osm_status_with(
             "applied_at": highwater_core::window::format_rfc3339(at / 1000),
         }))
         .collect::<Vec<_>>());
-    v["replication_url_from_extract"] = serde_json::json!(st.meta("replication_url")?);
+    // URLs are stored redacted; redacted again here for stores made
+    // before that (issue 20: no credential is ever shown).
+    let redact = highwater_osm::fetch::redact_url;
+    if let Some(log) = v["replicated"].as_array_mut() {
+        for row in log {
+            if let Some(u) = row["url"].as_str() {
+                row["url"] = serde_json::json!(redact(u));
+            }
+        }
+    }
+    v["replication_url_from_extract"] =
+        serde_json::json!(st.meta("replication_url")?.map(|u| redact(&u)));
     // The server's side, when the store follows one: an unreachable server
     // is reported, not fatal.
-    if let Some(base) = followed_base(st, cfg) {
+    let followed = match followed_base(st, cfg) {
+        Ok(f) => f,
+        Err(e) => {
+            v["server"] = serde_json::json!({"error": e.to_string()});
+            return Ok(v);
+        }
+    };
+    if let Some(base) = followed {
+        // Requests carry the credentials; what is shown never does.
+        let shown = redact(&base);
         v["server"] = match server(&base) {
-            None => serde_json::json!({"url": base}),
+            None => serde_json::json!({"url": shown}),
             Some(Ok(t)) => {
                 let lag = |ts: &serde_json::Value| {
                     let a = highwater_core::window::parse_rfc3339(&t.timestamp).ok()?;
@@ -746,9 +769,9 @@ fn osm_status_with(
                         d["behind_server"] = serde_json::json!(behind);
                     }
                 }
-                serde_json::json!({"url": base, "sequence": t.sequence, "timestamp": t.timestamp, "lag_s": lag_s})
+                serde_json::json!({"url": shown, "sequence": t.sequence, "timestamp": t.timestamp, "lag_s": lag_s})
             }
-            Some(Err(e)) => serde_json::json!({"url": base, "error": e}),
+            Some(Err(e)) => serde_json::json!({"url": shown, "error": e}),
         };
     }
     Ok(v)
@@ -958,7 +981,7 @@ impl highwater_serve::Project for ServedProject {
         }
         let Some(base) = highwater_osm::store::Store::open(&self.cfg.store)
             .ok()
-            .and_then(|st| followed_base(&st, &self.cfg))
+            .and_then(|st| followed_base(&st, &self.cfg).ok().flatten())
         else {
             return;
         };
@@ -1086,8 +1109,20 @@ fn osm(
             replace,
             wait,
         } => {
-            let s =
-                highwater_osm::import::import_into(&store_dir(store), extract, *replace, *wait)?;
+            // The new store's writer tokens continue past every token the
+            // project's MBTiles files recorded (issue 20): a store made
+            // again beside them must not be fenced out by them.
+            let mut used = 0;
+            for d in &cfg.tiles {
+                used = used.max(highwater_osm::tiles::recorded_writer_token(d)?.unwrap_or(0));
+            }
+            let s = highwater_osm::import::import_into_after(
+                &store_dir(store),
+                extract,
+                *replace,
+                *wait,
+                used,
+            )?;
             writeln!(
                 out,
                 "imported {} nodes, {} ways, {} relations; sequence {}",
@@ -1156,7 +1191,7 @@ fn osm(
                     "--loop follows a server; a local folder is replicated once"
                 );
                 let files = ops::pending(&st, from)?;
-                let d = ops::read_diffs(&files)?;
+                let d = ops::read_diffs_max(&files, max_diff_mb.saturating_mul(1 << 20))?;
                 return apply_then_drain(
                     &mut st,
                     &d,
@@ -1198,7 +1233,7 @@ fn osm(
                             out,
                             "{}",
                             if *json {
-                                serde_json::json!({"diffs": 0, "sequence": batch.top.sequence, "server": base}).to_string()
+                                serde_json::json!({"diffs": 0, "sequence": batch.top.sequence, "server": server.base()}).to_string()
                             } else {
                                 format!(
                                     "up to date at sequence {} ({})",

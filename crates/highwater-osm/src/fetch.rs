@@ -20,6 +20,19 @@
 //!   refused with nothing applied;
 //! - backwards: a state whose timestamp is older than its predecessor's:
 //!   refused.
+//! - unserved: the server's `state.txt` names a sequence that neither it
+//!   nor the store's own is served under (a mirror still filling, or the
+//!   state of another stream): exit 1, never read as "gone";
+//! - too large: a diff that unpacks past `--max-diff-mb` (a gzip bomb, or
+//!   a limit set too low): refused at the limit, naming the file.
+//!
+//! Redirects are followed here, not by the HTTP client: only to http(s),
+//! at most [`REDIRECTS_MAX`], with the credentials kept to the origin they
+//! were given for; anything else (`file://`) is refused at once, by name.
+//!
+//! Credentials in a URL (`https://user:secret@host/`) are sent as a Basic
+//! `Authorization` header and never shown or stored: every URL this module
+//! reports or hands out says `***` in their place ([`redact_url`]).
 
 use crate::import::{sequence_path, State};
 use sha2::{Digest, Sha256};
@@ -92,6 +105,10 @@ pub enum FetchError {
     Refused { url: String, message: String },
     #[error("{path}: {message}")]
     Cache { path: PathBuf, message: String },
+    #[error("the server's state.txt ({base}) names sequence {top}, but neither it nor the store's next, {next}, is on the server (404): a server still filling, or a state.txt of another stream (minutely for a daily store?); nothing was applied, the next run tries again")]
+    Unserved { base: String, top: i64, next: i64 },
+    #[error("{url}: unpacks to more than --max-diff-mb = {limit_mb} MB (a gzip bomb, or a diff larger than the limit: raise --max-diff-mb if it is genuine); refused, nothing of it was applied")]
+    TooLarge { url: String, limit_mb: u64 },
 }
 
 impl FetchError {
@@ -100,7 +117,10 @@ impl FetchError {
     pub fn needs_operator(&self) -> bool {
         matches!(
             self,
-            FetchError::Gone { .. } | FetchError::Backwards { .. } | FetchError::Refused { .. }
+            FetchError::Gone { .. }
+                | FetchError::Backwards { .. }
+                | FetchError::Refused { .. }
+                | FetchError::TooLarge { .. }
         )
     }
 }
@@ -114,7 +134,13 @@ enum Fail {
     Truncated(String),
     /// Any other status: the URL is wrong, retrying will not help.
     Status(u16),
+    /// A redirect that is not followed (another scheme, too many, no
+    /// Location): refused at once.
+    Redirect(String),
 }
+
+/// Redirects followed for one request at most.
+pub const REDIRECTS_MAX: u32 = 5;
 
 /// One fetched diff, checked, in the cache.
 #[derive(Clone, Debug)]
@@ -132,36 +158,167 @@ pub struct Fetched {
 }
 
 pub struct Server {
+    /// The base URL as shown and stored: credentials, if any, say `***`.
     base: String,
+    /// The base URL requested: no credentials at all.
+    plain: String,
+    /// `Basic ...` for requests to the base's origin, from the URL's
+    /// credentials.
+    auth: Option<String>,
     agent: ureq::Agent,
     policy: RetryPolicy,
     /// Seeds the backoff jitter.
     jitter: u64,
 }
 
-/// `https://host/path` with no trailing slash; only http and https.
+/// `https://host/path` with no trailing slash; only http and https. The
+/// URL is returned as given (credentials and all, for [`Server::new`]); an
+/// error shows it redacted.
 pub fn check_url(url: &str) -> Result<String, FetchError> {
     let u = url.trim().trim_end_matches('/');
     if !(u.starts_with("http://") || u.starts_with("https://")) || u.contains(char::is_whitespace) {
         return Err(FetchError::Refused {
-            url: url.to_string(),
+            url: redact_url(url),
             message: "a replication URL is http:// or https://".into(),
         });
     }
     Ok(u.to_string())
 }
 
+/// What a redacted URL says in place of its credentials.
+pub const REDACTED: &str = "***";
+
+/// Splits `scheme://userinfo@rest` into the scheme with `://`, the
+/// userinfo (if any) and the rest. A password may hold an unescaped `/`:
+/// the userinfo ends at the last `@` before the first `/`, `?` or `#` that
+/// follows the first `@`.
+fn split_userinfo(url: &str) -> (&str, Option<&str>, &str) {
+    let Some(i) = url.find("://") else {
+        return ("", None, url);
+    };
+    let (scheme, rest) = url.split_at(i + 3);
+    let Some(first) = rest.find('@') else {
+        return (scheme, None, rest);
+    };
+    let end = rest[first..]
+        .find(['/', '?', '#'])
+        .map_or(rest.len(), |j| first + j);
+    let at = rest[..end].rfind('@').expect("the first @ is before end");
+    (scheme, Some(&rest[..at]), &rest[at + 1..])
+}
+
+/// The URL with its credentials (userinfo) replaced by `***`: what is
+/// shown and stored of any replication URL.
+pub fn redact_url(url: &str) -> String {
+    match split_userinfo(url) {
+        (scheme, Some(_), rest) => format!("{scheme}{REDACTED}@{rest}"),
+        _ => url.to_string(),
+    }
+}
+
+/// `%XX` escapes of a URL's userinfo, decoded.
+fn percent_decode(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    out
+}
+
+/// Standard base64 with padding (RFC 4648), for a Basic header.
+fn base64(b: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(b.len().div_ceil(3) * 4);
+    for c in b.chunks(3) {
+        let n = (u32::from(c[0]) << 16)
+            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*c.get(2).unwrap_or(&0));
+        for k in 0..4 {
+            if k <= c.len() {
+                out.push(A[(n >> (18 - 6 * k) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// `scheme://host:port` of an absolute URL without credentials, for
+/// telling whether a redirect leaves the origin.
+fn origin(url: &str) -> &str {
+    let (scheme, _, rest) = split_userinfo(url);
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    &url[..scheme.len() + end]
+}
+
+/// Where a redirect's `Location` points, from the URL that answered it.
+fn resolve(from: &str, location: &str) -> String {
+    // Absolute when it starts with a scheme (`file:/x` and `mailto:x`
+    // included): letters, digits, `+`, `-` or `.` before the first `:`.
+    let scheme = location.split(':').next().unwrap_or("");
+    let absolute = location.contains(':')
+        && scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+        && scheme
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c));
+    if absolute {
+        return location.to_string();
+    }
+    let o = origin(from);
+    if let Some(rest) = location.strip_prefix("//") {
+        let scheme = &o[..o.find("://").map_or(0, |i| i + 3)];
+        return format!("{scheme}{rest}");
+    }
+    if location.starts_with('/') {
+        return format!("{o}{location}");
+    }
+    let path = &from[o.len()..];
+    let path = path.split(['?', '#']).next().unwrap_or("");
+    let dir = &path[..path.rfind('/').map_or(0, |i| i + 1)];
+    let dir = if dir.is_empty() { "/" } else { dir };
+    format!("{o}{dir}{location}")
+}
+
+/// A URL's scheme (before `:`), for naming a refused redirect.
+fn scheme_of(url: &str) -> &str {
+    url.split(':').next().unwrap_or("")
+}
+
 impl Server {
     pub fn new(base: &str, policy: RetryPolicy) -> Result<Server, FetchError> {
-        let base = check_url(base)?;
+        let given = check_url(base)?;
+        let (scheme, userinfo, rest) = split_userinfo(&given);
+        // A URL already redacted (from the store, or status) has no
+        // credentials to send: those come only from the config, its
+        // variable, or --url, at use.
+        let auth = userinfo
+            .filter(|u| *u != REDACTED)
+            .map(|u| format!("Basic {}", base64(&percent_decode(u))));
         let config = ureq::Agent::config_builder()
             .timeout_global(Some(Duration::from_secs(policy.timeout_s)))
             .user_agent(USER_AGENT)
             // Statuses are classified here, not turned into errors.
             .http_status_as_error(false)
+            // Redirects are followed by `get_once`, which refuses other
+            // schemes at once and keeps the credentials to their origin.
+            .max_redirects(0)
             .build();
         Ok(Server {
-            base,
+            base: redact_url(&given),
+            plain: format!("{scheme}{rest}"),
+            auth,
             agent: config.into(),
             policy,
             jitter: highwater_store::lease::now_ns() as u64,
@@ -183,11 +340,57 @@ impl Server {
         format!("{}/{}.osc.gz", self.base, sequence_path(seq))
     }
 
-    /// One GET, its body in memory (at most `limit` bytes).
+    /// One GET, its body in memory (at most `limit` bytes). `url` is one
+    /// this server made (redacted); the request goes to its plain form,
+    /// with the credentials as a header, following http(s) redirects.
     fn get_once(&self, url: &str, limit: u64) -> Result<Vec<u8>, Fail> {
-        let mut resp = match self.agent.get(url).call() {
-            Ok(r) => r,
-            Err(e) => return Err(Fail::Transient(e.to_string(), None)),
+        let mut target = match url.strip_prefix(self.base.as_str()) {
+            Some(path) => format!("{}{path}", self.plain),
+            None => url.to_string(),
+        };
+        let home = origin(&self.plain).to_string();
+        let mut redirects = 0;
+        let mut resp = loop {
+            let mut req = self.agent.get(&target);
+            if let Some(a) = self.auth.as_ref().filter(|_| origin(&target) == home) {
+                req = req.header("Authorization", a);
+            }
+            let resp = match req.call() {
+                Ok(r) => r,
+                Err(e) => return Err(Fail::Transient(redact_url(&e.to_string()), None)),
+            };
+            let status = resp.status().as_u16();
+            if !(300..400).contains(&status) || status == 304 {
+                break resp;
+            }
+            let Some(location) = resp
+                .headers()
+                .get("location")
+                .and_then(|v| v.to_str().ok())
+                .map(str::trim)
+            else {
+                return Err(Fail::Redirect(format!(
+                    "HTTP {status} without a Location; check the replication URL"
+                )));
+            };
+            let next = resolve(&target, location);
+            let scheme = scheme_of(&next).to_ascii_lowercase();
+            if scheme != "http" && scheme != "https" {
+                return Err(Fail::Redirect(format!(
+                    "HTTP {status} redirects to {} ({scheme}:): only http:// and https:// redirects are followed; check the replication URL",
+                    redact_url(&next)
+                )));
+            }
+            redirects += 1;
+            if redirects > REDIRECTS_MAX {
+                return Err(Fail::Redirect(format!(
+                    "more than {REDIRECTS_MAX} redirects (the last to {}); check the replication URL",
+                    redact_url(&next)
+                )));
+            }
+            // Credentials in a Location are not ours to send or show.
+            let (sch, _, rest) = split_userinfo(&next);
+            target = format!("{sch}{rest}");
         };
         let status = resp.status().as_u16();
         if status == 404 || status == 410 {
@@ -209,10 +412,14 @@ impl Server {
         let reader = resp.body_mut().with_config().limit(limit).reader();
         match reader.take(limit + 1).read_to_end(&mut body) {
             Ok(_) => Ok(body),
-            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
-                Err(Fail::Transient(format!("reading the body: {e}"), None))
-            }
-            Err(e) => Err(Fail::Truncated(format!("reading the body: {e}"))),
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => Err(Fail::Transient(
+                format!("reading the body: {}", redact_url(&e.to_string())),
+                None,
+            )),
+            Err(e) => Err(Fail::Truncated(format!(
+                "reading the body: {}",
+                redact_url(&e.to_string())
+            ))),
         }
     }
 
@@ -302,6 +509,12 @@ impl Server {
                         message: format!("HTTP {s}; check the replication URL"),
                     })
                 }
+                Err(Fail::Redirect(message)) => {
+                    return Err(FetchError::Refused {
+                        url: url.to_string(),
+                        message,
+                    })
+                }
             };
             std::thread::sleep(wait);
         }
@@ -361,8 +574,15 @@ impl Server {
     }
 
     /// Fetches diff `seq` (whose state is known) into `cache`, checked:
-    /// gzip whole, osmChange parsed.
-    pub fn diff(&mut self, seq: i64, state: State, cache: &Path) -> Result<Fetched, FetchError> {
+    /// gzip whole, osmChange parsed, unpacked to at most `unpacked_max`
+    /// bytes (past it, refused at once: fetching it again would not help).
+    pub fn diff(
+        &mut self,
+        seq: i64,
+        state: State,
+        cache: &Path,
+        unpacked_max: u64,
+    ) -> Result<Fetched, FetchError> {
         let url = self.diff_url(seq);
         let path = cache.join(format!("{}.osc.gz", sequence_path(seq)));
         let parent = path.parent().expect("a sequence path has folders");
@@ -376,25 +596,35 @@ impl Server {
                 message: e.to_string(),
             })
         };
-        let mut cache_err = None;
+        let mut stop = None;
         let mut changes = Vec::new();
+        let mut unpacked_bytes = 0;
         let body = self
             .get(&url, DIFF_BYTES_MAX, false, &mut |b| {
                 if let Err(e) = write(&path, b) {
-                    cache_err = Some(e);
+                    stop = Some(e);
                     return Ok(());
                 }
-                changes = crate::xml::read_changes(&path).map_err(|e| e.to_string())?;
-                Ok(())
+                match crate::xml::read_changes_max(&path, unpacked_max) {
+                    Ok((c, n)) => {
+                        changes = c;
+                        unpacked_bytes = n;
+                        Ok(())
+                    }
+                    Err(crate::xml::OsmError::TooLarge { limit_mb, .. }) => {
+                        stop = Some(FetchError::TooLarge {
+                            url: url.clone(),
+                            limit_mb,
+                        });
+                        Ok(())
+                    }
+                    Err(e) => Err(e.to_string()),
+                }
             })?
             .expect("not missing_ok");
-        if let Some(e) = cache_err {
+        if let Some(e) = stop {
             return Err(e);
         }
-        let unpacked_bytes = match body.len() {
-            n if n >= 4 => u32::from_le_bytes(body[n - 4..].try_into().expect("4 bytes")) as u64,
-            _ => 0,
-        };
         Ok(Fetched {
             sequence: seq,
             url,
@@ -410,17 +640,31 @@ impl Server {
     }
 
     /// The store is at `store_seq` and `next` is not on the server: is
-    /// that a hole inside the server's range (it still has `store_seq`), or
-    /// has the server dropped everything up to past `next`?
-    pub fn missing_next(&mut self, store_seq: i64, next: i64) -> FetchError {
+    /// that a hole inside the server's range (it still has `store_seq`),
+    /// has the server dropped everything up to past `next` (it has its
+    /// `top`), or does it serve neither (its `state.txt` names a sequence
+    /// it does not have: still filling, or another stream's)? Only the
+    /// second is "gone", which sends an operator to re-import.
+    pub fn missing_next(&mut self, store_seq: i64, next: i64, top: i64) -> FetchError {
         match self.state(store_seq) {
-            Ok(Some(_)) => FetchError::Missing {
-                url: self.state_url(Some(next)),
-                attempts: 1,
-            },
-            Ok(None) => FetchError::Gone {
+            Ok(Some(_)) => {
+                return FetchError::Missing {
+                    url: self.state_url(Some(next)),
+                    attempts: 1,
+                }
+            }
+            Ok(None) => {}
+            Err(e) => return e,
+        }
+        match self.state(top) {
+            Ok(Some(_)) if top != next => FetchError::Gone {
                 base: self.base.clone(),
                 store: store_seq,
+                next,
+            },
+            Ok(_) => FetchError::Unserved {
+                base: self.state_url(None),
+                top,
                 next,
             },
             Err(e) => e,
@@ -441,4 +685,64 @@ pub fn check_forward(before: Option<&State>, now: &State, url: &str) -> Result<(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 20: what is shown of a URL, what is requested, what is sent.
+    #[test]
+    fn credentials_are_split_off_every_url_form() {
+        for (given, shown, auth) in [
+            ("https://host/r", "https://host/r", None),
+            (
+                "https://user:secret@host:8080/r",
+                "https://***@host:8080/r",
+                Some("Basic dXNlcjpzZWNyZXQ="),
+            ),
+            // An unescaped `/` and `@` in the password, and escapes.
+            (
+                "http://u:p/a@ss@host/r",
+                "http://***@host/r",
+                Some("Basic dTpwL2FAc3M="),
+            ),
+            (
+                "http://u%40x:p%3Aw@host/r",
+                "http://***@host/r",
+                Some("Basic dUB4OnA6dw=="),
+            ),
+            // Already redacted (from the store): nothing to send.
+            ("http://***@host/r", "http://***@host/r", None),
+        ] {
+            let s = Server::new(given, RetryPolicy::default()).unwrap();
+            assert_eq!(s.base(), shown, "{given}");
+            assert_eq!(redact_url(given), shown, "{given}");
+            assert!(!s.plain.contains('@'), "{given}: {}", s.plain);
+            assert_eq!(s.auth.as_deref(), auth, "{given}");
+        }
+        let e = check_url("ftp://user:secret@host/")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            !e.contains("secret") && e.contains("ftp://***@host/"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn redirect_locations_resolve_against_the_url_that_answered() {
+        let from = "http://a:1/r/state.txt";
+        for (location, to) in [
+            ("http://b/x", "http://b/x"),
+            ("file:///etc/passwd", "file:///etc/passwd"),
+            ("file:/etc/passwd", "file:/etc/passwd"),
+            ("//c/y", "http://c/y"),
+            ("/z", "http://a:1/z"),
+            ("s.txt", "http://a:1/r/s.txt"),
+        ] {
+            assert_eq!(resolve(from, location), to, "{location}");
+        }
+        assert_eq!(origin("https://h:2/p?q"), "https://h:2");
+    }
 }

@@ -77,6 +77,20 @@ pub fn import_into(
     replace: bool,
     wait: bool,
 ) -> Result<ImportStats, ImportError> {
+    import_into_after(dir, extract, replace, wait, 0)
+}
+
+/// [`import_into`], with the new store's writer-lease tokens continuing
+/// past `tokens_used`: the largest token any output of the project
+/// recorded (an MBTiles file's), so that no output fences out the new
+/// store's writers. A replaced store's own token is continued anyway.
+pub fn import_into_after(
+    dir: &Path,
+    extract: &Path,
+    replace: bool,
+    wait: bool,
+    tokens_used: i64,
+) -> Result<ImportStats, ImportError> {
     check_extract(extract)?;
     let io = |path: &Path| {
         let path = path.to_path_buf();
@@ -93,7 +107,7 @@ pub fn import_into(
         })?;
         sweep_dead_builds(dir);
         let tmp = dir.join(format!(".store.db.hw-new-{}", std::process::id()));
-        let built = build(&tmp, extract);
+        let built = build(&tmp, extract, tokens_used);
         let stats = match built {
             Ok(stats) => stats,
             Err(e) => {
@@ -132,7 +146,12 @@ pub fn import_into(
     let new_dir = dir.with_file_name(format!(".{name}.hw-new-{}", std::process::id()));
     let aside = dir.with_file_name(format!(".{name}.hw-old-{}", std::process::id()));
     std::fs::create_dir_all(&new_dir).map_err(io(&new_dir))?;
-    let stats = match build(&new_dir.join("store.db"), extract) {
+    // The new store's writers continue the old one's tokens: outputs the
+    // old store's writers fenced (an MBTiles file records its writer's
+    // token) would otherwise refuse every writer of the new store until
+    // its tokens caught up.
+    let continued = old.writer_token().unwrap_or(0).max(tokens_used);
+    let stats = match build(&new_dir.join("store.db"), extract, continued) {
         Ok(stats) => stats,
         Err(e) => {
             let _ = std::fs::remove_dir_all(&new_dir);
@@ -174,10 +193,12 @@ fn failpoint_before_publish() {
     }
 }
 
-/// Builds a store from an extract into a new, unpublished file.
-fn build(file: &Path, extract: &Path) -> Result<ImportStats, ImportError> {
+/// Builds a store from an extract into a new, unpublished file, its
+/// writer-lease tokens continuing after `tokens_used`.
+fn build(file: &Path, extract: &Path, tokens_used: i64) -> Result<ImportStats, ImportError> {
     let mut store = Store::create_unpublished(file)?;
     let stats = import(&mut store, extract)?;
+    store.continue_tokens(tokens_used)?;
     store.seal()?;
     Ok(stats)
 }
@@ -512,7 +533,8 @@ pub fn import(store: &mut Store, path: &Path) -> Result<ImportStats, ImportError
             )?;
         }
         if let Some(u) = &stats.replication_url {
-            w.set_meta("replication_url", u)?;
+            // An extract's header may carry credentials: never stored.
+            w.set_meta("replication_url", &crate::fetch::redact_url(u))?;
         }
         Ok(stats)
     })?;

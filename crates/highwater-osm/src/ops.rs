@@ -6,7 +6,7 @@ use crate::fetch::{check_forward, FetchError, Fetched, Server};
 use crate::import::{read_state, sequence_path, ImportError, State};
 use crate::model::Change;
 use crate::store::{Store, StoreError, Writer};
-use crate::xml::{read_changes, OsmError};
+use crate::xml::OsmError;
 use highwater_core::tile::Tile;
 use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -46,6 +46,7 @@ struct RawOsm {
     rebuild_gap_max: Option<i64>,
     lease_duration_s: Option<i64>,
     replication_url: Option<String>,
+    replication_url_env: Option<String>,
     replication_retries_max: Option<u32>,
     replication_backoff_ms: Option<u64>,
     replication_timeout_s: Option<u64>,
@@ -101,6 +102,11 @@ pub struct OsmConfig {
     /// The replication server (`[osm] replication_url`); wins over the URL
     /// the extract's header gave at import.
     pub replication_url: Option<String>,
+    /// `[osm] replication_url_env`: the variable that holds the server's
+    /// URL instead (credentials and all), read at use.
+    pub replication_url_env: Option<String>,
+    /// The config file, for errors about it.
+    pub config_path: PathBuf,
     /// Retries, backoff and timeout of replication requests.
     pub retry: crate::fetch::RetryPolicy,
 }
@@ -117,6 +123,29 @@ pub const AGGREGATES_CODE_VERSION: &str = "aggregates-1";
 /// The version of the search code (documents, context): part of every
 /// search dataset's recipe.
 pub const SEARCH_CODE_VERSION: &str = "search-1";
+
+impl OsmConfig {
+    /// The server the config names: `replication_url`, or the URL in the
+    /// variable `replication_url_env` names, read now. It may hold
+    /// credentials: show it only through [`crate::fetch::redact_url`].
+    pub fn server_url(&self) -> Result<Option<String>, OpsError> {
+        let Some(var) = &self.replication_url_env else {
+            return Ok(self.replication_url.clone());
+        };
+        let bad = |message: String| OpsError::Config {
+            path: self.config_path.clone(),
+            message,
+        };
+        let u = std::env::var(var).map_err(|_| {
+            bad(format!(
+                "replication_url_env = {var:?}, but that environment variable is not set: set it to the server's http(s):// URL (credentials may go in it), or remove replication_url_env"
+            ))
+        })?;
+        crate::fetch::check_url(&u)
+            .map(Some)
+            .map_err(|e| bad(format!("replication_url_env = {var:?}: {e}")))
+    }
+}
 
 /// A relative path without `..`, joined to the project root.
 fn safe_file(root: &Path, f: &str) -> Option<PathBuf> {
@@ -235,6 +264,7 @@ impl OsmConfig {
                 rebuild_gap_max: None,
                 lease_duration_s: None,
                 replication_url: None,
+                replication_url_env: None,
                 replication_retries_max: None,
                 replication_backoff_ms: None,
                 replication_timeout_s: None,
@@ -426,13 +456,24 @@ impl OsmConfig {
                     )))
                 }
             },
-            replication_url: match raw.replication_url {
-                None => None,
-                Some(u) => Some(
-                    crate::fetch::check_url(&u)
-                        .map_err(|e| bad(format!("replication_url: {e}")))?,
+            // Credentials in the URL (`https://user:secret@host/`) stay in
+            // memory: sent as a header, shown and stored as `***`. The
+            // variable keeps them out of the config file too; it is read
+            // at use, by the commands that ask a server.
+            replication_url: match (&raw.replication_url, &raw.replication_url_env) {
+                (Some(_), Some(_)) => {
+                    return Err(bad(
+                        "replication_url and replication_url_env both name the server: keep one"
+                            .into(),
+                    ))
+                }
+                (Some(u), None) => Some(
+                    crate::fetch::check_url(u).map_err(|e| bad(format!("replication_url: {e}")))?,
                 ),
+                _ => None,
             },
+            replication_url_env: raw.replication_url_env.clone(),
+            config_path: config_path.to_path_buf(),
             retry: {
                 let d = crate::fetch::RetryPolicy::default();
                 let retries_max = raw.replication_retries_max.unwrap_or(d.retries_max);
@@ -728,9 +769,15 @@ pub fn sequence_of_path(p: &Path) -> Option<i64> {
 /// sequence disagrees with its replication path is refused: trusting it
 /// would move the store to the wrong sequence.
 pub fn read_diffs(paths: &[PathBuf]) -> Result<Vec<Diff>, OpsError> {
+    read_diffs_max(paths, u64::MAX)
+}
+
+/// [`read_diffs`], refusing a diff that unpacks past `unpacked_max` bytes
+/// (found while unpacking it, so a gzip bomb stops at the limit).
+pub fn read_diffs_max(paths: &[PathBuf], unpacked_max: u64) -> Result<Vec<Diff>, OpsError> {
     let mut out = Vec::new();
     for p in paths {
-        let changes = read_changes(p)?;
+        let (changes, _) = crate::xml::read_changes_max(p, unpacked_max)?;
         let name = p.file_name().unwrap_or_default().to_string_lossy();
         let stem = name.trim_end_matches(".gz").trim_end_matches(".osc");
         let state_path = p.with_file_name(format!("{stem}.state.txt"));
@@ -841,8 +888,8 @@ pub fn replication_url(
     if let Some(u) = given {
         return Ok(crate::fetch::check_url(u)?);
     }
-    if let Some(u) = &cfg.replication_url {
-        return Ok(u.clone());
+    if let Some(u) = cfg.server_url()? {
+        return Ok(u);
     }
     match store.meta("replication_url")? {
         Some(u) => Ok(crate::fetch::check_url(&u)?),
@@ -882,7 +929,8 @@ pub struct FetchedBatch {
 
 /// Fetches the diffs after the store's sequence, in order, until their
 /// unpacked size reaches `bytes_max` (at least one diff), never past the
-/// server's top state. Each state must be no older than the one before it.
+/// server's top state. One diff that unpacks past `bytes_max` is refused
+/// ([`FetchError::TooLarge`]), found while unpacking it. Each state must be no older than the one before it.
 pub fn fetch_batch(
     store: &Store,
     server: &mut Server,
@@ -919,15 +967,17 @@ pub fn fetch_batch(
                 Some(s) => s,
                 // The first one missing: a hole in the server's range (then
                 // retried), or the server no longer keeps it.
-                None if k == at.sequence + 1 => match server.missing_next(at.sequence, k) {
-                    FetchError::Missing { .. } => server.state_in_range(k)?,
-                    other => return Err(other),
-                },
+                None if k == at.sequence + 1 => {
+                    match server.missing_next(at.sequence, k, top.sequence) {
+                        FetchError::Missing { .. } => server.state_in_range(k)?,
+                        other => return Err(other),
+                    }
+                }
                 None => server.state_in_range(k)?,
             };
             let url = server.state_url(Some(k));
             check_forward(Some(&prev), &state, &url)?;
-            server.diff(k, state, cache)
+            server.diff(k, state, cache, bytes_max)
         })();
         match step {
             Ok(f) => {

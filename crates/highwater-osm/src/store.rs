@@ -394,6 +394,31 @@ impl Store {
         }
     }
 
+    /// Makes the writer lease's next token larger than `used` (for a store
+    /// replacing another, or made beside outputs an older store wrote): a
+    /// released lease at token `used`, which the next writer takes over
+    /// with `used + 1`. Never lowers a token.
+    pub(crate) fn continue_tokens(&mut self, used: i64) -> Result<(), StoreError> {
+        if used <= 0 {
+            return Ok(());
+        }
+        self.conn
+            .execute(
+                "INSERT INTO leases(name, owner, host, pid, acquired_at_ns, expires_at_ns, token)
+                 VALUES(?1, 'osm import', ?2, ?3, ?4, 0, ?5)
+                 ON CONFLICT(name) DO UPDATE SET token = max(token, excluded.token), expires_at_ns = 0",
+                params![
+                    WRITER_LEASE,
+                    highwater_store::lease::host(),
+                    std::process::id() as i64,
+                    highwater_store::lease::now_ns(),
+                    used
+                ],
+            )
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
     /// The token of the writer lease this process holds, if it holds one.
     pub fn writer_token(&self) -> Option<i64> {
         self.writer.as_ref().map(|(f, _)| f.token)
@@ -941,7 +966,46 @@ fn init_schema(conn: &Connection) -> rusqlite::Result<bool> {
     add_column(conn, "dirty", "gen", "INTEGER NOT NULL DEFAULT 0")?;
     add_column(conn, "dirty_keys", "gen", "INTEGER NOT NULL DEFAULT 0")?;
     conn.execute_batch(highwater_store::lease::LEASES_SQL)?;
+    scrub_credentials(conn)?;
     Ok(rtree_shapes)
+}
+
+/// Stores made before URLs were redacted kept a replication URL's
+/// credentials (`user:secret@`) in `replication_log` and the `meta` row of
+/// the extract's URL: they are redacted once, with SQLite's secure delete
+/// on so the old text is overwritten, and the log checkpointed so no copy
+/// stays in the -wal either.
+fn scrub_credentials(c: &Connection) -> rusqlite::Result<()> {
+    const FIND: &str = "SELECT url FROM replication_log WHERE url LIKE '%://%@%' AND url NOT LIKE '%://***@%'
+         UNION SELECT value FROM meta WHERE key = 'replication_url' AND value LIKE '%://%@%' AND value NOT LIKE '%://***@%'";
+    let found = |c: &Connection| -> rusqlite::Result<Vec<String>> {
+        let mut st = c.prepare(FIND)?;
+        let rows = st.query_map([], |r| r.get(0))?;
+        rows.collect()
+    };
+    // A read first: opening a clean store never asks for the write lock.
+    if found(c)?.is_empty() {
+        return Ok(());
+    }
+    c.pragma_update(None, "secure_delete", "ON")?;
+    let tx = rusqlite::Transaction::new_unchecked(c, rusqlite::TransactionBehavior::Immediate)?;
+    for url in found(&tx)? {
+        let clean = crate::fetch::redact_url(&url);
+        tx.execute(
+            "UPDATE replication_log SET url = ?2 WHERE url = ?1",
+            params![url, clean],
+        )?;
+        tx.execute(
+            "UPDATE meta SET value = ?2 WHERE key = 'replication_url' AND value = ?1",
+            params![url, clean],
+        )?;
+    }
+    tx.commit()?;
+    c.pragma_update(None, "secure_delete", "OFF")?;
+    // Folds the log into the file and truncates it (best effort: a reader
+    // may hold it; the next open's checkpoint does it then).
+    let _ = c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)");
+    Ok(())
 }
 
 /// Adds a column a table lacks, once: checked by a read, then again under
@@ -1278,7 +1342,14 @@ impl Writer<'_> {
             .execute(
                 "INSERT OR REPLACE INTO replication_log(sequence, url, sha256, timestamp, applied_at_ns)
                  VALUES(?1, ?2, ?3, ?4, ?5)",
-                params![sequence, url, sha256, timestamp, highwater_store::lease::now_ns()],
+                // Redacted here too: no credential is ever stored.
+                params![
+                    sequence,
+                    crate::fetch::redact_url(url),
+                    sha256,
+                    timestamp,
+                    highwater_store::lease::now_ns()
+                ],
             )
             .map_err(|e| self.err(e))?;
         Ok(())

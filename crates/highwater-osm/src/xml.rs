@@ -23,6 +23,29 @@ pub enum OsmError {
     },
     #[error("cannot read {path}: {err}")]
     Io { path: PathBuf, err: std::io::Error },
+    #[error("{path}: unpacks to more than {limit_mb} MB, the limit (--max-diff-mb): a gzip bomb, or a diff larger than the limit (raise --max-diff-mb if it is genuine); refused, nothing was applied")]
+    TooLarge { path: PathBuf, limit_mb: u64 },
+}
+
+/// Counts what a reader hands out and fails once it passes `max` bytes:
+/// the unpacked-size limit, applied while unpacking, so that a small gzip
+/// that inflates without bound stops at the limit (plus one read).
+struct Capped<R> {
+    inner: R,
+    read: std::rc::Rc<std::cell::Cell<u64>>,
+    max: u64,
+}
+
+impl<R: Read> Read for Capped<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        let total = self.read.get().saturating_add(n as u64);
+        self.read.set(total);
+        if total > self.max {
+            return Err(std::io::Error::other("past the unpacked-size limit"));
+        }
+        Ok(n)
+    }
 }
 
 /// A `BufRead` that counts the newlines it has handed out, so that errors
@@ -53,20 +76,27 @@ impl<R: BufRead> BufRead for LineCounter<R> {
     }
 }
 
-fn open(path: &Path) -> Result<Box<dyn BufRead>, OsmError> {
+fn open(path: &Path, cap: &Capped<()>) -> Result<Box<dyn BufRead>, OsmError> {
     let io = |err| OsmError::Io {
         path: path.to_path_buf(),
         err,
     };
     let f = std::fs::File::open(path).map_err(io)?;
     let gz = path.extension().is_some_and(|e| e == "gz");
+    let capped = |inner: Box<dyn Read>| Capped {
+        inner,
+        read: cap.read.clone(),
+        max: cap.max,
+    };
     Ok(if gz {
         Box::new(BufReader::with_capacity(
             1 << 16,
-            flate2::read::MultiGzDecoder::new(BufReader::new(f)),
+            capped(Box::new(flate2::read::MultiGzDecoder::new(BufReader::new(
+                f,
+            )))),
         ))
     } else {
-        Box::new(BufReader::with_capacity(1 << 16, f))
+        Box::new(BufReader::with_capacity(1 << 16, capped(Box::new(f))))
     })
 }
 
@@ -165,10 +195,44 @@ fn get<'a>(attrs: &'a [(String, String)], key: &str) -> Option<&'a str> {
 fn read(
     path: &Path,
     want_root: &str,
+    sink: impl FnMut(Option<Action>, Element) -> Result<(), OsmError>,
+) -> Result<(), OsmError> {
+    read_capped(path, want_root, u64::MAX, sink).map(|_| ())
+}
+
+/// [`read`], refusing a file that unpacks past `max_bytes`; returns the
+/// unpacked size.
+fn read_capped(
+    path: &Path,
+    want_root: &str,
+    max_bytes: u64,
+    sink: impl FnMut(Option<Action>, Element) -> Result<(), OsmError>,
+) -> Result<u64, OsmError> {
+    let cap = Capped {
+        inner: (),
+        read: Default::default(),
+        max: max_bytes,
+    };
+    let r = read_uncapped(path, want_root, open(path, &cap)?, sink);
+    // Whatever error the cut-off read turned into (most often "not
+    // well-formed XML"), the cause is the limit.
+    if cap.read.get() > max_bytes {
+        return Err(OsmError::TooLarge {
+            path: path.to_path_buf(),
+            limit_mb: max_bytes >> 20,
+        });
+    }
+    r.map(|()| cap.read.get())
+}
+
+fn read_uncapped(
+    path: &Path,
+    want_root: &str,
+    input: Box<dyn BufRead>,
     mut sink: impl FnMut(Option<Action>, Element) -> Result<(), OsmError>,
 ) -> Result<(), OsmError> {
     let mut reader = quick_xml::Reader::from_reader(LineCounter {
-        inner: open(path)?,
+        inner: input,
         newlines: 0,
     });
     reader.config_mut().trim_text(true);
@@ -348,8 +412,14 @@ fn read(
 /// (a minutely planet diff is a few MB), and derive-before-apply needs every
 /// change at hand anyway.
 pub fn read_changes(path: &Path) -> Result<Vec<Change>, OsmError> {
+    read_changes_max(path, u64::MAX).map(|(c, _)| c)
+}
+
+/// [`read_changes`], refused with [`OsmError::TooLarge`] as soon as the
+/// file unpacks past `max_bytes`; with the unpacked size.
+pub fn read_changes_max(path: &Path, max_bytes: u64) -> Result<(Vec<Change>, u64), OsmError> {
     let mut out = Vec::new();
-    read(path, "osmChange", |action, element| {
+    let n = read_capped(path, "osmChange", max_bytes, |action, element| {
         let Some(action) = action else {
             return Err(OsmError::Malformed {
                 path: path.to_path_buf(),
@@ -361,7 +431,7 @@ pub fn read_changes(path: &Path) -> Result<Vec<Change>, OsmError> {
         out.push(Change { action, element });
         Ok(())
     })?;
-    Ok(out)
+    Ok((out, n))
 }
 
 /// Streams an `.osm` file's elements to `sink`.

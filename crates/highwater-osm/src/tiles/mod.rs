@@ -107,6 +107,18 @@ pub enum TilesError {
 /// writer that lost its lease, and is refused.
 pub const WRITER_TOKEN_KEY: &str = "highwater_writer_token";
 
+/// The writer token the dataset's MBTiles file records, if the file
+/// exists and records one: an import continues the store's tokens past it.
+pub fn recorded_writer_token(d: &TileDataset) -> Result<Option<i64>, TilesError> {
+    match d.mbtiles.as_deref() {
+        Some(p) => match Mbtiles::open(p)? {
+            Some(mb) => mb.writer_token(),
+            None => Ok(None),
+        },
+        None => Ok(None),
+    }
+}
+
 /// An open MBTiles file (the standard schema: `metadata`, `tiles` with TMS
 /// rows, gzip-compressed MVT).
 pub struct Mbtiles {
