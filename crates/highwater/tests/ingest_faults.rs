@@ -661,6 +661,44 @@ fn compaction_that_skips_every_period_asked_for_exits_1() {
     )
     .json();
     assert_eq!(r["periods"][0]["status"], "compacted", "{r}");
+    // Days past the newest window ingested are not asked for by default:
+    // nothing there to skip.
+    let r = hw(
+        &p,
+        &url,
+        &[
+            "compact",
+            "orders",
+            "--now",
+            "2026-03-05T00:30:00Z",
+            "--json",
+        ],
+        0,
+    )
+    .json();
+    assert_eq!(r["periods"].as_array().unwrap().len(), 1, "{r}");
+    assert_eq!(r["periods"][0]["status"], "already", "{r}");
+    // Asked for by name, a day never ingested is skipped: exit 1.
+    let r = hw(
+        &p,
+        &url,
+        &[
+            "compact",
+            "orders",
+            "--now",
+            "2026-03-05T00:30:00Z",
+            "--from",
+            "2026-03-02T00:00:00Z",
+            "--to",
+            "2026-03-03T00:00:00Z",
+        ],
+        1,
+    );
+    assert!(
+        r.stdout.contains("skipped") && r.stdout.contains("never ingested"),
+        "{}",
+        r.stdout
+    );
 }
 
 fn chunked(by: &str) -> String {
