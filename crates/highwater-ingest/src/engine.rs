@@ -1180,7 +1180,17 @@ impl Ingestor {
             // For the crash tests: die with the window staged, not swapped.
             kill_self();
         }
-        let compacted = self.publish_window(k, &staging, &abs, &token)?;
+        let compacted = match self.publish_window(k, &staging, &abs, &token) {
+            Ok(c) => c,
+            // The window's rows cannot join its compacted period (a type
+            // that does not widen either way): this window fails, the
+            // period keeps its rows, and the run goes on.
+            Err(e @ IngestError::Schema { .. }) => {
+                fail(&mut rec, &mut outcome, e.to_string())?;
+                return Ok(outcome);
+            }
+            Err(e) => return Err(e),
+        };
         if std::env::var_os("HIGHWATER_FAILPOINT").is_some_and(|v| v == "after-swap") {
             // For the crash tests: die between publish and record.
             kill_self();

@@ -340,7 +340,10 @@ impl Ingestor {
         let last_k = match opts.to_us {
             // `to` is exclusive: the window that starts at it is out.
             Some(t) => g.index_of(t) - 1,
-            None => closed - 1,
+            // Up to the newest window ingestion has reached: periods past
+            // it are not asked for yet (and would only be skipped), while
+            // any period within it that is skipped makes the run exit 1.
+            None => (closed - 1).min(records.keys().next_back().copied().unwrap_or(-1)),
         };
         let mut report = CompactReport {
             source: self.spec.name.clone(),

@@ -800,3 +800,90 @@ pub fn key_hashes(
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A column as (name, Arrow type, source type).
+    type Col<'a> = (&'a str, ColType, &'a str);
+
+    fn cols(spec: &[Col<'_>]) -> serde_json::Value {
+        schema_json(
+            &spec
+                .iter()
+                .map(|(n, t, s)| Column {
+                    name: n.to_string(),
+                    ty: *t,
+                    source_type: s.to_string(),
+                })
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    /// The widening rules of issue 20, as a table: (before, after,
+    /// widens, what the message says).
+    #[test]
+    fn schema_changes_widen_only_where_every_value_is_exact() {
+        use ColType::*;
+        let base = [("id", I64, "int8"), ("amount", I32, "int4")];
+        let cases: &[(&[Col<'_>], bool, &str)] = &[
+            (&base, true, ""),
+            (
+                &[("id", I64, "int8"), ("amount", I64, "int8")],
+                true,
+                "to int8 (int64), which widens",
+            ),
+            (
+                &[("id", I64, "int8"), ("amount", Text, "numeric")],
+                false,
+                "to numeric (utf8), which does not widen",
+            ),
+            (
+                &[("id", I64, "int8"), ("amount", F64, "float8")],
+                false,
+                "to float8 (float64), which does not widen",
+            ),
+            (
+                &[("id", I64, "int8"), ("amount", I16, "int2")],
+                false,
+                "to int2 (int16), which does not widen",
+            ),
+            (
+                &[("id", I64, "int8")],
+                false,
+                "column `amount` (int4, int32) is gone",
+            ),
+            (
+                &[
+                    ("id", I64, "int8"),
+                    ("amount", I32, "int4"),
+                    ("note", Text, "text"),
+                ],
+                false,
+                "column `note` (text, utf8) is new",
+            ),
+            (
+                &[("amount", I32, "int4"), ("id", I64, "int8")],
+                false,
+                "in another order",
+            ),
+            (
+                &[("id", I64, "int8"), ("amount", I32, "integer")],
+                true,
+                "both int32 in the files",
+            ),
+        ];
+        for (after, widens, says) in cases {
+            let (lines, w) = schema_changes(&cols(&base), &cols(after));
+            assert_eq!(w, *widens, "{after:?}: {lines:?}");
+            assert!(lines.join("; ").contains(says), "{after:?}: {lines:?}");
+            assert_eq!(lines.is_empty(), says.is_empty(), "{after:?}: {lines:?}");
+        }
+        let (lines, w) = schema_changes(
+            &cols(&[("r", F32, "float4")]),
+            &cols(&[("r", F64, "float8")]),
+        );
+        assert!(w && lines[0].contains("which widens"), "{lines:?}");
+    }
+}

@@ -425,6 +425,59 @@ fn compaction_of_windows_with_differing_schemas_names_the_windows() {
     let r = hw(&p, &url, &args, 0).json();
     assert_eq!(r["periods"][0]["status"], "compacted", "{r}");
     assert_eq!(r["periods"][0]["rows"], 2, "{r}");
+    // Back to int4 at the source, still under "warn": a window re-landed
+    // into the compacted (numeric) period cannot join it. That window
+    // fails, named, and the period keeps its rows.
+    c.batch_execute("ALTER TABLE orders ALTER amount TYPE int4 USING round(amount)::int4")
+        .unwrap();
+    let before = types(&p.path("raw/orders/date=2026-03-01"), "amount");
+    let r = hw(
+        &p,
+        &url,
+        &[
+            "ingest",
+            "orders",
+            "--json",
+            "--now",
+            "2026-03-02T00:30:00Z",
+            "--window",
+            "2026-03-01T00:00:00Z/2026-03-01T01:00:00Z",
+        ],
+        1,
+    )
+    .json();
+    assert_eq!(statuses(&r), ["00:00 failed"], "{r}");
+    let error = r["windows"][0]["error"].as_str().unwrap();
+    assert!(
+        error.contains("cannot be written into its compacted period")
+            && error.contains("column `amount` is"),
+        "{error}"
+    );
+    assert_eq!(
+        types(&p.path("raw/orders/date=2026-03-01"), "amount"),
+        before
+    );
+    let w = hw(
+        &p,
+        &url,
+        &[
+            "windows",
+            "orders",
+            "--now",
+            "2026-03-02T00:30:00Z",
+            "--json",
+        ],
+        0,
+    )
+    .json();
+    assert!(
+        w["windows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|w| w["status"] == "published"),
+        "the published version stays: {w}"
+    );
 }
 
 /// A throw-away PostgreSQL cluster of this test's own that checks
@@ -661,6 +714,44 @@ fn compaction_that_skips_every_period_asked_for_exits_1() {
     )
     .json();
     assert_eq!(r["periods"][0]["status"], "compacted", "{r}");
+    // Days past the newest window ingested are not asked for by default:
+    // nothing there to skip.
+    let r = hw(
+        &p,
+        &url,
+        &[
+            "compact",
+            "orders",
+            "--now",
+            "2026-03-05T00:30:00Z",
+            "--json",
+        ],
+        0,
+    )
+    .json();
+    assert_eq!(r["periods"].as_array().unwrap().len(), 1, "{r}");
+    assert_eq!(r["periods"][0]["status"], "already", "{r}");
+    // Asked for by name, a day never ingested is skipped: exit 1.
+    let r = hw(
+        &p,
+        &url,
+        &[
+            "compact",
+            "orders",
+            "--now",
+            "2026-03-05T00:30:00Z",
+            "--from",
+            "2026-03-02T00:00:00Z",
+            "--to",
+            "2026-03-03T00:00:00Z",
+        ],
+        1,
+    );
+    assert!(
+        r.stdout.contains("skipped") && r.stdout.contains("never ingested"),
+        "{}",
+        r.stdout
+    );
 }
 
 fn chunked(by: &str) -> String {
