@@ -132,8 +132,19 @@ impl Options {
 /// `https://host[:port][/prefix]`, without a trailing slash; no user
 /// info, query or fragment.
 pub fn check_public_url(url: &str) -> Result<String, ServeError> {
+    // The refusal names the URL, but never a password given in it.
+    let shown = match url.split_once("://") {
+        Some((scheme, rest)) => {
+            let end = rest.find('/').unwrap_or(rest.len());
+            match rest[..end].rfind('@') {
+                Some(at) => format!("{scheme}://***{}", &rest[at..]),
+                None => url.to_string(),
+            }
+        }
+        None => url.to_string(),
+    };
     let bad = |why| ServeError::PublicUrl {
-        url: url.to_string(),
+        url: shown.clone(),
         why,
     };
     let u = url.trim_end_matches('/');
@@ -718,6 +729,12 @@ mod tests {
         ] {
             assert_eq!(super::check_public_url(url).ok().as_deref(), want, "{url}");
         }
+        // A refused URL is named without its password (issue 20).
+        let e = super::check_public_url("https://u:s3cret@maps.example.org/x")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("https://***@maps.example.org/x"), "{e}");
+        assert!(!e.contains("s3cret"), "{e}");
     }
 
     #[test]
