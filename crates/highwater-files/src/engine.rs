@@ -800,11 +800,14 @@ impl Pipeline {
                     second: found[b].item.clone(),
                 });
             }
-            rendered = outputs
-                .iter()
-                .zip(&found)
-                .map(|(o, f)| (o.clone(), f.item.clone()))
-                .collect();
+            // Only a pipeline of two stages or more can collide across them.
+            if self.stages.len() > 1 {
+                rendered = outputs
+                    .iter()
+                    .zip(&found)
+                    .map(|(o, f)| (o.clone(), f.item.clone()))
+                    .collect();
+            }
             let (listing, output_dirs) =
                 scan(&discover::output_dirs(outputs.iter().map(String::as_str)))?;
             let observations = found

@@ -133,10 +133,13 @@ pub enum FilesError {
         planned_by: String,
     },
     #[error(
-        "stage `{stage}`: {source}\nThe run stopped with work unfinished: {unfinished}. {advice}"
+        "stage `{stage}`: {reason}\nThe run stopped with work unfinished: {unfinished}. {advice}"
     )]
     Unfinished {
         stage: String,
+        /// The source with its causes, so that the lowest one (a broken
+        /// pipe, a refused connection) reads before the advice.
+        reason: String,
         unfinished: String,
         advice: String,
         #[source]

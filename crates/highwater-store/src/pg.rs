@@ -1106,9 +1106,16 @@ impl WorkQueue for PgStore {
         self.claim_with(stage, owner, n, lease_ns, None)
     }
     fn heartbeat(&mut self, owner: &str, lease_ns: i64) -> Result<u64, StoreError> {
+        // Rows locked now are skipped: our own `complete` is moving them to
+        // done (row by row, in its transaction), or another process is
+        // taking them over. Waiting on them would let the two lock the
+        // same rows in opposite orders: a deadlock that PostgreSQL breaks
+        // by failing one of them, the completion perhaps (issue 20).
         let sql = format!(
-            "WITH renewed AS (UPDATE work SET lease_until_ns = {NOW_NS} + $2
-                WHERE owner = $1 AND state = 'claimed' RETURNING 1)
+            "WITH mine AS (SELECT stage, item FROM work
+                WHERE owner = $1 AND state = 'claimed' FOR UPDATE SKIP LOCKED),
+             renewed AS (UPDATE work w SET lease_until_ns = {NOW_NS} + $2
+                FROM mine WHERE w.stage = mine.stage AND w.item = mine.item RETURNING 1)
              UPDATE processes SET heartbeat_at_ns = {NOW_NS} WHERE owner = $1
              RETURNING (SELECT count(*) FROM renewed)"
         );

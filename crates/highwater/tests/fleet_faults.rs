@@ -527,7 +527,7 @@ fn a_state_store_stopping_mid_run_ends_each_process_with_exit_1_and_recovers() {
     let mut processed = 0;
     for c in procs {
         let (code, json, stderr) = finish(c);
-        assert_eq!(code, 0, "{stderr}");
+        assert_eq!(code, 0, "{json}\n{stderr}");
         processed += json["stages"][0]["processed"].as_i64().unwrap();
     }
     assert_eq!(processed + done_before, N as i64);

@@ -273,8 +273,18 @@ impl Pipeline {
         } else {
             "Fix the cause above, then run again; what was recorded stays"
         };
+        let mut reason = e.to_string();
+        let mut cause = std::error::Error::source(&e);
+        while let Some(c) = cause {
+            let c_text = c.to_string();
+            if !reason.contains(&c_text) {
+                reason = format!("{reason}: {c_text}");
+            }
+            cause = c.source();
+        }
         FilesError::Unfinished {
             stage: stage.name.clone(),
+            reason,
             unfinished: parts.join("; "),
             advice: advice.to_string(),
             source: Box::new(e),
