@@ -903,6 +903,26 @@ impl Ingestor {
         Ok(())
     }
 
+    /// Who the lease `fence` names was lost to, in words, for the reasons
+    /// of work left undone: the holder now (owner, host, pid) when the
+    /// store can say, else only that it was lost.
+    pub(crate) fn lost_to(&self, store: &Mutex<Box<dyn StateStore>>, fence: &Fence) -> String {
+        let holder = store
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .lease(&fence.name)
+            .ok()
+            .flatten()
+            .filter(|l| l.token != fence.token);
+        match holder {
+            Some(l) => format!(
+                "the lease `{}` was lost mid-run to {} (host {}, pid {})",
+                fence.name, l.owner, l.host, l.pid
+            ),
+            None => format!("the lease `{}` was lost mid-run", fence.name),
+        }
+    }
+
     fn taken_over(&self, window: &str) -> IngestError {
         IngestError::Read {
             name: self.spec.name.clone(),
@@ -1173,7 +1193,11 @@ impl Ingestor {
         };
         if !still_ours {
             let _ = std::fs::remove_dir_all(&staging);
-            outcome.error = Some("the lease was taken over before publish; not published".into());
+            outcome.error = Some(format!(
+                "not published: {} before publish; run `highwater ingest {}` again",
+                self.lost_to(ctx.store, ctx.fence),
+                self.spec.name
+            ));
             return Ok(outcome);
         }
         if std::env::var_os("HIGHWATER_FAILPOINT").is_some_and(|v| v == "before-swap") {
@@ -1209,8 +1233,11 @@ impl Ingestor {
         match self.commit(ctx.store, ctx.fence, rec)? {
             WindowCommit::Done | WindowCommit::BookmarkMoved => {}
             WindowCommit::Fenced => {
-                outcome.error =
-                    Some("the lease was taken over after publish; the next run records it".into());
+                outcome.error = Some(format!(
+                    "published, but not recorded: {} after publish; the next `highwater ingest {}` records it",
+                    self.lost_to(ctx.store, ctx.fence),
+                    self.spec.name
+                ));
                 return Ok(outcome);
             }
         }
@@ -1512,8 +1539,27 @@ impl Ingestor {
                     loop {
                         let i = next.fetch_add(1, Ordering::SeqCst);
                         let Some(&k) = ks.get(i) else { return Ok(()) };
+                        // Lost: the windows not started are still owed, and
+                        // reported failed (exit 1), not left out of the report
+                        // as if the run had owed only the others.
                         if lost.load(Ordering::SeqCst) {
-                            return Ok(());
+                            let w = self.spec.grid.window(k);
+                            let o = WindowOutcome {
+                                start: format_rfc3339(w.start_us),
+                                end: format_rfc3339(w.end_us),
+                                path: self.window_path(&w).0,
+                                status: "failed",
+                                rows: 0,
+                                duration_ms: 0,
+                                warnings: Vec::new(),
+                                error: Some(format!(
+                                    "not run: {}; run `highwater ingest {}` again",
+                                    self.lost_to(ctx.store, ctx.fence),
+                                    self.spec.name
+                                )),
+                            };
+                            outcomes.lock().unwrap_or_else(|e| e.into_inner()).push(o);
+                            continue;
                         }
                         let o = self.run_one(k, reader.as_mut(), ctx)?;
                         outcomes.lock().unwrap_or_else(|e| e.into_inner()).push(o);
@@ -1572,7 +1618,18 @@ impl Ingestor {
         // The horizon moves only when every window this run owed is
         // published: otherwise the next run must look at the same rows.
         if let (Some(h), Some(b), true) = (horizon, after.as_ref(), all_ok) {
-            if !lost.load(Ordering::SeqCst) {
+            if lost.load(Ordering::SeqCst) {
+                // Not moved: the next run reads the same rows again. Not
+                // everything asked was done, so the run says so (exit 1).
+                drop(s);
+                report.check_failures += 1;
+                report.warnings.push(format!(
+                    "the commit_order horizon was not moved: {}; run `highwater ingest {}` again",
+                    self.lost_to(store, fence),
+                    name
+                ));
+                s = store.lock().unwrap_or_else(|e| e.into_inner());
+            } else {
                 s.advance_horizon(name, b.last_end_us, h, fence)?;
             }
         }

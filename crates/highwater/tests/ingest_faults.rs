@@ -921,3 +921,150 @@ fn a_deleted_window_folder_shows_missing_and_is_landed_again() {
     assert!(statuses(&r).iter().all(|s| s.ends_with("published")), "{r}");
     assert_eq!(rows(&root), before);
 }
+
+/// Each window's digest and where its rows live, from `windows --json`.
+fn layout(p: &Project, url: &str, now: &str) -> Vec<(String, String, String)> {
+    let w = hw(p, url, &["windows", "orders", "--now", now, "--json"], 0).json();
+    w["windows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| {
+            (
+                w["start"].as_str().unwrap().to_string(),
+                w["digest"].to_string(),
+                w["compacted"].to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Issue 20: a compaction whose lease is taken over mid-run (here after
+/// its first period, by another owner taking the expired lease the way
+/// `lease::take` does) exits 1, naming each period not compacted, the
+/// owner it lost the lease to, and what to do; the next `compact`
+/// finishes with exit 0, and the result is that of a clean compaction.
+#[test]
+fn compaction_that_loses_its_lease_mid_run_exits_1_and_the_next_finishes() {
+    use highwater_store::{Fence, LeaseOutcome, SqliteStore, StateStore};
+    let _serial = pg_serial();
+    let (mut c, url) = pg_database("lease");
+    c.batch_execute(
+        "CREATE TABLE orders(id int8 PRIMARY KEY, amount int4, updated_at timestamptz NOT NULL)",
+    )
+    .unwrap();
+    for (id, at) in [
+        (1, "2026-03-01T01:10:00Z"),
+        (2, "2026-03-01T13:10:00Z"),
+        (3, "2026-03-02T02:10:00Z"),
+        (4, "2026-03-03T04:10:00Z"),
+        (5, "2026-03-03T22:10:00Z"),
+    ] {
+        insert(&mut c, id, "7", at);
+    }
+    let now = "2026-03-04T00:30:00Z";
+    let compact = ["compact", "orders", "--now", now, "--json"];
+    // The clean compaction to compare with, in a project of its own.
+    let clean = Project::new(&source(COMPACT));
+    ingest(&clean, &url, now, 0);
+    hw(&clean, &url, &compact, 0);
+
+    let p = Project::new(&source(COMPACT));
+    ingest(&p, &url, now, 0);
+    let gate = p.path("gate");
+    std::fs::write(&gate, b"").unwrap();
+    let reached = p.path("gate.reached");
+    let child = p
+        .cmd(&compact)
+        .env("ORDERS_DATABASE_URL", &url)
+        .env("HIGHWATER_FAILPOINT", "compact-gate")
+        .env("HIGHWATER_FAILPOINT_GATE", &gate)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Waits for the first period to be done (bounded, so that a run that
+    // never gets there fails the test instead of hanging it).
+    for _ in 0..3000 {
+        if reached.exists() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(reached.exists(), "the compaction reached its first gate");
+    // Another owner takes the lease over as if it had expired.
+    let mut s = SqliteStore::open(&p.path(".highwater/state.db")).unwrap();
+    let held = s.lease("ingest:orders").unwrap().expect("compact holds it");
+    let LeaseOutcome::Acquired(other) = s
+        .acquire_lease(
+            "ingest:orders",
+            "other:4242",
+            "elsewhere",
+            4242,
+            held.expires_at_ns + 1,
+            3_600_000_000_000,
+        )
+        .unwrap()
+    else {
+        panic!("an expired lease is taken over")
+    };
+    std::fs::remove_file(&gate).unwrap();
+    let o = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "exit 1: not every period was compacted\nstdout:\n{stdout}\nstderr:\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let got: Vec<(String, String)> = r["periods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["start"].as_str().unwrap()[..10].to_string(),
+                p["status"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let want = [
+        ("2026-03-01", "compacted"),
+        ("2026-03-02", "failed"),
+        ("2026-03-03", "failed"),
+    ]
+    .map(|(a, b)| (a.to_string(), b.to_string()));
+    assert_eq!(got, want, "{r}");
+    for period in &r["periods"].as_array().unwrap()[1..] {
+        let why = period["reason"].as_str().unwrap();
+        for says in [
+            "not compacted: the lease `ingest:orders` was lost mid-run to other:4242 (host elsewhere, pid 4242)",
+            "nothing of it was touched",
+            "Run `highwater compact orders` again",
+        ] {
+            assert!(why.contains(says), "wanted {says:?} in {why}");
+        }
+    }
+    // The other owner is done; the next compaction finishes the rest.
+    s.release_lease(&Fence {
+        name: "ingest:orders".into(),
+        token: other.token,
+    })
+    .unwrap();
+    let r = hw(&p, &url, &compact, 0).json();
+    let statuses: Vec<&str> = r["periods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(statuses, ["already", "compacted", "compacted"], "{r}");
+    assert_eq!(
+        layout(&p, &url, now),
+        layout(&clean, &url, now),
+        "the same windows, digests and periods as a clean compaction"
+    );
+    assert_eq!(rows(&p.path("raw")), rows(&clean.path("raw")));
+    assert_eq!(rows(&p.path("raw")).len(), 5);
+}
