@@ -263,6 +263,25 @@ fn median(mut v: Vec<f64>) -> Option<f64> {
     })
 }
 
+/// For the lease tests (failpoints `compact-gate`, `ingest-gate`): after
+/// each period or window, says so by creating `GATE.reached`, then waits
+/// while the file `HIGHWATER_FAILPOINT_GATE` names exists (at most a
+/// minute). A gate, not a sleep: the test does its part (takes the lease
+/// over) while the run waits, however fast or loaded the machine.
+pub(crate) fn gate() {
+    let Some(gate) = std::env::var_os("HIGHWATER_FAILPOINT_GATE") else {
+        return;
+    };
+    let gate = PathBuf::from(gate);
+    let mut reached = gate.clone().into_os_string();
+    reached.push(".reached");
+    let _ = std::fs::write(&reached, b"");
+    let t0 = Instant::now();
+    while gate.exists() && t0.elapsed().as_secs() < 60 {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 impl Ingestor {
     pub fn new(root: &Path, state: StateLocation, spec: SourceSpec) -> Ingestor {
         let recipe = spec.recipe_id();
@@ -962,12 +981,18 @@ impl Ingestor {
             rec.extra["chunking"] = r.extra["chunking"].clone();
             rec.extra["chunks"] = r.extra["chunks"].clone();
         }
-        {
-            let mut s = ctx.store.lock().unwrap_or_else(|e| e.into_inner());
-            if s.commit_window(&rec, None, ctx.fence)? == WindowCommit::Fenced {
-                outcome.error = Some("the lease was taken over; not run".into());
-                return Ok(outcome);
-            }
+        let started_ok = ctx
+            .store
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .commit_window(&rec, None, ctx.fence)?;
+        if started_ok == WindowCommit::Fenced {
+            outcome.error = Some(format!(
+                "not run: {}; run `highwater ingest {}` again",
+                self.lost_to(ctx.store, ctx.fence),
+                self.spec.name
+            ));
+            return Ok(outcome);
         }
         let pred = match self.spec.mode {
             Mode::UpdatedAt => Pred::Time {
@@ -1563,6 +1588,11 @@ impl Ingestor {
                         }
                         let o = self.run_one(k, reader.as_mut(), ctx)?;
                         outcomes.lock().unwrap_or_else(|e| e.into_inner()).push(o);
+                        if std::env::var_os("HIGHWATER_FAILPOINT")
+                            .is_some_and(|v| v == "ingest-gate")
+                        {
+                            gate();
+                        }
                     }
                 }));
             }

@@ -75,25 +75,6 @@ fn failpoint(name: &str) -> bool {
     std::env::var_os("HIGHWATER_FAILPOINT").is_some_and(|v| v == name)
 }
 
-/// For the lease tests (failpoint `compact-gate`): after each period,
-/// says so by creating `GATE.reached`, then waits while the file
-/// `HIGHWATER_FAILPOINT_GATE` names exists (at most a minute). A gate, not
-/// a sleep: the test does its part (takes the lease over) while the run
-/// waits, however fast or loaded the machine.
-fn gate() {
-    let Some(gate) = std::env::var_os("HIGHWATER_FAILPOINT_GATE") else {
-        return;
-    };
-    let gate = PathBuf::from(gate);
-    let mut reached = gate.clone().into_os_string();
-    reached.push(".reached");
-    let _ = std::fs::write(&reached, b"");
-    let t0 = std::time::Instant::now();
-    while gate.exists() && t0.elapsed().as_secs() < 60 {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-}
-
 impl Ingestor {
     /// The folder of period `p`, relative and absolute.
     fn period_path(&self, p: i64) -> Result<(String, PathBuf), IngestError> {
@@ -401,7 +382,7 @@ impl Ingestor {
             };
             report.periods.push(o);
             if failpoint("compact-gate") {
-                gate();
+                crate::engine::gate();
             }
         }
         Ok(report)
