@@ -263,6 +263,25 @@ fn median(mut v: Vec<f64>) -> Option<f64> {
     })
 }
 
+/// For the lease tests (failpoints `compact-gate`, `ingest-gate`): after
+/// each period or window, says so by creating `GATE.reached`, then waits
+/// while the file `HIGHWATER_FAILPOINT_GATE` names exists (at most a
+/// minute). A gate, not a sleep: the test does its part (takes the lease
+/// over) while the run waits, however fast or loaded the machine.
+pub(crate) fn gate() {
+    let Some(gate) = std::env::var_os("HIGHWATER_FAILPOINT_GATE") else {
+        return;
+    };
+    let gate = PathBuf::from(gate);
+    let mut reached = gate.clone().into_os_string();
+    reached.push(".reached");
+    let _ = std::fs::write(&reached, b"");
+    let t0 = Instant::now();
+    while gate.exists() && t0.elapsed().as_secs() < 60 {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 impl Ingestor {
     pub fn new(root: &Path, state: StateLocation, spec: SourceSpec) -> Ingestor {
         let recipe = spec.recipe_id();
@@ -903,6 +922,26 @@ impl Ingestor {
         Ok(())
     }
 
+    /// Who the lease `fence` names was lost to, in words, for the reasons
+    /// of work left undone: the holder now (owner, host, pid) when the
+    /// store can say, else only that it was lost.
+    pub(crate) fn lost_to(&self, store: &Mutex<Box<dyn StateStore>>, fence: &Fence) -> String {
+        let holder = store
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .lease(&fence.name)
+            .ok()
+            .flatten()
+            .filter(|l| l.token != fence.token);
+        match holder {
+            Some(l) => format!(
+                "the lease `{}` was lost mid-run to {} (host {}, pid {})",
+                fence.name, l.owner, l.host, l.pid
+            ),
+            None => format!("the lease `{}` was lost mid-run", fence.name),
+        }
+    }
+
     fn taken_over(&self, window: &str) -> IngestError {
         IngestError::Read {
             name: self.spec.name.clone(),
@@ -942,12 +981,18 @@ impl Ingestor {
             rec.extra["chunking"] = r.extra["chunking"].clone();
             rec.extra["chunks"] = r.extra["chunks"].clone();
         }
-        {
-            let mut s = ctx.store.lock().unwrap_or_else(|e| e.into_inner());
-            if s.commit_window(&rec, None, ctx.fence)? == WindowCommit::Fenced {
-                outcome.error = Some("the lease was taken over; not run".into());
-                return Ok(outcome);
-            }
+        let started_ok = ctx
+            .store
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .commit_window(&rec, None, ctx.fence)?;
+        if started_ok == WindowCommit::Fenced {
+            outcome.error = Some(format!(
+                "not run: {}; run `highwater ingest {}` again",
+                self.lost_to(ctx.store, ctx.fence),
+                self.spec.name
+            ));
+            return Ok(outcome);
         }
         let pred = match self.spec.mode {
             Mode::UpdatedAt => Pred::Time {
@@ -1173,7 +1218,11 @@ impl Ingestor {
         };
         if !still_ours {
             let _ = std::fs::remove_dir_all(&staging);
-            outcome.error = Some("the lease was taken over before publish; not published".into());
+            outcome.error = Some(format!(
+                "not published: {} before publish; run `highwater ingest {}` again",
+                self.lost_to(ctx.store, ctx.fence),
+                self.spec.name
+            ));
             return Ok(outcome);
         }
         if std::env::var_os("HIGHWATER_FAILPOINT").is_some_and(|v| v == "before-swap") {
@@ -1209,8 +1258,11 @@ impl Ingestor {
         match self.commit(ctx.store, ctx.fence, rec)? {
             WindowCommit::Done | WindowCommit::BookmarkMoved => {}
             WindowCommit::Fenced => {
-                outcome.error =
-                    Some("the lease was taken over after publish; the next run records it".into());
+                outcome.error = Some(format!(
+                    "published, but not recorded: {} after publish; the next `highwater ingest {}` records it",
+                    self.lost_to(ctx.store, ctx.fence),
+                    self.spec.name
+                ));
                 return Ok(outcome);
             }
         }
@@ -1512,11 +1564,35 @@ impl Ingestor {
                     loop {
                         let i = next.fetch_add(1, Ordering::SeqCst);
                         let Some(&k) = ks.get(i) else { return Ok(()) };
+                        // Lost: the windows not started are still owed, and
+                        // reported failed (exit 1), not left out of the report
+                        // as if the run had owed only the others.
                         if lost.load(Ordering::SeqCst) {
-                            return Ok(());
+                            let w = self.spec.grid.window(k);
+                            let o = WindowOutcome {
+                                start: format_rfc3339(w.start_us),
+                                end: format_rfc3339(w.end_us),
+                                path: self.window_path(&w).0,
+                                status: "failed",
+                                rows: 0,
+                                duration_ms: 0,
+                                warnings: Vec::new(),
+                                error: Some(format!(
+                                    "not run: {}; run `highwater ingest {}` again",
+                                    self.lost_to(ctx.store, ctx.fence),
+                                    self.spec.name
+                                )),
+                            };
+                            outcomes.lock().unwrap_or_else(|e| e.into_inner()).push(o);
+                            continue;
                         }
                         let o = self.run_one(k, reader.as_mut(), ctx)?;
                         outcomes.lock().unwrap_or_else(|e| e.into_inner()).push(o);
+                        if std::env::var_os("HIGHWATER_FAILPOINT")
+                            .is_some_and(|v| v == "ingest-gate")
+                        {
+                            gate();
+                        }
                     }
                 }));
             }
@@ -1572,7 +1648,18 @@ impl Ingestor {
         // The horizon moves only when every window this run owed is
         // published: otherwise the next run must look at the same rows.
         if let (Some(h), Some(b), true) = (horizon, after.as_ref(), all_ok) {
-            if !lost.load(Ordering::SeqCst) {
+            if lost.load(Ordering::SeqCst) {
+                // Not moved: the next run reads the same rows again. Not
+                // everything asked was done, so the run says so (exit 1).
+                drop(s);
+                report.check_failures += 1;
+                report.warnings.push(format!(
+                    "the commit_order horizon was not moved: {}; run `highwater ingest {}` again",
+                    self.lost_to(store, fence),
+                    name
+                ));
+                s = store.lock().unwrap_or_else(|e| e.into_inner());
+            } else {
                 s.advance_horizon(name, b.last_end_us, h, fence)?;
             }
         }

@@ -353,19 +353,64 @@ impl Ingestor {
             return Ok(report);
         }
         let (p0, p1) = (self.spec.period_of(first_k), self.spec.period_of(last_k));
+        // Why the run stopped short, once it has: every period asked for
+        // after that is reported failed with it (exit 1), never left out
+        // of the report as if it had not been asked for.
+        let mut stopped: Option<String> = None;
         for p in p0..=p1 {
-            if lost.load(Ordering::SeqCst) {
-                break;
-            }
             let ks = self.spec.period_windows(p);
             // Only whole periods in range, and only closed ones.
             if ks.start < first_k || ks.end - 1 > last_k || ks.end > closed {
                 continue;
             }
-            let o = self.compact_period(p, &records, store, fence)?;
+            if stopped.is_none() {
+                // The heartbeat's flag, and the store itself: a takeover
+                // between two heartbeats is seen before the next period.
+                let ours = !lost.load(Ordering::SeqCst)
+                    && store_of(store).renew_lease(
+                        fence,
+                        now_ns(),
+                        self.spec.lease_duration_s as i64 * 1_000_000_000,
+                    )?;
+                if !ours {
+                    stopped = Some(self.lost_to(store, fence));
+                }
+            }
+            let o = match &stopped {
+                None => self.compact_period(p, &records, store, fence)?,
+                Some(why) => self.not_compacted(p, why)?,
+            };
             report.periods.push(o);
+            if failpoint("compact-gate") {
+                crate::engine::gate();
+            }
         }
         Ok(report)
+    }
+
+    /// Period `p`, asked for and not reached: failed, with why and what
+    /// to do.
+    fn not_compacted(&self, p: i64, why: &str) -> Result<PeriodOutcome, IngestError> {
+        let g = &self.spec.grid;
+        let ks = self.spec.period_windows(p);
+        let (rel, _) = self.period_path(p)?;
+        Ok(PeriodOutcome {
+            start: format_rfc3339(g.window(ks.start).start_us),
+            end: format_rfc3339(g.window(ks.end - 1).end_us),
+            path: rel,
+            status: "failed",
+            windows: ks.count(),
+            rows: 0,
+            files_before: 0,
+            files_after: 0,
+            bytes_before: 0,
+            bytes_after: 0,
+            duration_ms: 0,
+            reason: Some(format!(
+                "not compacted: {why} before this period was reached; nothing of it was touched. Run `highwater compact {}` again (with --wait, if the other holder is still at work)",
+                self.spec.name
+            )),
+        })
     }
 
     fn compact_period(
@@ -531,7 +576,11 @@ impl Ingestor {
         })?;
         if !swapped {
             o.status = "failed";
-            o.reason = Some("the lease was taken over before the swap; nothing was swapped".into());
+            o.reason = Some(format!(
+                "not compacted: {} before the swap; nothing was swapped. Run `highwater compact {}` again",
+                self.lost_to(store, fence),
+                self.spec.name
+            ));
             return Ok(o);
         }
         if failpoint("compact-after-swap") {
@@ -561,9 +610,11 @@ impl Ingestor {
             .collect();
         if store_of(store).commit_windows(&updated, fence)? == WindowCommit::Fenced {
             o.status = "failed";
-            o.reason = Some(
-                "the lease was taken over after the swap; the next run records the period".into(),
-            );
+            o.reason = Some(format!(
+                "compacted on disk, but not recorded: {} after the swap; the next `highwater compact {}` (or `ingest`) records it",
+                self.lost_to(store, fence),
+                self.spec.name
+            ));
             return Ok(o);
         }
         o.status = "compacted";

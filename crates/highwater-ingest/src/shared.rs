@@ -74,7 +74,7 @@ impl Ingestor {
         })?;
         let _claims = ClaimHeartbeat::start(&self.state, owner.clone(), lease_ns)?;
         let bookmark_before = store.bookmark(&self.spec.name)?;
-        let planned = self.plan_or_join(opts, store.as_mut(), &stage)?;
+        let (planned, plan_lost) = self.plan_or_join(opts, store.as_mut(), &stage)?;
         let mut outcomes = Vec::new();
         let mut claimed = 0usize;
         let mut takeovers = 0usize;
@@ -118,6 +118,14 @@ impl Ingestor {
             .bookmark(&self.spec.name)?
             .map(|b| format_rfc3339(b.last_end_us));
         report.windows = outcomes;
+        if let Some(why) = plan_lost {
+            // Nothing this run owed was queued: not done, so exit 1.
+            report.check_failures += 1;
+            report.warnings.push(format!(
+                "planning stopped: {why} before its windows were queued; nothing was queued by this run. Run `highwater ingest {}` again",
+                self.spec.name
+            ));
+        }
         report.warnings.push(format!(
             "shared state: this process landed {claimed} window(s) of the fleet's ({takeovers} taken over from an expired claim)"
         ));
@@ -130,15 +138,15 @@ impl Ingestor {
         opts: &IngestOptions,
         store: &mut dyn StateStore,
         stage: &str,
-    ) -> Result<Option<Planned>, IngestError> {
+    ) -> Result<(Option<Planned>, Option<String>), IngestError> {
         if queue(store).pending(stage)?.open() > 0 {
-            return Ok(None);
+            return Ok((None, None));
         }
         // Planners hold the source lease briefly; wait for it.
         self.leased(true, |locked, fence, _lost| {
             let mut s = locked.lock().unwrap_or_else(|e| e.into_inner());
             if queue(s.as_mut()).pending(stage)?.open() > 0 {
-                return Ok(None);
+                return Ok((None, None));
             }
             drop(s);
             let plan: WindowPlan = self.plan_windows(opts, locked, fence)?;
@@ -158,15 +166,21 @@ impl Ingestor {
                 .collect();
             let mut s = locked.lock().unwrap_or_else(|e| e.into_inner());
             match queue(s.as_mut()).enqueue(stage, &Default::default(), &items, fence)? {
-                highwater_store::WindowCommit::Done => Ok(Some(Planned {
-                    report: plan.report,
-                    moved: plan.moved,
-                    horizon: plan.horizon,
-                    ks: plan.ks,
-                })),
+                highwater_store::WindowCommit::Done => Ok((
+                    Some(Planned {
+                        report: plan.report,
+                        moved: plan.moved,
+                        horizon: plan.horizon,
+                        ks: plan.ks,
+                    }),
+                    None,
+                )),
                 // The source lease was lost while planning: nothing queued;
-                // the next run plans again.
-                _ => Ok(None),
+                // the next run plans again, and this one says so.
+                _ => {
+                    drop(s);
+                    Ok((None, Some(self.lost_to(locked, fence))))
+                }
             }
         })
     }

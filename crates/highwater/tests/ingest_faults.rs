@@ -2,8 +2,9 @@
 //! PostgreSQL: a column's type changed by `ALTER TABLE` between windows, a
 //! renamed table, a wrong password (on a private cluster that really
 //! checks passwords), a compaction that cannot do what it was asked, a
-//! `chunk_by` column that cannot be chunked on, and a published window's
-//! folder deleted out of band.
+//! `chunk_by` column that cannot be chunked on, a published window's
+//! folder deleted out of band, and an ingest or compaction whose lease is
+//! taken over mid-run.
 
 mod common;
 use arrow_array::Array;
@@ -920,4 +921,245 @@ fn a_deleted_window_folder_shows_missing_and_is_landed_again() {
     assert_eq!(statuses(&r).len(), 24, "{r}");
     assert!(statuses(&r).iter().all(|s| s.ends_with("published")), "{r}");
     assert_eq!(rows(&root), before);
+}
+
+/// Each window's digest and where its rows live, from `windows --json`.
+fn layout(p: &Project, url: &str, now: &str) -> Vec<(String, String, String)> {
+    let w = hw(p, url, &["windows", "orders", "--now", now, "--json"], 0).json();
+    w["windows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| {
+            (
+                w["start"].as_str().unwrap().to_string(),
+                w["digest"].to_string(),
+                w["compacted"].to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Runs highwater `args` with failpoint `failpoint` (a gate after each
+/// period or window); at the first gate, another owner ("other:4242" on
+/// "elsewhere") takes the source's lease over as if it had expired, the
+/// way `lease::take` does. Returns what the run did and the new token.
+fn taken_over_at_the_gate(
+    p: &Project,
+    url: &str,
+    args: &[&str],
+    failpoint: &str,
+) -> (std::process::Output, i64) {
+    use highwater_store::{LeaseOutcome, SqliteStore, StateStore};
+    let gate = p.path("gate");
+    std::fs::write(&gate, b"").unwrap();
+    let reached = p.path("gate.reached");
+    let _ = std::fs::remove_file(&reached);
+    let child = p
+        .cmd(args)
+        .env("ORDERS_DATABASE_URL", url)
+        .env("HIGHWATER_FAILPOINT", failpoint)
+        .env("HIGHWATER_FAILPOINT_GATE", &gate)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Waits for the first gate (bounded, so that a run that never gets
+    // there fails the test instead of hanging it).
+    for _ in 0..3000 {
+        if reached.exists() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(
+        reached.exists(),
+        "{failpoint}: the run reached its first gate"
+    );
+    let mut s = SqliteStore::open(&p.path(".highwater/state.db")).unwrap();
+    let held = s.lease("ingest:orders").unwrap().expect("the run holds it");
+    let LeaseOutcome::Acquired(other) = s
+        .acquire_lease(
+            "ingest:orders",
+            "other:4242",
+            "elsewhere",
+            4242,
+            held.expires_at_ns + 1,
+            3_600_000_000_000,
+        )
+        .unwrap()
+    else {
+        panic!("an expired lease is taken over")
+    };
+    std::fs::remove_file(&gate).unwrap();
+    (child.wait_with_output().unwrap(), other.token)
+}
+
+/// The other owner is done: it gives the lease up.
+fn release(p: &Project, token: i64) {
+    use highwater_store::{Fence, SqliteStore, StateStore};
+    let mut s = SqliteStore::open(&p.path(".highwater/state.db")).unwrap();
+    s.release_lease(&Fence {
+        name: "ingest:orders".into(),
+        token,
+    })
+    .unwrap();
+}
+
+/// Issue 20: an ingest whose lease is taken over after its first window
+/// exits 1 and lists every window it did not run as failed, naming the
+/// owner it lost the lease to and what to do; the next ingest lands them.
+#[test]
+fn ingest_that_loses_its_lease_mid_run_lists_the_windows_not_run_and_exits_1() {
+    let _serial = pg_serial();
+    let (mut c, url) = pg_database("ilease");
+    c.batch_execute(
+        "CREATE TABLE orders(id int8 PRIMARY KEY, amount int4, updated_at timestamptz NOT NULL)",
+    )
+    .unwrap();
+    for (id, at) in [
+        (1, "2026-03-01T00:10:00Z"),
+        (2, "2026-03-01T01:10:00Z"),
+        (3, "2026-03-01T02:10:00Z"),
+        (4, "2026-03-01T03:10:00Z"),
+    ] {
+        insert(&mut c, id, "7", at);
+    }
+    let now = "2026-03-01T04:30:00Z";
+    let p = Project::new(&source(""));
+    let args = [
+        "ingest",
+        "orders",
+        "--json",
+        "--now",
+        now,
+        "--max-parallel",
+        "1",
+    ];
+    let (o, other) = taken_over_at_the_gate(&p, &url, &args, "ingest-gate");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "exit 1: not every window owed was landed\nstdout:\n{stdout}\nstderr:\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(
+        statuses(&r),
+        [
+            "00:00 published",
+            "01:00 failed",
+            "02:00 failed",
+            "03:00 failed"
+        ],
+        "{r}"
+    );
+    for w in &r["windows"].as_array().unwrap()[1..] {
+        let why = w["error"].as_str().unwrap();
+        for says in [
+            "not run: the lease `ingest:orders` was lost mid-run to other:4242 (host elsewhere, pid 4242)",
+            "run `highwater ingest orders` again",
+        ] {
+            assert!(why.contains(says), "wanted {says:?} in {why}");
+        }
+    }
+    release(&p, other);
+    let r = ingest(&p, &url, now, 0);
+    assert_eq!(
+        statuses(&r),
+        ["01:00 published", "02:00 published", "03:00 published"],
+        "{r}"
+    );
+    assert_eq!(
+        rows(&p.path("raw")).iter().map(|r| r.0).collect::<Vec<_>>(),
+        [1, 2, 3, 4]
+    );
+}
+
+/// Issue 20: a compaction whose lease is taken over mid-run (here after
+/// its first period, by another owner taking the expired lease the way
+/// `lease::take` does) exits 1, naming each period not compacted, the
+/// owner it lost the lease to, and what to do; the next `compact`
+/// finishes with exit 0, and the result is that of a clean compaction.
+#[test]
+fn compaction_that_loses_its_lease_mid_run_exits_1_and_the_next_finishes() {
+    let _serial = pg_serial();
+    let (mut c, url) = pg_database("lease");
+    c.batch_execute(
+        "CREATE TABLE orders(id int8 PRIMARY KEY, amount int4, updated_at timestamptz NOT NULL)",
+    )
+    .unwrap();
+    for (id, at) in [
+        (1, "2026-03-01T01:10:00Z"),
+        (2, "2026-03-01T13:10:00Z"),
+        (3, "2026-03-02T02:10:00Z"),
+        (4, "2026-03-03T04:10:00Z"),
+        (5, "2026-03-03T22:10:00Z"),
+    ] {
+        insert(&mut c, id, "7", at);
+    }
+    let now = "2026-03-04T00:30:00Z";
+    let compact = ["compact", "orders", "--now", now, "--json"];
+    // The clean compaction to compare with, in a project of its own.
+    let clean = Project::new(&source(COMPACT));
+    ingest(&clean, &url, now, 0);
+    hw(&clean, &url, &compact, 0);
+
+    let p = Project::new(&source(COMPACT));
+    ingest(&p, &url, now, 0);
+    let (o, other) = taken_over_at_the_gate(&p, &url, &compact, "compact-gate");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "exit 1: not every period was compacted\nstdout:\n{stdout}\nstderr:\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let got: Vec<(String, String)> = r["periods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["start"].as_str().unwrap()[..10].to_string(),
+                p["status"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let want = [
+        ("2026-03-01", "compacted"),
+        ("2026-03-02", "failed"),
+        ("2026-03-03", "failed"),
+    ]
+    .map(|(a, b)| (a.to_string(), b.to_string()));
+    assert_eq!(got, want, "{r}");
+    for period in &r["periods"].as_array().unwrap()[1..] {
+        let why = period["reason"].as_str().unwrap();
+        for says in [
+            "not compacted: the lease `ingest:orders` was lost mid-run to other:4242 (host elsewhere, pid 4242)",
+            "nothing of it was touched",
+            "Run `highwater compact orders` again",
+        ] {
+            assert!(why.contains(says), "wanted {says:?} in {why}");
+        }
+    }
+    // The other owner is done; the next compaction finishes the rest.
+    release(&p, other);
+    let r = hw(&p, &url, &compact, 0).json();
+    let statuses: Vec<&str> = r["periods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(statuses, ["already", "compacted", "compacted"], "{r}");
+    assert_eq!(
+        layout(&p, &url, now),
+        layout(&clean, &url, now),
+        "the same windows, digests and periods as a clean compaction"
+    );
+    assert_eq!(rows(&p.path("raw")), rows(&clean.path("raw")));
+    assert_eq!(rows(&p.path("raw")).len(), 5);
 }
