@@ -998,7 +998,7 @@ impl Pipeline {
         if !refusals.is_empty() {
             return Err(FilesError::Guard { refusals });
         }
-        let mut rendered: Vec<(&str, Vec<(String, String)>)> = selected
+        let rendered: Vec<(&str, Vec<(String, String)>)> = selected
             .iter()
             .zip(&observed)
             .map(|(st, o)| {
@@ -1018,39 +1018,101 @@ impl Pipeline {
         let mut report = RunReport::default();
         let mut upstream_worked = false;
         for (i, st) in selected.iter().enumerate() {
+            let mut r = StageReport {
+                name: st.spec.name.clone(),
+                ..StageReport::default()
+            };
             // Upstream work changed this stage's inputs: look again. The
             // guard is not applied again, since these changes are real ones
             // that a guarded (or forced) upstream run made.
-            if st.template.is_aggregate() {
-                if let Some(why) = self.upstream_failures(store.as_ref(), st)? {
-                    let mut r = StageReport::from_plan(
-                        &observed[i].take().expect("observed once per stage").plan,
-                    );
-                    r.changes.clear();
-                    r.blocked = Some(why);
-                    report.stages.push(r);
-                    continue;
+            let result = (|| -> Result<(), FilesError> {
+                if st.template.is_aggregate() {
+                    if let Some(why) = self.upstream_failures(store.as_ref(), st)? {
+                        r = StageReport::from_plan(
+                            &observed[i].take().expect("observed once per stage").plan,
+                        );
+                        r.changes.clear();
+                        r.blocked = Some(why);
+                        return Ok(());
+                    }
                 }
+                let o = if upstream_worked {
+                    let o = self.observe(st, opts.rehash, None)?;
+                    // Its inputs may be new, and so may every other
+                    // stage's: checked again against all of them as they
+                    // render now, before it runs.
+                    self.check_against_all(&[(st.spec.name.as_str(), o.rendered.as_slice())])?;
+                    o
+                } else {
+                    observed[i].take().expect("observed once per stage")
+                };
+                self.run_stage(store.as_mut(), st, o, opts, progress, &mut r)
+            })();
+            if let Err(e) = result {
+                return Err(Self::local_unfinished(e, &report, &r, &selected[i + 1..]));
             }
-            let o = if upstream_worked {
-                let o = self.observe(st, opts.rehash, None)?;
-                // Its inputs may be new: checked again before it runs.
-                rendered[i].1 = o.rendered.clone();
-                self.check_against_all(
-                    &rendered
-                        .iter()
-                        .map(|(n, r)| (*n, r.as_slice()))
-                        .collect::<Vec<_>>(),
-                )?;
-                o
-            } else {
-                observed[i].take().expect("observed once per stage")
-            };
-            let r = self.run_stage(store.as_mut(), st, o, opts, progress)?;
             upstream_worked |= r.processed > 0 || r.deleted > 0 || !r.failed.is_empty();
             report.stages.push(r);
         }
         Ok(report)
+    }
+
+    /// The error a local run ends with when it stops part way (issue 20):
+    /// once this run has made or recorded anything (an output, a deletion,
+    /// a failed item), the error is `Unfinished` (exit 1), naming what was
+    /// done and what is left; before any work it stays a refusal (exit 2).
+    fn local_unfinished(
+        e: FilesError,
+        done: &RunReport,
+        stage: &StageReport,
+        later: &[&Stage],
+    ) -> FilesError {
+        let worked = |s: &StageReport| s.processed > 0 || s.deleted > 0 || !s.failed.is_empty();
+        if !worked(stage) && !done.stages.iter().any(worked) {
+            return e;
+        }
+        let mut parts: Vec<String> = done
+            .stages
+            .iter()
+            .chain(std::iter::once(stage))
+            .filter(|s| worked(s))
+            .map(|s| {
+                format!(
+                    "stage `{}` made {} output(s), deleted {} and recorded {} failed item(s)",
+                    s.name,
+                    s.processed,
+                    s.deleted,
+                    s.failed.len()
+                )
+            })
+            .collect();
+        parts.push(format!("stage `{}` did not finish", stage.name));
+        if !later.is_empty() {
+            parts.push(format!(
+                "stages not started: {}",
+                later
+                    .iter()
+                    .map(|s| format!("`{}`", s.spec.name))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        let mut reason = e.to_string();
+        let mut cause = std::error::Error::source(&e);
+        while let Some(c) = cause {
+            let c_text = c.to_string();
+            if !reason.contains(&c_text) {
+                reason = format!("{reason}: {c_text}");
+            }
+            cause = c.source();
+        }
+        FilesError::Unfinished {
+            stage: stage.name.clone(),
+            reason,
+            unfinished: parts.join("; "),
+            advice: "Fix the cause above, then run again; what was recorded stays".to_string(),
+            source: Box::new(e),
+        }
     }
 
     /// Why an aggregate must wait: an upstream stage has items recorded as
@@ -1148,11 +1210,14 @@ impl Pipeline {
         o: Observed,
         opts: &RunOptions,
         progress: &dyn Progress,
-    ) -> Result<StageReport, FilesError> {
+        report: &mut StageReport,
+    ) -> Result<(), FilesError> {
         let started = Instant::now();
         let name = st.spec.name.clone();
         let run_id = store.begin_run(&name, now_ns())?;
-        let mut report = StageReport::from_plan(&o.plan);
+        // Filled in as it goes, so that a stage that stops part way can say
+        // what it did.
+        *report = StageReport::from_plan(&o.plan);
         // Temp outputs are only left by a run that died; we hold the lock,
         // so none of them belongs to a live run.
         for t in &o.listing.temps {
@@ -1162,7 +1227,7 @@ impl Pipeline {
         }
         // Deletions, refreshed evidence and pruned members: one transaction,
         // after the outputs are gone.
-        let batch = self.plan_batch(st, &o.plan, &mut report);
+        let batch = self.plan_batch(st, &o.plan, report);
         store.commit(&batch)?;
 
         let work: Vec<&Change> = o
@@ -1261,7 +1326,7 @@ impl Pipeline {
         });
         let exit = if report.failed.is_empty() { 0 } else { 1 };
         store.finish_run(run_id, now_ns(), &summary, exit)?;
-        Ok(report)
+        Ok(())
     }
 
     fn job<'a>(&'a self, st: &'a Stage, item: &'a str, o: &'a Observed) -> Job<'a> {

@@ -1,5 +1,6 @@
 //! Bad input and refusals: each gets a clear error naming what is wrong and
-//! exit 2, and the manifest and outputs stay as they were.
+//! exit 2, and the manifest and outputs stay as they were. Found only after
+//! work was recorded, the same fault ends with exit 1 (issue 20).
 
 mod common;
 use common::*;
@@ -207,4 +208,61 @@ fn two_stages_writing_one_output_are_refused_naming_both() {
     }
     p.write("highwater.toml", &cfg);
     refused(&p, &export, &wants);
+}
+
+/// Three stages: `up` copies `data/` into `mid/`, and `left` and `right`
+/// both render `mid/*.txt` onto `out/{relpath}.x`. With `mid/` empty, no
+/// collision can be seen before `up` runs.
+const DOWNSTREAM_COLLIDE: &str = r#"
+[stages.up]
+inputs = ["data/*.txt"]
+output = "mid/{relpath}"
+command = ["cp", "{input}", "{output}"]
+
+[stages.left]
+inputs = ["mid/*.txt"]
+output = "out/{relpath}.x"
+command = ["sh", "-c", "echo left > \"$1\"", "sh", "{output}"]
+
+[stages.right]
+inputs = ["mid/*.txt"]
+output = "out/{relpath}.x"
+command = ["sh", "-c", "echo right > \"$1\"", "sh", "{output}"]
+"#;
+
+/// Issue 20: a collision found only after an upstream stage ran is refused
+/// before the colliding stages run, but the run did work: exit 1 (not 2,
+/// "refused, nothing touched"), naming what was done, with the upstream's
+/// outputs recorded. Found before any work (the next run), it is exit 2
+/// with nothing touched.
+#[test]
+fn a_collision_after_upstream_work_exits_1_and_before_any_work_exits_2() {
+    let p = Project::new(DOWNSTREAM_COLLIDE);
+    p.write("data/a.txt", "a");
+    let wants = ["`left`", "`right`", "out/a.txt.x"];
+    let r = p.check(&["run"], 1);
+    for w in wants
+        .iter()
+        .chain(&["work unfinished", "stage `up` made 1 output(s)"])
+    {
+        assert!(r.stderr.contains(w), "stderr lacks {w:?}:\n{}", r.stderr);
+    }
+    assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
+    assert_eq!(p.read("mid/a.txt"), "a", "the upstream's output is made");
+    assert!(p.tree("out").is_empty(), "neither colliding stage wrote");
+    let entries = p.export()["entries"].as_array().unwrap().clone();
+    let recorded: Vec<_> = entries
+        .iter()
+        .map(|e| (e["stage"].as_str().unwrap(), e["status"].as_str().unwrap()))
+        .collect();
+    assert_eq!(recorded, [("up", "ok")], "{entries:?}");
+    // The next run sees the collision before any work.
+    let export = p.export();
+    let r = p.check(&["run"], 2);
+    for w in wants {
+        assert!(r.stderr.contains(w), "stderr lacks {w:?}:\n{}", r.stderr);
+    }
+    assert!(!r.stderr.contains("work unfinished"), "{}", r.stderr);
+    assert!(p.tree("out").is_empty());
+    assert_eq!(p.export(), export, "manifest untouched");
 }

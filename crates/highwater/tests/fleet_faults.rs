@@ -555,3 +555,81 @@ fn a_state_store_stopping_mid_run_ends_each_process_with_exit_1_and_recovers() {
     assert_eq!(json["stages"][0]["unchanged"], N);
     assert_eq!(json["stages"][0]["processed"], 0);
 }
+
+// ---------------------------------------------------------------------
+// Two stages onto one output path, seen only after upstream work.
+
+/// Issue 20: on shared state, the check that no two stages render onto one
+/// output path is made again before each stage plans, with the inputs an
+/// upstream stage has just made. Here `up` makes `mid/*.txt`, the inputs of
+/// `left` and `right`, which both render onto `out/{relpath}.x`: before
+/// `up` runs there is nothing to collide. The collision is refused naming
+/// both stages and the path, no output is overwritten, nothing of the two
+/// is recorded ok, and the run ends with exit 1 (work was done).
+#[test]
+fn a_collision_made_by_an_upstream_stage_is_refused_before_the_downstream_stages() {
+    let _serial = pg_serial();
+    let (mut db, url) = pg_database("collide");
+    let p = Project::new(
+        r#"
+[state]
+url_env = "HIGHWATER_STATE_URL"
+lease_duration_s = 5
+
+[stages.up]
+inputs = ["data/*.txt"]
+output = "mid/{relpath}"
+command = ["cp", "{input}", "{output}"]
+
+[stages.left]
+inputs = ["mid/*.txt"]
+output = "out/{relpath}.x"
+command = ["sh", "-c", "echo left > \"$1\"", "sh", "{output}"]
+
+[stages.right]
+inputs = ["mid/*.txt"]
+output = "out/{relpath}.x"
+command = ["sh", "-c", "echo right > \"$1\"", "sh", "{output}"]
+"#,
+    );
+    for i in 0..3 {
+        p.write(&format!("data/{i}.txt"), &format!("item {i}"));
+    }
+    // A file already in place where both would write: it must survive.
+    p.write("out/keep.x", "kept");
+    let (code, _, stderr) = finish(spawn(&p, &url, &["run", "--json"]));
+    assert_eq!(code, 1, "{stderr}");
+    for w in ["`left`", "`right`", "out/0.txt.x", "both write"] {
+        assert!(stderr.contains(w), "stderr lacks {w:?}:\n{stderr}");
+    }
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(p.read("mid/0.txt"), "item 0", "the upstream ran");
+    assert_eq!(
+        contents(&p.tree("out")),
+        BTreeMap::from([("keep.x".to_string(), b"kept".to_vec())]),
+        "no output of the colliding stages was written"
+    );
+    assert_eq!(
+        count(
+            &mut db,
+            "SELECT count(*) FROM entries WHERE stage = 'up' AND status = 'ok'"
+        ),
+        3
+    );
+    assert_eq!(
+        count(
+            &mut db,
+            "SELECT count(*) FROM entries WHERE stage IN ('left', 'right')"
+        ),
+        0,
+        "nothing recorded for the colliding stages"
+    );
+    assert_eq!(
+        count(
+            &mut db,
+            "SELECT count(*) FROM work WHERE stage IN ('left', 'right')"
+        ),
+        0,
+        "nothing queued for the colliding stages"
+    );
+}

@@ -504,6 +504,12 @@ impl Pipeline {
         self.check_recipe(store, st, opts.force)?;
         let before = queue(store).queue_plan(&name)?;
         let o: Observed = self.observe(st, opts.rehash, None)?;
+        // Two stages onto one output path, checked again with the inputs
+        // as they are now (issue 20): an upstream stage of this run, or
+        // another process, may have made inputs since the check before any
+        // stage. Refused before anything of this stage is queued or
+        // touched.
+        self.check_against_all(&[(name.as_str(), o.rendered.as_slice())])?;
         if let Err(r) = guard::check(
             &o.plan,
             st.spec.guard,
