@@ -12,7 +12,9 @@
 //! dirfd through `/proc/TID/cwd` and `/proc/TID/fd/N`, lexically cleaned of
 //! `.` and doubled slashes but with symlinks and `..` kept as the command
 //! wrote them, so the path is the one it looked up):
-//! - `read`: regular files opened read-only;
+//! - `read`: files opened read-only, or looked up (stat, access) and found
+//!   (Python stats a module's source and then opens only its cached
+//!   bytecode: the source is what it depended on);
 //! - `executed`: programs executed, and the interpreters behind a shebang,
 //!   which the kernel opens itself and the filter never sees;
 //! - `absent`: paths looked up (open, stat, access, readlink, exec) that did
@@ -33,8 +35,7 @@
 //! adds no dependency and no build time.
 //!
 //! Not observed: 32-bit (ia32/x32) syscalls (the filter lets them through),
-//! successful stats of files never opened (existence without content),
-//! memory-mapped files opened before the exec (none in practice).
+//! and files reached only through descriptors inherited from highwater.
 
 use std::collections::{BTreeSet, HashMap};
 use std::ffi::OsString;
@@ -114,13 +115,26 @@ pub fn probe() -> Result<(), ObserveError> {
 /// [`Command::output`]. `cmd`'s own `pre_exec` hooks run first, then the
 /// observer's. The returned observation is already [`Observation::finish`]ed.
 pub fn output(cmd: &mut Command) -> Result<(Output, Observation), ObserveError> {
+    output_with(cmd, None)
+}
+
+/// Told each path the tree is about to write, at the moment it is seen.
+pub type OnWrite = std::sync::Arc<dyn Fn(&Path) + Send + Sync>;
+
+/// [`output`], calling `on_write` with each path the tree is about to
+/// create, write, rename or remove, while the tracee is stopped before
+/// doing so.
+pub fn output_with(
+    cmd: &mut Command,
+    on_write: Option<OnWrite>,
+) -> Result<(Output, Observation), ObserveError> {
     #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
     {
-        linux::output(cmd)
+        linux::output(cmd, on_write)
     }
     #[cfg(not(all(target_os = "linux", target_arch = "x86_64")))]
     {
-        let _ = cmd;
+        let _ = (cmd, on_write);
         Err(ObserveError::Unsupported {
             what: "only Linux on x86_64 is supported",
         })
@@ -311,7 +325,10 @@ mod linux {
         obs: Observation,
     }
 
-    pub(super) fn output(cmd: &mut Command) -> Result<(Output, Observation), ObserveError> {
+    pub(super) fn output(
+        cmd: &mut Command,
+        on_write: Option<OnWrite>,
+    ) -> Result<(Output, Observation), ObserveError> {
         let program = program_name(cmd);
         let spawn_err = |source| ObserveError::Spawn {
             program: program.clone(),
@@ -392,7 +409,7 @@ mod linux {
             if !seized {
                 return Err(ObserveError::PtraceDenied { source: err });
             }
-            trace_loop(pid, &tracer_program)
+            trace_loop(pid, &tracer_program, on_write)
         });
         let spawned = cmd.spawn();
         // Our copies of the child's ends: the tracer must see EOF if the
@@ -540,16 +557,19 @@ mod linux {
     }
 
     /// At the seccomp stop: records what the call names and how it will end.
-    fn on_call(tid: i32, t: &mut Tracee, obs: &mut Observation) {
+    fn on_call(tid: i32, t: &mut Tracee, obs: &mut Observation, w: &mut Vec<PathBuf>) {
         let Some(r) = regs(tid) else { return };
         let nr = r.orig_rax as libc::c_long;
         let a = [r.rdi, r.rsi, r.rdx, r.r10, r.r8, r.r9];
         let cwd = libc::AT_FDCWD as i64;
-        let opened = |obs: &mut Observation, path: Option<PathBuf>, flags: u64| {
+        let opened = |obs: &mut Observation,
+                      w: &mut Vec<PathBuf>,
+                      path: Option<PathBuf>,
+                      flags: u64| {
             let Some(path) = path else { return };
             let acc = flags & libc::O_ACCMODE as u64;
             if acc != libc::O_RDONLY as u64 || flags & (libc::O_CREAT | libc::O_TRUNC) as u64 != 0 {
-                obs.written.insert(path);
+                w.push(path);
                 return;
             }
             match look(&path) {
@@ -564,20 +584,31 @@ mod linux {
                 }
             }
         };
+        // A file looked up without being opened still counts as read:
+        // Python stats a module's source to validate its `__pycache__`
+        // copy and then opens only the copy, so the source's content is
+        // what the command depended on.
         let probed = |obs: &mut Observation, path: Option<PathBuf>| {
             if let Some(path) = path {
-                if let Looked::Absent = look(&path) {
-                    obs.absent.insert(path);
+                match look(&path) {
+                    Looked::Absent => {
+                        obs.absent.insert(path);
+                    }
+                    Looked::Other => {
+                        obs.read.insert(path);
+                    }
+                    Looked::Dir | Looked::Unknown => {}
                 }
             }
         };
         match nr {
-            libc::SYS_open => opened(obs, resolve(tid, cwd, a[0]), a[1]),
-            libc::SYS_creat => obs.written.extend(resolve(tid, cwd, a[0])),
-            libc::SYS_openat => opened(obs, resolve(tid, a[0] as i64, a[1]), a[2]),
+            libc::SYS_open => opened(obs, w, resolve(tid, cwd, a[0]), a[1]),
+            libc::SYS_creat => w.extend(resolve(tid, cwd, a[0])),
+            libc::SYS_openat => opened(obs, w, resolve(tid, a[0] as i64, a[1]), a[2]),
             // struct open_how { u64 flags; ... }
             libc::SYS_openat2 => opened(
                 obs,
+                w,
                 resolve(tid, a[0] as i64, a[1]),
                 read_u64(tid, a[2]).unwrap_or(0),
             ),
@@ -611,20 +642,18 @@ mod linux {
             // Changes to the tree are recorded whether or not they succeed:
             // excluding a path the command tried to change is the safe side.
             libc::SYS_unlink | libc::SYS_rmdir | libc::SYS_mkdir | libc::SYS_truncate => {
-                obs.written.extend(resolve(tid, cwd, a[0]))
+                w.extend(resolve(tid, cwd, a[0]))
             }
-            libc::SYS_unlinkat | libc::SYS_mkdirat => {
-                obs.written.extend(resolve(tid, a[0] as i64, a[1]))
-            }
+            libc::SYS_unlinkat | libc::SYS_mkdirat => w.extend(resolve(tid, a[0] as i64, a[1])),
             libc::SYS_rename | libc::SYS_link => {
-                obs.written.extend(resolve(tid, cwd, a[0]));
-                obs.written.extend(resolve(tid, cwd, a[1]));
+                w.extend(resolve(tid, cwd, a[0]));
+                w.extend(resolve(tid, cwd, a[1]));
             }
-            libc::SYS_symlink => obs.written.extend(resolve(tid, cwd, a[1])),
-            libc::SYS_symlinkat => obs.written.extend(resolve(tid, a[1] as i64, a[2])),
+            libc::SYS_symlink => w.extend(resolve(tid, cwd, a[1])),
+            libc::SYS_symlinkat => w.extend(resolve(tid, a[1] as i64, a[2])),
             libc::SYS_renameat | libc::SYS_renameat2 | libc::SYS_linkat => {
-                obs.written.extend(resolve(tid, a[0] as i64, a[1]));
-                obs.written.extend(resolve(tid, a[2] as i64, a[3]));
+                w.extend(resolve(tid, a[0] as i64, a[1]));
+                w.extend(resolve(tid, a[2] as i64, a[3]));
             }
             _ => {}
         }
@@ -650,8 +679,13 @@ mod linux {
         }
     }
 
-    fn trace_loop(main: i32, program: &str) -> Result<Traced, ObserveError> {
+    fn trace_loop(
+        main: i32,
+        program: &str,
+        on_write: Option<OnWrite>,
+    ) -> Result<Traced, ObserveError> {
         let mut obs = Observation::default();
+        let mut fresh = Vec::new();
         let mut tracees: HashMap<i32, Tracee> = HashMap::new();
         tracees.insert(main, Tracee::default());
         let mut status_main: Option<ExitStatus> = None;
@@ -727,7 +761,17 @@ mod linux {
                 match event {
                     libc::PTRACE_EVENT_SECCOMP => {
                         obs.stops += 1;
-                        on_call(tid, t, &mut obs);
+                        on_call(tid, t, &mut obs, &mut fresh);
+                        // Said at once, while the tracee is still stopped
+                        // before the write: a concurrent item that lists
+                        // the folder later already knows the name is the
+                        // run's own.
+                        for p in fresh.drain(..) {
+                            if let Some(f) = &on_write {
+                                f(&p);
+                            }
+                            obs.written.insert(p);
+                        }
                         resume(libc::PTRACE_CONT, tid, 0);
                     }
                     libc::PTRACE_EVENT_EXEC => {
