@@ -242,10 +242,30 @@ impl RunWritten {
     }
 }
 
-/// Digests taken during one run, reused while a file's stat is unchanged:
-/// 400 items importing the same 100 stdlib modules hash each module once.
+/// Evidence taken during one run (or recorded before it and not racy),
+/// reused while a file's stat is unchanged: 400 items importing the same
+/// 100 stdlib modules hash each module once, and, since they then record
+/// the very same evidence, share one dependency set.
 #[derive(Default)]
-pub struct DigestCache(Mutex<HashMap<String, (Stat, String)>>);
+pub struct DigestCache(Mutex<HashMap<String, FileEvidence>>);
+
+impl DigestCache {
+    /// Seeds the cache with the evidence of earlier sets that the stat
+    /// cache would trust (not racy): items re-run later then share their
+    /// set with the items that did not re-run.
+    pub fn seed(&self, sets: &[Vec<Dep>], granularity_ns: i64) {
+        let mut m = self.0.lock().expect("not poisoned");
+        for set in sets {
+            for d in set {
+                if let DepKind::Read(ev) | DepKind::Exec(ev) = &d.what {
+                    if !is_racy(ev.mtime_ns, ev.observed_at_ns, granularity_ns) {
+                        m.entry(d.path.clone()).or_insert_with(|| ev.clone());
+                    }
+                }
+            }
+        }
+    }
+}
 
 fn stat_of(p: &Path) -> std::io::Result<(Stat, bool)> {
     crate::stat::stat_path(p)
@@ -262,29 +282,26 @@ fn evidence(cache: &DigestCache, key: &str, abs: &Path) -> Option<FileEvidence> 
         .lock()
         .expect("not poisoned")
         .get(key)
-        .filter(|(s, _)| *s == stat)
-        .map(|(_, d)| d.clone());
-    let digest = match cached {
-        Some(d) => d,
-        None => {
-            let d = blake3_file(abs).ok()?.to_string();
-            cache
-                .0
-                .lock()
-                .expect("not poisoned")
-                .insert(key.to_string(), (stat, d.clone()));
-            d
-        }
-    };
-    Some(FileEvidence {
+        .filter(|ev| ev.stat() == stat)
+        .cloned();
+    if let Some(ev) = cached {
+        return Some(ev);
+    }
+    let ev = FileEvidence {
         size: stat.size,
         mtime_ns: stat.mtime_ns,
         ctime_ns: stat.ctime_ns,
         ino: stat.ino,
         dev: stat.dev,
         observed_at_ns,
-        digest,
-    })
+        digest: blake3_file(abs).ok()?.to_string(),
+    };
+    cache
+        .0
+        .lock()
+        .expect("not poisoned")
+        .insert(key.to_string(), ev.clone());
+    Some(ev)
 }
 
 /// The sorted names of a folder, minus temp names and `excluded`, hashed.

@@ -1148,6 +1148,15 @@ impl Pipeline {
         let dep_scope = self.scope(st);
         let run_written = RunWritten::default();
         let digests = DigestCache::default();
+        if st.observes() {
+            let sets: Vec<Vec<deps::Dep>> = o
+                .prev
+                .dep_sets
+                .values()
+                .filter_map(|b| deps::decode(b).ok())
+                .collect();
+            digests.seed(&sets, st.settings.granularity_ns);
+        }
         if st.observes() && st.output_place.is_none() {
             for c in &work {
                 let mut keys = vec![c.output.clone()];
@@ -1332,6 +1341,7 @@ impl Pipeline {
     /// first, keeping its file name; an output bound for object storage is
     /// written there and uploaded to its key (S3 has no rename: the one PUT,
     /// or the completion of a multipart upload, is the publish).
+    #[allow(clippy::too_many_arguments)]
     fn produce(
         &self,
         st: &Stage,

@@ -232,6 +232,8 @@ fn a_lookup_table_edit_reruns_exactly_its_readers() {
         p.write(&format!("data/i{i:02}.txt"), &format!("t{}.csv", i % 4));
     }
     assert_eq!(run_counts(&p, &["--jobs", "4"]), (40, 0));
+    // Stored once per distinct set: 40 items, four tables, four sets.
+    assert_eq!(dep_sets(&p), 4);
     p.write("tables/t2.csv", "table two, edited\n");
     let readers: Vec<String> = (0..40)
         .filter(|i| i % 4 == 2)
@@ -244,6 +246,15 @@ fn a_lookup_table_edit_reruns_exactly_its_readers() {
     assert_eq!(run_counts(&p, &[]), (10, 30));
     assert_eq!(p.read("out/i02.txt.out"), "table two, edited\n");
     assert_eq!(p.read("out/i01.txt.out"), "table 1\n");
+    // The 10 re-run items share one new set; the old one went unnamed and
+    // was pruned.
+    assert_eq!(dep_sets(&p), 4);
+}
+
+fn dep_sets(p: &Project) -> i64 {
+    let db = rusqlite::Connection::open(p.path(".highwater/state.db")).unwrap();
+    db.query_row("SELECT count(*) FROM dep_sets", [], |r| r.get(0))
+        .unwrap()
 }
 
 /// Temp files made and removed, and `__pycache__` written by the first
