@@ -296,29 +296,47 @@ fn evidence(cache: &DigestCache, key: &str, abs: &Path) -> Option<FileEvidence> 
         observed_at_ns,
         digest: blake3_file(abs).ok()?.to_string(),
     };
-    cache
-        .0
-        .lock()
-        .expect("not poisoned")
-        .insert(key.to_string(), ev.clone());
-    Some(ev)
+    // Two workers may have taken the same file at once: the first one
+    // recorded wins, so that both items record the same evidence (and
+    // share one set).
+    let mut m = cache.0.lock().expect("not poisoned");
+    match m.get(key) {
+        Some(first) if first.stat() == stat => Some(first.clone()),
+        _ => {
+            m.insert(key.to_string(), ev.clone());
+            Some(ev)
+        }
+    }
 }
 
-/// The sorted names of a folder, minus temp names and `excluded`, hashed.
-fn listing_hash(abs: &Path, excluded: &BTreeSet<String>) -> Option<String> {
+/// The sorted names of a folder, without temp names.
+fn list_names(abs: &Path) -> Option<Vec<String>> {
     let mut names: Vec<String> = std::fs::read_dir(abs)
         .ok()?
         .filter_map(|e| e.ok())
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| !n.contains(TEMP_MARK) && !excluded.contains(n))
+        .filter(|n| !n.contains(TEMP_MARK))
         .collect();
     names.sort_unstable();
+    Some(names)
+}
+
+fn hash_names(names: &[String]) -> String {
     let mut h = blake3::Hasher::new();
-    for n in &names {
+    for n in names {
         h.update(n.as_bytes());
         h.update(b"\0");
     }
-    Some(h.finalize().to_hex().to_string())
+    h.finalize().to_hex().to_string()
+}
+
+/// The names of a folder, minus temp names and `excluded`, hashed.
+fn listing_hash(abs: &Path, excluded: &BTreeSet<String>) -> Option<String> {
+    let names: Vec<String> = list_names(abs)?
+        .into_iter()
+        .filter(|n| !excluded.contains(n))
+        .collect();
+    Some(hash_names(&names))
 }
 
 /// The dependency set of one finished item. `own` are the item's declared
@@ -379,30 +397,28 @@ pub fn record(
             continue;
         }
         let abs = scope.abs(&key);
-        let Ok(rd) = std::fs::read_dir(&abs) else {
+        // One listing, and only then the run's writes: a name in the
+        // listing that the run created was registered before it existed
+        // (tracers say so at the call), so it is excluded, never counted.
+        let Some(names) = list_names(&abs) else {
             continue;
         };
-        let excluded: BTreeSet<String> = rd
-            .filter_map(|e| e.ok())
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|n| {
-                let child = if key == "." {
-                    n.clone()
-                } else {
-                    format!("{key}/{n}")
-                };
-                written.contains(&child) || scope.never(&child)
-            })
-            .collect();
-        if let Some(names) = listing_hash(&abs, &excluded) {
-            out.push(Dep {
-                path: key,
-                what: DepKind::Listed {
-                    names,
-                    excluded: excluded.into_iter().collect(),
-                },
-            });
-        }
+        let written = run.0.lock().expect("not poisoned").clone();
+        let (excluded, kept): (Vec<String>, Vec<String>) = names.into_iter().partition(|n| {
+            let child = if key == "." {
+                n.clone()
+            } else {
+                format!("{key}/{n}")
+            };
+            written.contains(&child) || scope.never(&child)
+        });
+        out.push(Dep {
+            path: key,
+            what: DepKind::Listed {
+                names: hash_names(&kept),
+                excluded,
+            },
+        });
     }
     out.sort();
     out.dedup();

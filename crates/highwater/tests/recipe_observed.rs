@@ -193,7 +193,13 @@ fn a_python_helper_edit_reruns_every_item_and_a_shadowing_module_too() {
     p.write("notes.txt", "still nobody\n");
     assert!(plan_of(&p, "t").is_empty());
 
-    p.write("lib/helpers.py", "def f(s):\n    return s.lower()\n");
+    // A different size: Python trusts its bytecode while the source's size
+    // and mtime in whole seconds match, so a same-size edit within the
+    // second would re-run every item and still get the old bytecode.
+    p.write(
+        "lib/helpers.py",
+        "def f(s):\n    return s.lower()  # edited\n",
+    );
     assert_eq!(
         plan_of(&p, "t"),
         all(items.clone(), "dependency", "lib/helpers.py")
@@ -563,4 +569,63 @@ fn dependency_sets_migrate_to_postgres_and_round_trip_there() {
     .unwrap();
     let loaded = pg.load("t").unwrap();
     assert_eq!(loaded.deps.keys().collect::<Vec<_>>(), vec!["data/f2.txt"]);
+}
+
+/// Starts highwater under a seccomp filter that fails `ptrace` with EPERM,
+/// as a container without SYS_PTRACE does.
+fn without_ptrace(p: &Project, args: &[&str]) -> Ran {
+    const DENY_PTRACE: &str = r#"
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+class F(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+class P(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(F))]
+# load nr; if nr == ptrace (101): return ERRNO(EPERM); else allow
+prog = (F * 4)(F(0x20, 0, 0, 0), F(0x15, 0, 1, 101), F(0x06, 0, 0, 0x00050001), F(0x06, 0, 0, 0x7fff0000))
+fp = P(4, prog)
+assert libc.prctl(38, 1, 0, 0, 0) == 0
+assert libc.prctl(22, 2, ctypes.byref(fp), 0, 0) == 0
+os.execv(sys.argv[1], sys.argv[1:])
+"#;
+    let o = Command::new(python())
+        .arg("-c")
+        .arg(DENY_PTRACE)
+        .arg(bin())
+        .args(args)
+        .current_dir(p.path(""))
+        .output()
+        .unwrap();
+    Ran {
+        code: o.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    }
+}
+
+/// Where ptrace is not allowed, `run` refuses (exit 2) with the fix and
+/// touches nothing; it never runs unobserved quietly. With
+/// `observe = false` the same machine runs the stage.
+#[test]
+fn without_ptrace_run_refuses_with_the_fix() {
+    let p = Project::new(&config(r#"["sh", "up.sh", "{input}", "{output}"]"#, ""));
+    p.write("data/a.txt", "a\n");
+    let r = without_ptrace(&p, &["run"]);
+    assert_eq!(r.code, 2, "{}{}", r.stdout, r.stderr);
+    assert!(r.stderr.contains("ptrace is not permitted"), "{}", r.stderr);
+    assert!(r.stderr.contains("observe = false"), "{}", r.stderr);
+    assert!(!p.exists("out"), "nothing touched");
+    // A plan needs no ptrace.
+    assert_eq!(without_ptrace(&p, &["plan"]).code, 0);
+
+    p.write(
+        "highwater.toml",
+        &config(
+            r#"["sh", "up.sh", "{input}", "{output}"]"#,
+            "observe = false",
+        ),
+    );
+    let r = without_ptrace(&p, &["run"]);
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert_eq!(p.read("out/a.txt.out"), "A\n");
 }
