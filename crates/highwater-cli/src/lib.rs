@@ -90,6 +90,20 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The files each item's command was observed to read, execute, look
+    /// up or list, and which of them changed since (issue 24).
+    Deps {
+        /// The stage.
+        stage: String,
+        /// Only this item (an input path, as `plan` prints it).
+        item: Option<String>,
+        /// Only the dependencies that changed.
+        #[arg(long)]
+        changed: bool,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Per stage: the last run, the counts, the failures.
     Status {
         /// Print JSON instead of text.
@@ -488,11 +502,15 @@ fn migrate_state(pipeline: &Pipeline, var: &str) -> Result<serde_json::Value> {
     let checksum =
         |v: serde_json::Value| blake3::hash(v.to_string().as_bytes()).to_hex()[..16].to_string();
     let mut tables = Vec::new();
-    for ((name, rows), part) in
-        dump.counts()
-            .into_iter()
-            .zip(["entries", "dirs", "runs", "bookmarks", "windows"])
-    {
+    for ((name, rows), part) in dump.counts().into_iter().zip([
+        "entries",
+        "dirs",
+        "runs",
+        "bookmarks",
+        "windows",
+        "deps",
+        "dep_sets",
+    ]) {
         let a = checksum(serde_json::to_value(&dump)?[part].take());
         let b = checksum(serde_json::to_value(&copied)?[part].take());
         anyhow::ensure!(
@@ -1754,6 +1772,16 @@ fn run(cli: Cli) -> Result<i32> {
             let items = pipeline.verify(stage.as_deref(), sample)?;
             let bad = output::verify(&mut out, &items, json)?;
             Ok(if bad > 0 { 1 } else { 0 })
+        }
+        Command::Deps {
+            stage,
+            item,
+            changed,
+            json,
+        } => {
+            let items = pipeline.deps(&stage, item.as_deref())?;
+            output::deps(&mut out, &items, changed, json)?;
+            Ok(0)
         }
         Command::Status { json } => {
             let status = pipeline.status()?;

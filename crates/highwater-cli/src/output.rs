@@ -41,9 +41,16 @@ pub fn plan(out: &mut impl Write, plans: &[StagePlan], as_json: bool) -> io::Res
                     "total": p.total,
                     "unchanged": p.unchanged,
                     "counts": p.counts().iter().map(|(r, n)| (r.as_str(), *n)).collect::<std::collections::BTreeMap<_, _>>(),
-                    "changed": p.changed.iter().map(|c| json!({
-                        "input": c.item, "reason": c.reason, "output": c.output,
-                    })).collect::<Vec<_>>(),
+                    "changed": p.changed.iter().map(|c| {
+                        let mut v = json!({
+                            "input": c.item, "reason": c.reason, "output": c.output,
+                        });
+                        if let Some(d) = &c.dependency {
+                            v["dependency"] = json!(d);
+                        }
+                        v
+                    }).collect::<Vec<_>>(),
+                    "notes": p.notes,
                 })
             })
             .collect();
@@ -63,8 +70,14 @@ pub fn plan(out: &mut impl Write, plans: &[StagePlan], as_json: bool) -> io::Res
                 deleted
             )
         )?;
+        for n in &p.notes {
+            writeln!(out, "  note: {n}")?;
+        }
         for c in &p.changed {
-            writeln!(out, "  {:<8} {}", c.reason.as_str(), c.item)?;
+            match &c.dependency {
+                Some(d) => writeln!(out, "  {:<8} {} ({d})", c.reason.as_str(), c.item)?,
+                None => writeln!(out, "  {:<8} {}", c.reason.as_str(), c.item)?,
+            }
         }
         if !p.changed.is_empty() {
             writeln!(
@@ -76,6 +89,14 @@ pub fn plan(out: &mut impl Write, plans: &[StagePlan], as_json: bool) -> io::Res
                         .map(|(r, n)| (r.as_str().to_string(), n))
                 )
             )?;
+            // Per changed dependency, how many items it re-runs (issue 24).
+            let mut by_dep: std::collections::BTreeMap<&str, usize> = Default::default();
+            for d in p.changed.iter().filter_map(|c| c.dependency.as_deref()) {
+                *by_dep.entry(d).or_insert(0) += 1;
+            }
+            for (d, n) in by_dep {
+                writeln!(out, "  dependency {d}: {n}")?;
+            }
         }
     }
     Ok(())
@@ -688,4 +709,34 @@ fn timed_json(
     v.insert(kind.to_string(), report);
     v.insert("elapsed_ms".into(), (took.as_millis() as u64).into());
     writeln!(out, "{}", serde_json::Value::Object(v))
+}
+
+/// `highwater deps`: each item's observed dependencies, changed ones marked.
+pub fn deps(
+    out: &mut impl Write,
+    items: &[highwater_files::engine::ItemDeps],
+    only_changed: bool,
+    as_json: bool,
+) -> io::Result<()> {
+    let keep = |d: &&highwater_files::engine::DepRow| !only_changed || d.changed;
+    if as_json {
+        let v: Vec<_> = items
+            .iter()
+            .map(|i| {
+                json!({
+                    "stage": i.stage, "item": i.item,
+                    "deps": i.deps.iter().filter(keep).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        return writeln!(out, "{}", json!({ "items": v }));
+    }
+    for i in items {
+        writeln!(out, "{}: {}", i.stage, i.item)?;
+        for d in i.deps.iter().filter(keep) {
+            let mark = if d.changed { "  (changed)" } else { "" };
+            writeln!(out, "  {:<7} {}{mark}", d.kind, d.path)?;
+        }
+    }
+    Ok(())
 }

@@ -18,6 +18,9 @@ pub struct Refusal {
     pub share: f64,
     pub threshold: f64,
     pub counts: BTreeMap<Reason, usize>,
+    /// The dependency most of the changed items share (issue 24), named in
+    /// the message: an interpreter upgrade says which interpreter.
+    pub dependency: Option<String>,
 }
 
 impl Refusal {
@@ -40,6 +43,9 @@ impl Refusal {
                 "most inputs disappeared (an empty or unmounted input folder?)"
             }
             Some(Reason::Failed) => "most items failed last time",
+            Some(Reason::Dependency) => {
+                "a file the commands were observed to read changed (an interpreter, a library or a shared script; `highwater plan` names it)"
+            }
             Some(Reason::Size | Reason::Content | Reason::Mtime) | None => {
                 "a mass re-delivery of the inputs (or a copy that changed every mtime)"
             }
@@ -65,7 +71,10 @@ impl fmt::Display for Refusal {
             self.share * 100.0,
             self.threshold * 100.0,
             counts.join(", "),
-            self.likely_cause()
+            match &self.dependency {
+                Some(d) => format!("{} (dependency {d})", self.likely_cause()),
+                None => self.likely_cause().to_string(),
+            }
         )
     }
 }
@@ -113,9 +122,17 @@ pub fn check(
     let share = redo.len() as f64 / total as f64;
     if share > threshold {
         let mut counts = BTreeMap::new();
+        let mut deps: BTreeMap<&str, usize> = BTreeMap::new();
         for c in &redo {
             *counts.entry(c.reason).or_insert(0) += 1;
+            if let Some(d) = &c.dependency {
+                *deps.entry(d.as_str()).or_insert(0) += 1;
+            }
         }
+        let dependency = deps
+            .into_iter()
+            .max_by_key(|(d, n)| (*n, std::cmp::Reverse(*d)))
+            .map(|(d, _)| d.to_string());
         return Err(Refusal {
             stage: plan.stage.clone(),
             changed: redo.len(),
@@ -123,6 +140,7 @@ pub fn check(
             share,
             threshold,
             counts,
+            dependency,
         });
     }
     Ok(())

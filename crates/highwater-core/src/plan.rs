@@ -27,12 +27,15 @@ pub enum Reason {
     Content,
     /// The mtime differs (under the `mtime` signal), or the record was racy.
     Mtime,
+    /// A file the item's command was observed to read, execute, look up or
+    /// list changed (issue 24); [`Change::dependency`] names it.
+    Dependency,
     /// The input is gone; its output is removed (or kept) and its entry pruned.
     Deleted,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 8] = [
+    pub const ALL: [Reason; 9] = [
         Reason::New,
         Reason::Failed,
         Reason::Recipe,
@@ -40,6 +43,7 @@ impl Reason {
         Reason::Size,
         Reason::Content,
         Reason::Mtime,
+        Reason::Dependency,
         Reason::Deleted,
     ];
 
@@ -52,6 +56,7 @@ impl Reason {
             Reason::Size => "size",
             Reason::Content => "content",
             Reason::Mtime => "mtime",
+            Reason::Dependency => "dependency",
             Reason::Deleted => "deleted",
         }
     }
@@ -140,6 +145,9 @@ pub struct Change {
     pub output: String,
     /// `None` for a deleted item.
     pub observation: Option<Observation>,
+    /// Under [`Reason::Dependency`]: the dependency that changed (relative
+    /// to the project root when inside it, else absolute).
+    pub dependency: Option<String>,
 }
 
 /// The plan of one stage.
@@ -156,6 +164,9 @@ pub struct StagePlan {
     pub refresh: Vec<Entry>,
     /// Member entries of an aggregate that disappeared.
     pub prune_members: Vec<String>,
+    /// Said once per stage with the plan, e.g. that its recipe is declared
+    /// only (`observe = false`).
+    pub notes: Vec<String>,
 }
 
 impl StagePlan {
@@ -267,8 +278,21 @@ fn needs_refresh(prev: &Entry, obs: &Observation, s: &PlanSettings) -> bool {
 pub fn plan_items(
     stage: &str,
     prev: &BTreeMap<String, Entry>,
+    observations: Vec<Observation>,
+    s: &PlanSettings,
+) -> StagePlan {
+    plan_items_with_deps(stage, prev, observations, s, &|_| None)
+}
+
+/// [`plan_items`], where `dep(item)` names a changed dependency of an item
+/// whose own evidence is unchanged (issue 24); such an item is planned with
+/// [`Reason::Dependency`].
+pub fn plan_items_with_deps(
+    stage: &str,
+    prev: &BTreeMap<String, Entry>,
     mut observations: Vec<Observation>,
     s: &PlanSettings,
+    dep: &dyn Fn(&str) -> Option<String>,
 ) -> StagePlan {
     let mut plan = StagePlan {
         stage: stage.to_string(),
@@ -285,6 +309,7 @@ pub fn plan_items(
             reason: Reason::Deleted,
             output: e.output.clone(),
             observation: None,
+            dependency: None,
         })
     };
     for obs in observations {
@@ -300,6 +325,14 @@ pub fn plan_items(
                 item: obs.item.clone(),
                 reason,
                 output: obs.output.clone(),
+                observation: Some(obs),
+                dependency: None,
+            }),
+            None if dep(&obs.item).is_some() => plan.changed.push(Change {
+                item: obs.item.clone(),
+                reason: Reason::Dependency,
+                output: obs.output.clone(),
+                dependency: dep(&obs.item),
                 observation: Some(obs),
             }),
             None => {
@@ -342,10 +375,34 @@ pub fn plan_aggregate(
     stage: &str,
     prev_item: Option<&Entry>,
     prev_members: &BTreeMap<String, Entry>,
+    members: Vec<Observation>,
+    output: &str,
+    output_exists: bool,
+    s: &PlanSettings,
+) -> StagePlan {
+    plan_aggregate_with_deps(
+        stage,
+        prev_item,
+        prev_members,
+        members,
+        output,
+        output_exists,
+        s,
+        &|_| None,
+    )
+}
+
+/// [`plan_aggregate`] with a dependency check, as [`plan_items_with_deps`].
+#[allow(clippy::too_many_arguments)]
+pub fn plan_aggregate_with_deps(
+    stage: &str,
+    prev_item: Option<&Entry>,
+    prev_members: &BTreeMap<String, Entry>,
     mut members: Vec<Observation>,
     output: &str,
     output_exists: bool,
     s: &PlanSettings,
+    dep: &dyn Fn(&str) -> Option<String>,
 ) -> StagePlan {
     members.sort_by(|a, b| a.item.cmp(&b.item));
     let mut plan = StagePlan {
@@ -386,6 +443,7 @@ pub fn plan_aggregate(
                 reason: Reason::Deleted,
                 output: p.output.clone(),
                 observation: None,
+                dependency: None,
             });
         }
         return plan;
@@ -412,12 +470,19 @@ pub fn plan_aggregate(
         Some(p) if p.digest.as_ref() != obs.digests.first() => Some(Reason::Content),
         Some(_) => None,
     };
+    let dependency = if reason.is_none() {
+        dep(AGGREGATE_ITEM)
+    } else {
+        None
+    };
+    let reason = reason.or(dependency.as_ref().map(|_| Reason::Dependency));
     match reason {
         Some(reason) => plan.changed.push(Change {
             item: obs.item.clone(),
             reason,
             output: obs.output.clone(),
             observation: Some(obs),
+            dependency,
         }),
         None => plan.unchanged = 1,
     }

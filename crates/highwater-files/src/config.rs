@@ -44,6 +44,9 @@ struct RawStage {
     rehash: Option<bool>,
     mtime_margin_ms: Option<u64>,
     recipe: Option<RawRecipe>,
+    observe: Option<bool>,
+    #[serde(default)]
+    observe_ignore: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -214,6 +217,15 @@ pub fn parse(text: &str, path: &Path, root: &Path) -> Result<PipelineSpec, Files
         stage.rehash = s.rehash.unwrap_or(false);
         stage.mtime_margin_ms = s.mtime_margin_ms.unwrap_or(1000);
         stage.recipe = recipe;
+        stage.observe = s.observe.unwrap_or(true);
+        for g in &s.observe_ignore {
+            globset::Glob::new(g).map_err(|e| {
+                bad(format!(
+                    "[stages.{name}] observe_ignore = {g:?} is not a glob: {e}"
+                ))
+            })?;
+        }
+        stage.observe_ignore = s.observe_ignore;
         spec.stages.push(stage);
     }
     Ok(spec)

@@ -5,6 +5,7 @@
 //! threads, and one committer (the calling thread), which alone writes the
 //! state store, in batched transactions, after each output is durable.
 
+use crate::deps::{self, DigestCache, RunWritten, Scope};
 use crate::discover::{self, Found, OutputScan};
 use crate::error::FilesError;
 use crate::exec::{self, Job};
@@ -14,8 +15,8 @@ use crate::recipe::stage_recipe_id;
 use crate::spec::{OnDelete, PipelineSpec, StageSpec, Transform};
 use highwater_core::guard::{self, Refusal};
 use highwater_core::plan::{
-    self, digest_needed, plan_aggregate, plan_items, reuse_cached_digest, Change, Observation,
-    PlanSettings, Reason, StagePlan,
+    self, digest_needed, plan_aggregate_with_deps, plan_items_with_deps, reuse_cached_digest,
+    Change, Observation, PlanSettings, Reason, StagePlan,
 };
 use highwater_core::template::{normalize_lexically, ArgTemplate, OutputTemplate};
 use highwater_core::{time, Entry, EntryKind, Status};
@@ -210,6 +211,28 @@ struct Stage {
     settings: PlanSettings,
     /// The stages whose outputs this one reads.
     upstream: Vec<String>,
+}
+
+impl Stage {
+    /// Whether the stage's commands run observed (issue 24).
+    fn observes(&self) -> bool {
+        self.spec.observe && matches!(self.spec.transform, Transform::Command(_))
+    }
+}
+
+/// One item's observed dependencies, as `highwater deps` shows them.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct ItemDeps {
+    pub stage: String,
+    pub item: String,
+    pub deps: Vec<DepRow>,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct DepRow {
+    pub path: String,
+    pub kind: &'static str,
+    pub changed: bool,
 }
 
 /// What discovery and evidence found for a stage, with its plan.
@@ -443,6 +466,94 @@ impl Pipeline {
             .map(|s| s.settings.recipe.as_str())
     }
 
+    fn scope(&self, st: &Stage) -> Scope {
+        Scope::new(&self.root, &self.state_dir(), &st.spec.observe_ignore)
+    }
+
+    /// Which items have a changed dependency, and the first one that did:
+    /// each distinct set is decoded once, each distinct dependency
+    /// checked once.
+    fn changed_deps(
+        &self,
+        st: &Stage,
+        prev: &StageEntries,
+        settings: &PlanSettings,
+    ) -> Result<BTreeMap<String, String>, FilesError> {
+        let mut out = BTreeMap::new();
+        if !st.observes() || prev.deps.is_empty() {
+            return Ok(out);
+        }
+        let scope = self.scope(st);
+        let mut checker = deps::Checker::new(&scope, settings.granularity_ns, settings.rehash);
+        let mut by_set: BTreeMap<&str, Option<String>> = BTreeMap::new();
+        for (id, body) in &prev.dep_sets {
+            let set = deps::decode(body).map_err(|what| {
+                FilesError::Store(highwater_store::StoreError::Corrupt {
+                    path: self.state_path.clone(),
+                    stage: st.spec.name.clone(),
+                    item: format!("dependency set {id}"),
+                    what,
+                })
+            })?;
+            by_set.insert(id.as_str(), checker.first_changed(&set));
+        }
+        for (item, id) in &prev.deps {
+            if let Some(Some(path)) = by_set.get(id.as_str()) {
+                out.insert(item.clone(), path.clone());
+            }
+        }
+        Ok(out)
+    }
+
+    /// The observed dependencies of a stage's items (or one item), and
+    /// which of them changed since they were recorded.
+    pub fn deps(&self, stage: &str, item: Option<&str>) -> Result<Vec<ItemDeps>, FilesError> {
+        let st = self
+            .select(Some(stage))?
+            .into_iter()
+            .next()
+            .expect("select names one stage");
+        let prev = self.open_store()?.load(stage)?;
+        let scope = self.scope(st);
+        let mut checker = deps::Checker::new(&scope, st.settings.granularity_ns, false);
+        let mut out = Vec::new();
+        for (it, id) in &prev.deps {
+            if item.is_some_and(|i| i != it) {
+                continue;
+            }
+            let body = prev.dep_sets.get(id).map(String::as_str).unwrap_or("[]");
+            let set = deps::decode(body).map_err(|what| {
+                FilesError::Store(highwater_store::StoreError::Corrupt {
+                    path: self.state_path.clone(),
+                    stage: stage.to_string(),
+                    item: it.clone(),
+                    what,
+                })
+            })?;
+            out.push(ItemDeps {
+                stage: stage.to_string(),
+                item: it.clone(),
+                deps: set
+                    .iter()
+                    .map(|d| DepRow {
+                        path: d.path.clone(),
+                        kind: d.what.as_str(),
+                        changed: checker.changed(d),
+                    })
+                    .collect(),
+            });
+        }
+        if let Some(i) = item {
+            if out.is_empty() {
+                return Err(FilesError::UnknownItem {
+                    stage: stage.to_string(),
+                    item: i.to_string(),
+                });
+            }
+        }
+        Ok(out)
+    }
+
     fn state_dir(&self) -> PathBuf {
         self.state_path
             .parent()
@@ -674,6 +785,8 @@ impl Pipeline {
         let (prev, (found, stats)) = (prev?, found_stats?);
         let mut settings = st.settings.clone();
         settings.rehash |= rehash;
+        let changed_deps = self.changed_deps(st, &prev, &settings)?;
+        let dep = |item: &str| changed_deps.get(item).cloned();
         let tpl_err = |source| FilesError::Template {
             stage: name.clone(),
             source,
@@ -763,7 +876,7 @@ impl Pipeline {
                 .get(plan::AGGREGATE_ITEM)
                 .is_some_and(|e| e.output == output);
             let exists = listing.exists(&output, recorded);
-            let plan = plan_aggregate(
+            let plan = plan_aggregate_with_deps(
                 name,
                 prev.items.get(plan::AGGREGATE_ITEM),
                 &prev.members,
@@ -771,6 +884,7 @@ impl Pipeline {
                 &output,
                 exists,
                 &settings,
+                &dep,
             );
             (plan, listing, output_dirs)
         } else {
@@ -821,11 +935,17 @@ impl Pipeline {
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             (
-                plan_items(name, &prev.items, observations, &settings),
+                plan_items_with_deps(name, &prev.items, observations, &settings, &dep),
                 listing,
                 output_dirs,
             )
         };
+        let mut plan = plan;
+        if matches!(st.spec.transform, Transform::Command(_)) && !st.spec.observe {
+            plan.notes.push(format!(
+                "stage `{name}`: observe = false, so its recipe is declared only: a change to a file its command reads is seen only if `recipe.files` lists it"
+            ));
+        }
         Ok(Observed {
             plan,
             listing,
@@ -1014,6 +1134,14 @@ impl Pipeline {
         )?;
         for st in &selected {
             self.check_writable(st)?;
+        }
+        // Refused before any stage runs, when a stage with work would run
+        // its commands observed and this machine cannot observe them.
+        for (st, o) in selected.iter().zip(&observed) {
+            let has_work = o.as_ref().is_some_and(|o| !o.plan.changed.is_empty());
+            if st.observes() && has_work {
+                observe_available(&st.spec.name)?;
+            }
         }
         let mut report = RunReport::default();
         let mut upstream_worked = false;
@@ -1237,15 +1365,45 @@ impl Pipeline {
             .filter(|c| c.reason != Reason::Deleted)
             .collect();
         progress.stage_start(&name, work.len());
+        if st.observes() && !work.is_empty() {
+            observe_available(&name)?;
+        }
         let jobs = opts.jobs.clamp(1, JOBS_MAX).min(work.len().max(1));
         let next = AtomicUsize::new(0);
         let abort = AtomicBool::new(false);
-        let (tx, rx) =
-            mpsc::sync_channel::<(usize, Result<(), String>, u64)>(jobs * RESULTS_QUEUE_PER_WORKER);
+        // What this run writes, so that no item depends on it (issue 24):
+        // every output and its folders from the start (highwater makes
+        // them, unobserved), then what each command wrote as it finishes.
+        let dep_scope = self.scope(st);
+        let run_written = RunWritten::default();
+        let digests = DigestCache::default();
+        if st.observes() {
+            let sets: Vec<Vec<deps::Dep>> = o
+                .prev
+                .dep_sets
+                .values()
+                .filter_map(|b| deps::decode(b).ok())
+                .collect();
+            digests.seed(&sets, st.settings.granularity_ns);
+        }
+        if st.observes() && st.output_place.is_none() {
+            for c in &work {
+                let mut keys = vec![c.output.clone()];
+                let mut o = c.output.as_str();
+                while let Some(i) = o.rfind('/') {
+                    o = &o[..i];
+                    keys.push(o.to_string());
+                }
+                run_written.add(keys);
+            }
+        }
+        type Done = (usize, Result<Option<(String, String)>, String>, u64);
+        let (tx, rx) = mpsc::sync_channel::<Done>(jobs * RESULTS_QUEUE_PER_WORKER);
         let commit_result: Result<(), FilesError> = std::thread::scope(|scope| {
             for _ in 0..jobs {
                 let tx = tx.clone();
                 let (work, next, abort, o) = (&work, &next, &abort, &o);
+                let (dep_scope, run_written, digests) = (&dep_scope, &run_written, &digests);
                 scope.spawn(move || loop {
                     if abort.load(Ordering::Relaxed) {
                         break;
@@ -1253,7 +1411,25 @@ impl Pipeline {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(c) = work.get(i) else { break };
                     let t0 = Instant::now();
-                    let r = self.make_item(st, c, o);
+                    let sink = run_written.sink(dep_scope.keyer());
+                    let r = self.make_item(st, c, o, Some(sink)).map(|seen| {
+                        seen.map(|seen| {
+                            run_written.add(seen.written.iter().map(|p| dep_scope.key(p)));
+                            let mut own: Vec<String> = if st.template.is_aggregate() {
+                                o.inputs.clone()
+                            } else {
+                                vec![c.item.clone()]
+                            };
+                            own.push(c.output.clone());
+                            deps::encode(&deps::record(
+                                dep_scope,
+                                &seen,
+                                &own,
+                                run_written,
+                                digests,
+                            ))
+                        })
+                    });
                     let ms = t0.elapsed().as_millis() as u64;
                     if tx.send((i, r, ms)).is_err() {
                         break;
@@ -1264,6 +1440,7 @@ impl Pipeline {
             // The committer: the only writer of the state store.
             let mut pending = Batch::default();
             let mut last = Instant::now();
+            let mut sets_sent = std::collections::HashSet::new();
             for (i, r, ms) in rx.iter() {
                 let c = work[i];
                 let obs = c
@@ -1271,9 +1448,21 @@ impl Pipeline {
                     .as_ref()
                     .expect("only deletions lack an observation");
                 let (status, error) = match &r {
-                    Ok(()) => (Status::Ok, None),
+                    Ok(_) => (Status::Ok, None),
                     Err(e) => (Status::Failed, Some(e.clone())),
                 };
+                // The item's dependency set goes in the same transaction as
+                // its entry: a crash never leaves one without the other.
+                let set_id = match &r {
+                    Ok(Some((id, body))) => {
+                        if sets_sent.insert(id.clone()) {
+                            pending.dep_sets.push((id.clone(), body.clone()));
+                        }
+                        Some(id.clone())
+                    }
+                    _ => None,
+                };
+                pending.deps.push((name.clone(), c.item.clone(), set_id));
                 let entry = if st.template.is_aggregate() {
                     plan::aggregate_entry(obs, &st.settings, status, error, now_ns(), ms)
                 } else {
@@ -1281,7 +1470,7 @@ impl Pipeline {
                 };
                 pending.upserts.push((name.clone(), entry));
                 match r {
-                    Ok(()) => report.processed += 1,
+                    Ok(_) => report.processed += 1,
                     Err(error) => report.failed.push(FailedItem {
                         input: c.item.clone(),
                         error,
@@ -1342,17 +1531,35 @@ impl Pipeline {
                 .found
                 .binary_search_by(|f| f.item.as_str().cmp(item))
                 .map_or("", |i| o.found[i].relpath.as_str()),
+            // verify compares bytes only; what the command reads is not
+            // recorded from a scratch run.
+            observe: false,
+            on_write: None,
         }
     }
 
     /// Makes one item's output durable and visible, or says why not.
-    fn make_item(&self, st: &Stage, c: &Change, o: &Observed) -> Result<(), String> {
+    fn make_item(
+        &self,
+        st: &Stage,
+        c: &Change,
+        o: &Observed,
+        on_write: Option<highwater_observe::OnWrite>,
+    ) -> Result<exec::Seen, String> {
         let relpath = o
             .found
             .binary_search_by(|f| f.item.as_str().cmp(&c.item))
             .map_or("", |i| o.found[i].relpath.as_str());
-        self.produce(st, &c.item, &c.output, relpath, &o.inputs, &mut || Ok(true))
-            .map(|_| ())
+        self.produce(
+            st,
+            &c.item,
+            &c.output,
+            relpath,
+            &o.inputs,
+            &mut || Ok(true),
+            on_write,
+        )
+        .map(Option::flatten)
     }
 
     /// Runs the transform of one item and publishes its output, when
@@ -1363,6 +1570,7 @@ impl Pipeline {
     /// first, keeping its file name; an output bound for object storage is
     /// written there and uploaded to its key (S3 has no rename: the one PUT,
     /// or the completion of a multipart upload, is the publish).
+    #[allow(clippy::too_many_arguments)]
     fn produce(
         &self,
         st: &Stage,
@@ -1371,7 +1579,8 @@ impl Pipeline {
         relpath: &str,
         inputs: &[String],
         still_ours: &mut dyn FnMut() -> Result<bool, String>,
-    ) -> Result<Option<()>, String> {
+        on_write: Option<highwater_observe::OnWrite>,
+    ) -> Result<Option<exec::Seen>, String> {
         let aggregate = st.template.is_aggregate();
         let scratch = if st.input_place.is_some() || st.output_place.is_some() {
             Some(exec::Scratch::new().map_err(|e| format!("cannot make a scratch folder: {e}"))?)
@@ -1399,12 +1608,15 @@ impl Pipeline {
             // A per-item job's `{inputs}` is its one input (see `exec`).
             inputs: if aggregate { inputs } else { &[] },
             relpath,
+            observe: st.observes(),
+            on_write,
         };
+        let seen;
         match &st.output_place {
             None => {
                 let final_path = self.root.join(output);
                 let temp = exec::temp_path_for(&final_path);
-                exec::run_transform(&job, &temp)?;
+                seen = exec::run_transform(&job, &temp)?;
                 // Asked of the store: when it does not answer, the temp
                 // output goes too (issue 20), not at the next plan.
                 match still_ours() {
@@ -1429,7 +1641,7 @@ impl Pipeline {
                     .as_ref()
                     .expect("made for a remote output")
                     .output(key);
-                exec::run_transform(&job, &temp)?;
+                seen = exec::run_transform(&job, &temp)?;
                 if !still_ours()? {
                     return Ok(None);
                 }
@@ -1439,7 +1651,7 @@ impl Pipeline {
                     .map_err(|e| format!("cannot publish {output}: {e}"))?;
             }
         }
-        Ok(Some(()))
+        Ok(Some(seen))
     }
 
     /// Records the current inputs and their existing outputs as done,
@@ -1476,6 +1688,9 @@ impl Pipeline {
                     plan::entry_for(obs, &st.settings, Status::Ok, None, now_ns(), 0)
                 };
                 batch.upserts.push((name.clone(), entry));
+                // Nothing ran, so nothing was observed: a dependency set
+                // from an earlier run does not describe the adopted output.
+                batch.deps.push((name.clone(), c.item.clone(), None));
                 a.adopted += 1;
             }
             batch.dirs.push((
@@ -1527,7 +1742,7 @@ impl Pipeline {
                         .join(Path::new(&e.output).file_name().unwrap_or_default());
                     let outcome = match exec::run_transform(&self.job(st, &e.item, &o), &temp) {
                         Err(error) => VerifyOutcome::Failed { error },
-                        Ok(()) => compare_files(&temp, &self.root.join(&e.output)),
+                        Ok(_) => compare_files(&temp, &self.root.join(&e.output)),
                     };
                     exec::remove_temp(&temp);
                     VerifyItem {
@@ -1718,6 +1933,20 @@ impl Pipeline {
             "queues": queues,
         })))
     }
+}
+
+/// Whether commands can be observed here, asked once per process: a
+/// container without ptrace refuses the run (exit 2, the fix named)
+/// before any item is touched, rather than running it unobserved.
+fn observe_available(stage: &str) -> Result<(), FilesError> {
+    static PROBE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    PROBE
+        .get_or_init(|| highwater_observe::probe().map_err(|e| e.to_string()))
+        .clone()
+        .map_err(|message| FilesError::Observe {
+            stage: stage.to_string(),
+            message,
+        })
 }
 
 fn compare_files(a: &Path, b: &Path) -> VerifyOutcome {

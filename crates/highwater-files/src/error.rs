@@ -152,6 +152,10 @@ pub enum FilesError {
         #[source]
         source: std::io::Error,
     },
+    #[error("stage `{stage}`: {message}")]
+    Observe { stage: String, message: String },
+    #[error("stage `{stage}` has no item `{item}` with recorded dependencies; `highwater deps {stage}` lists those it has")]
+    UnknownItem { stage: String, item: String },
     #[error(transparent)]
     Store(#[from] StoreError),
 }

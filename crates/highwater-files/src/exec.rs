@@ -52,7 +52,15 @@ pub struct Job<'a> {
     /// `{inputs}`); empty for a per-item job, whose `{inputs}` is its input.
     pub inputs: &'a [String],
     pub relpath: &'a str,
+    /// Run the command observed (issue 24); closures never are.
+    pub observe: bool,
+    /// Told each path the observed command is about to write.
+    pub on_write: Option<highwater_observe::OnWrite>,
 }
+
+/// What an item's transform was seen to touch: `None` when it was not
+/// observed (a closure, or `observe = false`).
+pub type Seen = Option<highwater_observe::Observation>;
 
 fn tail(bytes: &[u8]) -> String {
     let start = bytes.len().saturating_sub(ERROR_MESSAGE_MAX_BYTES);
@@ -69,8 +77,9 @@ fn arg_path(p: &str) -> String {
 }
 
 /// Runs the transform so that it writes `out` (a temp path). Returns a
-/// message on failure; the temp file is removed then.
-pub fn run_transform(job: &Job<'_>, out: &Path) -> Result<(), String> {
+/// message on failure; the temp file is removed then. On success, what an
+/// observed command touched.
+pub fn run_transform(job: &Job<'_>, out: &Path) -> Result<Seen, String> {
     if let Some(parent) = out.parent() {
         std::fs::create_dir_all(parent)
             .map_err(|e| format!("cannot create output folder {}: {e}", parent.display()))?;
@@ -82,9 +91,10 @@ pub fn run_transform(job: &Job<'_>, out: &Path) -> Result<(), String> {
     result
 }
 
-fn run_transform_inner(job: &Job<'_>, out: &Path) -> Result<(), String> {
+fn run_transform_inner(job: &Job<'_>, out: &Path) -> Result<Seen, String> {
+    let mut seen = None;
     let result = match job.transform {
-        Transform::Command(_) => run_command(job, out),
+        Transform::Command(_) => run_command(job, out).map(|s| seen = s),
         Transform::Closure(f) => {
             let input_abs = job.input.map(|i| job.root.join(i));
             let inputs_abs: Vec<PathBuf> = match job.input {
@@ -110,7 +120,7 @@ fn run_transform_inner(job: &Job<'_>, out: &Path) -> Result<(), String> {
         }
     };
     let result = result.and_then(|()| match std::fs::symlink_metadata(out) {
-        Ok(m) if m.is_file() => Ok(()),
+        Ok(m) if m.is_file() => Ok(seen),
         Ok(_) => Err(format!(
             "the transform wrote something other than a regular file at {}",
             out.display()
@@ -123,7 +133,7 @@ fn run_transform_inner(job: &Job<'_>, out: &Path) -> Result<(), String> {
     result
 }
 
-fn run_command(job: &Job<'_>, out: &Path) -> Result<(), String> {
+fn run_command(job: &Job<'_>, out: &Path) -> Result<Seen, String> {
     let out_s = out.to_string_lossy();
     let input = job.input.map(arg_path).unwrap_or_default();
     let inputs: Vec<String> = match job.input {
@@ -146,11 +156,18 @@ fn run_command(job: &Job<'_>, out: &Path) -> Result<(), String> {
     let mut cmd = Command::new(program);
     cmd.args(args).current_dir(job.root).stdin(Stdio::null());
     die_with_parent(&mut cmd);
-    let output = cmd
-        .output()
-        .map_err(|e| format!("cannot start `{program}`: {e}"))?;
+    let (output, seen) = if job.observe {
+        let (o, seen) = highwater_observe::output_with(&mut cmd, job.on_write.clone())
+            .map_err(|e| e.to_string())?;
+        (o, Some(seen))
+    } else {
+        let o = cmd
+            .output()
+            .map_err(|e| format!("cannot start `{program}`: {e}"))?;
+        (o, None)
+    };
     if output.status.success() {
-        return Ok(());
+        return Ok(seen);
     }
     let mut msg = match output.status.code() {
         Some(c) => format!("`{program}` exited with status {c}"),

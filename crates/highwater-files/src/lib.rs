@@ -17,11 +17,14 @@
 //! - [`hash`]: BLAKE3 digests and fingerprints of files.
 //! - [`stat`]: many stats, fast, one open folder at a time (`fstatat`).
 //! - [`recipe`]: gathers recipe parts (code files, tool versions).
-//! - [`exec`]: runs one item into a temp file and publishes it atomically.
+//! - [`exec`]: runs one item into a temp file and publishes it atomically,
+//!   observed (issue 24) unless the stage says `observe = false`.
+//! - [`deps`]: observed dependencies: recorded after an item, checked at plan.
 //! - [`engine`]: plan, run, adopt, verify, export, status.
 //! - [`error`]: the error type.
 
 pub mod config;
+pub mod deps;
 pub mod discover;
 pub mod engine;
 pub mod error;

@@ -84,6 +84,12 @@ pub struct StageSpec {
     /// observed are not trusted (coarse filesystems, racy records).
     pub mtime_margin_ms: u64,
     pub recipe: RecipeSpec,
+    /// Run the command observed and record what it reads as the item's
+    /// dependencies (issue 24). Closures are never observed.
+    pub observe: bool,
+    /// Globs of paths that are never dependencies (absolute, or relative to
+    /// the config folder), e.g. `/usr/share/zoneinfo/**`.
+    pub observe_ignore: Vec<String>,
 }
 
 impl StageSpec {
@@ -102,6 +108,8 @@ impl StageSpec {
             rehash: false,
             mtime_margin_ms: 1000,
             recipe: RecipeSpec::default(),
+            observe: true,
+            observe_ignore: Vec::new(),
         }
     }
 

@@ -86,6 +86,20 @@ pub fn split_parent(item: &str) -> (&str, &str) {
     }
 }
 
+/// Stats one path, following symlinks (the dependency checks of issue 24).
+pub fn stat_path(path: &Path) -> Statted {
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::other("path contains a NUL byte"))?;
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: `c` is NUL-terminated and `st` is valid for one `libc::stat`.
+    let r = unsafe { libc::stat(c.as_ptr(), st.as_mut_ptr()) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: stat returned 0, so it filled `st`.
+    Ok(from_libc(unsafe { &st.assume_init() }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

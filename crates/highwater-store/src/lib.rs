@@ -155,6 +155,12 @@ pub struct StageEntries {
     pub members: std::collections::BTreeMap<String, Entry>,
     /// The output folders' stats as last recorded, by folder.
     pub dirs: std::collections::BTreeMap<String, DirRecord>,
+    /// The observed dependency set of each item that has one, by item
+    /// (issue 24): the id of a row of `dep_sets`.
+    pub deps: std::collections::BTreeMap<String, String>,
+    /// The dependency sets those ids name: id -> body (JSON). Most items
+    /// of a stage share one set, so it is stored once.
+    pub dep_sets: std::collections::BTreeMap<String, String>,
 }
 
 /// The recorded stat of one output folder. While a folder's mtime is
@@ -179,16 +185,41 @@ pub struct Batch {
     pub deletes: Vec<(String, EntryKind, String)>,
     /// Replaces every folder record of these stages.
     pub dirs: Vec<(String, Vec<DirRecord>)>,
+    /// (stage, item, dependency set id): sets an item's observed
+    /// dependencies; `None` removes them (observation off, or none seen).
+    pub deps: Vec<(String, String, Option<String>)>,
+    /// (id, body) of dependency sets, inserted when not already stored.
+    pub dep_sets: Vec<(String, String)>,
 }
 
 impl Batch {
     pub fn is_empty(&self) -> bool {
-        self.upserts.is_empty() && self.deletes.is_empty() && self.dirs.is_empty()
+        self.upserts.is_empty()
+            && self.deletes.is_empty()
+            && self.dirs.is_empty()
+            && self.deps.is_empty()
+            && self.dep_sets.is_empty()
     }
     pub fn len(&self) -> usize {
-        self.upserts.len() + self.deletes.len() + self.dirs.len()
+        self.upserts.len() + self.deletes.len() + self.dirs.len() + self.deps.len()
     }
 }
+
+/// Forward migration 5 -> 6 in both stores (issue 24): observed
+/// dependency sets, stored once per distinct set, and each item's set.
+/// Rows of deleted items go with them; a set no item names any more is
+/// pruned at the end of a run.
+pub const DEPS_SQL: &str = "CREATE TABLE dep_sets(
+        id TEXT PRIMARY KEY,
+        body TEXT NOT NULL
+     );
+     CREATE TABLE item_deps(
+        stage TEXT NOT NULL,
+        item TEXT NOT NULL,
+        set_id TEXT NOT NULL,
+        PRIMARY KEY(stage, item)
+     );
+     CREATE INDEX item_deps_set ON item_deps(set_id);";
 
 /// The record of one run of one stage.
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -407,17 +438,23 @@ pub struct StateDump {
     pub runs: Vec<RunRecord>,
     pub bookmarks: Vec<Bookmark>,
     pub windows: Vec<WindowRecord>,
+    /// (stage, item, set id), ordered by stage and item (issue 24).
+    pub deps: Vec<(String, String, String)>,
+    /// (id, body), ordered by id.
+    pub dep_sets: Vec<(String, String)>,
 }
 
 impl StateDump {
     /// Rows per table, for messages.
-    pub fn counts(&self) -> [(&'static str, usize); 5] {
+    pub fn counts(&self) -> [(&'static str, usize); 7] {
         [
             ("entries", self.entries.len()),
             ("output_dirs", self.dirs.len()),
             ("runs", self.runs.len()),
             ("bookmarks", self.bookmarks.len()),
             ("windows", self.windows.len()),
+            ("item_deps", self.deps.len()),
+            ("dep_sets", self.dep_sets.len()),
         ]
     }
 }

@@ -103,6 +103,8 @@ const MIGRATIONS: &[&str] = &[
      );",
     // 4 -> 5: the work queue and the fleet's processes.
     concat!(work_sql!(), "CREATE SEQUENCE work_token;"),
+    // 5 -> 6: observed dependency sets (issue 24).
+    crate::DEPS_SQL,
 ];
 
 /// The schema version this highwater writes; equal to SQLite's.
@@ -447,6 +449,12 @@ impl PgStore {
                 upserts: d.entries.clone(),
                 deletes: Vec::new(),
                 dirs: dirs.into_iter().collect(),
+                deps: d
+                    .deps
+                    .iter()
+                    .map(|(s, i, id)| (s.clone(), i.clone(), Some(id.clone())))
+                    .collect(),
+                dep_sets: d.dep_sets.clone(),
             },
         )
         .map_err(err)?;
@@ -560,8 +568,32 @@ fn upsert_entries(
 fn apply_batch(tx: &mut Transaction<'_>, batch: &Batch) -> Result<(), postgres::Error> {
     if !batch.deletes.is_empty() {
         let del = tx.prepare("DELETE FROM entries WHERE stage = $1 AND kind = $2 AND item = $3")?;
+        let del_deps = tx.prepare("DELETE FROM item_deps WHERE stage = $1 AND item = $2")?;
         for (stage, kind, item) in &batch.deletes {
             tx.execute(&del, &[stage, &kind.as_str(), item])?;
+            if *kind == EntryKind::Item {
+                tx.execute(&del_deps, &[stage, item])?;
+            }
+        }
+    }
+    if !batch.dep_sets.is_empty() {
+        let put =
+            tx.prepare("INSERT INTO dep_sets(id, body) VALUES($1, $2) ON CONFLICT(id) DO NOTHING")?;
+        for (id, body) in &batch.dep_sets {
+            tx.execute(&put, &[id, body])?;
+        }
+    }
+    if !batch.deps.is_empty() {
+        let put = tx.prepare(
+            "INSERT INTO item_deps(stage, item, set_id) VALUES($1, $2, $3)
+             ON CONFLICT(stage, item) DO UPDATE SET set_id = excluded.set_id",
+        )?;
+        let del = tx.prepare("DELETE FROM item_deps WHERE stage = $1 AND item = $2")?;
+        for (stage, item, set) in &batch.deps {
+            match set {
+                Some(id) => tx.execute(&put, &[stage, item, id])?,
+                None => tx.execute(&del, &[stage, item])?,
+            };
         }
     }
     upsert_entries(tx, &batch.upserts)?;
@@ -646,10 +678,37 @@ impl StateStore for PgStore {
                 (d.dir.clone(), d)
             })
             .collect();
+        let rows = self
+            .client
+            .borrow_mut()
+            .query(
+                "SELECT d.item, d.set_id, s.body FROM item_deps d
+                 LEFT JOIN dep_sets s ON s.id = d.set_id WHERE d.stage = $1",
+                &[&stage],
+            )
+            .map_err(|e| self.err(e))?;
+        let mut deps = std::collections::BTreeMap::new();
+        let mut dep_sets = std::collections::BTreeMap::new();
+        for r in &rows {
+            let item: String = r.get(0);
+            let id: String = r.get(1);
+            let Some(body) = r.get::<_, Option<String>>(2) else {
+                return Err(StoreError::Corrupt {
+                    path: std::path::PathBuf::from(&self.what),
+                    stage: stage.to_string(),
+                    item,
+                    what: format!("its dependency set {id} is not stored"),
+                });
+            };
+            dep_sets.entry(id.clone()).or_insert(body);
+            deps.insert(item, id);
+        }
         Ok(StageEntries {
             items: items.into_iter().collect(),
             members: members.into_iter().collect(),
             dirs,
+            deps,
+            dep_sets,
         })
     }
 
@@ -994,6 +1053,24 @@ impl StateStore for PgStore {
             d.bookmarks.extend(self.bookmark(&src)?);
             d.windows.extend(self.windows(&src)?);
         }
+        let rows = self
+            .client
+            .borrow_mut()
+            .query(
+                "SELECT stage, item, set_id FROM item_deps ORDER BY stage, item",
+                &[],
+            )
+            .map_err(|e| self.err(e))?;
+        d.deps = rows
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect();
+        let rows = self
+            .client
+            .borrow_mut()
+            .query("SELECT id, body FROM dep_sets ORDER BY id", &[])
+            .map_err(|e| self.err(e))?;
+        d.dep_sets = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
         Ok(d)
     }
 

@@ -87,6 +87,8 @@ const MIGRATIONS: &[&str] = &[
     // 4 -> 5: the work queue and the fleet's processes (used only by a
     // shared PostgreSQL store; here so that versions mean the same tables).
     crate::WORK_SQL_SQLITE,
+    // 5 -> 6: observed dependency sets (issue 24).
+    crate::DEPS_SQL,
 ];
 
 /// How much of the database file SQLite may map into memory for reads.
@@ -380,10 +382,39 @@ impl StateStore for SqliteStore {
             .map(|r| r.map(|d| (d.dir.clone(), d)))
             .collect::<Result<_, _>>()
             .map_err(|e| self.err(e))?;
+        let mut deps = std::collections::BTreeMap::new();
+        let mut dep_sets = std::collections::BTreeMap::new();
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT d.item, d.set_id, s.body FROM item_deps d
+                 LEFT JOIN dep_sets s ON s.id = d.set_id WHERE d.stage = ?1",
+            )
+            .map_err(|e| self.err(e))?;
+        let mut rows = stmt.query([stage]).map_err(|e| self.err(e))?;
+        while let Some(r) = rows.next().map_err(|e| self.err(e))? {
+            let item: String = r.get(0).map_err(|e| self.err(e))?;
+            let id: String = r.get(1).map_err(|e| self.err(e))?;
+            let body: Option<String> = r.get(2).map_err(|e| self.err(e))?;
+            let Some(body) = body else {
+                return Err(StoreError::Corrupt {
+                    path: self.path.clone(),
+                    stage: stage.to_string(),
+                    item,
+                    what: format!("its dependency set {id} is not stored"),
+                });
+            };
+            if !dep_sets.contains_key(&id) {
+                dep_sets.insert(id.clone(), body);
+            }
+            deps.insert(item, id);
+        }
         Ok(StageEntries {
             items: items.into_iter().collect(),
             members: members.into_iter().collect(),
             dirs,
+            deps,
+            dep_sets,
         })
     }
 
@@ -404,9 +435,33 @@ impl StateStore for SqliteStore {
             let mut del = tx
                 .prepare_cached("DELETE FROM entries WHERE stage = ?1 AND kind = ?2 AND item = ?3")
                 .map_err(err)?;
+            let mut del_deps = tx
+                .prepare_cached("DELETE FROM item_deps WHERE stage = ?1 AND item = ?2")
+                .map_err(err)?;
             for (stage, kind, item) in &batch.deletes {
                 del.execute(params![stage, kind.as_str(), item])
                     .map_err(err)?;
+                if *kind == EntryKind::Item {
+                    del_deps.execute(params![stage, item]).map_err(err)?;
+                }
+            }
+            let mut put_set = tx
+                .prepare_cached("INSERT OR IGNORE INTO dep_sets(id, body) VALUES(?1, ?2)")
+                .map_err(err)?;
+            for (id, body) in &batch.dep_sets {
+                put_set.execute(params![id, body]).map_err(err)?;
+            }
+            let mut put_deps = tx
+                .prepare_cached(
+                    "INSERT OR REPLACE INTO item_deps(stage, item, set_id) VALUES(?1, ?2, ?3)",
+                )
+                .map_err(err)?;
+            for (stage, item, set) in &batch.deps {
+                match set {
+                    Some(id) => put_deps.execute(params![stage, item, id]),
+                    None => del_deps.execute(params![stage, item]),
+                }
+                .map_err(err)?;
             }
             let mut up = tx
                 .prepare_cached(
@@ -490,6 +545,15 @@ impl StateStore for SqliteStore {
             )
             .map_err(|e| self.err(e))?;
         assert_eq!(n, 1, "run {run} was begun by this store");
+        // Dependency sets no item names any more. Only here, where one
+        // process holds the state (a shared PostgreSQL store keeps them:
+        // a concurrent commit may be about to name one again).
+        self.conn
+            .execute(
+                "DELETE FROM dep_sets WHERE id NOT IN (SELECT set_id FROM item_deps)",
+                [],
+            )
+            .map_err(|e| self.err(e))?;
         Ok(())
     }
 
@@ -731,6 +795,24 @@ impl StateStore for SqliteStore {
             d.bookmarks.extend(self.bookmark(&src)?);
             d.windows.extend(self.windows(&src)?);
         }
+        let mut stmt = self
+            .conn
+            .prepare("SELECT stage, item, set_id FROM item_deps ORDER BY stage, item")
+            .map_err(e)?;
+        d.deps = stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .map_err(e)?
+            .collect::<Result<_, _>>()
+            .map_err(e)?;
+        let mut stmt = self
+            .conn
+            .prepare("SELECT id, body FROM dep_sets ORDER BY id")
+            .map_err(e)?;
+        d.dep_sets = stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .map_err(e)?
+            .collect::<Result<_, _>>()
+            .map_err(e)?;
         Ok(d)
     }
 
@@ -869,6 +951,42 @@ mod tests {
             processed_at_ns: 100,
             duration_ms: 5,
         }
+    }
+
+    /// Issue 24: dependency sets are stored once, named by items, removed
+    /// with their items, and pruned when no item names them.
+    #[test]
+    fn dependency_sets_are_shared_and_pruned() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = SqliteStore::open(&dir.path().join("s.db")).unwrap();
+        let mut b = Batch::default();
+        for item in ["a", "b", "c"] {
+            b.upserts.push(("st".into(), entry(item)));
+            let set = if item == "c" { "set2" } else { "set1" };
+            b.deps.push(("st".into(), item.into(), Some(set.into())));
+        }
+        b.dep_sets.push(("set1".into(), "[1]".into()));
+        b.dep_sets.push(("set2".into(), "[2]".into()));
+        s.commit(&b).unwrap();
+        let l = s.load("st").unwrap();
+        assert_eq!(l.deps.len(), 3);
+        assert_eq!(l.dep_sets.len(), 2);
+        assert_eq!(l.dep_sets["set1"], "[1]");
+        // c goes with its entry; b's set is cleared; set2 is then unnamed.
+        s.commit(&Batch {
+            deletes: vec![("st".into(), EntryKind::Item, "c".into())],
+            deps: vec![("st".into(), "b".into(), None)],
+            ..Batch::default()
+        })
+        .unwrap();
+        let run = s.begin_run("st", 1).unwrap();
+        s.finish_run(run, 2, &serde_json::json!({}), 0).unwrap();
+        let l = s.load("st").unwrap();
+        assert_eq!(l.deps.keys().collect::<Vec<_>>(), vec!["a"]);
+        assert_eq!(
+            s.dump().unwrap().dep_sets,
+            vec![("set1".into(), "[1]".into())]
+        );
     }
 
     #[test]

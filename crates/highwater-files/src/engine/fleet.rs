@@ -716,6 +716,9 @@ impl Pipeline {
             &payload.relpath,
             &payload.inputs,
             &mut still_ours,
+            None,
         )
+        // Observed dependencies are not recorded on a fleet yet (issue 24).
+        .map(|o| o.map(|_| ()))
     }
 }

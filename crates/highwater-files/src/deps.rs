@@ -1,0 +1,550 @@
+//! Observed dependencies (issue 24): what an item's command was seen to
+//! read, execute, look up absent or list, recorded with evidence like an
+//! input's, and checked at plan time.
+//!
+//! A dependency set is a sorted list of [`Dep`]s serialised to canonical
+//! JSON; its id is a BLAKE3 of that text. Most items of a stage share one
+//! set, so the store keeps each distinct set once and each item names its
+//! set by id. A plan checks each distinct dependency once, whatever the
+//! number of items or sets that name it.
+//!
+//! Paths inside the project root are recorded relative to it (moving the
+//! project changes nothing); paths outside it are absolute. Never
+//! dependencies: /proc, /sys, /dev; the item's declared inputs and its own
+//! output; anything the run wrote (the item's command, another item's
+//! command, or highwater itself: outputs, their folders, temp folders,
+//! `__pycache__`); the state folder; `observe_ignore` globs. Absent paths and
+//! listings count inside the project root only: outside it, an interpreter
+//! probes hundreds of absent paths and lists folders such as /tmp that
+//! change all the time.
+
+use crate::discover::TEMP_MARK;
+use crate::hash::blake3_file;
+use highwater_core::evidence::is_racy;
+use highwater_core::Stat;
+use highwater_observe::Observation;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+/// One dependency of an item.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Dep {
+    pub path: String,
+    #[serde(flatten)]
+    pub what: DepKind,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum DepKind {
+    /// A file read (or looked up and found).
+    Read(FileEvidence),
+    /// A program executed, or the interpreter behind a shebang.
+    Exec(FileEvidence),
+    /// Looked up and not found (inside the project root).
+    Absent,
+    /// A folder listed: the BLAKE3 of its sorted names, without the names
+    /// the run created (kept in `excluded`, so that a plan drops them too).
+    Listed {
+        names: String,
+        excluded: Vec<String>,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct FileEvidence {
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+    pub ino: u64,
+    pub dev: u64,
+    pub observed_at_ns: i64,
+    /// `blake3:HEX`, the authority when the stat differs or is racy.
+    pub digest: String,
+}
+
+impl FileEvidence {
+    fn stat(&self) -> Stat {
+        Stat {
+            size: self.size,
+            mtime_ns: self.mtime_ns,
+            ctime_ns: self.ctime_ns,
+            ino: self.ino,
+            dev: self.dev,
+        }
+    }
+}
+
+impl DepKind {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            DepKind::Read(_) => "read",
+            DepKind::Exec(_) => "exec",
+            DepKind::Absent => "absent",
+            DepKind::Listed { .. } => "listed",
+        }
+    }
+}
+
+/// A set's canonical text and its id.
+pub fn encode(set: &[Dep]) -> (String, String) {
+    let body = serde_json::to_string(set).expect("deps serialise");
+    let id = blake3::hash(body.as_bytes()).to_hex()[..32].to_string();
+    (id, body)
+}
+
+pub fn decode(body: &str) -> Result<Vec<Dep>, String> {
+    serde_json::from_str(body).map_err(|e| format!("dependency set is corrupt: {e}"))
+}
+
+/// What a stage's recording needs: the root in both spellings (as
+/// configured and canonical, since the tracee reports canonical paths), the
+/// state folder and the ignore globs.
+pub struct Scope {
+    keyer: Keyer,
+    state_rel: Option<String>,
+    ignore: globset::GlobSet,
+}
+
+/// Turns a path into its recorded spelling; cheap to clone into a tracer.
+#[derive(Clone, Debug)]
+pub struct Keyer {
+    root: PathBuf,
+    root_canon: PathBuf,
+}
+
+impl Keyer {
+    /// The path relative to the root, when inside it.
+    pub fn relative(&self, p: &Path) -> Option<String> {
+        let rel = p
+            .strip_prefix(&self.root_canon)
+            .or_else(|_| p.strip_prefix(&self.root))
+            .ok()?;
+        Some(if rel.as_os_str().is_empty() {
+            ".".to_string()
+        } else {
+            rel.to_string_lossy().into_owned()
+        })
+    }
+
+    /// The recorded spelling of a path.
+    pub fn key(&self, p: &Path) -> String {
+        self.relative(p)
+            .unwrap_or_else(|| p.to_string_lossy().into_owned())
+    }
+}
+
+impl Scope {
+    pub fn new(root: &Path, state_dir: &Path, ignore: &[String]) -> Scope {
+        let mut b = globset::GlobSetBuilder::new();
+        for g in ignore {
+            // Checked by the config loader; a closure-built spec may pass
+            // anything, and a bad glob then ignores nothing.
+            if let Ok(g) = globset::Glob::new(g) {
+                b.add(g);
+            }
+        }
+        let root_canon = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
+        let mut s = Scope {
+            keyer: Keyer {
+                root: root.to_path_buf(),
+                root_canon,
+            },
+            state_rel: None,
+            ignore: b.build().unwrap_or_else(|_| globset::GlobSet::empty()),
+        };
+        let state_abs = state_dir
+            .canonicalize()
+            .unwrap_or_else(|_| state_dir.to_path_buf());
+        s.state_rel = s.relative(&state_abs);
+        s
+    }
+
+    pub fn keyer(&self) -> Keyer {
+        self.keyer.clone()
+    }
+
+    /// The path relative to the root, when inside it.
+    pub fn relative(&self, p: &Path) -> Option<String> {
+        self.keyer.relative(p)
+    }
+
+    /// The recorded spelling of a path.
+    pub fn key(&self, p: &Path) -> String {
+        self.keyer.key(p)
+    }
+
+    /// The path to stat for a recorded spelling.
+    pub fn abs(&self, key: &str) -> PathBuf {
+        if key.starts_with('/') {
+            PathBuf::from(key)
+        } else if key == "." {
+            self.keyer.root.clone()
+        } else {
+            self.keyer.root.join(key)
+        }
+    }
+
+    fn never(&self, key: &str) -> bool {
+        if ["/proc", "/sys", "/dev"]
+            .iter()
+            .any(|p| key == *p || key.starts_with(&format!("{p}/")))
+        {
+            return true;
+        }
+        if key.split('/').any(|c| c.contains(TEMP_MARK)) {
+            return true;
+        }
+        if let Some(s) = &self.state_rel {
+            if key == s || key.starts_with(&format!("{s}/")) {
+                return true;
+            }
+        }
+        self.ignore.is_match(key)
+    }
+}
+
+/// Paths the current run wrote, by any item's command or by highwater,
+/// in recorded spelling. Shared by the run's workers and their tracers,
+/// which add each path as they see the write coming: an item recorded
+/// while another is still running already knows that item's temp files.
+#[derive(Default, Clone)]
+pub struct RunWritten(Arc<Mutex<HashSet<String>>>);
+
+impl RunWritten {
+    pub fn add(&self, keys: impl IntoIterator<Item = String>) {
+        self.0.lock().expect("not poisoned").extend(keys);
+    }
+
+    /// The tracer's callback for [`highwater_observe::output_with`].
+    pub fn sink(&self, keyer: Keyer) -> highwater_observe::OnWrite {
+        let set = self.0.clone();
+        Arc::new(move |p: &Path| {
+            set.lock().expect("not poisoned").insert(keyer.key(p));
+        })
+    }
+
+    /// `key` or a folder holding it was written by the run.
+    fn covers(set: &HashSet<String>, key: &str) -> bool {
+        if set.contains(key) {
+            return true;
+        }
+        let mut k = key;
+        while let Some(i) = k.rfind('/') {
+            k = &k[..i];
+            if !k.is_empty() && set.contains(k) {
+                return true;
+            }
+        }
+        false
+    }
+}
+
+/// Evidence taken during one run (or recorded before it and not racy),
+/// reused while a file's stat is unchanged: 400 items importing the same
+/// 100 stdlib modules hash each module once, and, since they then record
+/// the very same evidence, share one dependency set.
+#[derive(Default)]
+pub struct DigestCache(Mutex<HashMap<String, FileEvidence>>);
+
+impl DigestCache {
+    /// Seeds the cache with the evidence of earlier sets that the stat
+    /// cache would trust (not racy): items re-run later then share their
+    /// set with the items that did not re-run.
+    pub fn seed(&self, sets: &[Vec<Dep>], granularity_ns: i64) {
+        let mut m = self.0.lock().expect("not poisoned");
+        for set in sets {
+            for d in set {
+                if let DepKind::Read(ev) | DepKind::Exec(ev) = &d.what {
+                    if !is_racy(ev.mtime_ns, ev.observed_at_ns, granularity_ns) {
+                        m.entry(d.path.clone()).or_insert_with(|| ev.clone());
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn stat_of(p: &Path) -> std::io::Result<(Stat, bool)> {
+    crate::stat::stat_path(p)
+}
+
+fn evidence(cache: &DigestCache, key: &str, abs: &Path) -> Option<FileEvidence> {
+    let observed_at_ns = crate::now_ns();
+    let (stat, is_file) = stat_of(abs).ok()?;
+    if !is_file {
+        return None;
+    }
+    let cached = cache
+        .0
+        .lock()
+        .expect("not poisoned")
+        .get(key)
+        .filter(|ev| ev.stat() == stat)
+        .cloned();
+    if let Some(ev) = cached {
+        return Some(ev);
+    }
+    let ev = FileEvidence {
+        size: stat.size,
+        mtime_ns: stat.mtime_ns,
+        ctime_ns: stat.ctime_ns,
+        ino: stat.ino,
+        dev: stat.dev,
+        observed_at_ns,
+        digest: blake3_file(abs).ok()?.to_string(),
+    };
+    // Two workers may have taken the same file at once: the first one
+    // recorded wins, so that both items record the same evidence (and
+    // share one set).
+    let mut m = cache.0.lock().expect("not poisoned");
+    match m.get(key) {
+        Some(first) if first.stat() == stat => Some(first.clone()),
+        _ => {
+            m.insert(key.to_string(), ev.clone());
+            Some(ev)
+        }
+    }
+}
+
+/// The sorted names of a folder, without temp names.
+fn list_names(abs: &Path) -> Option<Vec<String>> {
+    let mut names: Vec<String> = std::fs::read_dir(abs)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.contains(TEMP_MARK))
+        .collect();
+    names.sort_unstable();
+    Some(names)
+}
+
+fn hash_names(names: &[String]) -> String {
+    let mut h = blake3::Hasher::new();
+    for n in names {
+        h.update(n.as_bytes());
+        h.update(b"\0");
+    }
+    h.finalize().to_hex().to_string()
+}
+
+/// The names of a folder, minus temp names and `excluded`, hashed.
+fn listing_hash(abs: &Path, excluded: &BTreeSet<String>) -> Option<String> {
+    let names: Vec<String> = list_names(abs)?
+        .into_iter()
+        .filter(|n| !excluded.contains(n))
+        .collect();
+    Some(hash_names(&names))
+}
+
+/// The dependency set of one finished item. `own` are the item's declared
+/// inputs and its output, in recorded spelling.
+pub fn record(
+    scope: &Scope,
+    obs: &Observation,
+    own: &[String],
+    run: &RunWritten,
+    cache: &DigestCache,
+) -> Vec<Dep> {
+    let written = run.0.lock().expect("not poisoned").clone();
+    let own: HashSet<&str> = own.iter().map(String::as_str).collect();
+    let keep =
+        |key: &str| !scope.never(key) && !own.contains(key) && !RunWritten::covers(&written, key);
+    let mut out = Vec::new();
+    let mut files: BTreeMap<String, bool> = BTreeMap::new();
+    for p in &obs.executed {
+        files.insert(scope.key(p), true);
+    }
+    for p in &obs.read {
+        files.entry(scope.key(p)).or_insert(false);
+    }
+    for (key, exec) in files {
+        if !keep(&key) {
+            continue;
+        }
+        // Gone already (read, then removed by someone else): nothing to
+        // compare against; its absence is not recorded either.
+        let Some(ev) = evidence(cache, &key, &scope.abs(&key)) else {
+            continue;
+        };
+        out.push(Dep {
+            path: key,
+            what: if exec {
+                DepKind::Exec(ev)
+            } else {
+                DepKind::Read(ev)
+            },
+        });
+    }
+    for p in &obs.absent {
+        let Some(key) = scope.relative(p) else {
+            continue;
+        };
+        if keep(&key) && !scope.abs(&key).exists() {
+            out.push(Dep {
+                path: key,
+                what: DepKind::Absent,
+            });
+        }
+    }
+    for p in &obs.listed {
+        let Some(key) = scope.relative(p) else {
+            continue;
+        };
+        if scope.never(&key) || RunWritten::covers(&written, &key) {
+            continue;
+        }
+        let abs = scope.abs(&key);
+        // One listing, and only then the run's writes: a name in the
+        // listing that the run created was registered before it existed
+        // (tracers say so at the call), so it is excluded, never counted.
+        let Some(names) = list_names(&abs) else {
+            continue;
+        };
+        let written = run.0.lock().expect("not poisoned").clone();
+        let (excluded, kept): (Vec<String>, Vec<String>) = names.into_iter().partition(|n| {
+            let child = if key == "." {
+                n.clone()
+            } else {
+                format!("{key}/{n}")
+            };
+            written.contains(&child) || scope.never(&child)
+        });
+        out.push(Dep {
+            path: key,
+            what: DepKind::Listed {
+                names: hash_names(&kept),
+                excluded,
+            },
+        });
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Checks dependencies, each distinct one once, caching answers across
+/// sets (and across stages, when one checker serves a whole plan).
+pub struct Checker<'a> {
+    scope: &'a Scope,
+    granularity_ns: i64,
+    rehash: bool,
+    seen: HashMap<Dep, bool>,
+}
+
+impl<'a> Checker<'a> {
+    pub fn new(scope: &'a Scope, granularity_ns: i64, rehash: bool) -> Checker<'a> {
+        Checker {
+            scope,
+            granularity_ns,
+            rehash,
+            seen: HashMap::new(),
+        }
+    }
+
+    /// Whether a dependency differs from its record now.
+    pub fn changed(&mut self, d: &Dep) -> bool {
+        if let Some(&c) = self.seen.get(d) {
+            return c;
+        }
+        let abs = self.scope.abs(&d.path);
+        let c = match &d.what {
+            DepKind::Read(ev) | DepKind::Exec(ev) => match stat_of(&abs) {
+                Err(_) | Ok((_, false)) => true,
+                Ok((stat, true)) => {
+                    let trusted = !self.rehash
+                        && stat == ev.stat()
+                        && !is_racy(ev.mtime_ns, ev.observed_at_ns, self.granularity_ns);
+                    !trusted
+                        && blake3_file(&abs)
+                            .map(|dg| dg.to_string() != ev.digest)
+                            .unwrap_or(true)
+                }
+            },
+            DepKind::Absent => std::fs::symlink_metadata(&abs).is_ok(),
+            DepKind::Listed { names, excluded } => {
+                let ex: BTreeSet<String> = excluded.iter().cloned().collect();
+                listing_hash(&abs, &ex).as_ref() != Some(names)
+            }
+        };
+        self.seen.insert(d.clone(), c);
+        c
+    }
+
+    /// The first changed dependency of a set, if any.
+    pub fn first_changed(&mut self, set: &[Dep]) -> Option<String> {
+        set.iter().find(|d| self.changed(d)).map(|d| d.path.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn covers_a_written_path_or_folder() {
+        let set: HashSet<String> = ["out".to_string(), "lib/__pycache__".to_string()].into();
+        let cases = [
+            ("out", true),
+            ("out/a.txt", true),
+            ("lib/__pycache__/h.pyc", true),
+            ("lib/h.py", false),
+            ("outer", false),
+        ];
+        for (k, want) in cases {
+            assert_eq!(RunWritten::covers(&set, k), want, "{k}");
+        }
+    }
+
+    #[test]
+    fn never_dependencies() {
+        let t = tempfile::tempdir().unwrap();
+        let scope = Scope::new(
+            t.path(),
+            &t.path().join(".highwater"),
+            &[
+                "/usr/share/zoneinfo/**".to_string(),
+                "vendor/**".to_string(),
+            ],
+        );
+        let cases = [
+            ("/proc/self/maps", true),
+            ("/dev/null", true),
+            ("/sys", true),
+            ("/usr/share/zoneinfo/UTC", true),
+            ("vendor/x.py", true),
+            (".highwater/state.db", true),
+            ("out/.a.txt.hw-tmp-1-2/a.txt", true),
+            ("lib/helpers.py", false),
+            ("/usr/bin/python3", false),
+            ("/devices", false),
+        ];
+        for (k, want) in cases {
+            assert_eq!(scope.never(k), want, "{k}");
+        }
+    }
+
+    #[test]
+    fn a_set_round_trips_and_its_id_is_its_content() {
+        let set = vec![
+            Dep {
+                path: "a".into(),
+                what: DepKind::Absent,
+            },
+            Dep {
+                path: "lib".into(),
+                what: DepKind::Listed {
+                    names: "x".into(),
+                    excluded: vec!["__pycache__".into()],
+                },
+            },
+        ];
+        let (id, body) = encode(&set);
+        assert_eq!(decode(&body).unwrap(), set);
+        assert_eq!(encode(&decode(&body).unwrap()).0, id);
+        let (id2, _) = encode(&set[..1]);
+        assert_ne!(id, id2);
+    }
+}

@@ -1,0 +1,238 @@
+//! Real commands, observed (issue 24): what each is seen to read, execute,
+//! look up, list and write.
+
+use highwater_observe::{output, Observation};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn run(dir: &Path, argv: &[&str]) -> Observation {
+    let mut cmd = Command::new(argv[0]);
+    cmd.args(&argv[1..]).current_dir(dir);
+    let (out, obs) = output(&mut cmd).expect("observed run");
+    assert!(
+        out.status.success(),
+        "{argv:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    obs
+}
+
+fn canon(p: &Path) -> PathBuf {
+    p.canonicalize().unwrap()
+}
+
+fn which(prog: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap();
+    std::env::split_paths(&path)
+        .map(|d| d.join(prog))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("{prog} not on PATH"))
+}
+
+#[test]
+fn cat_reads_a_relative_file_and_sh_writes_its_redirect() {
+    let t = tempfile::tempdir().unwrap();
+    let d = canon(t.path());
+    std::fs::write(d.join("in.txt"), "hello\n").unwrap();
+    let obs = run(&d, &["sh", "-c", "cat in.txt > out.txt"]);
+    assert!(obs.read.contains(&d.join("in.txt")), "{obs:#?}");
+    assert!(obs.written.contains(&d.join("out.txt")), "{obs:#?}");
+    assert!(!obs.read.contains(&d.join("out.txt")));
+    // sh ran cat: both are executed programs.
+    assert!(obs.executed.iter().any(|p| p.ends_with("cat")), "{obs:#?}");
+    assert!(obs.executed.iter().any(|p| p.ends_with("sh")), "{obs:#?}");
+    assert_eq!(
+        std::fs::read_to_string(d.join("out.txt")).unwrap(),
+        "hello\n"
+    );
+}
+
+#[test]
+fn stdout_stderr_and_exit_status_come_back() {
+    let t = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", "echo out; echo err >&2; exit 3"])
+        .current_dir(t.path());
+    let (out, _) = output(&mut cmd).unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    assert_eq!(out.stdout, b"out\n");
+    assert_eq!(out.stderr, b"err\n");
+}
+
+#[test]
+fn a_missing_program_is_a_spawn_error_not_a_panic() {
+    let t = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new("no-such-program-hw24");
+    cmd.current_dir(t.path());
+    let err = output(&mut cmd).unwrap_err();
+    assert!(
+        matches!(err, highwater_observe::ObserveError::Spawn { .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn python_imports_a_helper_and_looks_up_a_missing_module() {
+    let t = tempfile::tempdir().unwrap();
+    let d = canon(t.path());
+    std::fs::create_dir(d.join("lib")).unwrap();
+    std::fs::write(d.join("lib/helpers.py"), "def f():\n    return 1\n").unwrap();
+    std::fs::write(
+        d.join("main.py"),
+        "import sys\nsys.path.insert(0, 'lib')\nimport helpers\n\
+         try:\n    import nosuchmod_hw24\nexcept ImportError:\n    pass\n\
+         print(helpers.f())\n",
+    )
+    .unwrap();
+    let obs = run(&d, &["python3", "-B", "main.py"]);
+    assert!(obs.read.contains(&d.join("main.py")), "{obs:#?}");
+    assert!(obs.read.contains(&d.join("lib/helpers.py")), "{obs:#?}");
+    // Python lists each sys.path folder and looks names up in the listing.
+    assert!(obs.listed.contains(&d.join("lib")), "{obs:#?}");
+    // -B: no __pycache__ written.
+    assert!(!obs.written.iter().any(|p| p.starts_with(&d)), "{obs:#?}");
+    assert!(obs.executed.iter().any(|p| p.ends_with("python3")));
+}
+
+#[test]
+fn pycache_written_by_the_command_is_not_a_dependency() {
+    let t = tempfile::tempdir().unwrap();
+    let d = canon(t.path());
+    std::fs::write(d.join("helper.py"), "X = 1\n").unwrap();
+    std::fs::write(d.join("main.py"), "import helper\nprint(helper.X)\n").unwrap();
+    // The environment may forbid bytecode; this test needs it written.
+    let mut cmd = Command::new("python3");
+    cmd.arg("main.py")
+        .current_dir(&d)
+        .env_remove("PYTHONDONTWRITEBYTECODE");
+    let (out, obs) = output(&mut cmd).unwrap();
+    assert!(out.status.success());
+    assert!(obs.read.contains(&d.join("helper.py")), "{obs:#?}");
+    let cache = d.join("__pycache__");
+    assert!(
+        obs.written.iter().any(|p| p.starts_with(&cache)),
+        "{obs:#?}"
+    );
+    assert!(!obs.read.iter().any(|p| p.starts_with(&cache)), "{obs:#?}");
+    assert!(
+        !obs.absent.iter().any(|p| p.starts_with(&cache)),
+        "{obs:#?}"
+    );
+}
+
+#[test]
+fn a_shebang_script_records_its_interpreter() {
+    use std::os::unix::fs::PermissionsExt;
+    let t = tempfile::tempdir().unwrap();
+    let d = canon(t.path());
+    let sh = which("sh");
+    let script = d.join("run.sh");
+    std::fs::write(
+        &script,
+        format!("#!{} -e\ncat data.txt >/dev/null\n", sh.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(d.join("data.txt"), "x").unwrap();
+    let obs = run(&d, &["./run.sh"]);
+    assert!(obs.executed.contains(&script), "{obs:#?}");
+    assert!(obs.executed.contains(&sh), "{obs:#?}");
+    assert!(obs.read.contains(&d.join("data.txt")), "{obs:#?}");
+    // /dev/null was opened for writing.
+    assert!(obs.written.contains(Path::new("/dev/null")), "{obs:#?}");
+}
+
+#[test]
+fn temp_files_made_and_removed_are_excluded() {
+    let t = tempfile::tempdir().unwrap();
+    let d = canon(t.path());
+    let obs = run(
+        &d,
+        &[
+            "sh",
+            "-c",
+            "test -e tmp.x; echo a > tmp.x; cat tmp.x > /dev/null; rm tmp.x",
+        ],
+    );
+    let tmp = d.join("tmp.x");
+    assert!(obs.written.contains(&tmp), "{obs:#?}");
+    assert!(!obs.read.contains(&tmp), "{obs:#?}");
+    assert!(!obs.absent.contains(&tmp), "{obs:#?}");
+}
+
+#[test]
+fn absent_lookups_and_listings_are_recorded() {
+    let t = tempfile::tempdir().unwrap();
+    let d = canon(t.path());
+    std::fs::create_dir(d.join("sub")).unwrap();
+    std::fs::write(d.join("sub/a"), "").unwrap();
+    let obs = run(&d, &["sh", "-c", "test -e nothere; ls sub > /dev/null"]);
+    assert!(obs.absent.contains(&d.join("nothere")), "{obs:#?}");
+    assert!(obs.listed.contains(&d.join("sub")), "{obs:#?}");
+}
+
+#[test]
+fn forked_children_and_threads_are_followed() {
+    let t = tempfile::tempdir().unwrap();
+    let d = canon(t.path());
+    for i in 0..4 {
+        std::fs::write(d.join(format!("f{i}")), "x").unwrap();
+    }
+    // Background subshells: forks of forks.
+    let obs = run(
+        &d,
+        &[
+            "sh",
+            "-c",
+            "(cat f0 >/dev/null &) ; (cat f1 > /dev/null) & cat f2 > /dev/null; wait",
+        ],
+    );
+    for i in 0..3 {
+        assert!(obs.read.contains(&d.join(format!("f{i}"))), "{obs:#?}");
+    }
+    // Threads: python reading from a worker thread.
+    let obs = run(
+        &d,
+        &[
+            "python3",
+            "-c",
+            "import threading\nt=threading.Thread(target=lambda: open('f3').read())\nt.start(); t.join()",
+        ],
+    );
+    assert!(obs.read.contains(&d.join("f3")), "{obs:#?}");
+}
+
+#[test]
+fn concurrent_observed_runs_do_not_mix() {
+    let t = tempfile::tempdir().unwrap();
+    let d = canon(t.path());
+    let handles: Vec<_> = (0..6)
+        .map(|i| {
+            let d = d.clone();
+            std::fs::write(d.join(format!("in{i}")), "x").unwrap();
+            std::thread::spawn(move || {
+                let name = format!("in{i}");
+                let obs = run(&d, &["cat", &name]);
+                (i, obs)
+            })
+        })
+        .collect();
+    for h in handles {
+        let (i, obs) = h.join().unwrap();
+        let mine: Vec<_> = obs.read.iter().filter(|p| p.starts_with(&d)).collect();
+        assert_eq!(mine, vec![&d.join(format!("in{i}"))], "{obs:#?}");
+    }
+}
+
+/// The filter stops the tracee only for file syscalls: 40,000 reads and
+/// writes of one byte make a handful of stops, not 40,000.
+#[test]
+fn other_syscalls_never_stop_the_tracee() {
+    let t = tempfile::tempdir().unwrap();
+    let obs = run(
+        t.path(),
+        &["dd", "if=/dev/zero", "of=/dev/null", "bs=1", "count=20000"],
+    );
+    assert!(obs.stops > 0, "{obs:#?}");
+    assert!(obs.stops < 500, "{} stops", obs.stops);
+}

@@ -1,0 +1,631 @@
+//! The recipe is observed, not declared (issue 24): every file a stage's
+//! command reads, executes, looks up absent or lists becomes evidence of
+//! the item, so editing any code re-runs exactly the items that touched it.
+
+mod common;
+use common::ingest::{pg_database, pg_serial};
+use common::*;
+use highwater_store::{Batch, StateStore};
+use proptest::prelude::*;
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// Runs highwater with bytecode allowed: this machine's environment sets
+/// PYTHONDONTWRITEBYTECODE, and the `__pycache__` cases need it written.
+fn hw(p: &Project, args: &[&str], code: i32) -> Ran {
+    hw_env(p, args, code, &[])
+}
+
+fn hw_env(p: &Project, args: &[&str], code: i32, env: &[(&str, &str)]) -> Ran {
+    let mut c = p.cmd(args);
+    c.env_remove("PYTHONDONTWRITEBYTECODE");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let o = c.output().unwrap();
+    let r = Ran {
+        code: o.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    };
+    assert_eq!(
+        r.code, code,
+        "highwater {args:?} exited {} (wanted {code})\nstdout:\n{}\nstderr:\n{}",
+        r.code, r.stdout, r.stderr
+    );
+    r
+}
+
+/// The plan of one stage as (item -> (reason, dependency)).
+fn plan_of(p: &Project, stage_name: &str) -> BTreeMap<String, (String, Option<String>)> {
+    plan_env(p, stage_name, &[])
+}
+
+fn plan_env(
+    p: &Project,
+    stage_name: &str,
+    env: &[(&str, &str)],
+) -> BTreeMap<String, (String, Option<String>)> {
+    let v = hw_env(p, &["plan", "--json"], 0, env).json();
+    let st = v["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == stage_name)
+        .unwrap_or_else(|| panic!("no stage {stage_name} in {v}"))
+        .clone();
+    st["changed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["input"].as_str().unwrap().to_string(),
+                (
+                    c["reason"].as_str().unwrap().to_string(),
+                    c["dependency"].as_str().map(str::to_string),
+                ),
+            )
+        })
+        .collect()
+}
+
+fn run_counts(p: &Project, extra: &[&str]) -> (u64, u64) {
+    let mut args = vec!["run", "--json"];
+    args.extend_from_slice(extra);
+    let r = hw(p, &args, 0).json();
+    let s = stage(&r, "t");
+    (
+        s["processed"].as_u64().unwrap(),
+        s["unchanged"].as_u64().unwrap(),
+    )
+}
+
+/// The interpreter itself, past any shim (pyenv's is a bash script that
+/// reads half of ~/.pyenv on every start).
+fn python() -> String {
+    let o = Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .expect("python3 is needed by these tests");
+    String::from_utf8(o.stdout).unwrap().trim().to_string()
+}
+
+fn config(command: &str, extra: &str) -> String {
+    format!(
+        r#"
+[stages.t]
+inputs = ["data/*.txt"]
+output = "out/{{relpath}}.out"
+command = {command}
+{extra}
+"#
+    )
+}
+
+fn all(
+    items: impl IntoIterator<Item = String>,
+    reason: &str,
+    dep: &str,
+) -> BTreeMap<String, (String, Option<String>)> {
+    items
+        .into_iter()
+        .map(|i| (i, (reason.to_string(), Some(dep.to_string()))))
+        .collect()
+}
+
+/// The seed's case: the transform's script is not declared anywhere; it is
+/// rewritten from upper-casing to a no-op, and every item re-runs, naming it.
+#[test]
+fn an_undeclared_script_rewritten_reruns_every_item_naming_it() {
+    let p = Project::new(&config(r#"["sh", "up.sh", "{input}", "{output}"]"#, ""));
+    let items: Vec<String> = (0..3).map(|i| format!("data/f{i}.txt")).collect();
+    for i in &items {
+        p.write(i, "hello\n");
+    }
+    assert_eq!(run_counts(&p, &[]), (3, 0));
+    assert_eq!(p.read("out/f0.txt.out"), "HELLO\n");
+    assert!(plan_of(&p, "t").is_empty());
+
+    p.write("up.sh", "set -eu\ncat \"$1\" > \"$2\"\n");
+    assert_eq!(plan_of(&p, "t"), all(items.clone(), "dependency", "up.sh"));
+    let human = hw(&p, &["plan"], 0).stdout;
+    assert!(human.contains("dependency up.sh: 3"), "{human}");
+    assert!(human.contains("reasons: dependency 3"), "{human}");
+    assert_eq!(run_counts(&p, &[]), (3, 0));
+    assert_eq!(p.read("out/f0.txt.out"), "hello\n");
+    assert!(plan_of(&p, "t").is_empty());
+
+    // Asked which files an item depends on, highwater names them.
+    let deps = hw(&p, &["deps", "t", "data/f0.txt", "--json"], 0).json();
+    let paths: Vec<&str> = deps["items"][0]["deps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["path"].as_str().unwrap())
+        .collect();
+    assert!(paths.contains(&"up.sh"), "{deps}");
+    // Never: its own input and output, /proc, /dev, the state folder.
+    for never in ["data/f0.txt", "out/f0.txt.out"] {
+        assert!(!paths.contains(&never), "{never} in {deps}");
+    }
+    assert!(
+        !paths.iter().any(|p| p.starts_with("/proc")
+            || p.starts_with("/dev")
+            || p.starts_with(".highwater")),
+        "{deps}"
+    );
+}
+
+fn python_project(items: usize) -> (Project, Vec<String>) {
+    let py = python();
+    let p = Project::new(&config(
+        &format!(r#"["{py}", "t.py", "{{input}}", "{{output}}"]"#),
+        "",
+    ));
+    p.write(
+        "t.py",
+        "import sys\nsys.path.insert(0, 'lib')\nimport helpers, table\n\
+         src = open(sys.argv[1]).read()\n\
+         open(sys.argv[2], 'w').write(helpers.f(src) + table.SUFFIX)\n",
+    );
+    p.write("lib/helpers.py", "def f(s):\n    return s.upper()\n");
+    p.write("table.py", "SUFFIX = '!'\n");
+    p.write("notes.txt", "nobody reads this\n");
+    let names: Vec<String> = (0..items).map(|i| format!("data/f{i}.txt")).collect();
+    for n in &names {
+        p.write(n, "abc");
+    }
+    (p, names)
+}
+
+/// A Python transform importing an in-project helper: editing the helper
+/// re-runs every item, editing a file nobody reads re-runs nothing, and a
+/// new module that shadows an imported one re-runs every item.
+#[test]
+fn a_python_helper_edit_reruns_every_item_and_a_shadowing_module_too() {
+    let (p, items) = python_project(6);
+    assert_eq!(run_counts(&p, &["--jobs", "3"]), (6, 0));
+    assert_eq!(p.read("out/f0.txt.out"), "ABC!");
+    assert!(plan_of(&p, "t").is_empty(), "first run's own writes count");
+
+    p.write("notes.txt", "still nobody\n");
+    assert!(plan_of(&p, "t").is_empty());
+
+    // A different size: Python trusts its bytecode while the source's size
+    // and mtime in whole seconds match, so a same-size edit within the
+    // second would re-run every item and still get the old bytecode.
+    p.write(
+        "lib/helpers.py",
+        "def f(s):\n    return s.lower()  # edited\n",
+    );
+    assert_eq!(
+        plan_of(&p, "t"),
+        all(items.clone(), "dependency", "lib/helpers.py")
+    );
+    assert_eq!(run_counts(&p, &[]), (6, 0));
+    assert_eq!(p.read("out/f0.txt.out"), "abc!");
+    assert!(plan_of(&p, "t").is_empty());
+
+    // `lib` comes first on sys.path: a table.py there shadows the one in
+    // the root. Python sees it through its listing of `lib`.
+    p.write("lib/table.py", "SUFFIX = '?'\n");
+    let plan = plan_of(&p, "t");
+    assert_eq!(plan.keys().cloned().collect::<Vec<_>>(), items);
+    for (reason, dep) in plan.values() {
+        assert_eq!(reason, "dependency");
+        assert!(dep.as_deref().unwrap().starts_with("lib"), "{plan:?}");
+    }
+    assert_eq!(run_counts(&p, &[]), (6, 0));
+    assert_eq!(p.read("out/f0.txt.out"), "abc?");
+    assert!(plan_of(&p, "t").is_empty());
+}
+
+/// Per-item lookups: each input names the table it reads; editing one
+/// table re-runs exactly its 10 readers of 40.
+#[test]
+fn a_lookup_table_edit_reruns_exactly_its_readers() {
+    let p = Project::new(&config(r#"["sh", "look.sh", "{input}", "{output}"]"#, ""));
+    p.write(
+        "look.sh",
+        "set -eu\nt=$(cat \"$1\")\ncat \"tables/$t\" > \"$2\"\n",
+    );
+    for k in 0..4 {
+        p.write(&format!("tables/t{k}.csv"), &format!("table {k}\n"));
+    }
+    for i in 0..40 {
+        p.write(&format!("data/i{i:02}.txt"), &format!("t{}.csv", i % 4));
+    }
+    assert_eq!(run_counts(&p, &["--jobs", "4"]), (40, 0));
+    // Stored once per distinct set: 40 items, four tables, four sets.
+    assert_eq!(dep_sets(&p), 4);
+    p.write("tables/t2.csv", "table two, edited\n");
+    let readers: Vec<String> = (0..40)
+        .filter(|i| i % 4 == 2)
+        .map(|i| format!("data/i{i:02}.txt"))
+        .collect();
+    assert_eq!(
+        plan_of(&p, "t"),
+        all(readers, "dependency", "tables/t2.csv")
+    );
+    assert_eq!(run_counts(&p, &[]), (10, 30));
+    assert_eq!(p.read("out/i02.txt.out"), "table two, edited\n");
+    assert_eq!(p.read("out/i01.txt.out"), "table 1\n");
+    // The 10 re-run items share one new set; the old one went unnamed and
+    // was pruned.
+    assert_eq!(dep_sets(&p), 4);
+}
+
+fn dep_sets(p: &Project) -> i64 {
+    let db = rusqlite::Connection::open(p.path(".highwater/state.db")).unwrap();
+    db.query_row("SELECT count(*) FROM dep_sets", [], |r| r.get(0))
+        .unwrap()
+}
+
+/// Temp files made and removed, and `__pycache__` written by the first
+/// items and read by the others: a second run processes nothing.
+#[test]
+fn temp_files_and_pycache_are_never_dependencies() {
+    let (p, _) = python_project(8);
+    p.write(
+        "t.py",
+        "import sys, os, tempfile\nsys.path.insert(0, 'lib')\nimport helpers, table\n\
+         fd, tmp = tempfile.mkstemp(dir='.')\nos.write(fd, b'scratch'); os.close(fd)\n\
+         open(tmp).read(); os.unlink(tmp)\n\
+         src = open(sys.argv[1]).read()\n\
+         open(sys.argv[2], 'w').write(helpers.f(src) + table.SUFFIX)\n",
+    );
+    assert_eq!(run_counts(&p, &["--jobs", "4"]), (8, 0));
+    assert!(p.exists("lib/__pycache__"), "bytecode was written");
+    assert_eq!(run_counts(&p, &["--jobs", "4"]), (0, 8));
+    assert!(plan_of(&p, "t").is_empty());
+    // And the bytecode stands for its source: editing the source still
+    // re-runs every item, the ones that read only the bytecode included.
+    p.write("lib/helpers.py", "def f(s):\n    return s + s\n");
+    assert_eq!(plan_of(&p, "t").len(), 8);
+}
+
+/// A stand-in interpreter upgrade: a wrapper on PATH, outside the project,
+/// whose bytes change. Every item re-runs, and the guard stops the mass
+/// re-run naming the wrapper.
+#[test]
+fn an_interpreter_upgrade_is_named_by_the_guard() {
+    use std::os::unix::fs::PermissionsExt;
+    let tools = tempfile::tempdir().unwrap();
+    let wrapper = tools.path().canonicalize().unwrap().join("mytool");
+    let write_wrapper = |body: &str| {
+        std::fs::write(
+            &wrapper,
+            format!("#!/bin/sh\n{body}\ntr a-z A-Z < \"$1\" > \"$2\"\n"),
+        )
+        .unwrap();
+        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    };
+    write_wrapper("# version 1");
+    let path = format!(
+        "{}:{}",
+        wrapper.parent().unwrap().display(),
+        std::env::var("PATH").unwrap()
+    );
+    let env = [("PATH", path.as_str())];
+    let p = Project::new(&config(r#"["mytool", "{input}", "{output}"]"#, ""));
+    for i in 0..20 {
+        p.write(&format!("data/f{i:02}.txt"), "x\n");
+    }
+    hw_env(&p, &["run"], 0, &env);
+    assert!(plan_env(&p, "t", &env).is_empty());
+
+    write_wrapper("# version 2");
+    let w = wrapper.to_string_lossy().into_owned();
+    let plan = plan_env(&p, "t", &env);
+    assert_eq!(plan.len(), 20);
+    assert!(
+        plan.values()
+            .all(|(r, d)| r == "dependency" && d.as_deref() == Some(w.as_str())),
+        "{plan:?}"
+    );
+    let refused = hw_env(&p, &["run"], 2, &env);
+    assert!(
+        refused.stderr.contains(&format!("dependency {w}")),
+        "{}",
+        refused.stderr
+    );
+    hw_env(&p, &["run", "--force"], 0, &env);
+    assert!(plan_env(&p, "t", &env).is_empty());
+}
+
+/// `observe = false`: the recipe is declared only, the plan says so once,
+/// and an undeclared script's edit goes unseen, as documented.
+#[test]
+fn observe_false_is_declared_only_and_says_so() {
+    let p = Project::new(&config(
+        r#"["sh", "up.sh", "{input}", "{output}"]"#,
+        "observe = false",
+    ));
+    p.write("data/a.txt", "a\n");
+    hw(&p, &["run"], 0);
+    p.write("up.sh", "cat \"$1\" > \"$2\"\n");
+    let plan = hw(&p, &["plan"], 0).stdout;
+    assert_eq!(plan.matches("declared only").count(), 1, "{plan}");
+    assert!(plan.contains("0 changed"), "{plan}");
+}
+
+/// SIGKILL during an observed run: the state stays consistent (no item is
+/// recorded without its dependency set, no traced command outlives the
+/// run), and the next run completes; then nothing is left to do.
+#[test]
+fn sigkill_during_an_observed_run_leaves_consistent_state() {
+    let p = Project::new(&config(
+        r#"["sh", "slow.sh", "{input}", "{output}"]"#,
+        "guard = 0.95",
+    ));
+    p.write(
+        "slow.sh",
+        "set -eu\nsleep 0.05\ncat lib.txt \"$1\" > \"$2\"\n",
+    );
+    p.write("lib.txt", "L:");
+    for i in 0..60 {
+        p.write(&format!("data/f{i:02}.txt"), &format!("{i}\n"));
+    }
+    let mut child = p
+        .cmd(&["run", "--jobs", "3"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let done = || match std::fs::read_dir(p.path("out")) {
+        Ok(rd) => rd
+            .filter_map(|e| e.ok())
+            .filter(|e| !e.file_name().to_string_lossy().contains(".hw-tmp-"))
+            .count(),
+        Err(_) => 0,
+    };
+    while done() < 10 {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "finished before the kill"
+        );
+        assert!(Instant::now() < deadline, "the run made no progress");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let pid = child.id();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // EXITKILL and PDEATHSIG: no command of the killed run survives it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let survivors: Vec<String> = std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+            .filter(|s| {
+                // field 4 is the parent pid
+                s.rsplit(')').next().unwrap_or("").split_whitespace().nth(1)
+                    == Some(&pid.to_string())
+            })
+            .collect();
+        if survivors.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "children outlived the run: {survivors:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Every recorded item has its dependency set: the items the plan does
+    // not call new are exactly those with one.
+    let plan = plan_of(&p, "t");
+    let recorded: BTreeSet<String> = (0..60)
+        .map(|i| format!("data/f{i:02}.txt"))
+        .filter(|i| plan.get(i).is_none_or(|(r, _)| r != "new"))
+        .collect();
+    let deps = hw(&p, &["deps", "t", "--json"], 0).json();
+    let with_deps: BTreeSet<String> = deps["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| !i["deps"].as_array().unwrap().is_empty())
+        .map(|i| i["item"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(recorded, with_deps);
+    assert!(
+        !with_deps.is_empty(),
+        "some items were committed before the kill"
+    );
+    assert!(with_deps.len() < 60, "killed mid-run");
+
+    hw(&p, &["run", "--jobs", "3"], 0);
+    for i in 0..60 {
+        assert_eq!(p.read(&format!("out/f{i:02}.txt.out")), format!("L:{i}\n"));
+    }
+    assert!(plan_of(&p, "t").is_empty());
+    p.write("lib.txt", "M:");
+    assert_eq!(plan_of(&p, "t").len(), 60);
+}
+
+const ITEMS: usize = 8;
+const TABLES: usize = 4;
+
+fn expected(readers: &[Vec<usize>], tables: &[String]) -> BTreeMap<String, Vec<u8>> {
+    readers
+        .iter()
+        .enumerate()
+        .map(|(i, ts)| {
+            let body: String = ts.iter().map(|&t| tables[t].clone()).collect();
+            (format!("i{i}.txt.out"), body.into_bytes())
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 6, ..ProptestConfig::default() })]
+
+    /// Random edits to random dependency files, then a plan: exactly the
+    /// items that read an edited file re-run, and after the run the
+    /// outputs equal a rebuild.
+    #[test]
+    fn exactly_the_readers_of_edited_files_rerun(
+        readers in proptest::collection::vec(proptest::collection::btree_set(0..TABLES, 0..=TABLES), ITEMS),
+        edits in proptest::collection::vec((0..TABLES, "[a-z]{1,4}"), 1..4),
+    ) {
+        let readers: Vec<Vec<usize>> = readers.into_iter().map(|s| s.into_iter().collect()).collect();
+        let p = Project::new(&config(r#"["sh", "cat.sh", "{input}", "{output}"]"#, ""));
+        // Reads the tables its input names, in order; none at all is fine.
+        p.write("cat.sh", "set -eu\n: > \"$2\"\nfor t in $(cat \"$1\"); do cat \"tables/$t\" >> \"$2\"; done\n");
+        let mut tables: Vec<String> = (0..TABLES).map(|t| format!("t{t};")).collect();
+        for (t, body) in tables.iter().enumerate() {
+            p.write(&format!("tables/t{t}"), body);
+        }
+        for (i, ts) in readers.iter().enumerate() {
+            let names: Vec<String> = ts.iter().map(|t| format!("t{t}")).collect();
+            p.write(&format!("data/i{i}.txt"), &names.join(" "));
+        }
+        hw(&p, &["run", "--jobs", "3"], 0);
+        prop_assert_eq!(contents(&p.tree("out")), expected(&readers, &tables));
+
+        let mut edited = BTreeSet::new();
+        for (t, add) in &edits {
+            tables[*t].push_str(add);
+            p.write(&format!("tables/t{t}"), &tables[*t]);
+            edited.insert(*t);
+        }
+        let want: BTreeSet<String> = readers
+            .iter()
+            .enumerate()
+            .filter(|(_, ts)| ts.iter().any(|t| edited.contains(t)))
+            .map(|(i, _)| format!("data/i{i}.txt"))
+            .collect();
+        let plan = plan_of(&p, "t");
+        prop_assert_eq!(plan.keys().cloned().collect::<BTreeSet<_>>(), want.clone());
+        for (reason, dep) in plan.values() {
+            prop_assert_eq!(reason.as_str(), "dependency");
+            let dep = dep.clone().unwrap();
+            prop_assert!(edited.iter().any(|t| dep == format!("tables/t{t}")), "{}", dep);
+        }
+        hw(&p, &["run", "--jobs", "3"], 0);
+        prop_assert_eq!(contents(&p.tree("out")), expected(&readers, &tables));
+        prop_assert!(plan_of(&p, "t").is_empty());
+    }
+}
+
+/// The dependency tables exist in PostgreSQL too (the same migration 5 ->
+/// 6): `state migrate` copies them, checked like every table, and the
+/// PostgreSQL store commits, loads and clears an item's set.
+#[test]
+fn dependency_sets_migrate_to_postgres_and_round_trip_there() {
+    let _g = pg_serial();
+    let (_client, url) = pg_database("deps");
+    let p = Project::new(&config(r#"["sh", "up.sh", "{input}", "{output}"]"#, ""));
+    for i in 0..3 {
+        p.write(&format!("data/f{i}.txt"), "x\n");
+    }
+    hw(&p, &["run"], 0);
+    let migrated = hw_env(
+        &p,
+        &["state", "migrate", "--to-env", "HW_DEPS_PG", "--json"],
+        0,
+        &[("HW_DEPS_PG", url.as_str())],
+    )
+    .json();
+    let rows: BTreeMap<String, u64> = migrated["tables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["table"].as_str().unwrap().to_string(),
+                t["rows"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(rows["item_deps"], 3, "{migrated}");
+    assert_eq!(
+        rows["dep_sets"], 1,
+        "three items, one shared set: {migrated}"
+    );
+
+    let mut pg = highwater_store::PgStore::open(&url, "HW_DEPS_PG").unwrap();
+    assert_eq!(pg.schema_version().unwrap(), 6);
+    let loaded = pg.load("t").unwrap();
+    assert_eq!(loaded.deps.len(), 3);
+    let id = loaded.deps["data/f0.txt"].clone();
+    assert!(
+        loaded.dep_sets[&id].contains("up.sh"),
+        "{:?}",
+        loaded.dep_sets
+    );
+    pg.commit(&Batch {
+        deps: vec![("t".into(), "data/f0.txt".into(), None)],
+        deletes: vec![(
+            "t".into(),
+            highwater_core::EntryKind::Item,
+            "data/f1.txt".into(),
+        )],
+        ..Batch::default()
+    })
+    .unwrap();
+    let loaded = pg.load("t").unwrap();
+    assert_eq!(loaded.deps.keys().collect::<Vec<_>>(), vec!["data/f2.txt"]);
+}
+
+/// Starts highwater under a seccomp filter that fails `ptrace` with EPERM,
+/// as a container without SYS_PTRACE does.
+fn without_ptrace(p: &Project, args: &[&str]) -> Ran {
+    const DENY_PTRACE: &str = r#"
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+class F(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+class P(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(F))]
+# load nr; if nr == ptrace (101): return ERRNO(EPERM); else allow
+prog = (F * 4)(F(0x20, 0, 0, 0), F(0x15, 0, 1, 101), F(0x06, 0, 0, 0x00050001), F(0x06, 0, 0, 0x7fff0000))
+fp = P(4, prog)
+assert libc.prctl(38, 1, 0, 0, 0) == 0
+assert libc.prctl(22, 2, ctypes.byref(fp), 0, 0) == 0
+os.execv(sys.argv[1], sys.argv[1:])
+"#;
+    let o = Command::new(python())
+        .arg("-c")
+        .arg(DENY_PTRACE)
+        .arg(bin())
+        .args(args)
+        .current_dir(p.path(""))
+        .output()
+        .unwrap();
+    Ran {
+        code: o.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    }
+}
+
+/// Where ptrace is not allowed, `run` refuses (exit 2) with the fix and
+/// touches nothing; it never runs unobserved quietly. With
+/// `observe = false` the same machine runs the stage.
+#[test]
+fn without_ptrace_run_refuses_with_the_fix() {
+    let p = Project::new(&config(r#"["sh", "up.sh", "{input}", "{output}"]"#, ""));
+    p.write("data/a.txt", "a\n");
+    let r = without_ptrace(&p, &["run"]);
+    assert_eq!(r.code, 2, "{}{}", r.stdout, r.stderr);
+    assert!(r.stderr.contains("ptrace is not permitted"), "{}", r.stderr);
+    assert!(r.stderr.contains("observe = false"), "{}", r.stderr);
+    assert!(!p.exists("out"), "nothing touched");
+    // A plan needs no ptrace.
+    assert_eq!(without_ptrace(&p, &["plan"]).code, 0);
+
+    p.write(
+        "highwater.toml",
+        &config(
+            r#"["sh", "up.sh", "{input}", "{output}"]"#,
+            "observe = false",
+        ),
+    );
+    let r = without_ptrace(&p, &["run"]);
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert_eq!(p.read("out/a.txt.out"), "A\n");
+}
