@@ -605,6 +605,20 @@ impl Pipeline {
         self.state_url_env.is_some()
     }
 
+    /// The stages whose commands would be observed but whose dependencies
+    /// a fleet does not record yet (issue 24): on shared state their recipe
+    /// is declared only, and `run` says so rather than going quiet.
+    pub fn declared_only_on_fleet(&self) -> Vec<&str> {
+        if !self.is_shared() {
+            return Vec::new();
+        }
+        self.stages
+            .iter()
+            .filter(|st| st.observes())
+            .map(|st| st.spec.name.as_str())
+            .collect()
+    }
+
     /// Takes the SQLite state store's run lock (for `state migrate`: no
     /// run writes while the state is copied). `None` on shared state.
     pub fn lock_state(&self) -> Result<Option<File>, FilesError> {
