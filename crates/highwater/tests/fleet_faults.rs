@@ -4,44 +4,14 @@
 
 mod common;
 
+use common::fleet::{count, finish, spawn, wait_for};
 use common::ingest::{pg_database, pg_serial};
+use common::pgcluster::PgCluster;
 use common::{contents, Project};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
-
-fn spawn(p: &Project, url: &str, args: &[&str]) -> Child {
-    p.cmd(args)
-        .env("HIGHWATER_STATE_URL", url)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
-fn finish(c: Child) -> (i32, serde_json::Value, String) {
-    let o = c.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
-    let json = serde_json::from_str(&stdout).unwrap_or(serde_json::Value::Null);
-    (o.status.code().unwrap_or(-1), json, stderr)
-}
-
-fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(
-            t.elapsed() < Duration::from_secs(120),
-            "waited two minutes for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-fn count(db: &mut postgres::Client, sql: &str) -> i64 {
-    db.query_one(sql, &[]).unwrap().get(0)
-}
+use std::process::Child;
+use std::time::Duration;
 
 fn lines(p: &Project, rel: &str) -> Vec<String> {
     std::fs::read_to_string(p.path(rel))
@@ -317,136 +287,6 @@ fn a_rolling_deploy_never_reports_a_mix_of_recipes_as_success() {
 
 // ---------------------------------------------------------------------
 // The state store stops mid-run.
-
-/// A PostgreSQL cluster of this test's own, on 127.0.0.1 and a free port,
-/// so that the test can stop it (the shared test cluster is never stopped).
-/// Stopped and removed on drop.
-struct PgCluster {
-    dir: tempfile::TempDir,
-    bin: PathBuf,
-    port: u16,
-}
-
-impl PgCluster {
-    fn start() -> PgCluster {
-        let bin = std::fs::read_dir("/usr/lib/postgresql")
-            .expect("PostgreSQL is not installed (/usr/lib/postgresql); the test needs a real server: apt-get install postgresql")
-            .flatten()
-            .map(|e| e.path().join("bin"))
-            .filter(|b| b.join("initdb").exists())
-            .max_by_key(|b| {
-                b.parent()
-                    .and_then(|v| v.file_name())
-                    .and_then(|v| v.to_str())
-                    .and_then(|v| v.parse::<u32>().ok())
-                    .unwrap_or(0)
-            })
-            .expect("no initdb under /usr/lib/postgresql/*/bin");
-        let dir = tempfile::tempdir().unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        if Self::root() {
-            let uid: u32 = String::from_utf8(
-                Command::new("id")
-                    .args(["-u", "postgres"])
-                    .output()
-                    .unwrap()
-                    .stdout,
-            )
-            .unwrap()
-            .trim()
-            .parse()
-            .expect("a postgres user to run the server as");
-            std::os::unix::fs::chown(dir.path(), Some(uid), None).unwrap();
-        }
-        let c = PgCluster { dir, bin, port };
-        let data = c.dir.path().join("data");
-        let o = c
-            .as_server("initdb")
-            .arg("-D")
-            .arg(&data)
-            .args(["-U", "postgres", "--auth=trust", "-E", "UTF8"])
-            .output()
-            .unwrap();
-        assert!(
-            o.status.success(),
-            "initdb: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        c.start_again();
-        c
-    }
-
-    fn root() -> bool {
-        // SAFETY: geteuid has no preconditions.
-        unsafe { libc::geteuid() == 0 }
-    }
-
-    fn as_server(&self, tool: &str) -> Command {
-        let exe = self.bin.join(tool);
-        if Self::root() {
-            let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--"]).arg(exe);
-            c
-        } else {
-            Command::new(exe)
-        }
-    }
-
-    fn url(&self) -> String {
-        format!(
-            "host=127.0.0.1 port={} user=postgres dbname=postgres",
-            self.port
-        )
-    }
-
-    fn pg_ctl(&self, args: &[&str]) {
-        let o = self
-            .as_server("pg_ctl")
-            .arg("-D")
-            .arg(self.dir.path().join("data"))
-            .arg("-l")
-            .arg(self.dir.path().join("server.log"))
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            o.status.success(),
-            "pg_ctl {args:?}: {}{}",
-            String::from_utf8_lossy(&o.stderr),
-            std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
-        );
-    }
-
-    fn start_again(&self) {
-        let opts = format!(
-            "-c listen_addresses=127.0.0.1 -p {} -k {} -c fsync=off -c max_connections=100",
-            self.port,
-            self.dir.path().display()
-        );
-        self.pg_ctl(&["-w", "-o", &opts, "start"]);
-    }
-
-    /// The server is gone at once, as in a crash: no connection is closed
-    /// cleanly.
-    fn stop_immediate(&self) {
-        self.pg_ctl(&["-w", "-m", "immediate", "stop"]);
-    }
-}
-
-impl Drop for PgCluster {
-    fn drop(&mut self) {
-        let _ = self
-            .as_server("pg_ctl")
-            .arg("-D")
-            .arg(self.dir.path().join("data"))
-            .args(["-m", "immediate", "stop"])
-            .output();
-    }
-}
 
 fn store_config() -> String {
     r#"

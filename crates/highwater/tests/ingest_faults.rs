@@ -9,10 +9,10 @@
 mod common;
 use arrow_array::Array;
 use common::ingest::*;
+use common::pgcluster::PgCluster;
 use common::*;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
 /// An hourly source over `orders`; days are periods when compacted.
 fn source(extra: &str) -> String {
@@ -481,112 +481,6 @@ fn compaction_of_windows_with_differing_schemas_names_the_windows() {
     );
 }
 
-/// A throw-away PostgreSQL cluster of this test's own that checks
-/// passwords (scram-sha-256), on 127.0.0.1 and a free port, removed on
-/// drop. The shared test cluster trusts every connection, so a wrong
-/// password would pass there.
-struct PasswordCluster {
-    dir: tempfile::TempDir,
-    bin: PathBuf,
-    port: u16,
-}
-
-impl PasswordCluster {
-    fn as_postgres(cmd: &Path) -> Command {
-        // initdb and postgres refuse to run as root.
-        if root() {
-            let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--"]).arg(cmd);
-            c
-        } else {
-            Command::new(cmd)
-        }
-    }
-
-    fn start(superuser_password: &str) -> PasswordCluster {
-        let bin = std::fs::read_dir("/usr/lib/postgresql")
-            .expect("PostgreSQL is installed (the tests need a real server)")
-            .flatten()
-            .map(|e| e.path().join("bin"))
-            .filter(|b| b.join("initdb").exists())
-            .max()
-            .expect("an initdb under /usr/lib/postgresql/*/bin");
-        let dir = tempfile::tempdir().unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let pwfile = dir.path().join("pw");
-        std::fs::write(&pwfile, superuser_password).unwrap();
-        if root() {
-            let out = Command::new("chown")
-                .args(["-R", "postgres"])
-                .arg(dir.path())
-                .status()
-                .unwrap();
-            assert!(out.success());
-        }
-        let data = dir.path().join("data");
-        let o = Self::as_postgres(&bin.join("initdb"))
-            .arg("-D")
-            .arg(&data)
-            .args(["-U", "postgres", "--auth=scram-sha-256", "-E", "UTF8"])
-            .arg(format!("--pwfile={}", pwfile.display()))
-            .output()
-            .unwrap();
-        assert!(
-            o.status.success(),
-            "initdb: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        let o = Self::as_postgres(&bin.join("pg_ctl"))
-            .arg("-D")
-            .arg(&data)
-            .arg("-l")
-            .arg(dir.path().join("server.log"))
-            .arg("-w")
-            .arg("-o")
-            .arg(format!(
-                "-c listen_addresses=127.0.0.1 -p {port} -k {} -c fsync=off",
-                dir.path().display()
-            ))
-            .arg("start")
-            .output()
-            .unwrap();
-        assert!(
-            o.status.success(),
-            "pg_ctl start: {} {}",
-            String::from_utf8_lossy(&o.stderr),
-            std::fs::read_to_string(dir.path().join("server.log")).unwrap_or_default()
-        );
-        PasswordCluster { dir, bin, port }
-    }
-
-    fn url(&self, user: &str, password: &str) -> String {
-        format!(
-            "host=127.0.0.1 port={} user={user} password={password} dbname=postgres",
-            self.port
-        )
-    }
-}
-
-impl Drop for PasswordCluster {
-    fn drop(&mut self) {
-        let _ = Self::as_postgres(&self.bin.join("pg_ctl"))
-            .arg("-D")
-            .arg(self.dir.path().join("data"))
-            .args(["-m", "immediate", "stop"])
-            .output();
-    }
-}
-
-/// Whether this test runs as root (then the server runs as `postgres`).
-fn root() -> bool {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata("/proc/self").unwrap().uid() == 0
-}
-
 /// Issue 20, item 4: the server's own reason is passed on, the variable
 /// holding the URL is named, and the password is never printed: a table
 /// renamed at the source, and a wrong password on a cluster that checks.
@@ -620,10 +514,12 @@ fn source_errors_pass_on_the_servers_reason_and_name_the_variable() {
         assert!(!r.stderr.contains("db error"), "{}", r.stderr);
     }
     // A wrong password, on a cluster that checks passwords.
-    let cluster = PasswordCluster::start("super-Secret-1");
-    let mut admin =
-        postgres::Client::connect(&cluster.url("postgres", "super-Secret-1"), postgres::NoTls)
-            .unwrap();
+    let cluster = PgCluster::start_with_password("super-Secret-1");
+    let mut admin = postgres::Client::connect(
+        &cluster.url_as("postgres", "super-Secret-1"),
+        postgres::NoTls,
+    )
+    .unwrap();
     admin
         .batch_execute(
             "CREATE ROLE hw_reader LOGIN PASSWORD 'right-Secret-2';
@@ -635,14 +531,14 @@ fn source_errors_pass_on_the_servers_reason_and_name_the_variable() {
     let q = Project::new(&source(""));
     ingest(
         &q,
-        &cluster.url("hw_reader", "right-Secret-2"),
+        &cluster.url_as("hw_reader", "right-Secret-2"),
         "2026-03-01T01:02:00Z",
         0,
     );
     let wrong = "wrong-Secret-3";
     let r = hw(
         &q,
-        &cluster.url("hw_reader", wrong),
+        &cluster.url_as("hw_reader", wrong),
         &["ingest", "orders", "--now", "2026-03-01T02:02:00Z"],
         2,
     );

@@ -4,10 +4,11 @@
 
 mod common;
 
+use common::fleet::{count, finish, spawn, wait_for};
 use common::ingest::{pg_database, pg_serial};
 use common::{contents, Project};
-use std::process::{Child, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Stdio;
+use std::time::Duration;
 
 /// A stage whose command logs each execution (one line per run of an
 /// item) and takes a while, so that processes overlap.
@@ -41,38 +42,6 @@ fn project(lease_s: u64, batch: usize, sleep: &str, items: usize) -> Project {
         p.write(&format!("data/{i:04}.txt"), &format!("item {i}\n"));
     }
     p
-}
-
-fn spawn(p: &Project, url: &str, args: &[&str]) -> Child {
-    p.cmd(args)
-        .env("HIGHWATER_STATE_URL", url)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
-fn finish(c: Child) -> (i32, serde_json::Value, String) {
-    let o = c.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
-    let json = serde_json::from_str(&stdout).unwrap_or(serde_json::Value::Null);
-    (o.status.code().unwrap_or(-1), json, stderr)
-}
-
-fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(
-            t.elapsed() < Duration::from_secs(60),
-            "waited a minute for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn count(db: &mut postgres::Client, sql: &str) -> i64 {
-    db.query_one(sql, &[]).unwrap().get(0)
 }
 
 /// The outputs a single process makes with the embedded SQLite state.

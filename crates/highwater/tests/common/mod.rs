@@ -179,8 +179,10 @@ pub fn stage<'a>(report: &'a serde_json::Value, name: &str) -> &'a serde_json::V
         .find(|s| s["name"] == name)
         .unwrap_or_else(|| panic!("no stage {name} in {report}"))
 }
+pub mod fleet;
 pub mod front;
 pub mod http;
 pub mod ingest;
 pub mod osm;
+pub mod pgcluster;
 pub mod serve;
