@@ -123,6 +123,18 @@ fn insert(c: &mut postgres::Client, id: i64, amount: &str, at: &str) {
     .unwrap();
 }
 
+/// The source table most cases use: `rows` of (id, updated_at), each of
+/// amount 7.
+fn orders_with(c: &mut postgres::Client, rows: &[(i64, &str)]) {
+    c.batch_execute(
+        "CREATE TABLE orders(id int8 PRIMARY KEY, amount int4, updated_at timestamptz NOT NULL)",
+    )
+    .unwrap();
+    for (id, at) in rows {
+        insert(c, *id, "7", at);
+    }
+}
+
 /// One step of a drift scenario: a change at the source, the policy the
 /// config sets, and what the run must do with the window it owes.
 struct Step {
@@ -909,18 +921,15 @@ fn release(p: &Project, token: i64) {
 fn ingest_that_loses_its_lease_mid_run_lists_the_windows_not_run_and_exits_1() {
     let _serial = pg_serial();
     let (mut c, url) = pg_database("ilease");
-    c.batch_execute(
-        "CREATE TABLE orders(id int8 PRIMARY KEY, amount int4, updated_at timestamptz NOT NULL)",
-    )
-    .unwrap();
-    for (id, at) in [
-        (1, "2026-03-01T00:10:00Z"),
-        (2, "2026-03-01T01:10:00Z"),
-        (3, "2026-03-01T02:10:00Z"),
-        (4, "2026-03-01T03:10:00Z"),
-    ] {
-        insert(&mut c, id, "7", at);
-    }
+    orders_with(
+        &mut c,
+        &[
+            (1, "2026-03-01T00:10:00Z"),
+            (2, "2026-03-01T01:10:00Z"),
+            (3, "2026-03-01T02:10:00Z"),
+            (4, "2026-03-01T03:10:00Z"),
+        ],
+    );
     let now = "2026-03-01T04:30:00Z";
     let p = Project::new(&source(""));
     let args = [
@@ -982,19 +991,16 @@ fn ingest_that_loses_its_lease_mid_run_lists_the_windows_not_run_and_exits_1() {
 fn compaction_that_loses_its_lease_mid_run_exits_1_and_the_next_finishes() {
     let _serial = pg_serial();
     let (mut c, url) = pg_database("lease");
-    c.batch_execute(
-        "CREATE TABLE orders(id int8 PRIMARY KEY, amount int4, updated_at timestamptz NOT NULL)",
-    )
-    .unwrap();
-    for (id, at) in [
-        (1, "2026-03-01T01:10:00Z"),
-        (2, "2026-03-01T13:10:00Z"),
-        (3, "2026-03-02T02:10:00Z"),
-        (4, "2026-03-03T04:10:00Z"),
-        (5, "2026-03-03T22:10:00Z"),
-    ] {
-        insert(&mut c, id, "7", at);
-    }
+    orders_with(
+        &mut c,
+        &[
+            (1, "2026-03-01T01:10:00Z"),
+            (2, "2026-03-01T13:10:00Z"),
+            (3, "2026-03-02T02:10:00Z"),
+            (4, "2026-03-03T04:10:00Z"),
+            (5, "2026-03-03T22:10:00Z"),
+        ],
+    );
     let now = "2026-03-04T00:30:00Z";
     let compact = ["compact", "orders", "--now", now, "--json"];
     // The clean compaction to compare with, in a project of its own.
