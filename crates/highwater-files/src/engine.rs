@@ -1229,32 +1229,13 @@ impl Pipeline {
             })
             .collect();
         parts.push(format!("stage `{}` did not finish", stage.name));
-        if !later.is_empty() {
-            parts.push(format!(
-                "stages not started: {}",
-                later
-                    .iter()
-                    .map(|s| format!("`{}`", s.spec.name))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ));
-        }
-        let mut reason = e.to_string();
-        let mut cause = std::error::Error::source(&e);
-        while let Some(c) = cause {
-            let c_text = c.to_string();
-            if !reason.contains(&c_text) {
-                reason = format!("{reason}: {c_text}");
-            }
-            cause = c.source();
-        }
-        FilesError::Unfinished {
-            stage: stage.name.clone(),
-            reason,
-            unfinished: parts.join("; "),
-            advice: "Fix the cause above, then run again; what was recorded stays".to_string(),
-            source: Box::new(e),
-        }
+        unfinished(
+            e,
+            &stage.name,
+            parts,
+            later,
+            "Fix the cause above, then run again; what was recorded stays",
+        )
     }
 
     /// Why an aggregate must wait: an upstream stage has items recorded as
@@ -2059,5 +2040,43 @@ fn glob_literal_dir(g: &str) -> String {
     match lit.rfind('/') {
         Some(i) => lit[..i].to_string(),
         None => String::new(),
+    }
+}
+
+/// `e`, stopped after work was recorded: exit 1 (`Unfinished`), naming
+/// what was done (`parts`), the stages not started and what to do. The
+/// reason reads the whole cause chain, lowest cause included.
+fn unfinished(
+    e: FilesError,
+    stage: &str,
+    mut parts: Vec<String>,
+    later: &[&Stage],
+    advice: &str,
+) -> FilesError {
+    if !later.is_empty() {
+        parts.push(format!(
+            "stages not started: {}",
+            later
+                .iter()
+                .map(|s| format!("`{}`", s.spec.name))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    let mut reason = e.to_string();
+    let mut cause = std::error::Error::source(&e);
+    while let Some(c) = cause {
+        let c_text = c.to_string();
+        if !reason.contains(&c_text) {
+            reason = format!("{reason}: {c_text}");
+        }
+        cause = c.source();
+    }
+    FilesError::Unfinished {
+        stage: stage.to_string(),
+        reason,
+        unfinished: parts.join("; "),
+        advice: advice.to_string(),
+        source: Box::new(e),
     }
 }

@@ -258,37 +258,12 @@ impl Pipeline {
             "the items of stage `{}` still queued are not done",
             stage.name
         ));
-        if !later.is_empty() {
-            parts.push(format!(
-                "stages not started: {}",
-                later
-                    .iter()
-                    .map(|s| format!("`{}`", s.spec.name))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ));
-        }
         let advice = if store_lost {
             "Nothing recorded is lost: once the state store answers again, run again; each item is still recorded once, and the outputs of unrecorded claims are made again"
         } else {
             "Fix the cause above, then run again; what was recorded stays"
         };
-        let mut reason = e.to_string();
-        let mut cause = std::error::Error::source(&e);
-        while let Some(c) = cause {
-            let c_text = c.to_string();
-            if !reason.contains(&c_text) {
-                reason = format!("{reason}: {c_text}");
-            }
-            cause = c.source();
-        }
-        FilesError::Unfinished {
-            stage: stage.name.clone(),
-            reason,
-            unfinished: parts.join("; "),
-            advice: advice.to_string(),
-            source: Box::new(e),
-        }
+        super::unfinished(e, &stage.name, parts, later, advice)
     }
 
     /// Refuses to run stage `st` under a recipe other than the one of the
