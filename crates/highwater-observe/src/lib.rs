@@ -160,7 +160,7 @@ pub fn coarse_now_ns() -> i64 {
     unsafe {
         libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts);
     }
-    (ts.tv_sec as i64).saturating_mul(1_000_000_000) + ts.tv_nsec as i64
+    ts.tv_sec.saturating_mul(1_000_000_000) + ts.tv_nsec
 }
 
 /// Whether this platform can observe at all, checked by running `true`

@@ -780,7 +780,7 @@ fn a_dependency_changed_while_its_command_ran_reruns_it() {
     }
     p.write("tables/a.csv", "a1\n");
     p.write("tables/b.csv", "b1\n");
-    let mut child = p
+    let child = p
         .cmd(&["run", "--jobs", "3"])
         .env("SYNC", sync.path())
         .stdout(std::process::Stdio::null())
