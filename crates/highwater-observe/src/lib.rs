@@ -105,8 +105,12 @@ impl Observation {
     /// Drops what the tree wrote from what it read, looked up or executed.
     pub fn finish(&mut self) {
         // Opened for writing, but was it changed? Its stat says so. One that
-        // was is the command's own state, excluded like any write; one that
-        // was not is a plain read.
+        // was not is a plain read: recorded with the state it still has,
+        // which the next plan finds again (stable). One that was is the
+        // command's own state, excluded like any write: recording its state
+        // after the command would be stable only while nothing else changes
+        // it, and a file several items update (a shared sqlite database, a
+        // log) would re-run every item but the last one, run after run.
         let changed: Vec<PathBuf> = self
             .opened_rw
             .iter()

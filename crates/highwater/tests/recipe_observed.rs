@@ -675,6 +675,39 @@ command = ["sh", "look.sh", "{input}", "{output}"]
     assert!(plan_of(&p, "t").is_empty());
 }
 
+/// Issue 24: another stage's output, read undeclared under a folder that
+/// also holds this stage's outputs (`out/`), is a dependency: re-made
+/// upstream, it re-runs its readers downstream.
+#[test]
+fn another_stages_output_read_undeclared_is_a_dependency() {
+    let p = Project::new(
+        r#"
+[stages.a]
+inputs = ["data/*.txt"]
+output = "out/a/{relpath}.out"
+command = ["sh", "up.sh", "{input}", "{output}"]
+
+[stages.b]
+inputs = ["data/*.txt"]
+output = "out/b/{relpath}.b"
+command = ["sh", "-c", "cat out/a/f0.txt.out \"$1\" > \"$2\"", "b", "{input}", "{output}"]
+"#,
+    );
+    let items: Vec<String> = (0..3).map(|i| format!("data/f{i}.txt")).collect();
+    for i in &items {
+        p.write(i, "x\n");
+    }
+    hw(&p, &["run"], 0);
+    assert_eq!(p.read("out/b/f1.txt.b"), "X\nx\n");
+    assert!(plan_of(&p, "b").is_empty());
+    p.write("data/f0.txt", "y\n");
+    hw(&p, &["run"], 0);
+    assert_eq!(p.read("out/a/f0.txt.out"), "Y\n");
+    assert_eq!(p.read("out/b/f1.txt.b"), "Y\nx\n", "b's readers re-ran");
+    assert!(plan_of(&p, "a").is_empty());
+    assert!(plan_of(&p, "b").is_empty());
+}
+
 /// Issue 24: a change that failed is no write. `mkdir -p` of an existing
 /// folder does not make it the run's own, so the command's listing of it
 /// is still a dependency: a new table there re-runs every item.
