@@ -258,7 +258,10 @@ impl DigestCache {
         for set in sets {
             for d in set {
                 if let DepKind::Read(ev) | DepKind::Exec(ev) = &d.what {
-                    if !is_racy(ev.mtime_ns, ev.observed_at_ns, granularity_ns) {
+                    // Racy and gone records stand for no content: seeded,
+                    // they would be recorded again by the re-run, forever.
+                    let real = ev.digest != RACY && ev.digest != GONE;
+                    if real && !is_racy(ev.mtime_ns, ev.observed_at_ns, granularity_ns) {
                         m.entry(d.path.clone()).or_insert_with(|| ev.clone());
                     }
                 }

@@ -794,7 +794,13 @@ fn while_waiting(path: std::path::PathBuf, act: impl FnOnce()) {
 /// makes the next plan re-run its reader, naming it.
 #[test]
 fn a_dependency_changed_while_its_command_ran_reruns_it() {
-    let p = Project::new(&config(r#"["sh", "race.sh", "{input}", "{output}"]"#, ""));
+    // No stat margin: the racy record alone must carry the edit, however
+    // long before the record it was made (with the default margin, an
+    // edit this recent would be re-hashed anyway).
+    let p = Project::new(&config(
+        r#"["sh", "race.sh", "{input}", "{output}"]"#,
+        "mtime_margin_ms = 0",
+    ));
     let sync = tempfile::tempdir().unwrap();
     p.write(
         "race.sh",
@@ -849,6 +855,20 @@ fn a_dependency_changed_while_its_command_ran_reruns_it() {
         "dependency",
     );
     assert_eq!(plan_of(&p, "t"), want);
+    // The re-run records what it read, and is then trusted.
+    let r = p
+        .cmd(&["run", "--json"])
+        .env("SYNC", sync.path())
+        .spawn()
+        .unwrap();
+    for t in ["a.csv", "b.csv", "c.csv"] {
+        while_waiting(sync.path().join(t), || {});
+    }
+    assert!(r.wait_with_output().unwrap().status.success());
+    assert_eq!(p.read("out/a.csv.txt.out"), "a2\n");
+    assert_eq!(p.read("out/b.csv.txt.out"), "b2\n");
+    assert_eq!(p.read("out/c.csv.txt.out"), "c2\n");
+    assert!(plan_of(&p, "t").is_empty());
 }
 
 /// Issue 24: a dangling symlink inside the project is absent to the
