@@ -12,8 +12,9 @@
 //! project changes nothing); paths outside it are absolute. Never
 //! dependencies: /proc, /sys, /dev; the item's declared inputs and its own
 //! output; anything the run wrote (the item's command, another item's
-//! command, or highwater itself: outputs, their folders, temp folders,
-//! `__pycache__`); the state folder; `observe_ignore` globs. Absent paths and
+//! command, or highwater itself: outputs, the folders it created for them,
+//! temp folders, `__pycache__`), each path itself and not what lies under
+//! it; the state folder; `.git`; `observe_ignore` globs. Absent paths and
 //! listings count inside the project root only: outside it, an interpreter
 //! probes hundreds of absent paths and lists folders such as /tmp that
 //! change all the time.
@@ -194,6 +195,12 @@ impl Scope {
         {
             return true;
         }
+        // git's own folder: a `git describe` in a command reads
+        // `.git/index`, which git itself rewrites (its stat cache), so the
+        // item would re-run after every git command.
+        if key == ".git" || key.starts_with(".git/") {
+            return true;
+        }
         if key.split('/').any(|c| c.contains(TEMP_MARK)) {
             return true;
         }
@@ -207,7 +214,9 @@ impl Scope {
 }
 
 /// Paths the current run wrote, by any item's command or by highwater,
-/// in recorded spelling. Shared by the run's workers and their tracers,
+/// in recorded spelling, each file or folder itself: a folder the run
+/// created does not hide what is inside it (another stage's output, a
+/// table beside an output folder), only its own name in a listing. Shared by the run's workers and their tracers,
 /// which add each path as they see the write coming: an item recorded
 /// while another is still running already knows that item's temp files.
 #[derive(Default, Clone)]
@@ -225,22 +234,13 @@ impl RunWritten {
             set.lock().expect("not poisoned").insert(keyer.key(p));
         })
     }
-
-    /// `key` or a folder holding it was written by the run.
-    fn covers(set: &HashSet<String>, key: &str) -> bool {
-        if set.contains(key) {
-            return true;
-        }
-        let mut k = key;
-        while let Some(i) = k.rfind('/') {
-            k = &k[..i];
-            if !k.is_empty() && set.contains(k) {
-                return true;
-            }
-        }
-        false
-    }
 }
+
+/// The evidence of a dependency that cannot be trusted to describe what
+/// the command read: changed while it ran, or gone before it was
+/// recorded. Its digest matches no file, so the next plan sees it changed.
+const RACY: &str = "racy: changed while the command ran";
+const GONE: &str = "gone: removed before it was recorded";
 
 /// Evidence taken during one run (or recorded before it and not racy),
 /// reused while a file's stat is unchanged: 400 items importing the same
@@ -258,7 +258,10 @@ impl DigestCache {
         for set in sets {
             for d in set {
                 if let DepKind::Read(ev) | DepKind::Exec(ev) = &d.what {
-                    if !is_racy(ev.mtime_ns, ev.observed_at_ns, granularity_ns) {
+                    // Racy and gone records stand for no content: seeded,
+                    // they would be recorded again by the re-run, forever.
+                    let real = ev.digest != RACY && ev.digest != GONE;
+                    if real && !is_racy(ev.mtime_ns, ev.observed_at_ns, granularity_ns) {
                         m.entry(d.path.clone()).or_insert_with(|| ev.clone());
                     }
                 }
@@ -341,6 +344,13 @@ fn listing_hash(abs: &Path, excluded: &BTreeSet<String>) -> Option<String> {
 
 /// The dependency set of one finished item. `own` are the item's declared
 /// inputs and its output, in recorded spelling.
+///
+/// Evidence is taken now, after the command exited, so it is git's racy
+/// rule that keeps it honest: a file modified (mtime or ctime) at or after
+/// the command started may have been read before the change, and is
+/// recorded [`RACY`]; a file read and gone since is recorded [`GONE`]; a
+/// path looked up absent is recorded absent even if it exists now. Each
+/// makes the next plan re-run the item, which then records what it read.
 pub fn record(
     scope: &Scope,
     obs: &Observation,
@@ -350,8 +360,8 @@ pub fn record(
 ) -> Vec<Dep> {
     let written = run.0.lock().expect("not poisoned").clone();
     let own: HashSet<&str> = own.iter().map(String::as_str).collect();
-    let keep =
-        |key: &str| !scope.never(key) && !own.contains(key) && !RunWritten::covers(&written, key);
+    let keep = |key: &str| !scope.never(key) && !own.contains(key) && !written.contains(key);
+    let started_ns = obs.started_ns;
     let mut out = Vec::new();
     let mut files: BTreeMap<String, bool> = BTreeMap::new();
     for p in &obs.executed {
@@ -364,10 +374,25 @@ pub fn record(
         if !keep(&key) {
             continue;
         }
-        // Gone already (read, then removed by someone else): nothing to
-        // compare against; its absence is not recorded either.
-        let Some(ev) = evidence(cache, &key, &scope.abs(&key)) else {
-            continue;
+        let abs = scope.abs(&key);
+        let ev = match evidence(cache, &key, &abs) {
+            Some(ev) if ev.mtime_ns >= started_ns || ev.ctime_ns >= started_ns => FileEvidence {
+                digest: RACY.to_string(),
+                ..ev
+            },
+            Some(ev) => ev,
+            // Not a regular file (a FIFO, a device): no content to compare.
+            None if stat_of(&abs).is_ok() => continue,
+            // Read, then removed by someone else before this record.
+            None => FileEvidence {
+                size: 0,
+                mtime_ns: 0,
+                ctime_ns: 0,
+                ino: 0,
+                dev: 0,
+                observed_at_ns: crate::now_ns(),
+                digest: GONE.to_string(),
+            },
         };
         out.push(Dep {
             path: key,
@@ -382,7 +407,9 @@ pub fn record(
         let Some(key) = scope.relative(p) else {
             continue;
         };
-        if keep(&key) && !scope.abs(&key).exists() {
+        // Absent when looked up, whatever it is now: one that appeared
+        // while the command ran makes the next plan re-run the item.
+        if keep(&key) {
             out.push(Dep {
                 path: key,
                 what: DepKind::Absent,
@@ -393,7 +420,7 @@ pub fn record(
         let Some(key) = scope.relative(p) else {
             continue;
         };
-        if scope.never(&key) || RunWritten::covers(&written, &key) {
+        if scope.never(&key) || written.contains(&key) {
             continue;
         }
         let abs = scope.abs(&key);
@@ -453,6 +480,7 @@ impl<'a> Checker<'a> {
         let c = match &d.what {
             DepKind::Read(ev) | DepKind::Exec(ev) => match stat_of(&abs) {
                 Err(_) | Ok((_, false)) => true,
+                Ok(_) if ev.digest == RACY || ev.digest == GONE => true,
                 Ok((stat, true)) => {
                     let trusted = !self.rehash
                         && stat == ev.stat()
@@ -463,7 +491,9 @@ impl<'a> Checker<'a> {
                             .unwrap_or(true)
                 }
             },
-            DepKind::Absent => std::fs::symlink_metadata(&abs).is_ok(),
+            // Followed through symlinks, as the tracer looked it up (and as
+            // the command's open would): a dangling link stays absent.
+            DepKind::Absent => std::fs::metadata(&abs).is_ok(),
             DepKind::Listed { names, excluded } => {
                 let ex: BTreeSet<String> = excluded.iter().cloned().collect();
                 listing_hash(&abs, &ex).as_ref() != Some(names)
@@ -482,21 +512,6 @@ impl<'a> Checker<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn covers_a_written_path_or_folder() {
-        let set: HashSet<String> = ["out".to_string(), "lib/__pycache__".to_string()].into();
-        let cases = [
-            ("out", true),
-            ("out/a.txt", true),
-            ("lib/__pycache__/h.pyc", true),
-            ("lib/h.py", false),
-            ("outer", false),
-        ];
-        for (k, want) in cases {
-            assert_eq!(RunWritten::covers(&set, k), want, "{k}");
-        }
-    }
 
     #[test]
     fn never_dependencies() {
@@ -520,6 +535,9 @@ mod tests {
             ("lib/helpers.py", false),
             ("/usr/bin/python3", false),
             ("/devices", false),
+            (".git/index", true),
+            (".git", true),
+            (".github/workflows/ci.yml", false),
         ];
         for (k, want) in cases {
             assert_eq!(scope.never(k), want, "{k}");

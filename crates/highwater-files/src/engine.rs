@@ -24,7 +24,7 @@ use highwater_store::{Batch, StageEntries, StateLocation, StateStore};
 use rayon::prelude::*;
 use serde::Serialize;
 use serde_json::json;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -1367,8 +1367,10 @@ impl Pipeline {
         let next = AtomicUsize::new(0);
         let abort = AtomicBool::new(false);
         // What this run writes, so that no item depends on it (issue 24):
-        // every output and its folders from the start (highwater makes
-        // them, unobserved), then what each command wrote as it finishes.
+        // every output from the start, and those of its folders that do
+        // not exist yet (highwater makes them, unobserved), then what each
+        // command wrote as it finishes. Each path itself only: an existing
+        // `data/` above `data/out/` still has its tables read as evidence.
         let dep_scope = self.scope(st);
         let run_written = RunWritten::default();
         let digests = DigestCache::default();
@@ -1382,11 +1384,19 @@ impl Pipeline {
             digests.seed(&sets, st.settings.granularity_ns);
         }
         if st.observes() && st.output_place.is_none() {
+            // Each folder is looked at once, however many outputs it holds.
+            let mut folders: HashMap<String, bool> = HashMap::new();
             for c in &work {
                 let mut keys = vec![c.output.clone()];
                 let mut o = c.output.as_str();
                 while let Some(i) = o.rfind('/') {
                     o = &o[..i];
+                    let exists = *folders
+                        .entry(o.to_string())
+                        .or_insert_with(|| self.root.join(o).exists());
+                    if exists {
+                        break;
+                    }
                     keys.push(o.to_string());
                 }
                 run_written.add(keys);

@@ -14,14 +14,20 @@
 //! wrote them, so the path is the one it looked up):
 //! - `read`: files opened read-only, or looked up (stat, access) and found
 //!   (Python stats a module's source and then opens only its cached
-//!   bytecode: the source is what it depended on);
+//!   bytecode: the source is what it depended on), and existing files
+//!   opened for writing without `O_TRUNC` (`sqlite3.connect`, a memmap
+//!   `r+`): they can be read through that descriptor, so they are reads
+//!   unless the command really changed them (see `opened_rw`);
 //! - `executed`: programs executed, and the interpreters behind a shebang,
 //!   which the kernel opens itself and the filter never sees;
 //! - `absent`: paths looked up (open, stat, access, readlink, exec) that did
 //!   not exist (ENOENT / ENOTDIR);
 //! - `listed`: directories whose entries were read (getdents);
-//! - `written`: files opened for writing, created, truncated, renamed (both
-//!   names), linked, unlinked or made as folders by the traced tree.
+//! - `written`: files created or truncated by an open, renamed (both
+//!   names), linked, unlinked or made as folders by the traced tree, each
+//!   only when the call *succeeded* (decided at the syscall's exit: a
+//!   `mkdir -p` of an existing folder or an `rm -f` of a missing file
+//!   changed nothing), and the `opened_rw` files whose stat changed.
 //!
 //! [`Observation::finish`] then drops from `read`, `absent` and `executed`
 //! whatever the tree wrote itself: a temp file made and removed, a
@@ -37,7 +43,7 @@
 //! Not observed: 32-bit (ia32/x32) syscalls (the filter lets them through),
 //! and files reached only through descriptors inherited from highwater.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ffi::OsString;
 use std::io::Read;
 use std::os::unix::ffi::OsStringExt;
@@ -82,6 +88,14 @@ pub struct Observation {
     pub absent: BTreeSet<PathBuf>,
     pub listed: BTreeSet<PathBuf>,
     pub written: BTreeSet<PathBuf>,
+    /// Existing files opened for writing without `O_TRUNC`, with their
+    /// stat at the first such open. [`Observation::finish`] moves those
+    /// whose stat changed to `written`; the others stay reads.
+    pub opened_rw: BTreeMap<PathBuf, Stamp>,
+    /// When the command started, by the kernel's coarse clock (the one file
+    /// timestamps come from): a dependency modified at or after this moment
+    /// may have changed while the command ran (racy evidence).
+    pub started_ns: i64,
     /// How many times the tree stopped for the tracer (seccomp stops): a
     /// measure of the observation's cost, not evidence.
     pub stops: u64,
@@ -90,6 +104,20 @@ pub struct Observation {
 impl Observation {
     /// Drops what the tree wrote from what it read, looked up or executed.
     pub fn finish(&mut self) {
+        // Opened for writing, but was it changed? Its stat says so. One that
+        // was not is a plain read: recorded with the state it still has,
+        // which the next plan finds again (stable). One that was is the
+        // command's own state, excluded like any write: recording its state
+        // after the command would be stable only while nothing else changes
+        // it, and a file several items update (a shared sqlite database, a
+        // log) would re-run every item but the last one, run after run.
+        let changed: Vec<PathBuf> = self
+            .opened_rw
+            .iter()
+            .filter(|(p, s)| Stamp::of(p).as_ref() != Some(*s))
+            .map(|(p, _)| p.clone())
+            .collect();
+        self.written.extend(changed);
         let written = &self.written;
         self.read.retain(|p| !written.contains(p));
         self.absent.retain(|p| !written.contains(p));
@@ -101,6 +129,42 @@ impl Observation {
         self.absent
             .retain(|p| !read.contains(p) && !executed.contains(p));
     }
+}
+
+/// The stat fields that say a file was changed in place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+    pub ino: u64,
+}
+
+impl Stamp {
+    pub fn of(p: &Path) -> Option<Stamp> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(p).ok()?;
+        Some(Stamp {
+            size: m.size(),
+            mtime_ns: m.mtime().saturating_mul(1_000_000_000) + m.mtime_nsec(),
+            ctime_ns: m.ctime().saturating_mul(1_000_000_000) + m.ctime_nsec(),
+            ino: m.ino(),
+        })
+    }
+}
+
+/// Now by `CLOCK_REALTIME_COARSE`, the clock the kernel stamps files with:
+/// a file written after this moment never carries an earlier mtime.
+pub fn coarse_now_ns() -> i64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec.
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts);
+    }
+    ts.tv_sec.saturating_mul(1_000_000_000) + ts.tv_nsec
 }
 
 /// Whether this platform can observe at all, checked by running `true`
@@ -398,6 +462,7 @@ mod linux {
                 | libc::PTRACE_O_TRACEVFORK
                 | libc::PTRACE_O_TRACEEXEC
                 | libc::PTRACE_O_TRACESECCOMP
+                | libc::PTRACE_O_TRACESYSGOOD
                 | libc::PTRACE_O_EXITKILL;
             // SAFETY: plain ptrace request on a pid we were just handed.
             let r = unsafe { libc::ptrace(libc::PTRACE_SEIZE, pid, 0, opts as libc::c_long) };
@@ -411,6 +476,7 @@ mod linux {
             }
             trace_loop(pid, &tracer_program, on_write)
         });
+        let started_ns = crate::coarse_now_ns();
         let spawned = cmd.spawn();
         // Our copies of the child's ends: the tracer must see EOF if the
         // child dies before writing its pid.
@@ -437,6 +503,7 @@ mod linux {
         let stdout = out.join().unwrap_or_default();
         let stderr = err.join().unwrap_or_default();
         let mut obs = traced.obs;
+        obs.started_ns = started_ns;
         obs.finish();
         Ok((
             Output {
@@ -453,6 +520,9 @@ mod linux {
     #[derive(Default)]
     struct Tracee {
         exec: Option<PathBuf>,
+        /// What the call the tracee is inside writes, if it succeeds: told
+        /// at its exit stop.
+        pending: Vec<PathBuf>,
     }
 
     fn regs(tid: i32) -> Option<libc::user_regs_struct> {
@@ -569,6 +639,17 @@ mod linux {
             let Some(path) = path else { return };
             let acc = flags & libc::O_ACCMODE as u64;
             if acc != libc::O_RDONLY as u64 || flags & (libc::O_CREAT | libc::O_TRUNC) as u64 != 0 {
+                // An existing file kept (no O_TRUNC, no O_EXCL that would
+                // fail) can be read through the descriptor: a read, and a
+                // write only if its stat changes (see `finish`).
+                let keeps = flags & (libc::O_TRUNC | libc::O_EXCL) as u64 == 0;
+                if keeps && matches!(look(&path), Looked::Other) {
+                    if let Some(s) = crate::Stamp::of(&path) {
+                        obs.read.insert(path.clone());
+                        obs.opened_rw.entry(path).or_insert(s);
+                        return;
+                    }
+                }
                 w.push(path);
                 return;
             }
@@ -639,8 +720,7 @@ mod linux {
                 obs.listed
                     .extend(proc_link(tid, &format!("fd/{}", a[0] as i32)));
             }
-            // Changes to the tree are recorded whether or not they succeed:
-            // excluding a path the command tried to change is the safe side.
+            // Changes to the tree: told at the call's exit, if it succeeded.
             libc::SYS_unlink | libc::SYS_rmdir | libc::SYS_mkdir | libc::SYS_truncate => {
                 w.extend(resolve(tid, cwd, a[0]))
             }
@@ -757,22 +837,38 @@ mod linux {
             let t = tracees.entry(tid).or_default();
             let sig = libc::WSTOPSIG(status);
             let event = (status >> 16) & 0xffff;
+            if sig == libc::SIGTRAP | 0x80 {
+                // The exit stop of a call that changes the tree (a seccomp
+                // stop resumed with PTRACE_SYSCALL stops next at the exit).
+                // Said here, while the tracee is still stopped: a
+                // concurrent item that lists the folder later already
+                // knows the name is the run's own.
+                let pending = std::mem::take(&mut t.pending);
+                let ok = regs(tid).is_some_and(|r| (r.rax as i64) >= 0);
+                if ok {
+                    for p in pending {
+                        if let Some(f) = &on_write {
+                            f(&p);
+                        }
+                        obs.written.insert(p);
+                    }
+                }
+                resume(libc::PTRACE_CONT, tid, 0);
+                continue;
+            }
             if sig == libc::SIGTRAP && event != 0 {
                 match event {
                     libc::PTRACE_EVENT_SECCOMP => {
                         obs.stops += 1;
                         on_call(tid, t, &mut obs, &mut fresh);
-                        // Said at once, while the tracee is still stopped
-                        // before the write: a concurrent item that lists
-                        // the folder later already knows the name is the
-                        // run's own.
-                        for p in fresh.drain(..) {
-                            if let Some(f) = &on_write {
-                                f(&p);
-                            }
-                            obs.written.insert(p);
+                        if fresh.is_empty() {
+                            resume(libc::PTRACE_CONT, tid, 0);
+                        } else {
+                            // A change to the tree counts only if it
+                            // succeeds: stop again at the call's exit.
+                            t.pending.append(&mut fresh);
+                            resume(libc::PTRACE_SYSCALL, tid, 0);
                         }
-                        resume(libc::PTRACE_CONT, tid, 0);
                     }
                     libc::PTRACE_EVENT_EXEC => {
                         if let Some(path) = t.exec.take() {

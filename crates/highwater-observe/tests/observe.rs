@@ -236,3 +236,64 @@ fn other_syscalls_never_stop_the_tracee() {
     assert!(obs.stops > 0, "{obs:#?}");
     assert!(obs.stops < 500, "{} stops", obs.stops);
 }
+
+/// Issue 24: only a change that happened counts as a write. A `mkdir -p` of
+/// an existing folder, an `rm -f` of a missing file and a failed rename are
+/// decided at the syscall's exit and change nothing; the successful ones
+/// are written.
+#[test]
+fn failed_changes_are_not_writes() {
+    let t = tempfile::tempdir().unwrap();
+    let d = canon(t.path());
+    std::fs::create_dir(d.join("cache")).unwrap();
+    let obs = run(
+        &d,
+        &[
+            "sh",
+            "-c",
+            "mkdir -p cache; rm -f missing.txt; mv nothere gone 2>/dev/null; \
+             mkdir made; echo x > new.txt; mv new.txt moved.txt",
+        ],
+    );
+    let cases = [
+        ("cache", false),
+        ("missing.txt", false),
+        ("nothere", false),
+        ("gone", false),
+        ("made", true),
+        ("new.txt", true),
+        ("moved.txt", true),
+    ];
+    for (name, want) in cases {
+        assert_eq!(
+            obs.written.contains(&d.join(name)),
+            want,
+            "{name}: {obs:#?}"
+        );
+    }
+}
+
+/// Issue 24: an existing file opened read-write without O_TRUNC (how
+/// sqlite opens its database) is a read; it is a write only when the
+/// command really changed it.
+#[test]
+fn a_read_write_open_is_a_read_unless_the_file_changed() {
+    let t = tempfile::tempdir().unwrap();
+    let d = canon(t.path());
+    std::fs::write(d.join("kept.db"), "lookup\n").unwrap();
+    std::fs::write(d.join("changed.db"), "before\n").unwrap();
+    // `<>` opens O_RDWR|O_CREAT; `cat <&3` reads through that descriptor,
+    // never opening the file itself.
+    let obs = run(
+        &d,
+        &[
+            "sh",
+            "-c",
+            "exec 3<>kept.db; cat <&3 >/dev/null; exec 4<>changed.db; echo more >&4",
+        ],
+    );
+    assert!(obs.read.contains(&d.join("kept.db")), "{obs:#?}");
+    assert!(!obs.written.contains(&d.join("kept.db")), "{obs:#?}");
+    assert!(obs.written.contains(&d.join("changed.db")), "{obs:#?}");
+    assert!(!obs.read.contains(&d.join("changed.db")), "{obs:#?}");
+}

@@ -629,3 +629,299 @@ fn without_ptrace_run_refuses_with_the_fix() {
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
     assert_eq!(p.read("out/a.txt.out"), "A\n");
 }
+
+/// The items of stage `t` as (item -> (reason, dependency)), all with one
+/// reason and each with its own dependency.
+fn each(cases: &[(&str, &str)], reason: &str) -> BTreeMap<String, (String, Option<String>)> {
+    cases
+        .iter()
+        .map(|(i, d)| (i.to_string(), (reason.to_string(), Some(d.to_string()))))
+        .collect()
+}
+
+/// Issue 24: a folder above an output (here `data/`, above `data/out/`)
+/// is not something the run wrote: the tables beside the output folder are
+/// still dependencies. Only the folders the run created count, each one
+/// itself, not what lies inside.
+#[test]
+fn a_folder_above_an_output_hides_nothing_inside_it() {
+    let p = Project::new(
+        r#"
+[stages.t]
+inputs = ["data/in/*.txt"]
+output = "data/out/{relpath}.out"
+command = ["sh", "look.sh", "{input}", "{output}"]
+"#,
+    );
+    p.write(
+        "look.sh",
+        "set -eu\ncat data/tables/t.csv \"$1\" > \"$2\"\n",
+    );
+    p.write("data/tables/t.csv", "T:");
+    let items: Vec<String> = (0..3).map(|i| format!("data/in/f{i}.txt")).collect();
+    for i in &items {
+        p.write(i, "x\n");
+    }
+    assert_eq!(run_counts(&p, &[]), (3, 0));
+    assert_eq!(p.read("data/out/f0.txt.out"), "T:x\n");
+    assert!(plan_of(&p, "t").is_empty(), "the run's own folders count");
+    p.write("data/tables/t.csv", "T2:");
+    assert_eq!(
+        plan_of(&p, "t"),
+        all(items, "dependency", "data/tables/t.csv")
+    );
+    assert_eq!(run_counts(&p, &[]), (3, 0));
+    assert_eq!(p.read("data/out/f0.txt.out"), "T2:x\n");
+    assert!(plan_of(&p, "t").is_empty());
+}
+
+/// Issue 24: another stage's output, read undeclared under a folder that
+/// also holds this stage's outputs (`out/`), is a dependency: re-made
+/// upstream, it re-runs its readers downstream.
+#[test]
+fn another_stages_output_read_undeclared_is_a_dependency() {
+    let p = Project::new(
+        r#"
+[stages.a]
+inputs = ["data/*.txt"]
+output = "out/a/{relpath}.out"
+command = ["sh", "up.sh", "{input}", "{output}"]
+
+[stages.b]
+inputs = ["data/*.txt"]
+output = "out/b/{relpath}.b"
+command = ["sh", "-c", "cat out/a/f0.txt.out \"$1\" > \"$2\"", "b", "{input}", "{output}"]
+"#,
+    );
+    let items: Vec<String> = (0..3).map(|i| format!("data/f{i}.txt")).collect();
+    for i in &items {
+        p.write(i, "x\n");
+    }
+    hw(&p, &["run"], 0);
+    assert_eq!(p.read("out/b/f1.txt.b"), "X\nx\n");
+    assert!(plan_of(&p, "b").is_empty());
+    p.write("data/f0.txt", "y\n");
+    hw(&p, &["run"], 0);
+    assert_eq!(p.read("out/a/f0.txt.out"), "Y\n");
+    assert_eq!(p.read("out/b/f1.txt.b"), "Y\nx\n", "b's readers re-ran");
+    assert!(plan_of(&p, "a").is_empty());
+    assert!(plan_of(&p, "b").is_empty());
+}
+
+/// Issue 24: a change that failed is no write. `mkdir -p` of an existing
+/// folder does not make it the run's own, so the command's listing of it
+/// is still a dependency: a new table there re-runs every item.
+#[test]
+fn a_mkdir_p_of_an_existing_folder_keeps_its_listing_a_dependency() {
+    let p = Project::new(&config(r#"["sh", "ls.sh", "{input}", "{output}"]"#, ""));
+    p.write(
+        "ls.sh",
+        "set -eu\nmkdir -p tables\nrm -f tables/missing.csv\nls tables > \"$2\"\n",
+    );
+    p.write("tables/a.csv", "a\n");
+    let items: Vec<String> = (0..3).map(|i| format!("data/f{i}.txt")).collect();
+    for i in &items {
+        p.write(i, "x\n");
+    }
+    assert_eq!(run_counts(&p, &[]), (3, 0));
+    assert_eq!(p.read("out/f0.txt.out"), "a.csv\n");
+    assert!(plan_of(&p, "t").is_empty());
+    p.write("tables/b.csv", "b\n");
+    assert_eq!(plan_of(&p, "t"), all(items, "dependency", "tables"));
+    assert_eq!(run_counts(&p, &[]), (3, 0));
+    assert_eq!(p.read("out/f0.txt.out"), "a.csv\nb.csv\n");
+    assert!(plan_of(&p, "t").is_empty());
+}
+
+/// Issue 24: sqlite opens its database read-write (O_RDWR|O_CREAT, no
+/// O_TRUNC) even to read it. That open is a read: editing the database
+/// re-runs every item; reading it does not make the next plan re-run.
+#[test]
+fn a_database_opened_read_write_to_be_read_is_a_dependency() {
+    let py = python();
+    let p = Project::new(&config(
+        &format!(r#"["{py}", "q.py", "{{input}}", "{{output}}"]"#),
+        "",
+    ));
+    p.write(
+        "q.py",
+        "import sqlite3, sys\n\
+         v = sqlite3.connect('lookup.db').execute('select v from t').fetchone()[0]\n\
+         open(sys.argv[2], 'w').write(open(sys.argv[1]).read() + v)\n",
+    );
+    let set = |v: &str| {
+        let db = rusqlite::Connection::open(p.path("lookup.db")).unwrap();
+        db.execute_batch("CREATE TABLE IF NOT EXISTS t (v TEXT); DELETE FROM t;")
+            .unwrap();
+        db.execute("INSERT INTO t VALUES (?1)", [v]).unwrap();
+    };
+    set("one");
+    let items: Vec<String> = (0..3).map(|i| format!("data/f{i}.txt")).collect();
+    for i in &items {
+        p.write(i, "x:");
+    }
+    assert_eq!(run_counts(&p, &[]), (3, 0));
+    assert_eq!(p.read("out/f0.txt.out"), "x:one");
+    assert!(plan_of(&p, "t").is_empty());
+    set("two");
+    assert_eq!(plan_of(&p, "t"), all(items, "dependency", "lookup.db"));
+    assert_eq!(run_counts(&p, &[]), (3, 0));
+    assert_eq!(p.read("out/f0.txt.out"), "x:two");
+    assert!(plan_of(&p, "t").is_empty());
+}
+
+/// Opens the FIFO `path` for writing, which returns once the command has
+/// opened it to wait (so it has done its reads), runs `act`, and lets the
+/// command go on. Gives up after two minutes rather than hang the suite.
+fn while_waiting(path: std::path::PathBuf, act: impl FnOnce()) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let opener = path.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(std::fs::OpenOptions::new().write(true).open(opener));
+    });
+    let mut f = rx
+        .recv_timeout(Duration::from_secs(120))
+        .unwrap_or_else(|_| panic!("the command never waited on {}", path.display()))
+        .unwrap();
+    act();
+    use std::io::Write;
+    f.write_all(b"go\n").unwrap();
+}
+
+/// Issue 24: evidence is taken after the command exits, so git's racy rule
+/// keeps it honest. A table edited while the command ran, one read and
+/// then deleted, and one looked up absent that appeared meanwhile: each
+/// makes the next plan re-run its reader, naming it.
+#[test]
+fn a_dependency_changed_while_its_command_ran_reruns_it() {
+    // No stat margin: the racy record alone must carry the edit, however
+    // long before the record it was made (with the default margin, an
+    // edit this recent would be re-hashed anyway).
+    let p = Project::new(&config(
+        r#"["sh", "race.sh", "{input}", "{output}"]"#,
+        "mtime_margin_ms = 0",
+    ));
+    let sync = tempfile::tempdir().unwrap();
+    p.write(
+        "race.sh",
+        "set -eu\nt=$(cat \"$1\")\n\
+         if [ -e \"tables/$t\" ]; then cat \"tables/$t\"; fi > \"$2\"\n\
+         read _ < \"$SYNC/$t\"\n",
+    );
+    for t in ["a.csv", "b.csv", "c.csv"] {
+        p.write(&format!("data/{t}.txt"), t);
+        let fifo = sync.path().join(t);
+        assert!(Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success());
+    }
+    p.write("tables/a.csv", "a1\n");
+    p.write("tables/b.csv", "b1\n");
+    let child = p
+        .cmd(&["run", "--jobs", "3"])
+        .env("SYNC", sync.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    while_waiting(sync.path().join("a.csv"), || {
+        p.write("tables/a.csv", "a2\n")
+    });
+    while_waiting(sync.path().join("b.csv"), || {
+        std::fs::remove_file(p.path("tables/b.csv")).unwrap()
+    });
+    while_waiting(sync.path().join("c.csv"), || {
+        p.write("tables/c.csv", "c2\n")
+    });
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(p.read("out/a.csv.txt.out"), "a1\n");
+    assert_eq!(p.read("out/c.csv.txt.out"), "");
+    // Deleted, then back with other bytes: the record must not have
+    // quietly dropped it.
+    p.write("tables/b.csv", "b2\n");
+    let want = each(
+        &[
+            ("data/a.csv.txt", "tables/a.csv"),
+            ("data/b.csv.txt", "tables/b.csv"),
+            ("data/c.csv.txt", "tables/c.csv"),
+        ],
+        "dependency",
+    );
+    assert_eq!(plan_of(&p, "t"), want);
+    // The re-run records what it read, and is then trusted.
+    let r = p
+        .cmd(&["run", "--json"])
+        .env("SYNC", sync.path())
+        .spawn()
+        .unwrap();
+    for t in ["a.csv", "b.csv", "c.csv"] {
+        while_waiting(sync.path().join(t), || {});
+    }
+    assert!(r.wait_with_output().unwrap().status.success());
+    assert_eq!(p.read("out/a.csv.txt.out"), "a2\n");
+    assert_eq!(p.read("out/b.csv.txt.out"), "b2\n");
+    assert_eq!(p.read("out/c.csv.txt.out"), "c2\n");
+    assert!(plan_of(&p, "t").is_empty());
+}
+
+/// Issue 24: a dangling symlink inside the project is absent to the
+/// tracer, to the record and to the plan alike (followed, as the command's
+/// open follows it), so it does not re-run every plan; `.git` is never a
+/// dependency, so a `git add` after a run that read the index re-runs
+/// nothing.
+#[test]
+fn a_dangling_symlink_and_git_index_do_not_rerun_every_plan() {
+    let p = Project::new(&config(r#"["sh", "dangle.sh", "{input}", "{output}"]"#, ""));
+    p.write(
+        "dangle.sh",
+        "set -eu\ngit ls-files >/dev/null\n\
+         if [ -e tables/link.csv ]; then cat tables/link.csv; fi > \"$2\"\n",
+    );
+    p.write("tables/keep.csv", "k\n");
+    p.write("notes.txt", "n\n");
+    std::os::unix::fs::symlink("missing.csv", p.path("tables/link.csv")).unwrap();
+    let git = |args: &[&str]| {
+        let s = Command::new("git")
+            .args(args)
+            .current_dir(p.path(""))
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("git is needed by this test");
+        assert!(s.success(), "git {args:?}");
+    };
+    git(&["init", "-q"]);
+    git(&["add", "dangle.sh"]);
+    let items: Vec<String> = (0..3).map(|i| format!("data/f{i}.txt")).collect();
+    for i in &items {
+        p.write(i, "x\n");
+    }
+    assert_eq!(run_counts(&p, &[]), (3, 0));
+    let deps = hw(&p, &["deps", "t", "data/f0.txt", "--json"], 0).json();
+    let paths: Vec<&str> = deps["items"][0]["deps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["path"].as_str().unwrap())
+        .collect();
+    assert!(paths.contains(&"tables/link.csv"), "{deps}");
+    assert!(!paths.iter().any(|p| p.starts_with(".git")), "{deps}");
+    assert!(plan_of(&p, "t").is_empty(), "a dangling link re-runs");
+    git(&["add", "notes.txt"]);
+    assert!(plan_of(&p, "t").is_empty(), "git's index re-runs");
+    // The link's target appears: now the command would read it.
+    p.write("tables/missing.csv", "m\n");
+    assert_eq!(
+        plan_of(&p, "t"),
+        all(items, "dependency", "tables/link.csv")
+    );
+    assert_eq!(run_counts(&p, &[]), (3, 0));
+    assert_eq!(p.read("out/f0.txt.out"), "m\n");
+    assert!(plan_of(&p, "t").is_empty());
+}
