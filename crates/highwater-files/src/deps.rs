@@ -204,6 +204,22 @@ impl Scope {
         if key.split('/').any(|c| c.contains(TEMP_MARK)) {
             return true;
         }
+        // A scratch folder holds the item's input downloaded from object
+        // storage and its output bound there; highwater makes and removes
+        // it around the command, so a read there is the declared input
+        // (recorded as gone, it would re-run every item at every plan).
+        // (The temp folder may lie inside the project: `TMPDIR`.)
+        let tmp = std::env::temp_dir();
+        if let Ok(rest) = self.abs(key).strip_prefix(&tmp) {
+            if rest
+                .components()
+                .next()
+                .and_then(|c| c.as_os_str().to_str())
+                .is_some_and(|c| c.starts_with(crate::exec::SCRATCH_PREFIX))
+            {
+                return true;
+            }
+        }
         if let Some(s) = &self.state_rel {
             if key == s || key.starts_with(&format!("{s}/")) {
                 return true;
@@ -542,6 +558,13 @@ mod tests {
         for (k, want) in cases {
             assert_eq!(scope.never(k), want, "{k}");
         }
+        // A scratch folder of highwater's own (a downloaded input), and a
+        // folder beside it that only looks alike.
+        let tmp = std::env::temp_dir();
+        let scratch = tmp.join("highwater-scratch-1-2/in/a.txt");
+        assert!(scope.never(&scratch.to_string_lossy()));
+        let other = tmp.join("not-highwater-scratch-1/in/a.txt");
+        assert!(!scope.never(&other.to_string_lossy()));
     }
 
     #[test]

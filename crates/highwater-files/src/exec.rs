@@ -262,11 +262,16 @@ pub fn find_program(root: &Path, program: &str) -> Result<PathBuf, String> {
 /// everything in it when dropped.
 pub struct Scratch(PathBuf);
 
+/// How a scratch folder's name begins, under the system's temp folder: what
+/// a command reads there is the item's own input, downloaded by highwater
+/// and removed after it, never an observed dependency (`deps`).
+pub const SCRATCH_PREFIX: &str = "highwater-scratch-";
+
 impl Scratch {
     pub fn new() -> std::io::Result<Scratch> {
         static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let dir = std::env::temp_dir().join(format!(
-            "highwater-scratch-{}-{}",
+            "{SCRATCH_PREFIX}{}-{}",
             std::process::id(),
             SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         ));
