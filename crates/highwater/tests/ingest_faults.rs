@@ -60,6 +60,14 @@ fn ingest(p: &Project, url: &str, now: &str, code: i32) -> serde_json::Value {
     hw(p, url, &["ingest", "orders", "--json", "--now", now], code).json()
 }
 
+/// `ingest orders` of one window asked for by name (`START/END`).
+fn ingest_window(p: &Project, url: &str, now: &str, window: &str, code: i32) -> serde_json::Value {
+    let args = [
+        "ingest", "orders", "--json", "--now", now, "--window", window,
+    ];
+    hw(p, url, &args, code).json()
+}
+
 /// `HH:MM status` of each window a run reports.
 fn statuses(r: &serde_json::Value) -> Vec<String> {
     r["windows"]
@@ -352,21 +360,13 @@ fn schema_widening_passes_and_compaction_widens_the_older_windows() {
         ])
     );
     // The period stays re-ingestable: a window landed into it again.
-    let r = hw(
+    let r = ingest_window(
         &p,
         &url,
-        &[
-            "ingest",
-            "orders",
-            "--json",
-            "--now",
-            "2026-03-02T00:30:00Z",
-            "--window",
-            "2026-03-01T00:00:00Z/2026-03-01T01:00:00Z",
-        ],
+        "2026-03-02T00:30:00Z",
+        "2026-03-01T00:00:00Z/2026-03-01T01:00:00Z",
         0,
-    )
-    .json();
+    );
     assert_eq!(statuses(&r), ["00:00 published"], "{r}");
 }
 
@@ -444,21 +444,13 @@ fn compaction_of_windows_with_differing_schemas_names_the_windows() {
     c.batch_execute("ALTER TABLE orders ALTER amount TYPE int4 USING round(amount)::int4")
         .unwrap();
     let before = types(&p.path("raw/orders/date=2026-03-01"), "amount");
-    let r = hw(
+    let r = ingest_window(
         &p,
         &url,
-        &[
-            "ingest",
-            "orders",
-            "--json",
-            "--now",
-            "2026-03-02T00:30:00Z",
-            "--window",
-            "2026-03-01T00:00:00Z/2026-03-01T01:00:00Z",
-        ],
+        "2026-03-02T00:30:00Z",
+        "2026-03-01T00:00:00Z/2026-03-01T01:00:00Z",
         1,
-    )
-    .json();
+    );
     assert_eq!(statuses(&r), ["00:00 failed"], "{r}");
     let error = r["windows"][0]["error"].as_str().unwrap();
     assert!(
