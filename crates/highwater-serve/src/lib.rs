@@ -18,6 +18,7 @@
 //! nothing of how files, sources or OSM stores keep it.
 
 pub mod conn;
+pub mod glyphs;
 pub mod mbtiles;
 pub mod metrics;
 pub mod pages;
@@ -445,6 +446,7 @@ fn router(app: Shared) -> Router {
         .route("/tiles/{name}/style.json", get(style))
         .route("/tiles/{name}/{z}/{x}/{file}", get(tile))
         .route("/assets/{file}", get(asset))
+        .route("/glyphs/{fontstack}/{file}", get(glyph_range))
         .with_state(app)
 }
 
@@ -559,7 +561,11 @@ async fn style(State(app): State<Shared>, UrlPath(name): UrlPath<String>) -> Res
             .as_array()
             .map(|v| v.iter().filter_map(|l| l["id"].as_str()).collect())
             .unwrap_or_default();
-        let style = mbtiles::shortbread_style(&format!("{}/tiles/{name}.json", app.origin), &have);
+        let style = mbtiles::shortbread_style(
+            &format!("{}/tiles/{name}.json", app.origin),
+            &format!("{}/glyphs/{{fontstack}}/{{range}}.pbf", app.origin),
+            &have,
+        );
         (
             [(header::CONTENT_TYPE, "application/json")],
             style.to_string(),
@@ -666,6 +672,19 @@ pub mod assets {
     pub const MAPLIBRE_CSS: &[u8] = include_bytes!("../assets/maplibre-gl.css");
     /// `@versatiles/style`'s colorful style for Shortbread tiles.
     pub const SHORTBREAD_STYLE: &str = include_str!("../assets/versatiles-colorful.json");
+}
+
+/// `/glyphs/{fontstack}/{range}.pbf`, compiled in ([`glyphs`]).
+async fn glyph_range(UrlPath((fontstack, file)): UrlPath<(String, String)>) -> Response {
+    let cache = (header::CACHE_CONTROL, "public, max-age=86400");
+    let pbf = (header::CONTENT_TYPE, "application/x-protobuf");
+    match glyphs::glyphs(&fontstack, &file) {
+        glyphs::Glyphs::Gzipped(body) => {
+            ([pbf, cache, (header::CONTENT_ENCODING, "gzip")], body).into_response()
+        }
+        glyphs::Glyphs::Empty(body) => ([pbf, cache], body).into_response(),
+        glyphs::Glyphs::NotFound(why) => not_found(why),
+    }
 }
 
 async fn asset(UrlPath(file): UrlPath<String>) -> Response {

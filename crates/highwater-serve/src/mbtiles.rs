@@ -93,15 +93,17 @@ pub fn tiles_geojson(tiles: &[(u8, u32, u32)]) -> serde_json::Value {
 }
 
 /// The vendored Shortbread style with its one vector source pointed at
-/// `tilejson`, and without what would load from elsewhere (glyphs,
-/// sprites, and the symbol layers that need them) or what the tiles do not
-/// have: style layers reading a source layer outside `have` (`ocean`, which
-/// needs coastline processing of data from outside OSM's own elements).
-pub fn shortbread_style(tilejson: &str, have: &[&str]) -> serde_json::Value {
+/// `tilejson` and its glyphs at `glyphs` (this server's own, see
+/// [`crate::glyphs`]), and without what would load from elsewhere or what
+/// the tiles do not have: the sprite, so every icon (symbol layers keep
+/// their text, and those with only an icon, the one-way arrows, go), and
+/// style layers reading a source layer outside `have` (`ocean` when the
+/// extract has no coastline).
+pub fn shortbread_style(tilejson: &str, glyphs: &str, have: &[&str]) -> serde_json::Value {
     let mut s: serde_json::Value =
         serde_json::from_str(crate::assets::SHORTBREAD_STYLE).expect("the vendored style is JSON");
     let o = s.as_object_mut().expect("a style is an object");
-    o.remove("glyphs");
+    o.insert("glyphs".into(), glyphs.into());
     o.remove("sprite");
     if let Some(sources) = o.get_mut("sources").and_then(|v| v.as_object_mut()) {
         for (_, src) in sources.iter_mut() {
@@ -112,11 +114,18 @@ pub fn shortbread_style(tilejson: &str, have: &[&str]) -> serde_json::Value {
     }
     if let Some(layers) = o.get_mut("layers").and_then(|v| v.as_array_mut()) {
         layers.retain(|l| {
-            l["type"] != "symbol"
+            (l["type"] != "symbol" || !l["layout"]["text-field"].is_null())
                 && l["source-layer"]
                     .as_str()
                     .is_none_or(|sl| have.contains(&sl))
         });
+        for l in layers.iter_mut().filter(|l| l["type"] == "symbol") {
+            for part in ["layout", "paint"] {
+                if let Some(props) = l.get_mut(part).and_then(|v| v.as_object_mut()) {
+                    props.retain(|k, _| !k.starts_with("icon-"));
+                }
+            }
+        }
     }
     s
 }
@@ -125,18 +134,36 @@ pub fn shortbread_style(tilejson: &str, have: &[&str]) -> serde_json::Value {
 mod tests {
     #[test]
     fn the_shortbread_style_loads_nothing_from_elsewhere() {
-        let s =
-            super::shortbread_style("http://127.0.0.1:1/tiles/x.json", &["streets", "buildings"]);
+        let s = super::shortbread_style(
+            "http://127.0.0.1:1/tiles/x.json",
+            "/glyphs/{fontstack}/{range}.pbf",
+            &["streets", "buildings", "street_labels", "pois"],
+        );
         let text = s.to_string();
         assert!(!text.contains("versatiles.org"), "{}", &text[..200]);
+        assert!(s["sprite"].is_null());
+        assert_eq!(s["glyphs"], "/glyphs/{fontstack}/{range}.pbf");
         let layers = s["layers"].as_array().unwrap();
         assert!(layers.len() > 100);
         assert!(layers.iter().all(|l| l["source-layer"].is_null()
-            || l["source-layer"] == "streets"
-            || l["source-layer"] == "buildings"));
+            || ["streets", "buildings", "street_labels", "pois"]
+                .contains(&l["source-layer"].as_str().unwrap())));
         assert_eq!(
             s["sources"]["versatiles-shortbread"]["url"],
             "http://127.0.0.1:1/tiles/x.json"
         );
+        // Labels stay, in the fonts this server ships, and no icon is asked for.
+        let symbols: Vec<_> = layers.iter().filter(|l| l["type"] == "symbol").collect();
+        assert!(symbols
+            .iter()
+            .any(|l| l["id"] == "label-street-residential"));
+        assert!(symbols.iter().any(|l| l["id"] == "poi-amenity"));
+        assert!(!text.contains("icon-image"));
+        for l in &symbols {
+            assert!(!l["layout"]["text-field"].is_null(), "{}", l["id"]);
+            for f in l["layout"]["text-font"].as_array().unwrap() {
+                assert!(crate::glyphs::FONTS.contains(&f.as_str().unwrap()), "{f}");
+            }
+        }
     }
 }
