@@ -8,6 +8,7 @@
 //! - `/tiles/NAME/{z}/{x}/{y}.pbf` from the MBTiles (TMS row flipped,
 //!   `Content-Encoding: gzip` as stored, ETag) and `/tiles/NAME.json`
 //!   (TileJSON 3.0);
+//! - `/glyphs/{fontstack}/{range}.pbf`: the map's label glyphs ([`glyphs`]);
 //! - `/metrics` (Prometheus text, [`metrics`]) and `/api/status` (the data
 //!   behind `/`).
 //!

@@ -67,9 +67,10 @@ pub fn tilejson(t: &Tileset, origin: &str) -> Result<serde_json::Value, String> 
         }
         None => [-180.0, -85.051_129, 180.0, 85.051_129],
     };
+    let view = data_view(&c, t)?.unwrap_or(bounds);
     let center = [
-        (bounds[0] + bounds[2]) / 2.0,
-        (bounds[1] + bounds[3]) / 2.0,
+        (view[0] + view[2]) / 2.0,
+        (view[1] + view[3]) / 2.0,
         t.zoom_min.max(t.zoom_max.saturating_sub(2)) as f64,
     ];
     Ok(serde_json::json!({
@@ -81,9 +82,82 @@ pub fn tilejson(t: &Tileset, origin: &str) -> Result<serde_json::Value, String> 
         "maxzoom": t.zoom_max,
         "bounds": bounds,
         "center": center,
+        "highwater_view": view,
         "vector_layers": layers,
         "tile_schema": meta("highwater_schema"),
     }))
+}
+
+/// Tiles read at most to place the opening view: past this many at a zoom,
+/// a lower zoom is read (a limit on everything: TileJSON is asked for at
+/// every page load).
+pub const VIEW_TILES_MAX: u32 = 65_536;
+
+/// Where most of the data is, as `[west, south, east, north]`: the box
+/// between the 5th and 95th percentiles of tile bytes along each axis, at
+/// the highest zoom with at most [`VIEW_TILES_MAX`] tiles. Tile bytes
+/// stand for features, so one long feature (a ferry line, a maritime
+/// boundary) that stretches the bounds moves this box little (issue 25:
+/// the map opened on such bounds with the data in a corner). `None` when
+/// there are no tiles.
+fn data_view(c: &Connection, t: &Tileset) -> Result<Option<[f64; 4]>, String> {
+    let err = |e: rusqlite::Error| format!("{}: {e}", t.mbtiles.display());
+    let mut z = t.zoom_max;
+    loop {
+        let n: u32 = c
+            .query_row(
+                "SELECT count(*) FROM tiles WHERE zoom_level = ?1",
+                [z],
+                |r| r.get(0),
+            )
+            .map_err(err)?;
+        if n <= VIEW_TILES_MAX || z <= t.zoom_min {
+            break;
+        }
+        z -= 1;
+    }
+    let mut st = c
+        .prepare(
+            "SELECT tile_column, tile_row, length(tile_data) FROM tiles WHERE zoom_level = ?1 LIMIT ?2",
+        )
+        .map_err(err)?;
+    let rows: Vec<(u32, u32, u64)> = st
+        .query_map(rusqlite::params![z, VIEW_TILES_MAX], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get::<_, i64>(2)?.max(0) as u64))
+        })
+        .map_err(err)?
+        .collect::<Result<_, _>>()
+        .map_err(err)?;
+    let n = 1u32 << z;
+    let xs: Vec<(u32, u64)> = rows.iter().map(|&(x, _, b)| (x, b)).collect();
+    // XYZ y from the TMS row, so the percentiles run north to south.
+    let ys: Vec<(u32, u64)> = rows.iter().map(|&(_, r, b)| (n - 1 - r, b)).collect();
+    let (Some((x0, x1)), Some((y0, y1))) = (middle(xs), middle(ys)) else {
+        return Ok(None);
+    };
+    let (w, _, _, north) = Tile { z, x: x0, y: y0 }.bounds();
+    let (_, south, east, _) = Tile { z, x: x1, y: y1 }.bounds();
+    Ok(Some([w, south, east, north]))
+}
+
+/// The 5th and 95th percentiles of `v` (position, weight) by weight.
+fn middle(mut v: Vec<(u32, u64)>) -> Option<(u32, u32)> {
+    v.sort_unstable();
+    let total: u64 = v.iter().map(|p| p.1).sum();
+    if v.is_empty() {
+        return None;
+    }
+    let at = |q: u64| {
+        let mut seen = 0;
+        for &(pos, w) in &v {
+            seen += w;
+            if seen * 100 >= total * q {
+                return pos;
+            }
+        }
+        v[v.len() - 1].0
+    };
+    Some((at(5), at(95)))
 }
 
 /// Tiles as GeoJSON polygons (the dirty-tile outline layer).
@@ -132,6 +206,25 @@ pub fn shortbread_style(tilejson: &str, glyphs: &str, have: &[&str]) -> serde_js
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_view_is_where_most_bytes_are() {
+        // (positions with weights) -> the 5th..95th percentile positions.
+        let check = |v: &[(u32, u64)]| super::middle(v.to_vec());
+        let cases: &[(&[(u32, u64)], Option<(u32, u32)>)] = &[
+            (&[], None),
+            (&[(7, 10)], Some((7, 7))),
+            // A long feature's thin tiles far out do not stretch the view.
+            (
+                &[(0, 1), (1, 1), (50, 500), (51, 400), (99, 1)],
+                Some((50, 51)),
+            ),
+            (&[(3, 0), (4, 0)], Some((3, 3))),
+        ];
+        for (v, want) in cases {
+            assert_eq!(check(v), *want, "{v:?}");
+        }
+    }
+
     #[test]
     fn the_shortbread_style_loads_nothing_from_elsewhere() {
         let s = super::shortbread_style(

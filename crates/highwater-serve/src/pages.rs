@@ -200,7 +200,10 @@ pub fn index(s: &Value) -> String {
 /// with the vendored VersaTiles style when it is cut with the Shortbread
 /// schema, else with plain fills and lines per layer. `?probe=LON,LAT,Z;..`
 /// reads the colour at each place into `body[data-probes]`, and the
-/// style layers and feature ids drawn there into `body[data-features]`. After the map is idle, the page counts the
+/// style layers and feature ids drawn there into `body[data-features]`;
+/// `?labels` reads what each point label drew (`labels()` in the script).
+/// The view opens on TileJSON's `highwater_view`, or on the URL's hash,
+/// which follows the map; `body[data-view]` has it after each move. After the map is idle, the page counts the
 /// canvas pixels that are not background and puts the count on
 /// `body[data-drawn]`: the browser test reads it.
 pub fn map(sets: &[Tileset], notes: &[String]) -> String {
@@ -250,13 +253,24 @@ if (tj.tile_schema === 'shortbread') {{
   }}, layers}};
 }}
 style.layers.push({{id: 'dirty', type: 'line', source: 'dirty', paint: {{'line-color': '#e0a100', 'line-width': 2}}}});
-const view = probes.length ? {{center: [probes[0][0], probes[0][1]], zoom: probes[0][2]}} : {{bounds: tj.bounds}};
+// The opening view: where most of the data is (the server's
+// `highwater_view`, not the bounds one long feature can stretch), unless
+// the URL's hash (`#zoom/lat/lon`, kept up to date as the map moves) names
+// one: MapLibre's `hash` then wins over `bounds`.
+const view = probes.length ? {{center: [probes[0][0], probes[0][1]], zoom: probes[0][2]}}
+  : {{bounds: tj.highwater_view || tj.bounds, fitBoundsOptions: {{padding: 20}}}};
 const map = new maplibregl.Map({{
   container: 'map',
   style,
   ...view,
+  hash: !probes.length,
   canvasContextAttributes: {{preserveDrawingBuffer: true}},
 }});
+const where = () => {{
+  const c = map.getCenter();
+  document.body.dataset.view = JSON.stringify({{zoom: map.getZoom(), lat: c.lat, lon: c.lng, hash: location.hash}});
+}};
+map.on('moveend', where);
 document.body.dataset.stage = 'map';
 map.on('error', (e) => {{ document.body.dataset.error = String(e.error && e.error.message || e); }});
 map.once('load', () => {{ document.body.dataset.stage = 'load'; }});
@@ -271,8 +285,48 @@ map.once('idle', () => {{
   }}
   document.body.dataset.drawn = String(drawn);
   document.body.dataset.pixels = String(w * h);
-  probe();
+  where();
+  if (new URLSearchParams(location.search).has('labels')) labels(); else probe();
 }});
+// `?labels`: the point labels placed in view, each with the pixels
+// around its anchor (and below it, where a POI's name hangs) that change
+// when the symbol layers are hidden: what the labels themselves drew,
+// into body[data-labels].
+function pixels() {{
+  const gl = map.getCanvas().getContext('webgl2') || map.getCanvas().getContext('webgl');
+  const w = gl.drawingBufferWidth, h = gl.drawingBufferHeight;
+  const px = new Uint8Array(w * h * 4);
+  gl.readPixels(0, 0, w, h, gl.RGBA, gl.UNSIGNED_BYTE, px);
+  return {{px, w, h, k: w / map.getCanvas().clientWidth}};
+}}
+function changed(a, b, x, y) {{
+  let n = 0;
+  for (let dy = -12; dy <= 36; dy++) for (let dx = -40; dx <= 40; dx++) {{
+    const cx = Math.round(x * a.k + dx), cy = a.h - 1 - Math.round(y * a.k + dy);
+    if (cx < 0 || cy < 0 || cx >= a.w || cy >= a.h) continue;
+    const i = (cy * a.w + cx) * 4;
+    if (Math.max(Math.abs(a.px[i] - b.px[i]), Math.abs(a.px[i + 1] - b.px[i + 1]), Math.abs(a.px[i + 2] - b.px[i + 2])) > 30) n++;
+  }}
+  return n;
+}}
+async function labels() {{
+  const ids = map.getStyle().layers.filter((l) => l.type === 'symbol').map((l) => l.id);
+  const placed = map.queryRenderedFeatures({{layers: ids}})
+    .filter((f) => f.geometry.type === 'Point')
+    .map((f) => {{
+      const p = map.project(f.geometry.coordinates);
+      return {{layer: f.layer.id, name: f.properties.name, x: p.x, y: p.y}};
+    }});
+  const on = pixels();
+  for (const id of ids) map.setLayoutProperty(id, 'visibility', 'none');
+  await new Promise((r) => map.once('idle', r));
+  const off = pixels();
+  for (const l of placed) l.changed = changed(on, off, l.x, l.y);
+  for (const id of ids) map.setLayoutProperty(id, 'visibility', 'visible');
+  await new Promise((r) => map.once('idle', r));
+  document.body.dataset.labels = JSON.stringify(placed);
+  document.body.dataset.probed = '1';
+}}
 async function probe() {{
   const out = [], seen = [];
   for (const [lon, lat, zoom] of probes) {{
