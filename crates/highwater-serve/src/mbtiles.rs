@@ -210,7 +210,8 @@ mod tests {
     fn the_view_is_where_most_bytes_are() {
         // (positions with weights) -> the 5th..95th percentile positions.
         let check = |v: &[(u32, u64)]| super::middle(v.to_vec());
-        let cases: &[(&[(u32, u64)], Option<(u32, u32)>)] = &[
+        type Case<'a> = (&'a [(u32, u64)], Option<(u32, u32)>);
+        let cases: &[Case] = &[
             (&[], None),
             (&[(7, 10)], Some((7, 7))),
             // A long feature's thin tiles far out do not stretch the view.
