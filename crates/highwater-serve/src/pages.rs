@@ -288,8 +288,8 @@ map.once('idle', () => {{
   where();
   if (new URLSearchParams(location.search).has('labels')) labels(); else probe();
 }});
-// `?labels`: the point labels placed in view, each with the pixels
-// around its anchor (and below it, where a POI's name hangs) that change
+// `?labels`: the labels placed in view, each with the pixels around its
+// anchor (and below it, where a POI's name hangs) or along its line that change
 // when the symbol layers are hidden: what the labels themselves drew,
 // into body[data-labels].
 function pixels() {{
@@ -309,19 +309,48 @@ function changed(a, b, x, y) {{
   }}
   return n;
 }}
+// A line label (a street name) is drawn along its line: the pixels within
+// 8 px of the line that change, each counted once.
+function along(a, b, line) {{
+  const seen = new Set();
+  for (let j = 1; j < line.length; j++) {{
+    const p = line[j - 1], q = line[j];
+    const steps = Math.max(1, Math.ceil(Math.hypot(q.x - p.x, q.y - p.y) / 4));
+    for (let s = 0; s <= steps; s++) {{
+      const x = (p.x + (q.x - p.x) * s / steps) * a.k, y = (p.y + (q.y - p.y) * s / steps) * a.k;
+      for (let dy = -8; dy <= 8; dy++) for (let dx = -8; dx <= 8; dx++) {{
+        const cx = Math.round(x + dx), cy = a.h - 1 - Math.round(y + dy);
+        if (cx < 0 || cy < 0 || cx >= a.w || cy >= a.h) continue;
+        const i = (cy * a.w + cx) * 4;
+        if (seen.has(i)) continue;
+        if (Math.max(Math.abs(a.px[i] - b.px[i]), Math.abs(a.px[i + 1] - b.px[i + 1]), Math.abs(a.px[i + 2] - b.px[i + 2])) > 30) seen.add(i);
+      }}
+    }}
+  }}
+  return seen.size;
+}}
 async function labels() {{
   const ids = map.getStyle().layers.filter((l) => l.type === 'symbol').map((l) => l.id);
   const placed = map.queryRenderedFeatures({{layers: ids}})
-    .filter((f) => f.geometry.type === 'Point')
+    .filter((f) => f.geometry.type === 'Point' || f.geometry.type === 'LineString')
     .map((f) => {{
-      const p = map.project(f.geometry.coordinates);
-      return {{layer: f.layer.id, name: f.properties.name, x: p.x, y: p.y}};
+      const l = {{layer: f.layer.id, name: f.properties.name}};
+      if (f.geometry.type === 'Point') {{
+        const p = map.project(f.geometry.coordinates);
+        l.x = p.x; l.y = p.y;
+      }} else {{
+        l.line = f.geometry.coordinates.map((c) => map.project(c));
+      }}
+      return l;
     }});
   const on = pixels();
   for (const id of ids) map.setLayoutProperty(id, 'visibility', 'none');
   await new Promise((r) => map.once('idle', r));
   const off = pixels();
-  for (const l of placed) l.changed = changed(on, off, l.x, l.y);
+  for (const l of placed) {{
+    if (l.line) {{ l.changed = along(on, off, l.line); delete l.line; }}
+    else l.changed = changed(on, off, l.x, l.y);
+  }}
   for (const id of ids) map.setLayoutProperty(id, 'visibility', 'visible');
   await new Promise((r) => map.once('idle', r));
   document.body.dataset.labels = JSON.stringify(placed);

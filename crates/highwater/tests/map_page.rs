@@ -1,8 +1,8 @@
 //! Issue 25: a map a person would use, in headless Chromium over Monaco's
 //! Shortbread tiles served by `highwater serve` on loopback.
-//! - Labels: place names and POIs drawn with glyphs the server itself hands
-//!   out (`/glyphs/...`): pixels around a label's anchor are dark with the
-//!   symbol layers shown differ from those with them hidden.
+//! - Labels: place, street and POI names drawn with glyphs the server
+//!   itself hands out (`/glyphs/...`): pixels around a label's anchor, or
+//!   along a street name's line, change when the symbol layers are hidden.
 //! - The view opens where the data is, not on the bounds one long feature
 //!   stretches; a URL hash (`#zoom/lat/lon`) opens a view and follows the map.
 
@@ -94,12 +94,14 @@ fn map_labels_are_drawn_with_the_servers_own_glyphs() {
     }
 
     // Suburb names at z13.5 (the style fades them out from z14), POI names
-    // at z18.5 (they grow from size 0 at z17) in Monte-Carlo.
+    // at z18.5 (they grow from size 0 at z17), street names along their
+    // lines at z17, in Monte-Carlo.
     let drew =
         |l: &&serde_json::Value| l["changed"].as_u64().unwrap() >= 30 && l["name"].is_string();
     let cases = [
         ("#13.5/43.7380/7.4230", "label-place-"),
         ("#18.5/43.73950/7.42750", "poi-"),
+        ("#17/43.73950/7.42750", "label-street-"),
     ];
     for (i, (hash, layer)) in cases.into_iter().enumerate() {
         let d = open(
