@@ -20,9 +20,9 @@
 //! claim expired.
 
 use crate::{
-    Batch, Bookmark, Claim, DirRecord, Fence, FleetProcess, Lease, LeaseOutcome, QueueCounts,
-    QueuePlan, RunRecord, StageEntries, StateStore, StoreError, WindowCommit, WindowRecord,
-    WindowStatus, WorkQueue,
+    Batch, Bookmark, Claim, DirRecord, DoneDeps, Fence, FleetProcess, Lease, LeaseOutcome,
+    QueueCounts, QueuePlan, RunRecord, StageEntries, StateStore, StoreError, WindowCommit,
+    WindowRecord, WindowStatus, WorkQueue,
 };
 use highwater_core::evidence::Digest;
 use highwater_core::{Entry, EntryKind, Stat, Status};
@@ -1223,11 +1223,12 @@ impl WorkQueue for PgStore {
         Ok(r.is_some())
     }
 
-    fn complete(
+    fn complete_observed(
         &mut self,
         stage: &str,
         owner: &str,
         done: &[(String, i64, Option<Entry>)],
+        deps: Option<&DoneDeps>,
         refused: u64,
     ) -> Result<Vec<bool>, StoreError> {
         let what = self.what.clone();
@@ -1254,6 +1255,23 @@ impl WorkQueue for PgStore {
             }
         }
         upsert_entries(&mut tx, &upserts).map_err(err)?;
+        if let Some(d) = deps {
+            // A fenced result records no dependencies either: the item's
+            // set stays the one of the entry that stays.
+            let batch = Batch {
+                deps: d
+                    .sets
+                    .iter()
+                    .zip(done)
+                    .zip(&kept)
+                    .filter(|(_, k)| **k)
+                    .map(|((set, (item, _, _)), _)| (stage.to_string(), item.clone(), set.clone()))
+                    .collect(),
+                dep_sets: d.bodies.clone(),
+                ..Batch::default()
+            };
+            apply_batch(&mut tx, &batch).map_err(err)?;
+        }
         let fenced = (kept.iter().filter(|k| !**k).count() as u64 + refused) as i64;
         tx.execute(
             "UPDATE processes SET done = done + $2, fenced = fenced + $3 WHERE owner = $1",
