@@ -16,7 +16,7 @@ use common::Project;
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 const CONFIG: &str = r#"
 [state]
@@ -68,10 +68,15 @@ impl Machines {
 
     /// Writes machine `m`'s tool, which reads the project's shared table.
     fn install(&self, m: &str, version: &str) {
+        self.install_with(m, version, "");
+    }
+
+    /// `install`, the tool doing `extra` first.
+    fn install_with(&self, m: &str, version: &str, extra: &str) {
         let path = self.own[m].join("tool");
         std::fs::write(
             &path,
-            format!("#!/bin/sh\n# {version}\ncat lib/table.txt > /dev/null\ntr a-z A-Z < \"$1\" > \"$2\"\n"),
+            format!("#!/bin/sh\n# {version}\n{extra}cat lib/table.txt > /dev/null\ntr a-z A-Z < \"$1\" > \"$2\"\n"),
         )
         .unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -84,8 +89,7 @@ impl Machines {
 
     /// `highwater ARGS` on machine `m`: its own host name, its own tool
     /// at the shared path; the project and the state are the fleet's.
-    /// (exit code, stdout, stderr).
-    fn raw(&self, p: &Project, m: &str, args: &[&str]) -> (i32, String, String) {
+    fn command(&self, p: &Project, m: &str, args: &[&str]) -> Command {
         let inner = p.cmd(args);
         let mut c = Command::new("unshare");
         c.args(["-m", "-u", "--propagation", "private", "sh", "-c"])
@@ -106,10 +110,21 @@ impl Machines {
                     std::env::var("PATH").unwrap()
                 ),
             )
-            .env_remove("RUST_BACKTRACE");
-        let o = c
-            .output()
-            .expect("unshare (util-linux) is needed by these tests");
+            .env_remove("RUST_BACKTRACE")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    }
+
+    /// `command`, run to its end: (exit code, stdout, stderr).
+    fn raw(&self, p: &Project, m: &str, args: &[&str]) -> (i32, String, String) {
+        let o = self
+            .command(p, m, args)
+            .spawn()
+            .expect("unshare (util-linux) is needed by these tests")
+            .wait_with_output()
+            .unwrap();
         let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
         assert!(
             !stderr.contains("declared only"),
@@ -262,4 +277,66 @@ fn two_machines_with_different_tools_never_take_turns() {
         assert_eq!(ms.run(&p, m, &[]), 0, "run on {m}");
     }
     outputs_upper(&p, &items(0..30));
+}
+
+/// Both machines at once on one plan, each item recorded where it ran: then
+/// no plan on either machine re-runs anything. Machine a's first item waits
+/// until machine b has started one (a marker outside the project), so the
+/// items are split between them whatever the scheduling.
+#[test]
+fn one_plan_run_by_two_machines_at_once_settles() {
+    let _g = pg_serial();
+    let (mut db, url) = pg_database("fleetsplit");
+    let ms = Machines::new(url);
+    let marker = ms.shared.parent().unwrap().join("b-started");
+    let m = marker.display();
+    // The marker is the test's, not the recipe's: ignored, so that b's
+    // write of it is nobody's dependency.
+    let p = Project::new(&format!(
+        "{}observe_ignore = [\"{m}\"]\n",
+        CONFIG.replace(
+            "lease_duration_s = 5",
+            "lease_duration_s = 5\nclaim_batch_max = 2"
+        )
+    ));
+    // Two minutes at most, so that a broken run ends (a bound, not a
+    // measure of speed); the assertions below say whether b took part.
+    ms.install_with(
+        A,
+        "python 3.11",
+        &format!("n=0; while [ ! -e {m} ] && [ $n -lt 1200 ]; do sleep 0.1; n=$((n+1)); done\n"),
+    );
+    ms.install_with(B, "python 3.12", &format!(": > {m}\n"));
+    p.write("lib/table.txt", "v1\n");
+    for i in items(0..24) {
+        p.write(&i, &format!("item {i}\n"));
+    }
+    let a = ms.command(&p, A, &["run", "--json"]).spawn().unwrap();
+    // b starts once a has queued the plan: it joins rather than plans.
+    // (The table is made by a's first open of the store.)
+    common::fleet::wait_for("a's plan", || {
+        db.query_one("SELECT count(*) FROM work", &[])
+            .is_ok_and(|r| r.get::<_, i64>(0) > 0)
+    });
+    let b = ms.command(&p, B, &["run", "--json"]).spawn().unwrap();
+    let mut processed = BTreeMap::new();
+    for (m, child) in [(A, a), (B, b)] {
+        let o = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(0), "{m}: {stderr}");
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        processed.insert(m, v["stages"][0]["processed"].as_u64().unwrap());
+    }
+    assert_eq!(processed[A] + processed[B], 24, "{processed:?}");
+    assert!(processed[A] > 0 && processed[B] > 0, "{processed:?}");
+    assert_eq!(count(&mut db, "SELECT count(*) FROM item_deps"), 24);
+    assert_eq!(
+        (made_on(&mut db, A), made_on(&mut db, B)),
+        (processed[A] as i64, processed[B] as i64)
+    );
+    outputs_upper(&p, &items(0..24));
+    for m in [A, B, A, B] {
+        assert_eq!(ms.plan(&p, m), BTreeMap::new(), "plan on {m}");
+        assert_eq!(ms.run(&p, m, &[]), 0, "run on {m}");
+    }
 }
