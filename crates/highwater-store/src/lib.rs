@@ -629,6 +629,10 @@ pub trait WorkQueue {
         deps: Option<&DoneDeps>,
         refused: u64,
     ) -> Result<Vec<bool>, StoreError>;
+    /// Removes the dependency sets no item names any more (issue 24);
+    /// says how many. Safe beside concurrent `complete_observed`s: see the
+    /// implementation.
+    fn prune_dep_sets(&mut self) -> Result<u64, StoreError>;
     /// Registers this process in the fleet.
     fn register(&mut self, p: &FleetProcess) -> Result<(), StoreError>;
     /// Marks this process finished.

@@ -1092,6 +1092,10 @@ impl StateStore for PgStore {
     }
 }
 
+/// The advisory lock between recording dependency sets and pruning them
+/// ("hwdeps").
+const DEP_SETS_LOCK: i64 = 0x6877_6465_7073;
+
 impl WorkQueue for PgStore {
     fn pending(&mut self, stage: &str) -> Result<QueueCounts, StoreError> {
         let sql = format!(
@@ -1256,6 +1260,11 @@ impl WorkQueue for PgStore {
         }
         upsert_entries(&mut tx, &upserts).map_err(err)?;
         if let Some(d) = deps {
+            // Shared against `prune_dep_sets`: a set this transaction finds
+            // already stored (ON CONFLICT DO NOTHING takes no row lock) and
+            // names must not be pruned before it commits.
+            tx.execute("SELECT pg_advisory_xact_lock_shared($1)", &[&DEP_SETS_LOCK])
+                .map_err(err)?;
             // A fenced result records no dependencies either: the item's
             // set stays the one of the entry that stays.
             let batch = Batch {
@@ -1284,6 +1293,28 @@ impl WorkQueue for PgStore {
         .map_err(err)?;
         tx.commit().map_err(err)?;
         Ok(kept)
+    }
+
+    fn prune_dep_sets(&mut self) -> Result<u64, StoreError> {
+        let what = self.what.clone();
+        let err = |source| StoreError::Pg {
+            what: what.clone(),
+            source,
+        };
+        let mut tx = self.client.get_mut().transaction().map_err(err)?;
+        // Exclusive: every completion naming a set has committed (and is
+        // seen by the DELETE's snapshot, taken after the lock) or waits.
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&DEP_SETS_LOCK])
+            .map_err(err)?;
+        let n = tx
+            .execute(
+                "DELETE FROM dep_sets s WHERE NOT EXISTS
+                 (SELECT 1 FROM item_deps d WHERE d.set_id = s.id)",
+                &[],
+            )
+            .map_err(err)?;
+        tx.commit().map_err(err)?;
+        Ok(n)
     }
 
     fn register(&mut self, p: &FleetProcess) -> Result<(), StoreError> {

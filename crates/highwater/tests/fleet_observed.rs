@@ -277,6 +277,11 @@ fn two_machines_with_different_tools_never_take_turns() {
         assert_eq!(ms.run(&p, m, &[]), 0, "run on {m}");
     }
     outputs_upper(&p, &items(0..30));
+    // The sets the re-runs replaced were pruned by the planners.
+    assert_eq!(
+        count(&mut db, "SELECT count(*) FROM dep_sets"),
+        count(&mut db, "SELECT count(DISTINCT set_id) FROM item_deps")
+    );
 }
 
 /// Both machines at once on one plan, each item recorded where it ran: then

@@ -394,6 +394,7 @@ impl Pipeline {
             report.fleet = Some(fleet.clone());
         }
         let retried = queue(store).pending(&name)?.retried;
+        let i_planned = planned.is_some();
         if let (Some(Some(dirs)), 0, false) = (planned, retried, foreign) {
             // Every queued item is done: the folders are final for now. Not
             // recorded when a claim was taken over or a young temp output
@@ -406,6 +407,11 @@ impl Pipeline {
                 )],
                 ..Batch::default()
             })?;
+        }
+        if i_planned && st.observes() {
+            // The sets that re-run items no longer name: pruned by the
+            // planner once its plan closed (a limit on what the fleet keeps).
+            queue(store).prune_dep_sets()?;
         }
         progress.stage_done(&name);
         report.duration_ms = started.elapsed().as_millis() as u64;
