@@ -1752,11 +1752,6 @@ fn run(cli: Cli) -> Result<i32> {
                 anyhow::ensure!(j >= 1, "--jobs must be at least 1");
                 opts.jobs = j;
             }
-            for name in pipeline.declared_only_on_fleet() {
-                eprintln!(
-                    "warning: stage `{name}`: on shared state the dependencies its command reads are not recorded yet, so its recipe is declared only: list what it reads in `recipe.files`"
-                );
-            }
             let progress = output::Bars::new();
             let report = pipeline.run(&opts, &progress)?;
             drop(progress);

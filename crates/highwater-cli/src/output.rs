@@ -734,7 +734,11 @@ pub fn deps(
     for i in items {
         writeln!(out, "{}: {}", i.stage, i.item)?;
         for d in i.deps.iter().filter(keep) {
-            let mark = if d.changed { "  (changed)" } else { "" };
+            let mark = match (&d.recorded_on, d.changed) {
+                (Some(h), _) => format!("  (recorded on {h}, checked by a plan there)"),
+                (None, true) => "  (changed)".to_string(),
+                (None, false) => String::new(),
+            };
             writeln!(out, "  {:<7} {}{mark}", d.kind, d.path)?;
         }
     }

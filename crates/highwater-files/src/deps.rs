@@ -35,6 +35,13 @@ pub struct Dep {
     pub path: String,
     #[serde(flatten)]
     pub what: DepKind,
+    /// The machine whose file this is: set on a fleet for a file outside
+    /// the project root, which each machine has its own of (another
+    /// Python). Only a plan on that machine checks it, so two machines
+    /// that see different files never take turns re-running the items.
+    /// `None`: inside the project (shared by the fleet), or a local run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -107,6 +114,12 @@ pub struct Scope {
     keyer: Keyer,
     state_rel: Option<String>,
     ignore: globset::GlobSet,
+    /// This machine's name: what a dependency recorded with a host is
+    /// checked against.
+    this_host: String,
+    /// Whether files outside the root are recorded with `this_host` (a
+    /// fleet's shared state).
+    record_host: bool,
 }
 
 /// Turns a path into its recorded spelling; cheap to clone into a tracer.
@@ -155,12 +168,26 @@ impl Scope {
             },
             state_rel: None,
             ignore: b.build().unwrap_or_else(|_| globset::GlobSet::empty()),
+            this_host: highwater_store::lease::host(),
+            record_host: false,
         };
         let state_abs = state_dir
             .canonicalize()
             .unwrap_or_else(|_| state_dir.to_path_buf());
         s.state_rel = s.relative(&state_abs);
         s
+    }
+
+    /// Records files outside the root as this machine's (a fleet).
+    pub fn on_fleet(mut self) -> Scope {
+        self.record_host = true;
+        self
+    }
+
+    /// Whether a plan here can check `d`: not when another machine
+    /// recorded it (its own file outside the project).
+    pub fn checkable(&self, d: &Dep) -> bool {
+        d.host.as_ref().is_none_or(|h| *h == self.this_host)
     }
 
     pub fn keyer(&self) -> Keyer {
@@ -269,10 +296,11 @@ impl DigestCache {
     /// Seeds the cache with the evidence of earlier sets that the stat
     /// cache would trust (not racy): items re-run later then share their
     /// set with the items that did not re-run.
-    pub fn seed(&self, sets: &[Vec<Dep>], granularity_ns: i64) {
+    pub fn seed(&self, scope: &Scope, sets: &[Vec<Dep>], granularity_ns: i64) {
         let mut m = self.0.lock().expect("not poisoned");
         for set in sets {
-            for d in set {
+            // Another machine's file describes nothing here.
+            for d in set.iter().filter(|d| scope.checkable(d)) {
                 if let DepKind::Read(ev) | DepKind::Exec(ev) = &d.what {
                     // Racy and gone records stand for no content: seeded,
                     // they would be recorded again by the re-run, forever.
@@ -410,6 +438,7 @@ pub fn record(
                 digest: GONE.to_string(),
             },
         };
+        let host = (scope.record_host && key.starts_with('/')).then(|| scope.this_host.clone());
         out.push(Dep {
             path: key,
             what: if exec {
@@ -417,6 +446,7 @@ pub fn record(
             } else {
                 DepKind::Read(ev)
             },
+            host,
         });
     }
     for p in &obs.absent {
@@ -429,6 +459,7 @@ pub fn record(
             out.push(Dep {
                 path: key,
                 what: DepKind::Absent,
+                host: None,
             });
         }
     }
@@ -461,6 +492,7 @@ pub fn record(
                 names: hash_names(&kept),
                 excluded,
             },
+            host: None,
         });
     }
     out.sort();
@@ -487,8 +519,13 @@ impl<'a> Checker<'a> {
         }
     }
 
-    /// Whether a dependency differs from its record now.
+    /// Whether a dependency differs from its record now. Another
+    /// machine's file (a fleet) is that machine's plan's to check: here it
+    /// counts as unchanged.
     pub fn changed(&mut self, d: &Dep) -> bool {
+        if !self.scope.checkable(d) {
+            return false;
+        }
         if let Some(&c) = self.seen.get(d) {
             return c;
         }
@@ -573,6 +610,7 @@ mod tests {
             Dep {
                 path: "a".into(),
                 what: DepKind::Absent,
+                host: None,
             },
             Dep {
                 path: "lib".into(),
@@ -580,6 +618,20 @@ mod tests {
                     names: "x".into(),
                     excluded: vec!["__pycache__".into()],
                 },
+                host: None,
+            },
+            Dep {
+                path: "/usr/bin/python3".into(),
+                what: DepKind::Exec(FileEvidence {
+                    size: 1,
+                    mtime_ns: 2,
+                    ctime_ns: 3,
+                    ino: 4,
+                    dev: 5,
+                    observed_at_ns: 6,
+                    digest: "blake3:00".into(),
+                }),
+                host: Some("machine-a".into()),
             },
         ];
         let (id, body) = encode(&set);
@@ -587,5 +639,9 @@ mod tests {
         assert_eq!(encode(&decode(&body).unwrap()).0, id);
         let (id2, _) = encode(&set[..1]);
         assert_ne!(id, id2);
+        // Without a host, a set is spelled as before hosts were recorded:
+        // local sets keep their ids.
+        assert!(!encode(&set[..2]).1.contains("host"));
+        assert!(body.contains(r#""host":"machine-a""#), "{body}");
     }
 }

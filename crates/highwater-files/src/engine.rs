@@ -233,6 +233,11 @@ pub struct DepRow {
     pub path: String,
     pub kind: &'static str,
     pub changed: bool,
+    /// The machine that recorded this file outside the project (a fleet)
+    /// when it is not this one: only a plan there checks it, and here it
+    /// is never `changed`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recorded_on: Option<String>,
 }
 
 /// What discovery and evidence found for a stage, with its plan.
@@ -467,7 +472,14 @@ impl Pipeline {
     }
 
     fn scope(&self, st: &Stage) -> Scope {
-        Scope::new(&self.root, &self.state_dir(), &st.spec.observe_ignore)
+        let s = Scope::new(&self.root, &self.state_dir(), &st.spec.observe_ignore);
+        // On shared state each machine records its own files outside the
+        // project as its own (issue 24: no ping-pong between machines).
+        if self.is_shared() {
+            s.on_fleet()
+        } else {
+            s
+        }
     }
 
     /// Which items have a changed dependency, and the first one that did:
@@ -539,6 +551,7 @@ impl Pipeline {
                         path: d.path.clone(),
                         kind: d.what.as_str(),
                         changed: checker.changed(d),
+                        recorded_on: d.host.clone().filter(|_| !scope.checkable(d)),
                     })
                     .collect(),
             });
@@ -603,20 +616,6 @@ impl Pipeline {
     /// Whether the state is shared by a fleet (PostgreSQL).
     pub fn is_shared(&self) -> bool {
         self.state_url_env.is_some()
-    }
-
-    /// The stages whose commands would be observed but whose dependencies
-    /// a fleet does not record yet (issue 24): on shared state their recipe
-    /// is declared only, and `run` says so rather than going quiet.
-    pub fn declared_only_on_fleet(&self) -> Vec<&str> {
-        if !self.is_shared() {
-            return Vec::new();
-        }
-        self.stages
-            .iter()
-            .filter(|st| st.observes())
-            .map(|st| st.spec.name.as_str())
-            .collect()
     }
 
     /// Takes the SQLite state store's run lock (for `state migrate`: no
@@ -1381,26 +1380,10 @@ impl Pipeline {
                 .values()
                 .filter_map(|b| deps::decode(b).ok())
                 .collect();
-            digests.seed(&sets, st.settings.granularity_ns);
+            digests.seed(&dep_scope, &sets, st.settings.granularity_ns);
         }
         if st.observes() && st.output_place.is_none() {
-            // Each folder is looked at once, however many outputs it holds.
-            let mut folders: HashMap<String, bool> = HashMap::new();
-            for c in &work {
-                let mut keys = vec![c.output.clone()];
-                let mut o = c.output.as_str();
-                while let Some(i) = o.rfind('/') {
-                    o = &o[..i];
-                    let exists = *folders
-                        .entry(o.to_string())
-                        .or_insert_with(|| self.root.join(o).exists());
-                    if exists {
-                        break;
-                    }
-                    keys.push(o.to_string());
-                }
-                run_written.add(keys);
-            }
+            self.note_outputs(work.iter().map(|c| c.output.as_str()), &run_written);
         }
         type Done = (usize, Result<Option<(String, String)>, String>, u64);
         let (tx, rx) = mpsc::sync_channel::<Done>(jobs * RESULTS_QUEUE_PER_WORKER);
@@ -1521,6 +1504,28 @@ impl Pipeline {
         let exit = if report.failed.is_empty() { 0 } else { 1 };
         store.finish_run(run_id, now_ns(), &summary, exit)?;
         Ok(())
+    }
+
+    /// Adds to what the run wrote these outputs and those of their folders
+    /// that do not exist yet (highwater makes them, unobserved). Each
+    /// folder is looked at once, however many outputs it holds.
+    fn note_outputs<'o>(&self, outputs: impl Iterator<Item = &'o str>, written: &RunWritten) {
+        let mut folders: HashMap<String, bool> = HashMap::new();
+        for output in outputs {
+            let mut keys = vec![output.to_string()];
+            let mut o = output;
+            while let Some(i) = o.rfind('/') {
+                o = &o[..i];
+                let exists = *folders
+                    .entry(o.to_string())
+                    .or_insert_with(|| self.root.join(o).exists());
+                if exists {
+                    break;
+                }
+                keys.push(o.to_string());
+            }
+            written.add(keys);
+        }
     }
 
     fn job<'a>(&'a self, st: &'a Stage, item: &'a str, o: &'a Observed) -> Job<'a> {
@@ -1943,7 +1948,7 @@ impl Pipeline {
 /// Whether commands can be observed here, asked once per process: a
 /// container without ptrace refuses the run (exit 2, the fix named)
 /// before any item is touched, rather than running it unobserved.
-fn observe_available(stage: &str) -> Result<(), FilesError> {
+pub(crate) fn observe_available(stage: &str) -> Result<(), FilesError> {
     static PROBE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
     PROBE
         .get_or_init(|| highwater_observe::probe().map_err(|e| e.to_string()))

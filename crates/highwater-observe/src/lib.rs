@@ -40,8 +40,14 @@
 //! a dozen instructions and `libc` is already in the tree, so the crate
 //! adds no dependency and no build time.
 //!
-//! Not observed: 32-bit (ia32/x32) syscalls (the filter lets them through),
-//! and files reached only through descriptors inherited from highwater.
+//! Refused, not let through unobserved: 32-bit (ia32, `int 0x80`) and x32
+//! system calls, and `io_uring_setup` (a ring opens and reads files with no
+//! system call the filter sees). Each stops the tracee with its own
+//! `SECCOMP_RET_TRACE` data; the tracer kills the whole tree and the
+//! command fails with [`ObserveError::Refused`], naming the call.
+//!
+//! Not observed: files reached only through descriptors inherited from
+//! highwater.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ffi::OsString;
@@ -78,6 +84,12 @@ pub enum ObserveError {
     },
     #[error("observing `{program}` failed: {message}")]
     Trace { program: String, message: String },
+    #[error(
+        "`{program}` made {what}, which highwater cannot observe: its command tree \
+         was killed. Set `observe = false` on the stage and list what its command \
+         reads in `recipe.files`, or run a build of the program without it"
+    )]
+    Refused { program: String, what: &'static str },
 }
 
 /// The files one observed command tree touched. See the module doc.
@@ -303,9 +315,23 @@ mod linux {
 
     const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
     const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+    /// `SECCOMP_RET_TRACE` data of the calls refused (0: an observed call).
+    const REFUSE_IA32: u32 = 1;
+    const REFUSE_X32: u32 = 2;
+    const REFUSE_IO_URING: u32 = 3;
 
-    /// The BPF program: allow foreign-arch and x32 calls (not observed, see
-    /// the module doc), allow `fstat` done as `newfstatat(fd, "",
+    /// What a refused call was, for the error.
+    fn refused_what(data: u32) -> &'static str {
+        match data {
+            REFUSE_IA32 => "a 32-bit (ia32) system call",
+            REFUSE_X32 => "an x32 system call",
+            _ => "an io_uring_setup call (a ring opens and reads files unseen)",
+        }
+    }
+
+    /// The BPF program: stop foreign-arch (ia32) and x32 calls and
+    /// `io_uring_setup` with their refusal data (see the module doc),
+    /// allow `fstat` done as `newfstatat(fd, "",
     /// AT_EMPTY_PATH)` or `statx(fd, "", AT_EMPTY_PATH)` (glibc's fstat;
     /// it names no path, and it is the commonest of them all), trace the
     /// listed syscalls, allow the rest.
@@ -328,28 +354,37 @@ mod linux {
             .filter(|&n| n != libc::SYS_newfstatat && n != libc::SYS_statx)
             .collect();
         let n = others.len();
+        let trace = libc::SECCOMP_RET_TRACE;
         let mut f = vec![
             ins(LD, 4, 0, 0),
             ins(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
-            ins(RET, libc::SECCOMP_RET_ALLOW, 0, 0),
+            ins(RET, trace | REFUSE_IA32, 0, 0),
             ins(LD, 0, 0, 0),
             ins(BPF_JMP | BPF_JGE | BPF_K, X32_SYSCALL_BIT, 0, 1),
-            ins(RET, libc::SECCOMP_RET_ALLOW, 0, 0),
+            ins(RET, trace | REFUSE_X32, 0, 0),
+            ins(
+                BPF_JMP | BPF_JEQ | BPF_K,
+                libc::SYS_io_uring_setup as u32,
+                0,
+                1,
+            ),
+            ins(RET, trace | REFUSE_IO_URING, 0, 0),
         ];
-        // Layout from here (absolute indices): 6 newfstatat jump, 7 statx
-        // jump, 8..8+n the other compares, 8+n ALLOW, 9+n TRACE, 10+n the
-        // newfstatat block (LD, JSET, ALLOW, TRACE), 14+n the statx block.
+        // Layout from here (absolute indices): 8 newfstatat jump, 9 statx
+        // jump, 10..10+n the other compares, 10+n ALLOW, 11+n TRACE, 12+n
+        // the newfstatat block (LD, JSET, ALLOW, TRACE), 16+n the statx
+        // block.
         let rel = |from: usize, to: usize| (to - (from + 1)) as u8;
         f.push(ins(
             BPF_JMP | BPF_JEQ | BPF_K,
             libc::SYS_newfstatat as u32,
-            rel(6, 10 + n),
+            rel(8, 12 + n),
             0,
         ));
         f.push(ins(
             BPF_JMP | BPF_JEQ | BPF_K,
             libc::SYS_statx as u32,
-            rel(7, 14 + n),
+            rel(9, 16 + n),
             0,
         ));
         for (i, nr) in others.iter().enumerate() {
@@ -369,7 +404,7 @@ mod linux {
             f.push(ins(RET, libc::SECCOMP_RET_ALLOW, 0, 0));
             f.push(ins(RET, libc::SECCOMP_RET_TRACE, 0, 0));
         }
-        debug_assert_eq!(f.len(), 18 + n);
+        debug_assert_eq!(f.len(), 20 + n);
         f
     }
 
@@ -773,6 +808,8 @@ mod linux {
         // `spawn` failed (program not found, a hook failed), and `spawn`
         // reaps it itself: it must not be reaped here, so peek first.
         let mut main_execed = false;
+        // A refused call was made: the tree is being killed.
+        let mut refused: Option<u32> = None;
         loop {
             let mut status = 0;
             if !main_execed {
@@ -834,6 +871,13 @@ mod linux {
             if !libc::WIFSTOPPED(status) {
                 continue;
             }
+            if refused.is_some() {
+                // Any stop of a tree being killed (a child forked just
+                // before): killed too, never resumed into more work.
+                // SAFETY: kill only sends a signal to our own tracee.
+                unsafe { libc::kill(tid, libc::SIGKILL) };
+                continue;
+            }
             let t = tracees.entry(tid).or_default();
             let sig = libc::WSTOPSIG(status);
             let event = (status >> 16) & 0xffff;
@@ -860,6 +904,21 @@ mod linux {
                 match event {
                     libc::PTRACE_EVENT_SECCOMP => {
                         obs.stops += 1;
+                        let mut data: libc::c_ulong = 0;
+                        // SAFETY: GETEVENTMSG writes one c_ulong.
+                        unsafe {
+                            libc::ptrace(libc::PTRACE_GETEVENTMSG, tid, 0, &mut data);
+                        }
+                        if data != 0 {
+                            // Refused: the whole tree goes, this call
+                            // never runs (a SIGKILL ends a stopped tracee).
+                            refused = Some(data as u32);
+                            for &other in tracees.keys() {
+                                // SAFETY: signals only our own tracees.
+                                unsafe { libc::kill(other, libc::SIGKILL) };
+                            }
+                            continue;
+                        }
                         on_call(tid, t, &mut obs, &mut fresh);
                         if fresh.is_empty() {
                             resume(libc::PTRACE_CONT, tid, 0);
@@ -904,6 +963,12 @@ mod linux {
             }
             // A signal for the tracee: deliver it.
             resume(libc::PTRACE_CONT, tid, sig);
+        }
+        if let Some(data) = refused {
+            return Err(ObserveError::Refused {
+                program: program.into(),
+                what: refused_what(data),
+            });
         }
         let status = status_main.ok_or_else(|| ObserveError::Trace {
             program: program.into(),

@@ -297,3 +297,62 @@ fn a_read_write_open_is_a_read_unless_the_file_changed() {
     assert!(obs.written.contains(&d.join("changed.db")), "{obs:#?}");
     assert!(!obs.read.contains(&d.join("changed.db")), "{obs:#?}");
 }
+
+/// A Python script that makes one kind of system call the filter cannot
+/// follow (or none), then writes `after`.
+const UNFOLLOWABLE: &str = r#"
+import ctypes, mmap, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+what = sys.argv[1]
+if what == "io_uring":
+    params = ctypes.create_string_buffer(120)
+    libc.syscall(425, 1, params)
+elif what == "x32":
+    libc.syscall(0x40000000 | 39)
+elif what == "ia32":
+    # mov eax, 20 (getpid); int 0x80; ret
+    m = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    m.write(b"\xb8\x14\x00\x00\x00\xcd\x80\xc3")
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    ctypes.CFUNCTYPE(ctypes.c_long)(addr)()
+open("after", "w").write(what)
+"#;
+
+/// Calls that would let a command read files unseen (32-bit and x32
+/// system calls, an io_uring) are refused, not let through (issue 24):
+/// the tree is killed before the call runs on, and the error names it.
+/// Without one, the same script runs to its end.
+#[test]
+fn unfollowable_calls_kill_the_command_and_name_the_call() {
+    let t = tempfile::tempdir().unwrap();
+    let d = canon(t.path());
+    std::fs::write(d.join("s.py"), UNFOLLOWABLE).unwrap();
+    let cases = [
+        ("none", None),
+        ("io_uring", Some("io_uring_setup")),
+        ("x32", Some("an x32 system call")),
+        ("ia32", Some("a 32-bit (ia32) system call")),
+    ];
+    for (what, refused) in cases {
+        let _ = std::fs::remove_file(d.join("after"));
+        let mut cmd = Command::new("python3");
+        cmd.args(["s.py", what]).current_dir(&d);
+        let got = output(&mut cmd);
+        match refused {
+            None => {
+                let (out, _) = got.expect("observed run");
+                assert!(out.status.success(), "{what}: {out:?}");
+                assert!(d.join("after").exists(), "{what}");
+            }
+            Some(words) => {
+                let e = got.expect_err(what).to_string();
+                assert!(
+                    e.contains(words) && e.contains("observe = false"),
+                    "{what}: {e}"
+                );
+                assert!(!d.join("after").exists(), "{what}: the tree ran on");
+            }
+        }
+    }
+}

@@ -205,6 +205,15 @@ impl Batch {
     }
 }
 
+/// The observed dependencies of a batch of completed claims (issue 24).
+#[derive(Clone, Debug, Default)]
+pub struct DoneDeps {
+    /// By index of the completed items: the item's set id, or `None`.
+    pub sets: Vec<Option<String>>,
+    /// (id, body) of the sets named.
+    pub bodies: Vec<(String, String)>,
+}
+
 /// Forward migration 5 -> 6 in both stores (issue 24): observed
 /// dependency sets, stored once per distinct set, and each item's set.
 /// Rows of deleted items go with them; a set no item names any more is
@@ -605,7 +614,25 @@ pub trait WorkQueue {
         owner: &str,
         done: &[(String, i64, Option<Entry>)],
         refused: u64,
+    ) -> Result<Vec<bool>, StoreError> {
+        self.complete_observed(stage, owner, done, None, refused)
+    }
+    /// `complete`, with each item's observed dependencies (issue 24)
+    /// written in the same transaction as its entry, and only for the items
+    /// kept: `deps.sets[i]` is the set id of `done[i]` (`None` removes its
+    /// set), `deps.bodies` the sets to store when not stored yet.
+    fn complete_observed(
+        &mut self,
+        stage: &str,
+        owner: &str,
+        done: &[(String, i64, Option<Entry>)],
+        deps: Option<&DoneDeps>,
+        refused: u64,
     ) -> Result<Vec<bool>, StoreError>;
+    /// Removes the dependency sets no item names any more (issue 24);
+    /// says how many. Safe beside concurrent `complete_observed`s: see the
+    /// implementation.
+    fn prune_dep_sets(&mut self) -> Result<u64, StoreError>;
     /// Registers this process in the fleet.
     fn register(&mut self, p: &FleetProcess) -> Result<(), StoreError>;
     /// Marks this process finished.

@@ -20,9 +20,9 @@
 //! claim expired.
 
 use crate::{
-    Batch, Bookmark, Claim, DirRecord, Fence, FleetProcess, Lease, LeaseOutcome, QueueCounts,
-    QueuePlan, RunRecord, StageEntries, StateStore, StoreError, WindowCommit, WindowRecord,
-    WindowStatus, WorkQueue,
+    Batch, Bookmark, Claim, DirRecord, DoneDeps, Fence, FleetProcess, Lease, LeaseOutcome,
+    QueueCounts, QueuePlan, RunRecord, StageEntries, StateStore, StoreError, WindowCommit,
+    WindowRecord, WindowStatus, WorkQueue,
 };
 use highwater_core::evidence::Digest;
 use highwater_core::{Entry, EntryKind, Stat, Status};
@@ -1092,6 +1092,10 @@ impl StateStore for PgStore {
     }
 }
 
+/// The advisory lock between recording dependency sets and pruning them
+/// ("hwdeps").
+const DEP_SETS_LOCK: i64 = 0x6877_6465_7073;
+
 impl WorkQueue for PgStore {
     fn pending(&mut self, stage: &str) -> Result<QueueCounts, StoreError> {
         let sql = format!(
@@ -1223,11 +1227,12 @@ impl WorkQueue for PgStore {
         Ok(r.is_some())
     }
 
-    fn complete(
+    fn complete_observed(
         &mut self,
         stage: &str,
         owner: &str,
         done: &[(String, i64, Option<Entry>)],
+        deps: Option<&DoneDeps>,
         refused: u64,
     ) -> Result<Vec<bool>, StoreError> {
         let what = self.what.clone();
@@ -1254,6 +1259,28 @@ impl WorkQueue for PgStore {
             }
         }
         upsert_entries(&mut tx, &upserts).map_err(err)?;
+        if let Some(d) = deps {
+            // Shared against `prune_dep_sets`: a set this transaction finds
+            // already stored (ON CONFLICT DO NOTHING takes no row lock) and
+            // names must not be pruned before it commits.
+            tx.execute("SELECT pg_advisory_xact_lock_shared($1)", &[&DEP_SETS_LOCK])
+                .map_err(err)?;
+            // A fenced result records no dependencies either: the item's
+            // set stays the one of the entry that stays.
+            let batch = Batch {
+                deps: d
+                    .sets
+                    .iter()
+                    .zip(done)
+                    .zip(&kept)
+                    .filter(|(_, k)| **k)
+                    .map(|((set, (item, _, _)), _)| (stage.to_string(), item.clone(), set.clone()))
+                    .collect(),
+                dep_sets: d.bodies.clone(),
+                ..Batch::default()
+            };
+            apply_batch(&mut tx, &batch).map_err(err)?;
+        }
         let fenced = (kept.iter().filter(|k| !**k).count() as u64 + refused) as i64;
         tx.execute(
             "UPDATE processes SET done = done + $2, fenced = fenced + $3 WHERE owner = $1",
@@ -1266,6 +1293,28 @@ impl WorkQueue for PgStore {
         .map_err(err)?;
         tx.commit().map_err(err)?;
         Ok(kept)
+    }
+
+    fn prune_dep_sets(&mut self) -> Result<u64, StoreError> {
+        let what = self.what.clone();
+        let err = |source| StoreError::Pg {
+            what: what.clone(),
+            source,
+        };
+        let mut tx = self.client.get_mut().transaction().map_err(err)?;
+        // Exclusive: every completion naming a set has committed (and is
+        // seen by the DELETE's snapshot, taken after the lock) or waits.
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&DEP_SETS_LOCK])
+            .map_err(err)?;
+        let n = tx
+            .execute(
+                "DELETE FROM dep_sets s WHERE NOT EXISTS
+                 (SELECT 1 FROM item_deps d WHERE d.set_id = s.id)",
+                &[],
+            )
+            .map_err(err)?;
+        tx.commit().map_err(err)?;
+        Ok(n)
     }
 
     fn register(&mut self, p: &FleetProcess) -> Result<(), StoreError> {

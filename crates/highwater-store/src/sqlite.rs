@@ -545,9 +545,9 @@ impl StateStore for SqliteStore {
             )
             .map_err(|e| self.err(e))?;
         assert_eq!(n, 1, "run {run} was begun by this store");
-        // Dependency sets no item names any more. Only here, where one
-        // process holds the state (a shared PostgreSQL store keeps them:
-        // a concurrent commit may be about to name one again).
+        // Dependency sets no item names any more. Here, where one process
+        // holds the state (a shared PostgreSQL store prunes them under an
+        // advisory lock: a concurrent commit may be about to name one).
         self.conn
             .execute(
                 "DELETE FROM dep_sets WHERE id NOT IN (SELECT set_id FROM item_deps)",

@@ -925,3 +925,130 @@ fn a_dangling_symlink_and_git_index_do_not_rerun_every_plan() {
     assert_eq!(p.read("out/f0.txt.out"), "m\n");
     assert!(plan_of(&p, "t").is_empty());
 }
+
+const MANY_ITEMS: usize = 16;
+const SLOTS: usize = 8;
+
+/// What each item's output is from the tables as they are: each table it
+/// names, or `no tN;` for one that does not exist, then, for a lister, the
+/// folder's names.
+fn rebuilt(readers: &[(Vec<usize>, bool)], slots: &[Option<String>]) -> BTreeMap<String, Vec<u8>> {
+    let mut names: Vec<String> = vec![".".into(), "..".into()];
+    names.extend(
+        (0..SLOTS)
+            .filter(|&s| slots[s].is_some())
+            .map(|s| format!("t{s}")),
+    );
+    names.sort();
+    readers
+        .iter()
+        .enumerate()
+        .map(|(i, (ts, lists))| {
+            let mut body: String = ts
+                .iter()
+                .map(|&t| slots[t].clone().unwrap_or_else(|| format!("no t{t};\n")))
+                .collect();
+            if *lists {
+                for n in &names {
+                    body.push_str(n);
+                    body.push('\n');
+                }
+            }
+            (format!("i{i:02}.txt.out"), body.into_bytes())
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
+
+    /// Random creates, edits and deletes of dependency files, some of them
+    /// absent when read and some items listing their folder: exactly the
+    /// items whose recorded view changed re-run (a table it read edited or
+    /// gone, one it found absent created, a name added to or removed from a
+    /// folder it listed), each naming what changed; after the run the
+    /// outputs equal a rebuild, and the next plan is empty.
+    #[test]
+    fn creates_edits_and_deletes_rerun_exactly_the_items_that_saw_them(
+        readers in proptest::collection::vec(
+            (proptest::collection::btree_set(0..SLOTS, 0..=3), proptest::bool::weighted(0.25)),
+            MANY_ITEMS,
+        ),
+        initial in proptest::collection::vec(proptest::option::weighted(0.6, "[a-z]{1,3}"), SLOTS),
+        // (slot, Some(text): write it, creating or editing; None: delete)
+        ops in proptest::collection::vec((0..SLOTS, proptest::option::weighted(0.6, "[a-z]{1,3}")), 1..6),
+    ) {
+        let readers: Vec<(Vec<usize>, bool)> =
+            readers.into_iter().map(|(s, l)| (s.into_iter().collect(), l)).collect();
+        // Most items may read an edited table: the guard is not under test.
+        let p = Project::new(&config(r#"["sh", "cat.sh", "{input}", "{output}"]"#, "guard = 1.0"));
+        // Tables its input names, each read or found absent; `ls` for a
+        // lister (`-f`: the names only, no stat of each).
+        p.write(
+            "cat.sh",
+            concat!(
+                "set -eu\nout=\"$2\"\n: > \"$out\"\n",
+                "for t in $(cat \"$1\"); do\n",
+                "  case $t in ls) ls -f tables | sort >> \"$out\" ;;\n",
+                "  *) if [ -e \"tables/$t\" ]; then cat \"tables/$t\" >> \"$out\"; else echo \"no $t;\" >> \"$out\"; fi ;;\n",
+                "  esac\ndone\n",
+            ),
+        );
+        std::fs::create_dir_all(p.path("tables")).unwrap();
+        let slot_text = |s: &str| format!("{s};\n");
+        let mut slots: Vec<Option<String>> = initial.iter().map(|o| o.as_deref().map(slot_text)).collect();
+        for (s, body) in slots.iter().enumerate() {
+            if let Some(b) = body {
+                p.write(&format!("tables/t{s}"), b);
+            }
+        }
+        for (i, (ts, lists)) in readers.iter().enumerate() {
+            let mut words: Vec<String> = ts.iter().map(|t| format!("t{t}")).collect();
+            if *lists {
+                words.push("ls".into());
+            }
+            p.write(&format!("data/i{i:02}.txt"), &words.join(" "));
+        }
+        hw(&p, &["run", "--jobs", "3"], 0);
+        prop_assert_eq!(contents(&p.tree("out")), rebuilt(&readers, &slots));
+        prop_assert!(plan_of(&p, "t").is_empty());
+
+        let before = slots.clone();
+        for (s, op) in &ops {
+            let path = p.path(&format!("tables/t{s}"));
+            match op {
+                Some(text) => {
+                    // Appended to an existing table: an edit always changes it.
+                    let body = format!("{}{}", slots[*s].clone().unwrap_or_default(), slot_text(text));
+                    std::fs::write(&path, &body).unwrap();
+                    slots[*s] = Some(body);
+                }
+                None => {
+                    let _ = std::fs::remove_file(&path);
+                    slots[*s] = None;
+                }
+            }
+        }
+        let changed: BTreeSet<usize> = (0..SLOTS).filter(|&s| before[s] != slots[s]).collect();
+        let names_changed = (0..SLOTS).any(|s| before[s].is_some() != slots[s].is_some());
+        let want: BTreeSet<String> = readers
+            .iter()
+            .enumerate()
+            .filter(|(_, (ts, lists))| ts.iter().any(|t| changed.contains(t)) || (*lists && names_changed))
+            .map(|(i, _)| format!("data/i{i:02}.txt"))
+            .collect();
+        let plan = plan_of(&p, "t");
+        prop_assert_eq!(plan.keys().cloned().collect::<BTreeSet<_>>(), want);
+        for (reason, dep) in plan.values() {
+            prop_assert_eq!(reason.as_str(), "dependency");
+            let dep = dep.clone().unwrap();
+            prop_assert!(
+                changed.iter().any(|s| dep == format!("tables/t{s}")) || (names_changed && dep == "tables"),
+                "{}", dep
+            );
+        }
+        hw(&p, &["run", "--jobs", "3"], 0);
+        prop_assert_eq!(contents(&p.tree("out")), rebuilt(&readers, &slots));
+        prop_assert!(plan_of(&p, "t").is_empty());
+    }
+}

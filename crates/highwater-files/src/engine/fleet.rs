@@ -40,6 +40,7 @@
 //! expire and are taken over by the next run; nothing recorded is lost.
 
 use super::{FailedItem, Observed, Pipeline, Progress, RunOptions, RunReport, Stage, StageReport};
+use crate::deps::{self, DigestCache, RunWritten, Scope};
 use crate::error::FilesError;
 use crate::now_ns;
 use highwater_core::evidence::Digest;
@@ -48,8 +49,8 @@ use highwater_core::plan::{self, Observation, Reason};
 use highwater_core::{Stat, Status};
 use highwater_store::lease::{host, owner_id, ClaimHeartbeat, LEASE_POLL_MS};
 use highwater_store::{
-    Batch, Claim, Fence, FleetProcess, LeaseOutcome, PgStore, QueuePlan, StateStore, WindowCommit,
-    WorkQueue,
+    Batch, Claim, DoneDeps, Fence, FleetProcess, LeaseOutcome, PgStore, QueuePlan, StateStore,
+    WindowCommit, WorkQueue,
 };
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -169,6 +170,11 @@ impl Pipeline {
         }
         for st in &selected {
             self.check_writable(st)?;
+        }
+        // A process that cannot observe would make items whose recipe goes
+        // unrecorded: refused before it plans or claims anything.
+        for st in selected.iter().filter(|st| st.observes()) {
+            super::observe_available(&st.spec.name)?;
         }
         let mut report = RunReport::default();
         for (i, st) in selected.iter().enumerate() {
@@ -341,6 +347,15 @@ impl Pipeline {
         progress.stage_start(&name, report.changed);
         let jobs = opts.jobs.clamp(1, super::JOBS_MAX);
         let mut foreign = false;
+        // Observed dependencies are recorded where each item runs (issue
+        // 24), with what this process wrote in this stage kept out of them.
+        // Another process's writes are not known here: an item that reads
+        // one records it like any file, and its next plan settles it.
+        let seeing = Seeing {
+            scope: self.scope(st),
+            written: RunWritten::default(),
+            digests: DigestCache::default(),
+        };
         loop {
             let claims = queue(store).claim_recipe(
                 &name,
@@ -373,12 +388,13 @@ impl Pipeline {
             report.fleet = Some(fleet.clone());
             reached.in_hand = claims.len();
             self.work_claims(
-                store, st, owner, lease_ns, &claims, jobs, report, &mut fleet, progress,
+                store, st, owner, lease_ns, &claims, jobs, report, &mut fleet, progress, &seeing,
             )?;
             reached.in_hand = 0;
             report.fleet = Some(fleet.clone());
         }
         let retried = queue(store).pending(&name)?.retried;
+        let i_planned = planned.is_some();
         if let (Some(Some(dirs)), 0, false) = (planned, retried, foreign) {
             // Every queued item is done: the folders are final for now. Not
             // recorded when a claim was taken over or a young temp output
@@ -391,6 +407,11 @@ impl Pipeline {
                 )],
                 ..Batch::default()
             })?;
+        }
+        if i_planned && st.observes() {
+            // The sets that re-run items no longer name: pruned by the
+            // planner once its plan closed (a limit on what the fleet keeps).
+            queue(store).prune_dep_sets()?;
         }
         progress.stage_done(&name);
         report.duration_ms = started.elapsed().as_millis() as u64;
@@ -588,15 +609,26 @@ impl Pipeline {
         report: &mut StageReport,
         fleet: &mut FleetStage,
         progress: &dyn Progress,
+        seeing: &Seeing,
     ) -> Result<(), FilesError> {
         let name = &st.spec.name;
         let var = self.state_url_env.as_deref().expect("shared store");
+        let observes = st.observes();
+        if observes && st.output_place.is_none() {
+            let outputs: Vec<String> = claims
+                .iter()
+                .filter_map(|c| serde_json::from_str::<Payload>(&c.payload).ok())
+                .map(|p| p.output)
+                .collect();
+            self.note_outputs(outputs.iter().map(String::as_str), &seeing.written);
+        }
         let next = AtomicUsize::new(0);
         let jobs = jobs.min(claims.len()).max(1);
-        // (claim index, outcome, ms); outcome None: fenced before publish.
-        let (tx, rx) = mpsc::sync_channel::<(usize, Result<Option<()>, String>, u64)>(
-            jobs * super::RESULTS_QUEUE_PER_WORKER,
-        );
+        // (claim index, outcome, ms); outcome None: fenced before publish,
+        // Some(set): published, with its dependency set (id, body) if seen.
+        type Made = Result<Option<Option<(String, String)>>, String>;
+        let (tx, rx) =
+            mpsc::sync_channel::<(usize, Made, u64)>(jobs * super::RESULTS_QUEUE_PER_WORKER);
         let margin_ns = lease_ns / 3;
         std::thread::scope(|scope| -> Result<(), FilesError> {
             for _ in 0..jobs {
@@ -609,7 +641,7 @@ impl Pipeline {
                         let i = next.fetch_add(1, Ordering::Relaxed);
                         let Some(c) = claims.get(i) else { break };
                         let t0 = Instant::now();
-                        let r = self.make_claimed(st, c, fence_store.as_mut(), margin_ns);
+                        let r = self.make_claimed(st, c, fence_store.as_mut(), margin_ns, seeing);
                         let ms = t0.elapsed().as_millis() as u64;
                         if tx.send((i, r, ms)).is_err() {
                             break;
@@ -621,6 +653,8 @@ impl Pipeline {
             let mut done = Vec::new();
             let mut outcomes = Vec::new();
             let mut refused = 0;
+            let mut dd = DoneDeps::default();
+            let mut bodies = std::collections::HashSet::new();
             for (i, r, ms) in rx.iter() {
                 let c = &claims[i];
                 let payload: Payload = match serde_json::from_str(&c.payload) {
@@ -629,13 +663,24 @@ impl Pipeline {
                 };
                 let obs = payload.observation(&c.item);
                 let (status, error) = match &r {
-                    Ok(Some(())) => (Status::Ok, None),
+                    Ok(Some(_)) => (Status::Ok, None),
                     Ok(None) => {
                         refused += 1;
                         continue;
                     }
                     Err(e) => (Status::Failed, Some(e.clone())),
                 };
+                // As in a local run: the set, or none (failed, or not
+                // observed), replaces the item's old one with its entry.
+                dd.sets.push(match &r {
+                    Ok(Some(Some((id, body)))) => {
+                        if bodies.insert(id.clone()) {
+                            dd.bodies.push((id.clone(), body.clone()));
+                        }
+                        Some(id.clone())
+                    }
+                    _ => None,
+                });
                 let entry = if st.template.is_aggregate() {
                     plan::aggregate_entry(&obs, &st.settings, status, error, now_ns(), ms)
                 } else {
@@ -645,7 +690,7 @@ impl Pipeline {
                 outcomes.push(r);
             }
             fleet.fenced += refused as usize;
-            let kept = queue(store).complete(name, owner, &done, refused)?;
+            let kept = queue(store).complete_observed(name, owner, &done, Some(&dd), refused)?;
             for (((item, _, _), r), kept) in done.iter().zip(outcomes).zip(kept) {
                 if !kept {
                     fleet.fenced += 1;
@@ -672,7 +717,8 @@ impl Pipeline {
         c: &Claim,
         fence_store: Option<&mut PgStore>,
         margin_ns: i64,
-    ) -> Result<Option<()>, String> {
+        seeing: &Seeing,
+    ) -> Result<Option<Option<(String, String)>>, String> {
         let payload: Payload =
             serde_json::from_str(&c.payload).map_err(|e| format!("queued payload: {e}"))?;
         let mut fence_store = fence_store;
@@ -684,16 +730,44 @@ impl Pipeline {
                 None => Ok(false),
             }
         };
-        self.produce(
+        let sink = seeing.written.sink(seeing.scope.keyer());
+        let made = self.produce(
             st,
             &c.item,
             &payload.output,
             &payload.relpath,
             &payload.inputs,
             &mut still_ours,
-            None,
-        )
-        // Observed dependencies are not recorded on a fleet yet (issue 24).
-        .map(|o| o.map(|_| ()))
+            Some(sink),
+        )?;
+        Ok(made.map(|seen| {
+            seen.map(|seen| {
+                let scope = &seeing.scope;
+                seeing
+                    .written
+                    .add(seen.written.iter().map(|p| scope.key(p)));
+                let mut own: Vec<String> = if st.template.is_aggregate() {
+                    payload.inputs.clone()
+                } else {
+                    vec![c.item.clone()]
+                };
+                own.push(payload.output.clone());
+                deps::encode(&deps::record(
+                    scope,
+                    &seen,
+                    &own,
+                    &seeing.written,
+                    &seeing.digests,
+                ))
+            })
+        }))
     }
+}
+
+/// What a process of the fleet needs to record its items' observed
+/// dependencies in one stage.
+struct Seeing {
+    scope: Scope,
+    written: RunWritten,
+    digests: DigestCache,
 }
