@@ -611,6 +611,34 @@ impl Ingestor {
                 start_us: r.start_us,
                 end_us: r.end_us,
             };
+            // The fence, before each load: a run that lost the source to
+            // another loads nothing more (the other may be re-landing the
+            // window this one would load the old files of).
+            let ours = store
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .renew_lease(
+                    fence,
+                    now_ns(),
+                    self.spec.lease_duration_s as i64 * 1_000_000_000,
+                )?;
+            if !ours {
+                report.loads.push(LoadOutcome {
+                    start: format_rfc3339(w.start_us),
+                    end: format_rfc3339(w.end_us),
+                    table: spec.table.clone(),
+                    status: "failed",
+                    rows: 0,
+                    replaced_rows: 0,
+                    duration_ms: 0,
+                    error: Some(format!(
+                        "not loaded: {}; the next `highwater ingest {}` loads it",
+                        self.lost_to(store, fence),
+                        self.spec.name
+                    )),
+                });
+                break;
+            }
             let t0 = Instant::now();
             let result = (|| -> Result<Loaded, String> {
                 let rel = r.extra["path"]
