@@ -390,6 +390,26 @@ pub fn ingest(
             writeln!(out, "    warning: {warn}")?;
         }
     }
+    for l in &r.loads {
+        match &l.error {
+            None => writeln!(
+                out,
+                "  {:<9} [{}, {}) {} rows into {} (replaced {}) in {:.1}s",
+                l.status,
+                l.start,
+                l.end,
+                l.rows,
+                l.table,
+                l.replaced_rows,
+                l.duration_ms as f64 / 1000.0
+            )?,
+            Some(e) => writeln!(
+                out,
+                "  load {:<4} [{}, {}) into {}: {e}",
+                l.status, l.start, l.end, l.table
+            )?,
+        }
+    }
     for warn in &r.warnings {
         writeln!(out, "  warning: {warn}")?;
     }
@@ -426,17 +446,41 @@ pub fn grid(
         }),
         highwater_core::window::format_duration(interval_us)
     )?;
+    // With a warehouse load, its state is a column of its own beside the
+    // windows: L loaded, F failed, - published and not loaded yet.
+    let with_load = rows.iter().any(|r| r.load.is_some());
+    if with_load {
+        writeln!(
+            out,
+            "load column: L loaded into the warehouse, F load failed, - not loaded yet"
+        )?;
+    }
     let mut day = String::new();
     let mut line = String::new();
+    let mut load_line = String::new();
+    let end_day = |out: &mut dyn Write, day: &str, line: &str, load_line: &str| {
+        if with_load {
+            writeln!(out, "{day} {line}  load {load_line}")
+        } else {
+            writeln!(out, "{day} {line}")
+        }
+    };
     for r in rows {
         let d = &r.start[..10];
         if d != day {
             if !line.is_empty() {
-                writeln!(out, "{day} {line}")?;
+                end_day(out, &day, &line, &load_line)?;
             }
             day = d.to_string();
             line.clear();
+            load_line.clear();
         }
+        load_line.push(match r.load.as_ref().map(|l| l.status) {
+            Some("loaded") => 'L',
+            Some("failed") => 'F',
+            Some(_) => '-',
+            None => ' ',
+        });
         line.push(match r.status {
             "published" if r.compacted.is_some() => 'C',
             "published" => '#',
@@ -447,7 +491,7 @@ pub fn grid(
         });
     }
     if !line.is_empty() {
-        writeln!(out, "{day} {line}")?;
+        end_day(out, &day, &line, &load_line)?;
     }
     for r in rows
         .iter()
@@ -462,9 +506,13 @@ pub fn grid(
             let parts: Vec<String> = c.iter().map(|(k, v)| format!("{v} {k}")).collect();
             format!("  chunks {total}: {}", parts.join(", "))
         });
+        let load = r.load.as_ref().map_or(String::new(), |l| match &l.error {
+            Some(e) => format!("  load {}: {e}", l.status),
+            None => format!("  load {}", l.status),
+        });
         writeln!(
             out,
-            "  {} {:<9} rows {:>8}  prior-days median {:>10}  duration {}  files {}{chunks}",
+            "  {} {:<9} rows {:>8}  prior-days median {:>10}  duration {}  files {}{chunks}{load}",
             r.start,
             r.status,
             r.rows.map_or("-".into(), |n| n.to_string()),

@@ -132,6 +132,7 @@ struct Raw {
     chunk_rows: Option<usize>,
     compact: Option<RawCompact>,
     version_retention_s: Option<u64>,
+    load: Option<crate::load::RawLoad>,
 }
 
 #[derive(Deserialize)]
@@ -205,6 +206,9 @@ pub struct SourceSpec {
     pub catch_up_windows_max: usize,
     pub chunking: Option<Chunking>,
     pub compaction: Option<Compaction>,
+    /// `[sources.NAME.load]`: each published window loaded into a
+    /// warehouse table.
+    pub load: Option<crate::load::LoadSpec>,
 }
 
 /// Rows per chunk unless `chunk_rows` says otherwise.
@@ -341,6 +345,19 @@ impl SourceSpec {
             }
             _ => (None, raw.output.clone()),
         };
+        let load = raw
+            .load
+            .map(|l| crate::load::LoadSpec::parse(l, name))
+            .transpose()
+            .map_err(bad)?;
+        if load.is_some() && compaction.is_some() {
+            // A re-landed window inside a compacted period lives in the
+            // period's files, mixed with its neighbours: not loaded yet.
+            return Err(bad(format!("[sources.{name}.load] and [sources.{name}.compact] together are not supported yet (a failed load of a compacted window would have to be read back out of its period's files); remove one")));
+        }
+        if load.is_some() && output_place.is_some() {
+            return Err(bad(format!("[sources.{name}.load] reads the published files back from a local `output`; output `{}` is in object storage, which the load does not read yet. Publish to a local folder, or remove the load", raw.output)));
+        }
         let spec = SourceSpec {
             name: name.to_string(),
             kind: raw.kind,
@@ -363,6 +380,7 @@ impl SourceSpec {
             catch_up_windows_max: raw.catch_up_windows_max.unwrap_or(720).max(1),
             chunking,
             compaction,
+            load,
         };
         // The output path must be a pure function of the window, distinct
         // for distinct windows, and stay where it was put.

@@ -91,12 +91,17 @@ pub struct IngestReport {
     pub warnings: Vec<String>,
     /// Source-level checks set to `fail` that failed (continuity).
     pub check_failures: usize,
+    /// Windows loaded into the warehouse (`[sources.NAME.load]`), or not.
+    pub loads: Vec<crate::load::LoadOutcome>,
 }
 
 impl IngestReport {
-    /// Failed windows plus failed source-level checks: non-zero means exit 1.
+    /// Failed windows, failed loads and failed source-level checks:
+    /// non-zero means exit 1.
     pub fn failed(&self) -> usize {
-        self.windows.iter().filter(|w| w.status == "failed").count() + self.check_failures
+        self.windows.iter().filter(|w| w.status == "failed").count()
+            + self.loads.iter().filter(|l| l.status == "failed").count()
+            + self.check_failures
     }
 }
 
@@ -124,6 +129,8 @@ pub struct GridRow {
     /// The content digest of the published rows: independent of files and
     /// row order, so it stays the same through a compaction.
     pub digest: Option<String>,
+    /// With `[sources.NAME.load]`: the published window's load state.
+    pub load: Option<crate::load::LoadCell>,
 }
 
 /// A compacted period, as `windows` shows it.
@@ -1277,6 +1284,7 @@ impl Ingestor {
 
     /// Ingests: recovers, chooses windows, runs them, moves the bookmark.
     pub fn run(&self, opts: &IngestOptions) -> Result<IngestReport, IngestError> {
+        self.check_load_env()?;
         if self.state.is_shared() {
             return self.run_shared(opts);
         }
@@ -1353,7 +1361,7 @@ impl Ingestor {
             chunk_parallel: opts.max_parallel,
         };
         let outcomes = self.run_windows(&plan.ks, &ctx, Some(plan.first), opts.max_parallel)?;
-        self.finish_windows(
+        let mut report = self.finish_windows(
             plan.report,
             outcomes,
             &plan.moved,
@@ -1361,7 +1369,9 @@ impl Ingestor {
             store,
             fence,
             lost,
-        )
+        )?;
+        self.load_owed(&mut report, store, fence)?;
+        Ok(report)
     }
 
     /// What a run owes, decided under the source's lease: recovery of a
@@ -1391,6 +1401,7 @@ impl Ingestor {
             windows: Vec::new(),
             warnings: Vec::new(),
             check_failures: 0,
+            loads: Vec::new(),
         };
         let mut first = source::open(&self.spec)?;
         let columns = first.columns()?;
@@ -1800,6 +1811,9 @@ impl Ingestor {
                     digest: published
                         .and_then(|r| r.extra["digest"].as_str())
                         .map(str::to_string),
+                    load: published
+                        .filter(|_| self.spec.load.is_some())
+                        .map(crate::load::cell),
                 }
             })
             .collect();

@@ -18,6 +18,15 @@ pub enum IngestError {
     UnknownSource { name: String, known: String },
     #[error("source `{name}`: the environment variable {var} is not set; export the connection string in it (it is never logged)")]
     MissingEnv { name: String, var: String },
+    #[error("source `{name}`: [sources.{name}.load] url_env names {var}, which is not set; export the warehouse's connection string in it (it is never logged). Nothing was touched")]
+    LoadEnv { name: String, var: String },
+    #[error("source `{name}`, window {window}: loading into {table}: {message}")]
+    Load {
+        name: String,
+        window: String,
+        table: String,
+        message: String,
+    },
     #[error("source `{name}`: cannot connect: {message}")]
     Connect { name: String, message: String },
     #[error("source `{name}`, window {window}: {message}")]

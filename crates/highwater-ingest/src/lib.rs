@@ -17,6 +17,7 @@
 //! - [`engine`]: which windows to run, checks, leases, bookmarks, the grid.
 //! - [`pg`]: a blocking PostgreSQL connection that drains COPY in one runtime entry.
 //! - [`periods`]: `compact`, and ingestion into compacted periods.
+//! - [`load`]: published windows loaded into a warehouse table, one transaction each.
 //! - [`error`]: the error type.
 
 pub mod compact;
@@ -25,6 +26,7 @@ pub mod copy;
 pub mod digest;
 pub mod engine;
 pub mod error;
+pub mod load;
 mod objects;
 pub mod periods;
 pub mod pg;

@@ -91,4 +91,32 @@ impl Pg {
             Ok(())
         })
     }
+
+    /// Runs a `COPY … FROM STDIN`, sending each chunk `next` gives until it
+    /// gives `None`, all inside one `block_on`; returns the rows the server
+    /// counted. An error of `next` aborts the COPY (the server discards it).
+    pub fn copy_in(
+        &mut self,
+        sql: &str,
+        mut next: impl FnMut() -> Result<Option<bytes::Bytes>, String>,
+    ) -> Result<u64, String> {
+        use futures_util::SinkExt;
+        self.rt.block_on(async {
+            let sink = self
+                .client
+                .copy_in::<_, bytes::Bytes>(sql)
+                .await
+                .map_err(|e| reason(&e))?;
+            let mut sink = std::pin::pin!(sink);
+            loop {
+                match next() {
+                    Ok(Some(chunk)) => sink.send(chunk).await.map_err(|e| reason(&e))?,
+                    Ok(None) => break,
+                    // Dropped unfinished, the sink fails the COPY.
+                    Err(e) => return Err(e),
+                }
+            }
+            sink.as_mut().finish().await.map_err(|e| reason(&e))
+        })
+    }
 }

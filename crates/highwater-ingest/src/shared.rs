@@ -112,6 +112,7 @@ impl Ingestor {
                 windows: Vec::new(),
                 warnings: Vec::new(),
                 check_failures: 0,
+                loads: Vec::new(),
             },
         };
         report.bookmark_after = store
@@ -336,6 +337,7 @@ impl Ingestor {
             let mut r =
                 self.finish_windows(p.report, all, &p.moved, p.horizon, store, fence, lost)?;
             r.windows = own.to_vec();
+            self.load_owed(&mut r, store, fence)?;
             Ok(r)
         })
     }
