@@ -1,0 +1,414 @@
+"""The code recipe of a Python stage (issue 22).
+
+A stage's recipe is made of named components, each with a digest:
+
+- ``module.qualname`` of the stage function and of every function, method and
+  class in the project that it uses, transitively (a class's own component
+  holds its body without its methods; each method is a component of its own,
+  so an edit to ``Cleaner.run`` is named as such);
+- ``module.NAME`` of the module-level constants they read (the AST of the
+  assignment, so a constant is hashed as written, not as a repr that could
+  hold addresses);
+- ``library name`` with ``name==version`` of each distribution outside the
+  project that they use;
+- ``python`` with the interpreter's minor version.
+
+Functions are hashed as a normalised AST with a serialisation of our own:
+docstrings, comments, formatting and line numbers do not count. (``ast.dump``
+text changed in 3.13, cpython #116023, and bytecode changes every minor
+release; neither is a stable key.)
+
+What cannot be resolved statically (``getattr`` with a computed name,
+``importlib``, ``eval``, a name that is not there) is listed in
+``Recipe.unresolved``, never silently ignored.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import dataclasses
+import hashlib
+import importlib.metadata
+import inspect
+import os
+import sys
+import textwrap
+import types
+from typing import Any, Iterable
+
+# Components per stage, whatever the call graph holds: a walk that finds more
+# is cut and says so in `unresolved`.
+COMPONENTS_MAX = 10_000
+
+_DYNAMIC_CALLS = {
+    "getattr": "getattr with a computed name",
+    "setattr": "setattr with a computed name",
+    "eval": "eval",
+    "exec": "exec",
+    "__import__": "__import__",
+    "globals": "globals()",
+    "vars": "vars()",
+}
+
+
+@dataclasses.dataclass
+class Recipe:
+    components: dict[str, str]
+    unresolved: list[str]
+
+    def config(self) -> dict[str, Any]:
+        return {"components": self.components, "unresolved": self.unresolved}
+
+
+def _digest(text: str) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+
+
+_SKIP_FIELDS = {"lineno", "col_offset", "end_lineno", "end_col_offset", "type_comment", "kind"}
+
+
+def _canon(node: Any) -> str:
+    """A stable text of an AST: node type names and fields, no positions."""
+    if isinstance(node, ast.AST):
+        parts = [type(node).__name__]
+        for name in node._fields:
+            if name in _SKIP_FIELDS:
+                continue
+            parts.append(f"{name}={_canon(getattr(node, name, None))}")
+        return "(" + " ".join(parts) + ")"
+    if isinstance(node, list):
+        return "[" + ",".join(_canon(n) for n in node) + "]"
+    return repr(node)
+
+
+def _strip_docstrings(tree: ast.AST) -> ast.AST:
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Module)):
+            body = node.body
+            if (
+                body
+                and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)
+            ):
+                node.body = body[1:] or [ast.Pass()]
+    return tree
+
+
+def _is_stdlib(modname: str) -> bool:
+    top = modname.split(".")[0]
+    return top in sys.stdlib_module_names or top == "builtins"
+
+
+_DISTS: dict[str, list[str]] | None = None
+
+
+def _distributions(top: str) -> list[str]:
+    global _DISTS
+    if _DISTS is None:
+        _DISTS = importlib.metadata.packages_distributions()
+    out = []
+    for d in sorted(set(_DISTS.get(top, []))):
+        try:
+            out.append(f"{d}=={importlib.metadata.version(d)}")
+        except importlib.metadata.PackageNotFoundError:
+            out.append(f"{d}==?")
+    return out
+
+
+class _Walker:
+    def __init__(self, root: str, ignore: Iterable[str]):
+        self.root = os.path.realpath(root)
+        # Installed code is a library even when the venv lies in the project.
+        self.excluded = {
+            os.path.realpath(p)
+            for p in {sys.prefix, sys.base_prefix, sys.exec_prefix}
+            if p
+        }
+        self.ignore = set(ignore)
+        self.components: dict[str, str] = {}
+        self.unresolved: list[str] = []
+        self.seen: set[int] = set()
+        self.queue: list[tuple[str, Any]] = []
+        self._module_trees: dict[str, ast.Module | None] = {}
+
+    # -- where things live ----------------------------------------------
+    def in_project(self, modname: str | None) -> bool:
+        if not modname:
+            return False
+        mod = sys.modules.get(modname)
+        f = getattr(mod, "__file__", None)
+        if not f:
+            return False
+        f = os.path.realpath(f)
+        if any(f.startswith(e + os.sep) for e in self.excluded if not self.root.startswith(e + os.sep)):
+            return False
+        if "site-packages" in f.split(os.sep):
+            return False
+        return f.startswith(self.root + os.sep)
+
+    def library(self, modname: str | None) -> None:
+        if not modname or _is_stdlib(modname) or self.in_project(modname):
+            return
+        top = modname.split(".")[0]
+        dists = _distributions(top)
+        self.components[f"library {top}"] = ",".join(dists) if dists else "unversioned"
+
+    def module_tree(self, modname: str) -> ast.Module | None:
+        if modname not in self._module_trees:
+            tree = None
+            try:
+                src = inspect.getsource(sys.modules[modname])
+                tree = ast.parse(src)
+            except (OSError, TypeError, SyntaxError, KeyError):
+                pass
+            self._module_trees[modname] = tree
+        return self._module_trees[modname]
+
+    # -- components -------------------------------------------------------
+    def add(self, name: str, obj: Any) -> None:
+        if name in self.ignore:
+            return
+        if id(obj) in self.seen and name in self.components:
+            return
+        self.seen.add(id(obj))
+        if len(self.components) >= COMPONENTS_MAX:
+            self.unresolved.append(f"{name}: more than {COMPONENTS_MAX} components; the walk stopped here")
+            return
+        self.queue.append((name, obj))
+
+    def run(self, fn: Any, name: str) -> None:
+        self.add(name, fn)
+        while self.queue:
+            name, obj = self.queue.pop()
+            if name in self.components:
+                continue
+            if isinstance(obj, type):
+                self.visit_class(name, obj)
+            else:
+                self.visit_function(name, obj)
+
+    def function_node(self, fn: types.FunctionType) -> ast.AST | None:
+        try:
+            src = textwrap.dedent(inspect.getsource(fn))
+        except (OSError, TypeError):
+            return None
+        try:
+            tree = ast.parse(src)
+        except SyntaxError:
+            # A lambda in the middle of an expression: its line alone is not
+            # a statement. Its code object stands for it.
+            return None
+        nodes = [
+            n
+            for n in ast.walk(tree)
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        ]
+        if fn.__name__ == "<lambda>":
+            lambdas = [n for n in nodes if isinstance(n, ast.Lambda)]
+            return lambdas[0] if len(lambdas) == 1 else None
+        for n in nodes:
+            if not isinstance(n, ast.Lambda) and n.name == fn.__name__:
+                return n
+        return None
+
+    def visit_function(self, name: str, fn: Any) -> None:
+        fn = inspect.unwrap(fn)
+        if isinstance(fn, (staticmethod, classmethod)):
+            fn = fn.__func__
+        if not isinstance(fn, types.FunctionType):
+            self.components[name] = _digest(repr(type(fn)))
+            return
+        node = self.function_node(fn)
+        if node is None:
+            code = fn.__code__
+            self.components[name] = _digest(
+                repr((code.co_code, code.co_consts, code.co_names, code.co_varnames))
+            )
+            self.unresolved.append(
+                f"{name}: its source could not be parsed alone; its bytecode stands for it"
+            )
+        else:
+            node = _strip_docstrings(node)
+            # The name is the component's name; the body is its recipe.
+            if hasattr(node, "name"):
+                node.name = "_"
+            node.decorator_list = [] if hasattr(node, "decorator_list") else None
+            self.components[name] = _digest(_canon(node))
+            self.references(name, fn, node)
+
+    def visit_class(self, name: str, cls: type) -> None:
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+            node = next(n for n in tree.body if isinstance(n, ast.ClassDef))
+        except (OSError, TypeError, SyntaxError, StopIteration):
+            self.components[name] = _digest(repr(sorted(vars(cls).keys())))
+            self.unresolved.append(f"{name}: its source could not be read")
+            return
+        node = _strip_docstrings(node)
+        body = [
+            n for n in node.body if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+        ]
+        node.body = body
+        self.components[name] = _digest(_canon(node))
+        for base in cls.__mro__[1:]:
+            self.value(name, base.__name__, base)
+        for attr, v in vars(cls).items():
+            f = v.__func__ if isinstance(v, (staticmethod, classmethod)) else v
+            if isinstance(f, property):
+                for part in (f.fget, f.fset, f.fdel):
+                    if part is not None:
+                        self.add(f"{name}.{attr}", part)
+            elif isinstance(f, types.FunctionType):
+                self.add(f"{name}.{attr}", f)
+
+    # -- what a function references ------------------------------------
+    def references(self, owner: str, fn: types.FunctionType, node: ast.AST) -> None:
+        g = fn.__globals__
+        closure = {}
+        if fn.__closure__:
+            for var, cell in zip(fn.__code__.co_freevars, fn.__closure__):
+                try:
+                    closure[var] = cell.cell_contents
+                except ValueError:
+                    pass
+        local = set(fn.__code__.co_varnames) | set(fn.__code__.co_cellvars)
+        for n in ast.walk(node):
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name):
+                what = _DYNAMIC_CALLS.get(n.func.id)
+                if what and n.func.id not in local and n.func.id not in g:
+                    computed = n.func.id not in ("getattr", "setattr") or not (
+                        len(n.args) >= 2 and isinstance(n.args[1], ast.Constant)
+                    )
+                    if computed:
+                        self.unresolved.append(f"{owner}: {what} (line {n.lineno} of its source)")
+            if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load):
+                chain = []
+                cur: ast.AST = n
+                while isinstance(cur, ast.Attribute):
+                    chain.append(cur.attr)
+                    cur = cur.value
+                if isinstance(cur, ast.Name) and cur.id not in local:
+                    base = closure.get(cur.id, g.get(cur.id, _MISSING))
+                    if isinstance(base, types.ModuleType):
+                        if base.__name__.split(".")[0] == "importlib" and "import_module" in chain:
+                            self.unresolved.append(
+                                f"{owner}: importlib.import_module (line {n.lineno} of its source)"
+                            )
+                        self.attribute(owner, base, list(reversed(chain)))
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in local:
+                if n.id in closure:
+                    self.value(owner, f"{owner}.<closure {n.id}>", closure[n.id], closure=True)
+                elif n.id in g:
+                    self.global_value(owner, fn.__module__, n.id, g[n.id])
+                elif not hasattr(builtins, n.id):
+                    self.unresolved.append(f"{owner}: name {n.id!r} is not defined")
+
+    def attribute(self, owner: str, module: types.ModuleType, chain: list[str]) -> None:
+        """`helpers.clean`, `pkg.sub.CONST`: resolved through the module."""
+        obj: Any = module
+        modname = module.__name__
+        for i, attr in enumerate(chain):
+            if not isinstance(obj, types.ModuleType):
+                break
+            nxt = getattr(obj, attr, _MISSING)
+            if nxt is _MISSING:
+                if self.in_project(obj.__name__):
+                    self.unresolved.append(f"{owner}: {obj.__name__}.{attr} is not defined")
+                return
+            modname = obj.__name__
+            if isinstance(nxt, types.ModuleType):
+                obj = nxt
+                continue
+            self.global_value(owner, modname, attr, nxt)
+            return
+        if isinstance(obj, types.ModuleType):
+            self.library(obj.__name__)
+
+    def global_value(self, owner: str, modname: str, name: str, value: Any) -> None:
+        if isinstance(value, types.ModuleType):
+            self.library(value.__name__)
+            return
+        if isinstance(value, (types.FunctionType, type)):
+            self.value(owner, name, value)
+            return
+        if isinstance(value, types.BuiltinFunctionType):
+            self.library(getattr(value, "__module__", None))
+            return
+        if not self.in_project(modname):
+            self.library(modname)
+            return
+        # A module-level value of the project: its assignment, as written.
+        cname = f"{modname}.{name}"
+        if cname in self.components or cname in self.ignore:
+            return
+        tree = self.module_tree(modname)
+        assigns = []
+        for st in tree.body if tree else []:
+            targets = []
+            if isinstance(st, ast.Assign):
+                targets = st.targets
+            elif isinstance(st, (ast.AnnAssign, ast.AugAssign)):
+                targets = [st.target]
+            names = {t.id for t in targets for t in ast.walk(t) if isinstance(t, ast.Name)}
+            if name in names:
+                assigns.append(_canon(st))
+        if assigns:
+            self.components[cname] = _digest("\n".join(assigns))
+        else:
+            try:
+                self.components[cname] = _digest(repr(value))
+            except Exception:  # noqa: BLE001 - a repr may raise anything
+                self.unresolved.append(f"{owner}: {cname} has neither an assignment nor a repr")
+
+    def value(self, owner: str, name: str, value: Any, closure: bool = False) -> None:
+        if isinstance(value, (types.FunctionType, type)):
+            mod = getattr(value, "__module__", None)
+            if value is object or not self.in_project(mod):
+                self.library(mod)
+                return
+            qual = value.__qualname__
+            if value.__name__ == "<lambda>":
+                # A lambda is named by what holds it.
+                qual = name if closure else name
+                cname = qual if closure else f"{mod}.{name}"
+            else:
+                cname = f"{mod}.{qual}"
+            self.add(cname, value)
+            return
+        if closure:
+            try:
+                self.components[name] = _digest(repr(value))
+            except Exception:  # noqa: BLE001
+                self.unresolved.append(f"{owner}: closure variable {name} has no repr")
+            return
+        self.library(getattr(type(value), "__module__", None))
+
+
+_MISSING = object()
+
+
+def compute(fn: Any, root: str, ignore: Iterable[str] = ()) -> Recipe:
+    """The recipe of stage function `fn`, with the project at `root`."""
+    w = _Walker(root, ignore)
+    fn = inspect.unwrap(fn)
+    w.run(fn, f"{fn.__module__}.{fn.__qualname__}")
+    w.components["python"] = f"{sys.version_info.major}.{sys.version_info.minor}"
+    return Recipe(
+        components=dict(sorted(w.components.items())),
+        unresolved=sorted(set(w.unresolved)),
+    )
+
+
+def changed(old: dict[str, str], new: dict[str, str]) -> list[str]:
+    """The names of components that differ, are new, or are gone."""
+    out = []
+    for k in sorted(set(old) | set(new)):
+        if k not in old:
+            out.append(f"{k} (new)")
+        elif k not in new:
+            out.append(f"{k} (gone)")
+        elif old[k] != new[k]:
+            out.append(k)
+    return out
