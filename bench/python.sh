@@ -17,7 +17,9 @@ rm -rf "$W"; mkdir -p "$W"
 best() { # best wall time in seconds of N runs of "$@"
     local b=""
     for _ in $(seq "$N"); do
-        local t0 t1; t0=$(date +%s%N); "$@" >/dev/null 2>&1; t1=$(date +%s%N)
+        local t0 t1; t0=$(date +%s%N)
+        "$@" >/dev/null 2>"$W/last.err" || { echo "failed: $* (see $W/last.err)" >&2; cat "$W/last.err" >&2; exit 1; }
+        t1=$(date +%s%N)
         local d=$(( t1 - t0 ))
         if [ -z "$b" ] || [ "$d" -lt "$b" ]; then b=$d; fi
     done
@@ -96,12 +98,15 @@ def with_joblib(out):
     for p in sorted(glob.glob("data/*.txt")):
         write_synced(os.path.join(out, os.path.basename(p)), cached(open(p).read()))
 
+import highwater as hw
+p = hw.Pipeline(".")
+
+# At module level: the spawned workers import it by name.
+@p.stage(inputs=["data/*.txt"], output="out-hw/{name}")
+def up(input, output):
+    output.write_text(upper(input.read_text()))
+
 def with_highwater(jobs):
-    import highwater as hw
-    p = hw.Pipeline(".")
-    @p.stage(inputs=["data/*.txt"], output="out-hw/{name}")
-    def up(input, output):
-        output.write_text(upper(input.read_text()))
     r = p.run(jobs=jobs)
     assert r.stages["up"].processed == 2000 and r.ok, r
 
@@ -130,11 +135,12 @@ C="$W/recipe"; mkdir -p "$C"
 import sys, os
 root = sys.argv[1]
 with open(os.path.join(root, "helpers.py"), "w") as f:
-    f.write("LIMIT = 10\n")
+    f.write("import joblib\nimport yaml\nLIMIT = 10\n")
     for i in range(200):
         nxt = f"f{i + 1}(x) + " if i < 199 and i % 10 != 9 else ""
         f.write(f"def f{i}(x):\n    \"\"\"Step {i}.\"\"\"\n    y = x * {i} % LIMIT\n    return {nxt}y\n\n")
-    f.write("def entry(x):\n    return " + " + ".join(f"f{i}(x)" for i in range(0, 200, 10)) + "\n")
+    # Two libraries: one named as its module (joblib), one not (yaml: PyYAML).
+    f.write("def entry(x):\n    assert joblib.hash and yaml.safe_load\n    return " + " + ".join(f"f{i}(x)" for i in range(0, 200, 10)) + "\n")
 PYEOF
 recipe=$(cd "$C" && "$PY" - <<'PYEOF'
 import sys, time
@@ -150,6 +156,8 @@ for _ in range(7):
     best = d if best is None else min(best, d)
 n = sum(1 for k in r.components if k.startswith("helpers.f"))
 assert n == 200, n
+assert r.components["library joblib"].startswith("joblib=="), r.components
+assert r.components["library yaml"].startswith("PyYAML=="), r.components
 print(f"{best * 1000:.1f} ms for {len(r.components)} components")
 PYEOF
 )

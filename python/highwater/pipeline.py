@@ -122,6 +122,13 @@ class Pipeline:
 
         def deco(fn: Callable) -> Callable:
             n = name or fn.__name__
+            if "<locals>" in getattr(fn, "__qualname__", "<locals>"):
+                # The worker processes import the function by its name.
+                raise ValueError(
+                    f"stage {n!r}: {getattr(fn, '__qualname__', fn)!r} is not defined at module "
+                    "level; define stage functions at the top of a module so that the worker "
+                    "processes can import them"
+                )
             if n in self._stages and self._stages[n].fn is not fn:
                 raise ValueError(f"stage {n!r} is declared twice; give one of them name=")
             self._stages[n] = _Stage(

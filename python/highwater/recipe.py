@@ -58,7 +58,10 @@ class Recipe:
     unresolved: list[str]
 
     def config(self) -> dict[str, Any]:
-        return {"components": self.components, "unresolved": self.unresolved}
+        # What goes into the recipe id. Not `unresolved`: its messages hold
+        # line numbers, and moving a function must not re-run anything (the
+        # AST of the function that holds the `getattr` is hashed already).
+        return {"components": self.components}
 
 
 def _digest(text: str) -> str:
@@ -66,34 +69,40 @@ def _digest(text: str) -> str:
 
 
 _SKIP_FIELDS = {"lineno", "col_offset", "end_lineno", "end_col_offset", "type_comment", "kind"}
+_WITH_DOCSTRING = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Module)
 
 
-def _canon(node: Any) -> str:
-    """A stable text of an AST: node type names and fields, no positions."""
+def _is_docstring(st: ast.AST) -> bool:
+    return (
+        isinstance(st, ast.Expr)
+        and isinstance(st.value, ast.Constant)
+        and isinstance(st.value.value, str)
+    )
+
+
+def _canon(node: Any, skip: frozenset = frozenset(), methods: bool = True) -> str:
+    """A stable text of an AST: node type names and fields, no positions, no
+    docstrings. `skip`: fields of this node left out (a function's own name
+    and decorators: the component's name stands for them); `methods=False`:
+    a class's methods left out (each is a component of its own). The tree is
+    never changed: it is shared by every function of its module."""
     if isinstance(node, ast.AST):
         parts = [type(node).__name__]
         for name in node._fields:
-            if name in _SKIP_FIELDS:
+            if name in _SKIP_FIELDS or name in skip:
                 continue
-            parts.append(f"{name}={_canon(getattr(node, name, None))}")
+            value = getattr(node, name, None)
+            if name == "body" and isinstance(node, _WITH_DOCSTRING) and isinstance(value, list):
+                value = value[1:] if value and _is_docstring(value[0]) else value
+                if not methods:
+                    value = [
+                        v for v in value if not isinstance(v, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    ]
+            parts.append(f"{name}={_canon(value)}")
         return "(" + " ".join(parts) + ")"
     if isinstance(node, list):
         return "[" + ",".join(_canon(n) for n in node) + "]"
     return repr(node)
-
-
-def _strip_docstrings(tree: ast.AST) -> ast.AST:
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Module)):
-            body = node.body
-            if (
-                body
-                and isinstance(body[0], ast.Expr)
-                and isinstance(body[0].value, ast.Constant)
-                and isinstance(body[0].value.value, str)
-            ):
-                node.body = body[1:] or [ast.Pass()]
-    return tree
 
 
 def _is_stdlib(modname: str) -> bool:
@@ -106,6 +115,15 @@ _DISTS: dict[str, list[str]] | None = None
 
 def _distributions(top: str) -> list[str]:
     global _DISTS
+    # Most distributions are named as the module they install; asking for
+    # that one is cheap. The full map reads every installed distribution's
+    # file list (160 ms in a venv with Dagster), so it is read only for a
+    # module whose distribution is named otherwise (yaml: PyYAML).
+    try:
+        d = importlib.metadata.distribution(top)
+        return [f"{d.metadata['Name']}=={d.version}"]
+    except importlib.metadata.PackageNotFoundError:
+        pass
     if _DISTS is None:
         _DISTS = importlib.metadata.packages_distributions()
     out = []
@@ -132,6 +150,7 @@ class _Walker:
         self.seen: set[int] = set()
         self.queue: list[tuple[str, Any]] = []
         self._module_trees: dict[str, ast.Module | None] = {}
+        self._index: dict[str, dict[tuple[str, int], list[ast.AST]]] = {}
 
     # -- where things live ----------------------------------------------
     def in_project(self, modname: str | None) -> bool:
@@ -164,7 +183,25 @@ class _Walker:
             except (OSError, TypeError, SyntaxError, KeyError):
                 pass
             self._module_trees[modname] = tree
+            # Definitions by the line their code object starts on (the first
+            # decorator's), lambdas by their line: one parse per module, not
+            # one `inspect.getsource` per function.
+            index: dict[tuple[str, int], list[ast.AST]] = {}
+            for n in ast.walk(tree) if tree else []:
+                if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    first = min([n.lineno] + [d.lineno for d in n.decorator_list])
+                    index.setdefault((n.name, first), []).append(n)
+                elif isinstance(n, ast.Lambda):
+                    index.setdefault(("<lambda>", n.lineno), []).append(n)
+            self._index[modname] = index
         return self._module_trees[modname]
+
+    def node_of(self, modname: str | None, name: str, first_line: int | None) -> ast.AST | None:
+        if modname not in sys.modules or first_line is None:
+            return None
+        self.module_tree(modname)
+        found = self._index.get(modname, {}).get((name, first_line), [])
+        return found[0] if len(found) == 1 else None
 
     # -- components -------------------------------------------------------
     def add(self, name: str, obj: Any) -> None:
@@ -190,28 +227,23 @@ class _Walker:
                 self.visit_function(name, obj)
 
     def function_node(self, fn: types.FunctionType) -> ast.AST | None:
+        node = self.node_of(fn.__module__, fn.__name__, fn.__code__.co_firstlineno)
+        if node is not None:
+            return node
+        # Not found in its module's source (defined by exec, or the module
+        # changed on disk since it was imported): its own source, if any.
         try:
             src = textwrap.dedent(inspect.getsource(fn))
-        except (OSError, TypeError):
-            return None
-        try:
             tree = ast.parse(src)
-        except SyntaxError:
-            # A lambda in the middle of an expression: its line alone is not
-            # a statement. Its code object stands for it.
+        except (OSError, TypeError, SyntaxError):
             return None
+        kinds = (ast.Lambda,) if fn.__name__ == "<lambda>" else (ast.FunctionDef, ast.AsyncFunctionDef)
         nodes = [
             n
             for n in ast.walk(tree)
-            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if isinstance(n, kinds) and getattr(n, "name", "<lambda>") == fn.__name__
         ]
-        if fn.__name__ == "<lambda>":
-            lambdas = [n for n in nodes if isinstance(n, ast.Lambda)]
-            return lambdas[0] if len(lambdas) == 1 else None
-        for n in nodes:
-            if not isinstance(n, ast.Lambda) and n.name == fn.__name__:
-                return n
-        return None
+        return nodes[0] if len(nodes) == 1 else None
 
     def visit_function(self, name: str, fn: Any) -> None:
         fn = inspect.unwrap(fn)
@@ -230,28 +262,33 @@ class _Walker:
                 f"{name}: its source could not be parsed alone; its bytecode stands for it"
             )
         else:
-            node = _strip_docstrings(node)
             # The name is the component's name; the body is its recipe.
-            if hasattr(node, "name"):
-                node.name = "_"
-            node.decorator_list = [] if hasattr(node, "decorator_list") else None
-            self.components[name] = _digest(_canon(node))
+            self.components[name] = _digest(_canon(node, skip=frozenset({"name", "decorator_list"})))
             self.references(name, fn, node)
 
     def visit_class(self, name: str, cls: type) -> None:
-        try:
-            tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-            node = next(n for n in tree.body if isinstance(n, ast.ClassDef))
-        except (OSError, TypeError, SyntaxError, StopIteration):
+        # The class statement of its module whose lines hold its methods.
+        lines = [
+            f.__code__.co_firstlineno
+            for v in vars(cls).values()
+            for f in [v.__func__ if isinstance(v, (staticmethod, classmethod)) else v]
+            if isinstance(f, types.FunctionType)
+        ]
+        node = None
+        tree = self.module_tree(cls.__module__) if cls.__module__ in sys.modules else None
+        candidates = [
+            n for n in (ast.walk(tree) if tree else []) if isinstance(n, ast.ClassDef) and n.name == cls.__name__
+        ]
+        for n in candidates:
+            end = n.end_lineno or n.lineno
+            if all(n.lineno <= ln <= end for ln in lines) and (lines or len(candidates) == 1):
+                node = n
+                break
+        if node is None:
             self.components[name] = _digest(repr(sorted(vars(cls).keys())))
             self.unresolved.append(f"{name}: its source could not be read")
             return
-        node = _strip_docstrings(node)
-        body = [
-            n for n in node.body if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-        ]
-        node.body = body
-        self.components[name] = _digest(_canon(node))
+        self.components[name] = _digest(_canon(node, skip=frozenset({"name"}), methods=False))
         for base in cls.__mro__[1:]:
             self.value(name, base.__name__, base)
         for attr, v in vars(cls).items():
@@ -282,7 +319,7 @@ class _Walker:
                         len(n.args) >= 2 and isinstance(n.args[1], ast.Constant)
                     )
                     if computed:
-                        self.unresolved.append(f"{owner}: {what} (line {n.lineno} of its source)")
+                        self.unresolved.append(f"{owner}: {what} (line {n.lineno})")
             if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load):
                 chain = []
                 cur: ast.AST = n
@@ -294,7 +331,7 @@ class _Walker:
                     if isinstance(base, types.ModuleType):
                         if base.__name__.split(".")[0] == "importlib" and "import_module" in chain:
                             self.unresolved.append(
-                                f"{owner}: importlib.import_module (line {n.lineno} of its source)"
+                                f"{owner}: importlib.import_module (line {n.lineno})"
                             )
                         self.attribute(owner, base, list(reversed(chain)))
             if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in local:
