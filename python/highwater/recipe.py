@@ -124,6 +124,9 @@ def _distributions(top: str) -> list[str]:
         return [f"{d.metadata['Name']}=={d.version}"]
     except importlib.metadata.PackageNotFoundError:
         pass
+    found = _declared_top_level(top)
+    if found:
+        return found
     if _DISTS is None:
         _DISTS = importlib.metadata.packages_distributions()
     out = []
@@ -133,6 +136,34 @@ def _distributions(top: str) -> list[str]:
         except importlib.metadata.PackageNotFoundError:
             out.append(f"{d}==?")
     return out
+
+
+def _declared_top_level(top: str) -> list[str]:
+    """Distributions beside the module that declare it in `top_level.txt`
+    (a small file most setuptools wheels carry): found without reading every
+    distribution's file list."""
+    mod = sys.modules.get(top)
+    f = getattr(mod, "__file__", None)
+    if not f:
+        return []
+    site = os.path.dirname(os.path.dirname(f)) if f.endswith("__init__.py") else os.path.dirname(f)
+    out = []
+    try:
+        names = os.listdir(site)
+    except OSError:
+        return []
+    for n in names:
+        if not n.endswith(".dist-info"):
+            continue
+        try:
+            with open(os.path.join(site, n, "top_level.txt")) as fh:
+                if top not in fh.read().split():
+                    continue
+        except OSError:
+            continue
+        d = importlib.metadata.Distribution.at(os.path.join(site, n))
+        out.append(f"{d.metadata['Name']}=={d.version}")
+    return sorted(out)
 
 
 class _Walker:
@@ -151,11 +182,19 @@ class _Walker:
         self.queue: list[tuple[str, Any]] = []
         self._module_trees: dict[str, ast.Module | None] = {}
         self._index: dict[str, dict[tuple[str, int], list[ast.AST]]] = {}
+        self._in_project: dict[str, bool] = {}
+        self._assigns: dict[str, dict[str, list[str]]] = {}
 
     # -- where things live ----------------------------------------------
     def in_project(self, modname: str | None) -> bool:
         if not modname:
             return False
+        known = self._in_project.get(modname)
+        if known is None:
+            known = self._in_project[modname] = self._in_project_uncached(modname)
+        return known
+
+    def _in_project_uncached(self, modname: str) -> bool:
         mod = sys.modules.get(modname)
         f = getattr(mod, "__file__", None)
         if not f:
@@ -380,17 +419,7 @@ class _Walker:
         cname = f"{modname}.{name}"
         if cname in self.components or cname in self.ignore:
             return
-        tree = self.module_tree(modname)
-        assigns = []
-        for st in tree.body if tree else []:
-            targets = []
-            if isinstance(st, ast.Assign):
-                targets = st.targets
-            elif isinstance(st, (ast.AnnAssign, ast.AugAssign)):
-                targets = [st.target]
-            names = {t.id for t in targets for t in ast.walk(t) if isinstance(t, ast.Name)}
-            if name in names:
-                assigns.append(_canon(st))
+        assigns = self.assignments(modname).get(name, [])
         if assigns:
             self.components[cname] = _digest("\n".join(assigns))
         else:
@@ -398,6 +427,26 @@ class _Walker:
                 self.components[cname] = _digest(repr(value))
             except Exception:  # noqa: BLE001 - a repr may raise anything
                 self.unresolved.append(f"{owner}: {cname} has neither an assignment nor a repr")
+
+    def assignments(self, modname: str) -> dict[str, list[str]]:
+        """Module-level assignments by the names they bind, each as its
+        canonical text; built once per module."""
+        if modname not in self._assigns:
+            out: dict[str, list[str]] = {}
+            tree = self.module_tree(modname)
+            for st in tree.body if tree else []:
+                targets = []
+                if isinstance(st, ast.Assign):
+                    targets = st.targets
+                elif isinstance(st, (ast.AnnAssign, ast.AugAssign)):
+                    targets = [st.target]
+                names = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+                if names:
+                    text = _canon(st)
+                    for n in names:
+                        out.setdefault(n, []).append(text)
+            self._assigns[modname] = out
+        return self._assigns[modname]
 
     def value(self, owner: str, name: str, value: Any, closure: bool = False) -> None:
         if isinstance(value, (types.FunctionType, type)):
