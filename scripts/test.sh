@@ -14,3 +14,5 @@ deps_install
 . scripts/pg.sh
 pg_start
 cargo test --workspace --locked "$@"
+# The Python package and its tests, built from this checkout (issue 22).
+bash scripts/py.sh

@@ -458,7 +458,18 @@ enum StateCommand {
 
 /// Runs the command line and returns the exit code.
 pub fn main() -> i32 {
-    let cli = match Cli::try_parse() {
+    main_from(std::env::args_os())
+}
+
+/// [`main`] with the arguments given, program name first: the Python
+/// package's `highwater` console script runs inside an interpreter whose own
+/// argv is not the command's (issue 22).
+pub fn main_from<I, T>(args: I) -> i32
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(args) {
         Ok(c) => c,
         Err(e) => {
             let code = if e.use_stderr() { 2 } else { 0 };

@@ -1,0 +1,298 @@
+"""`Pipeline` and the `stage` decorator (issue 22).
+
+The state is the CLI's embedded default, `.highwater/state.db` under the
+pipeline's root, so a Python pipeline and `highwater.toml` stages in the same
+folder share one manifest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from typing import Any, Callable, Iterable
+
+from highwater import _core, recipe as _recipe
+from highwater.runner import Runner
+
+# Recipes remembered per stage, to name what changed; older ones are dropped.
+RECIPES_KEPT_MAX = 16
+
+
+@dataclasses.dataclass
+class Item:
+    input: str
+    output: str
+    reason: str
+    # For reason "recipe": the components that changed, e.g. "helpers.clean".
+    detail: str | None = None
+
+
+@dataclasses.dataclass
+class StagePlan:
+    name: str
+    recipe: str
+    total: int
+    unchanged: int
+    counts: dict[str, int]
+    changed: list[Item]
+    # What the code recipe could not follow statically (getattr by a computed
+    # name, importlib, ...): changes there are not seen.
+    unresolved: list[str]
+    components: dict[str, str]
+
+
+@dataclasses.dataclass
+class Plan:
+    stages: dict[str, StagePlan]
+
+    def is_empty(self) -> bool:
+        return all(not s.changed for s in self.stages.values())
+
+
+@dataclasses.dataclass
+class Failed:
+    input: str
+    error: str
+
+
+@dataclasses.dataclass
+class StageResult:
+    name: str
+    recipe: str
+    discovered: int
+    unchanged: int
+    changed: int
+    new: int
+    processed: int
+    deleted: int
+    failed: list[Failed]
+    blocked: str | None
+    reasons: dict[str, int]
+
+
+@dataclasses.dataclass
+class Result:
+    stages: dict[str, StageResult]
+
+    @property
+    def ok(self) -> bool:
+        return all(not s.failed and not s.blocked for s in self.stages.values())
+
+
+@dataclasses.dataclass
+class _Stage:
+    name: str
+    fn: Callable
+    inputs: list[str]
+    output: str
+    version: str | None
+    ignore: list[str]
+    guard: float | None
+    guard_items_min: int | None
+    on_delete: str
+
+
+class Pipeline:
+    def __init__(self, root: str | os.PathLike = ".", state: str | None = None):
+        self.root = os.path.abspath(os.fspath(root))
+        # Relative to root, as `[state] path` in highwater.toml.
+        self.state = state
+        self._stages: dict[str, _Stage] = {}
+
+    # -- declaring ----------------------------------------------------------
+    def stage(
+        self,
+        inputs: Iterable[str],
+        output: str,
+        name: str | None = None,
+        version: str | None = None,
+        ignore: Iterable[str] = (),
+        guard: float | None = None,
+        guard_items_min: int | None = None,
+        on_delete: str = "remove",
+    ) -> Callable[[Callable], Callable]:
+        """Declares `fn(input, output)` (each a pathlib.Path) as a stage.
+
+        `version=` replaces the code recipe with that string; `ignore=` drops
+        the named components (and what only they reach) from it."""
+        if isinstance(inputs, str):
+            inputs = [inputs]
+
+        def deco(fn: Callable) -> Callable:
+            n = name or fn.__name__
+            if "<locals>" in getattr(fn, "__qualname__", "<locals>"):
+                # The worker processes import the function by its name.
+                raise ValueError(
+                    f"stage {n!r}: {getattr(fn, '__qualname__', fn)!r} is not defined at module "
+                    "level; define stage functions at the top of a module so that the worker "
+                    "processes can import them"
+                )
+            if n in self._stages and self._stages[n].fn is not fn:
+                raise ValueError(f"stage {n!r} is declared twice; give one of them name=")
+            self._stages[n] = _Stage(
+                n, fn, list(inputs), output, version, list(ignore), guard, guard_items_min, on_delete
+            )
+            # The function itself: the pool pickles it by reference.
+            return fn
+
+        return deco
+
+    # -- recipes ------------------------------------------------------------
+    def recipes(self) -> dict[str, _recipe.Recipe]:
+        out = {}
+        for s in self._stages.values():
+            if s.version is not None:
+                out[s.name] = _recipe.Recipe(components={"version": s.version}, unresolved=[])
+            else:
+                out[s.name] = _recipe.compute(s.fn, self.root, s.ignore)
+        return out
+
+    def _declarations(self, recipes: dict[str, _recipe.Recipe]) -> str:
+        decl = []
+        for s in self._stages.values():
+            d: dict[str, Any] = {
+                "name": s.name,
+                "inputs": s.inputs,
+                "output": s.output,
+                "on_delete": s.on_delete,
+                "recipe": recipes[s.name].config(),
+            }
+            if s.guard is not None:
+                d["guard"] = s.guard
+            if s.guard_items_min is not None:
+                d["guard_items_min"] = s.guard_items_min
+            decl.append(d)
+        return json.dumps(decl)
+
+    # -- the ledger of components, to name what changed ----------------------
+    def _ledger_path(self) -> str:
+        state = self.state or ".highwater/state.db"
+        d = os.path.dirname(os.path.join(self.root, state))
+        return os.path.join(d, "python-recipes.json")
+
+    def _ledger(self) -> dict[str, Any]:
+        try:
+            with open(self._ledger_path()) as f:
+                return json.load(f)
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError):
+            # Only the detail is lost: the recipe id itself is in the state.
+            return {}
+
+    def _remember(self, ids: dict[str, str], recipes: dict[str, _recipe.Recipe]) -> None:
+        led = self._ledger()
+        for name, rid in ids.items():
+            st = led.setdefault(name, {"last": None, "recipes": {}})
+            st["recipes"][rid] = recipes[name].components
+            st["last"] = rid
+            while len(st["recipes"]) > RECIPES_KEPT_MAX:
+                oldest = next(iter(st["recipes"]))
+                del st["recipes"][oldest]
+        path = self._ledger_path()
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".python-recipes.")
+        with os.fdopen(fd, "w") as f:
+            json.dump(led, f, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    # -- plan and run -------------------------------------------------------
+    def plan(self, stage: str | None = None) -> Plan:
+        recipes = self.recipes()
+        raw = json.loads(_core.plan(self.root, self.state, self._declarations(recipes), stage))
+        led = self._ledger()
+        stages = {}
+        for s in raw["stages"]:
+            name = s["name"]
+            comps = recipes[name].components
+            last = led.get(name, {})
+            old = last.get("recipes", {}).get(last.get("last"))
+            detail = None
+            if old is not None and last.get("last") != s["recipe"]:
+                detail = ", ".join(_recipe.changed(old, comps)) or None
+            items = [
+                Item(
+                    c["input"],
+                    c["output"],
+                    c["reason"],
+                    detail if c["reason"] == "recipe" else None,
+                )
+                for c in s["changed"]
+            ]
+            stages[name] = StagePlan(
+                name,
+                s["recipe"],
+                s["total"],
+                s["unchanged"],
+                s["counts"],
+                items,
+                recipes[name].unresolved,
+                comps,
+            )
+        return Plan(stages)
+
+    def run(
+        self,
+        stage: str | None = None,
+        jobs: int | None = None,
+        force: bool = False,
+        in_process: bool = False,
+    ) -> Result:
+        """Runs the changed items; a failing function fails its item only.
+
+        `in_process=True` runs items in this process, on the engine's threads
+        (for debugging; the default is a pool of spawned processes)."""
+        jobs = jobs or os.cpu_count() or 1
+        recipes = self.recipes()
+        runner = Runner({n: s.fn for n, s in self._stages.items()}, jobs, in_process)
+        try:
+            raw = json.loads(
+                _core.run(
+                    self.root,
+                    self.state,
+                    self._declarations(recipes),
+                    runner.dispatch,
+                    jobs,
+                    force,
+                    stage,
+                )
+            )
+        finally:
+            runner.close()
+        ran = {s["name"] for s in raw["stages"]}
+        self._remember({n: r for n, r in raw["recipes"].items() if n in ran}, recipes)
+        out = {}
+        for s in raw["stages"]:
+            out[s["name"]] = StageResult(
+                name=s["name"],
+                recipe=raw["recipes"][s["name"]],
+                discovered=s["discovered"],
+                unchanged=s["unchanged"],
+                changed=s["changed"],
+                new=s["new"],
+                processed=s["processed"],
+                deleted=s["deleted"],
+                failed=[Failed(f["input"], f["error"]) for f in s["failed"]],
+                blocked=s.get("blocked"),
+                reasons=s["reasons"],
+            )
+        return Result(out)
+
+    def status(self) -> dict[str, Any]:
+        """`highwater status --json` of these stages."""
+        recipes = self.recipes()
+        return json.loads(_core.status(self.root, self.state, self._declarations(recipes)))
+
+    def recipe_ids(self) -> dict[str, str]:
+        recipes = self.recipes()
+        return json.loads(_core.recipe_ids(self.root, self.state, self._declarations(recipes)))
+
+    def entries(self, stage: str) -> list[dict[str, Any]]:
+        """The manifest entries of one stage (as `highwater export --json`)."""
+        recipes = self.recipes()
+        v = json.loads(_core.export(self.root, self.state, self._declarations(recipes)))
+        return [e for e in v["entries"] if e["stage"] == stage]

@@ -1,0 +1,148 @@
+"""The code recipe (issue 22): which edits re-run which items, with which
+reason and which named component. One `check` helper; the cases are the
+edit and what it must re-run."""
+
+import pytest
+
+PIPELINE = '''
+import highwater as hw
+import helpers
+
+p = hw.Pipeline(".")
+
+@p.stage(inputs=["data/*.txt"], output="out/{stem}.txt")
+def tidy(input, output):
+    """Tidies one text."""
+    text = helpers.clean(input.read_text())
+    text = helpers.Cleaner().run(text)
+    text = helpers.norm(text)
+    output.write_text(helpers.JOIN(text))
+'''
+
+HELPERS = '''
+"""Helpers of the test project."""
+MARK = "*"
+SEP = "|"
+
+
+def clean(text):
+    """Strips the text."""
+    # trailing blanks go
+    return text.strip() + MARK
+
+
+def unused(text):
+    return text * 2
+
+
+class Cleaner:
+    """Lower-cases."""
+    def run(self, text):
+        return text.lower()
+
+
+norm = lambda s: s.replace("  ", " ")
+
+
+def joiner():
+    prefix = ">"
+    def join(s):
+        return prefix + s + SEP
+    return join
+
+
+JOIN = joiner()
+'''
+
+EVERYTHING = ["data/a.txt", "data/b.txt"]
+
+# (case, old text in helpers.py, new text, items re-run, detail)
+CASES = [
+    ("helper", 'text.strip() + MARK', 'text.strip(" ") + MARK', EVERYTHING, "helpers.clean"),
+    ("docstring", '"""Strips the text."""', '"""Strips the text, and more."""', [], None),
+    ("comment and formatting", "    # trailing blanks go\n    return text.strip() + MARK",
+     "    # blanks at both ends go\n    return (text.strip()\n            + MARK)", [], None),
+    ("uncalled function", "return text * 2", "return text * 3", [], None),
+    ("constant", 'MARK = "*"', 'MARK = "+"', EVERYTHING, "helpers.MARK"),
+    ("method", "return text.lower()", "return text.casefold()", EVERYTHING, "helpers.Cleaner.run"),
+    ("lambda", 'norm = lambda s: s.replace("  ", " ")', 'norm = lambda s: s.replace("   ", " ")',
+     EVERYTHING, "helpers.norm"),
+    ("closure over a module global", 'SEP = "|"', 'SEP = "/"', EVERYTHING, "helpers.SEP"),
+    ("closure variable", 'prefix = ">"', 'prefix = "<"', EVERYTHING,
+     "helpers.joiner.<locals>.join.<closure prefix>"),
+]
+
+
+def check(project, old, new, rerun, detail):
+    project.write("pipeline.py", PIPELINE)
+    project.write("helpers.py", HELPERS)
+    for name in ("a", "b"):
+        project.write(f"data/{name}.txt", f" {name}  text \n")
+    assert project.run()["tidy"]["processed"] == 2
+    assert old in HELPERS
+    project.write("helpers.py", HELPERS.replace(old, new))
+    plan = project.plan()["tidy"]
+    got = [(c["input"], c["reason"], c["detail"]) for c in plan["changed"]]
+    assert got == [(i, "recipe", detail) for i in rerun]
+    r = project.run()["tidy"]
+    assert (r["processed"], r["failed"]) == (len(rerun), [])
+    assert project.plan()["tidy"]["changed"] == []
+
+
+@pytest.mark.parametrize("case,old,new,rerun,detail", CASES, ids=[c[0] for c in CASES])
+def test_edit_reruns_exactly(project, case, old, new, rerun, detail):
+    check(project, old, new, rerun, detail)
+
+
+def test_dynamic_references_are_listed_unresolved(project):
+    project.write(
+        "pipeline.py",
+        '''
+        import importlib
+        import highwater as hw
+        import helpers
+
+        p = hw.Pipeline(".")
+
+        @p.stage(inputs=["data/*.txt"], output="out/{stem}.txt")
+        def tidy(input, output):
+            name = "clean"
+            fn = getattr(helpers, name)
+            mod = importlib.import_module("helpers")
+            output.write_text(fn(input.read_text()) + str(mod))
+        ''',
+    )
+    project.write("helpers.py", "def clean(t):\n    return t\n")
+    project.write("data/a.txt", "a\n")
+    plan = project.plan()["tidy"]
+    unresolved = "\n".join(plan["unresolved"])
+    assert "getattr with a computed name" in unresolved
+    assert "importlib.import_module" in unresolved
+
+
+def test_ignore_and_libraries(project):
+    # `ignore=` drops a component: an edit there re-runs nothing. A library
+    # from outside the project is in the recipe as name==version.
+    project.write(
+        "pipeline.py",
+        '''
+        import highwater as hw
+        import pytest
+        import helpers
+
+        p = hw.Pipeline(".")
+
+        @p.stage(inputs=["data/*.txt"], output="out/{stem}.txt", ignore=["helpers.log"])
+        def tidy(input, output):
+            helpers.log(pytest.__name__)
+            output.write_text(input.read_text())
+        ''',
+    )
+    project.write("helpers.py", "def log(t):\n    return t\n")
+    project.write("data/a.txt", "a\n")
+    plan = project.plan()["tidy"]
+    assert plan["components"]["library pytest"].startswith("pytest==")
+    assert "helpers.log" not in plan["components"]
+    assert project.run()["tidy"]["processed"] == 1
+    project.write("helpers.py", "def log(t):\n    return t * 2\n")
+    assert project.plan()["tidy"]["changed"] == []
