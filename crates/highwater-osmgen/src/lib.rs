@@ -289,7 +289,7 @@ impl World {
                     }
                 }
             }
-            let kind = if col % 5 == 0 {
+            let kind = if col.is_multiple_of(5) {
                 "secondary"
             } else {
                 "residential"
@@ -305,7 +305,7 @@ impl World {
             let block = local - W_BUILDINGS;
             let c = |i| n(OFF_BUILDINGS + block * 4 + i);
             let mut tags = vec![tag("building", "yes")];
-            if block % 7 == 0 {
+            if block.is_multiple_of(7) {
                 tags.push(tag("addr:housenumber", format!("{}", block + 1)));
             }
             (vec![c(0), c(1), c(2), c(3), c(0)], tags)
@@ -420,7 +420,7 @@ impl World {
                     d.create_nodes.push(n);
                 }
                 _ => {
-                    let building = b % 3 != 0;
+                    let building = !b.is_multiple_of(3);
                     let b = b >> 2;
                     let local = if building {
                         W_BUILDINGS + pick(b, N_BLOCKS as u64) as usize
@@ -570,6 +570,17 @@ fn write_relation(out: &mut impl Write, r: &GenRelation) -> io::Result<()> {
     writeln!(out, " </relation>")
 }
 
+impl World {
+    /// The same seed with `cities` cities: the shared region of a larger
+    /// world.
+    pub fn with_cities(&self, cities: u64) -> World {
+        World {
+            seed: self.seed,
+            cities,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -631,17 +642,6 @@ mod tests {
             (1234567890, "123.4567890"),
         ] {
             assert_eq!(e7(v), s);
-        }
-    }
-}
-
-impl World {
-    /// The same seed with `cities` cities: the shared region of a larger
-    /// world.
-    pub fn with_cities(&self, cities: u64) -> World {
-        World {
-            seed: self.seed,
-            cities,
         }
     }
 }
