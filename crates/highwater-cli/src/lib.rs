@@ -1145,12 +1145,13 @@ fn osm(
             for d in &cfg.tiles {
                 used = used.max(highwater_osm::tiles::recorded_writer_token(d)?.unwrap_or(0));
             }
-            let s = highwater_osm::import::import_into_after(
+            let s = highwater_osm::import::import_into_with(
                 &store_dir(store),
                 extract,
                 *replace,
                 *wait,
                 used,
+                &cfg.import,
             )?;
             writeln!(
                 out,

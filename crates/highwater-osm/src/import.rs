@@ -80,6 +80,48 @@ pub fn import_into(
     import_into_after(dir, extract, replace, wait, 0)
 }
 
+/// `[osm] cache_mb`'s default: what an import may hold in memory.
+pub const IMPORT_CACHE_MB_DEFAULT: u64 = 256;
+/// The smallest `cache_mb` taken: below it the decoding of two PBF blobs
+/// at once and SQLite's working set alone exceed it.
+pub const IMPORT_CACHE_MB_MIN: u64 = 32;
+/// The largest `cache_mb` taken (1 TiB): more is a typo.
+pub const IMPORT_CACHE_MB_MAX: u64 = 1 << 20;
+
+/// How an import runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ImportOptions {
+    /// `[osm] cache_mb`: the memory an import of a sorted extract may use,
+    /// whatever the extract's size. A quarter goes to SQLite's page cache,
+    /// a quarter to way references sorted before they spill to disk (see
+    /// [`crate::spill`]), about half to PBF blobs being decoded.
+    pub cache_mb: u64,
+}
+
+impl Default for ImportOptions {
+    fn default() -> Self {
+        ImportOptions {
+            cache_mb: IMPORT_CACHE_MB_DEFAULT,
+        }
+    }
+}
+
+impl ImportOptions {
+    fn sqlite_cache_kib(&self) -> i64 {
+        (self.cache_mb * 1024 / 4) as i64
+    }
+
+    fn refs_budget_bytes(&self) -> usize {
+        ((self.cache_mb as usize) << 20) / 4
+    }
+
+    /// A decoded blob holds about 8,000 elements, a few MB; up to
+    /// [`PBF_CHUNKS_QUEUED`] + 1 chunks are in memory at once.
+    fn blobs_per_chunk(&self) -> usize {
+        ((self.cache_mb / 24) as usize).clamp(2, PBF_BLOBS_PER_CHUNK)
+    }
+}
+
 /// [`import_into`], with the new store's writer-lease tokens continuing
 /// past `tokens_used`: the largest token any output of the project
 /// recorded (an MBTiles file's), so that no output fences out the new
@@ -90,6 +132,25 @@ pub fn import_into_after(
     replace: bool,
     wait: bool,
     tokens_used: i64,
+) -> Result<ImportStats, ImportError> {
+    import_into_with(
+        dir,
+        extract,
+        replace,
+        wait,
+        tokens_used,
+        &ImportOptions::default(),
+    )
+}
+
+/// [`import_into_after`] with options (`[osm] cache_mb`).
+pub fn import_into_with(
+    dir: &Path,
+    extract: &Path,
+    replace: bool,
+    wait: bool,
+    tokens_used: i64,
+    opts: &ImportOptions,
 ) -> Result<ImportStats, ImportError> {
     check_extract(extract)?;
     let io = |path: &Path| {
@@ -107,11 +168,12 @@ pub fn import_into_after(
         })?;
         sweep_dead_builds(dir);
         let tmp = dir.join(format!(".store.db.hw-new-{}", std::process::id()));
-        let built = build(&tmp, extract, tokens_used);
+        let built = build(&tmp, extract, tokens_used, opts);
         let stats = match built {
             Ok(stats) => stats,
             Err(e) => {
                 let _ = std::fs::remove_file(&tmp);
+                let _ = std::fs::remove_dir_all(spill_dir(&tmp));
                 return Err(e);
             }
         };
@@ -151,7 +213,7 @@ pub fn import_into_after(
     // token) would otherwise refuse every writer of the new store until
     // its tokens caught up.
     let continued = old.writer_token().unwrap_or(0).max(tokens_used);
-    let stats = match build(&new_dir.join("store.db"), extract, continued) {
+    let stats = match build(&new_dir.join("store.db"), extract, continued, opts) {
         Ok(stats) => stats,
         Err(e) => {
             let _ = std::fs::remove_dir_all(&new_dir);
@@ -195,9 +257,28 @@ fn failpoint_before_publish() {
 
 /// Builds a store from an extract into a new, unpublished file, its
 /// writer-lease tokens continuing after `tokens_used`.
-fn build(file: &Path, extract: &Path, tokens_used: i64) -> Result<ImportStats, ImportError> {
+fn build(
+    file: &Path,
+    extract: &Path,
+    tokens_used: i64,
+    opts: &ImportOptions,
+) -> Result<ImportStats, ImportError> {
     let mut store = Store::create_unpublished(file)?;
-    let stats = import(&mut store, extract)?;
+    let stats = match import_streaming(&mut store, extract, opts) {
+        Ok(stats) => stats,
+        Err(Streamed::Unsorted(_)) => {
+            // The unpublished file has no journal, so its transaction
+            // cannot roll back: start again with a new file.
+            drop(store);
+            std::fs::remove_file(file).map_err(|e| ImportError::Refused {
+                path: file.to_path_buf(),
+                message: format!("cannot remove the unfinished store: {e}"),
+            })?;
+            store = Store::create_unpublished(file)?;
+            import_in_memory(&mut store, extract, opts)?
+        }
+        Err(Streamed::Failed(e)) => return Err(e),
+    };
     store.continue_tokens(tokens_used)?;
     store.seal()?;
     Ok(stats)
@@ -211,14 +292,21 @@ fn sweep_dead_builds(dir: &Path) {
     };
     for e in rd.flatten() {
         let n = e.file_name().to_string_lossy().into_owned();
-        let Some(pid) = n.strip_prefix(".store.db.hw-new-") else {
+        let Some(rest) = n.strip_prefix(".store.db.hw-new-") else {
             continue;
         };
+        // `PID` (the store) or `PID.spill` (its scratch folder).
+        let pid = rest.split('.').next().unwrap_or_default();
         let alive = pid
             .parse::<u32>()
             .is_ok_and(|p| Path::new(&format!("/proc/{p}")).exists());
         if !alive {
-            let _ = std::fs::remove_file(e.path());
+            let p = e.path();
+            let _ = if p.is_dir() {
+                std::fs::remove_dir_all(&p)
+            } else {
+                std::fs::remove_file(&p)
+            };
         }
     }
 }
@@ -391,7 +479,7 @@ impl Bulk {
                 if self.nodes.len() >= IMPORT_NODES_MAX {
                     return Err(StoreError::Corrupt {
                         path: path.to_path_buf(),
-                        what: format!("the extract holds more than {IMPORT_NODES_MAX} nodes, more than an import keeps in memory: a planet-sized import needs flat nodes (ARCHITECTURE.md, Flat nodes), which this version does not wire in; nothing was imported"),
+                        what: format!("the extract holds more than {IMPORT_NODES_MAX} nodes, more than an import keeps in memory: an unsorted extract is imported in memory; sort it with `osmium sort` and it is imported in bounded memory (`[osm] cache_mb`); nothing was imported"),
                     });
                 }
                 self.nodes.push((n.id, lat, lon));
@@ -430,7 +518,7 @@ impl Bulk {
                 tagged: self.node_tags.contains_key(&id),
                 ways: Vec::new(),
             });
-            w.put_node_blocks(crate::store::merge_refs(nodes, &refs))?;
+            w.put_node_blocks(crate::store::merge_refs(nodes, refs.iter().copied()))?;
             drop(refs);
             let rows = rows.join().expect("the encoding thread does not panic");
             w.put_rows(&rows)
@@ -483,10 +571,23 @@ fn last_of_each<T>(v: &mut Vec<T>, key: impl Fn(&T) -> i64) {
 }
 
 /// Imports an extract into an empty store, in one transaction: the store
-/// holds the whole extract or nothing of it. PBF blocks are decoded in
-/// parallel, a bounded chunk at a time, on a thread of their own while the
-/// elements already decoded are gathered.
+/// holds the whole extract or nothing of it. See [`import_with`].
 pub fn import(store: &mut Store, path: &Path) -> Result<ImportStats, ImportError> {
+    import_with(store, path, &ImportOptions::default())
+}
+
+/// Imports an extract into an empty store, in one transaction, in the
+/// memory `opts` gives when the extract is sorted by type then id (as
+/// planet files, Geofabrik's extracts and `osmium sort` leave them): nodes
+/// and way references go to scratch files (see [`crate::spill`]), rows are
+/// written in id order as they arrive, and node blocks are merged at the
+/// end. An unsorted extract (or one with repeated ids) is imported in
+/// memory instead, up to [`IMPORT_NODES_MAX`] nodes.
+pub fn import_with(
+    store: &mut Store,
+    path: &Path,
+    opts: &ImportOptions,
+) -> Result<ImportStats, ImportError> {
     if !store.is_empty()? {
         return Err(ImportError::Refused {
             path: store.path().to_path_buf(),
@@ -494,6 +595,262 @@ pub fn import(store: &mut Store, path: &Path) -> Result<ImportStats, ImportError
                 .into(),
         });
     }
+    match import_streaming(store, path, opts) {
+        Ok(stats) => Ok(stats),
+        Err(Streamed::Unsorted(why)) => {
+            if store.unjournaled()? {
+                return Err(ImportError::Refused {
+                    path: path.to_path_buf(),
+                    message: format!("the extract is not sorted by type then id ({why}); sort it with `osmium sort` first"),
+                });
+            }
+            // The transaction rolled back: nothing of the first try stays.
+            import_in_memory(store, path, opts)
+        }
+        Err(Streamed::Failed(e)) => Err(e),
+    }
+}
+
+/// How a streaming import ended without a store.
+enum Streamed {
+    /// The extract is not sorted by type then id (what came after what):
+    /// nothing was written.
+    Unsorted(String),
+    Failed(ImportError),
+}
+
+/// The scratch folder of an import building `store_file`.
+pub(crate) fn spill_dir(store_file: &Path) -> PathBuf {
+    let mut name = store_file.file_name().unwrap_or_default().to_os_string();
+    name.push(".spill");
+    store_file.with_file_name(name)
+}
+
+/// Rows gathered before they are written in one bulk insert.
+const ROWS_PER_FLUSH: usize = 8192;
+
+/// An import of a sorted extract as it streams in.
+struct Stream<'p> {
+    spill: crate::spill::Spill,
+    rows: crate::store::BulkRows,
+    row_count: usize,
+    /// The last element's (type rank, id): the next must come after it.
+    last: Option<(u8, i64)>,
+    stats: ImportStats,
+    path: &'p Path,
+    spill_path: PathBuf,
+    unsorted: Option<String>,
+}
+
+impl Stream<'_> {
+    fn scratch(&self, e: std::io::Error) -> StoreError {
+        StoreError::Corrupt {
+            path: self.spill_path.clone(),
+            what: format!("cannot write the import's scratch files (beside the new store; is the disk full?): {e}; nothing was imported"),
+        }
+    }
+
+    fn add(&mut self, w: &mut crate::store::Writer<'_>, e: Element) -> Result<(), StoreError> {
+        use crate::store::{refs_blob, tags_text};
+        if let Some(id) = id_out_of_range(&e) {
+            return Err(StoreError::Corrupt {
+                path: self.path.to_path_buf(),
+                what: format!(
+                    "{}: id {id} is beyond ±2^60, the largest id highwater stores; nothing was imported",
+                    e.key()
+                ),
+            });
+        }
+        let key = match &e {
+            Element::Node(n) => (0, n.id),
+            Element::Way(w) => (1, w.id),
+            Element::Relation(r) => (2, r.id),
+        };
+        if let Some(last) = self.last.filter(|&l| key <= l) {
+            let name = |(k, id): (u8, i64)| format!("{}{id}", ["n", "w", "r"][k as usize]);
+            let why = format!("{} after {}", name(key), name(last));
+            self.unsorted = Some(why.clone());
+            return Err(StoreError::Corrupt {
+                path: self.path.to_path_buf(),
+                what: format!("not sorted: {why}"),
+            });
+        }
+        self.last = Some(key);
+        count(&mut self.stats, &e);
+        match e {
+            Element::Node(n) => {
+                let (Some(lat), Some(lon)) = (n.lat_e7, n.lon_e7) else {
+                    return Err(StoreError::Corrupt {
+                        path: self.path.to_path_buf(),
+                        what: format!("n{} has no location; nothing was imported", n.id),
+                    });
+                };
+                let tags = tags_text(&n.tags);
+                self.spill
+                    .node(n.id, lat, lon, tags.is_some())
+                    .map_err(|e| self.scratch(e))?;
+                if let Some(t) = tags {
+                    self.rows.node_tags.push((n.id, t));
+                }
+            }
+            Element::Way(way) => {
+                for &r in &way.refs {
+                    self.spill.way_ref(r, way.id).map_err(|e| self.scratch(e))?;
+                }
+                self.rows
+                    .ways
+                    .push((way.id, refs_blob(&way.refs), tags_text(&way.tags)));
+            }
+            Element::Relation(r) => self.rows.relations.push(r),
+        }
+        self.row_count += 1;
+        if self.row_count >= ROWS_PER_FLUSH {
+            self.flush(w)?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self, w: &mut crate::store::Writer<'_>) -> Result<(), StoreError> {
+        w.put_rows(&self.rows)?;
+        self.rows = crate::store::BulkRows::default();
+        self.row_count = 0;
+        Ok(())
+    }
+
+    /// Writes what is left and the node blocks.
+    fn finish(mut self, w: &mut crate::store::Writer<'_>) -> Result<ImportStats, StoreError> {
+        self.flush(w)?;
+        failpoint("import-kill-blocks");
+        let spill_path = self.spill_path.clone();
+        let scratch = |e: std::io::Error| StoreError::Corrupt {
+            path: spill_path.clone(),
+            what: format!("cannot read the import's scratch files: {e}; nothing was imported"),
+        };
+        let mut merged = self.spill.finish().map_err(scratch)?;
+        w.put_node_blocks(merged.entries())?;
+        if let Some(e) = merged.error.take() {
+            return Err(scratch(e));
+        }
+        Ok(self.stats)
+    }
+}
+
+/// Dies (SIGKILL) where the test's `HIGHWATER_FAILPOINT` names `name`.
+fn failpoint(name: &str) {
+    if std::env::var("HIGHWATER_FAILPOINT").as_deref() == Ok(name) {
+        // SAFETY: a signal to our own pid has no memory effects.
+        unsafe {
+            libc::kill(libc::getpid(), libc::SIGKILL);
+        }
+    }
+}
+
+/// The meta rows every import writes, in its transaction.
+fn write_meta(
+    w: &mut crate::store::Writer<'_>,
+    path: &Path,
+    stats: &ImportStats,
+) -> Result<(), StoreError> {
+    w.set_meta("imported", &path.display().to_string())?;
+    w.bump_generation()?;
+    if let Some(seq) = stats.sequence {
+        w.set_meta("sequence", &seq.to_string())?;
+    }
+    if let Some(ts) = stats.timestamp {
+        w.set_meta(
+            "timestamp",
+            &highwater_core::window::format_rfc3339(ts * 1_000_000),
+        )?;
+    }
+    if let Some(u) = &stats.replication_url {
+        // An extract's header may carry credentials: never stored.
+        w.set_meta("replication_url", &crate::fetch::redact_url(u))?;
+    }
+    Ok(())
+}
+
+fn nothing_to_import(path: &Path) -> ImportError {
+    ImportError::Refused {
+        path: path.to_path_buf(),
+        message: "the extract holds no element: nothing to import".into(),
+    }
+}
+
+/// The streaming import of a sorted extract (see [`import_with`]).
+fn import_streaming(
+    store: &mut Store,
+    path: &Path,
+    opts: &ImportOptions,
+) -> Result<ImportStats, Streamed> {
+    let spill_path = spill_dir(store.path());
+    let spill =
+        crate::spill::Spill::create(&spill_path, opts.refs_budget_bytes()).map_err(|e| {
+            Streamed::Failed(ImportError::Refused {
+                path: spill_path.clone(),
+                message: format!("cannot create the import's scratch folder: {e}"),
+            })
+        })?;
+    store
+        .set_cache_kib(opts.sqlite_cache_kib())
+        .map_err(|e| Streamed::Failed(e.into()))?;
+    let mut stream = Stream {
+        spill,
+        rows: Default::default(),
+        row_count: 0,
+        last: None,
+        stats: ImportStats::default(),
+        path,
+        spill_path: spill_path.clone(),
+        unsorted: None,
+    };
+    let is_pbf = path.to_string_lossy().ends_with(".pbf");
+    let mut unsorted = None;
+    let result = store.write_then(|w| -> Result<ImportStats, ImportError> {
+        let read = if is_pbf {
+            read_pbf(path, opts.blobs_per_chunk(), &mut stream, |s, e| {
+                s.add(w, e)
+            })
+        } else {
+            let mut err = None;
+            read_osm(path, |e| {
+                if err.is_none() {
+                    err = stream.add(w, e).err();
+                }
+                Ok(())
+            })?;
+            match err {
+                Some(e) => Err(e.into()),
+                None => Ok(()),
+            }
+        };
+        if let Err(e) = read {
+            unsorted = stream.unsorted.take();
+            return Err(e);
+        }
+        let s = &stream.stats;
+        if s.nodes + s.ways + s.relations == 0 {
+            return Err(nothing_to_import(path));
+        }
+        let stats = stream.finish(w)?;
+        write_meta(w, path, &stats)?;
+        Ok(stats)
+    });
+    let _ = std::fs::remove_dir_all(&spill_path);
+    let _ = store.set_cache_kib(crate::store::STORE_CACHE_KIB);
+    match (result, unsorted) {
+        (Ok(stats), _) => Ok(stats),
+        (Err(_), Some(why)) => Err(Streamed::Unsorted(why)),
+        (Err(e), None) => Err(Streamed::Failed(e)),
+    }
+}
+
+/// Imports an extract in memory: the way for an unsorted extract, whose
+/// nodes cannot be merged with way references in one pass.
+fn import_in_memory(
+    store: &mut Store,
+    path: &Path,
+    opts: &ImportOptions,
+) -> Result<ImportStats, ImportError> {
     let is_pbf = path.to_string_lossy().ends_with(".pbf");
     let mut bulk = Bulk::default();
     if !is_pbf {
@@ -510,41 +867,50 @@ pub fn import(store: &mut Store, path: &Path) -> Result<ImportStats, ImportError
             return Err(e.into());
         }
     } else {
-        read_pbf(path, &mut bulk)?;
+        read_pbf(path, opts.blobs_per_chunk(), &mut bulk, |b, e| {
+            b.add(e, path)
+        })?;
     }
     let stats = &bulk.stats;
     if stats.nodes + stats.ways + stats.relations == 0 {
-        return Err(ImportError::Refused {
-            path: path.to_path_buf(),
-            message: "the extract holds no element: nothing to import".into(),
-        });
+        return Err(nothing_to_import(path));
     }
     let stats = store.write(|w| {
         let stats = bulk.finish(w)?;
-        w.set_meta("imported", &path.display().to_string())?;
-        w.bump_generation()?;
-        if let Some(seq) = stats.sequence {
-            w.set_meta("sequence", &seq.to_string())?;
-        }
-        if let Some(ts) = stats.timestamp {
-            w.set_meta(
-                "timestamp",
-                &highwater_core::window::format_rfc3339(ts * 1_000_000),
-            )?;
-        }
-        if let Some(u) = &stats.replication_url {
-            // An extract's header may carry credentials: never stored.
-            w.set_meta("replication_url", &crate::fetch::redact_url(u))?;
-        }
+        write_meta(w, path, &stats)?;
         Ok(stats)
     })?;
     Ok(stats)
 }
 
-/// Reads a PBF file into `bulk`: a thread decodes chunks of blobs in
-/// parallel and hands them over a channel of [`PBF_CHUNKS_QUEUED`], so
-/// decoding the next chunk overlaps gathering this one.
-fn read_pbf(path: &Path, bulk: &mut Bulk) -> Result<(), ImportError> {
+/// Somewhere a PBF file's contents go: the header's replication facts,
+/// then each element.
+trait PbfSink {
+    fn stats(&mut self) -> &mut ImportStats;
+}
+
+impl PbfSink for Bulk {
+    fn stats(&mut self) -> &mut ImportStats {
+        &mut self.stats
+    }
+}
+
+impl PbfSink for Stream<'_> {
+    fn stats(&mut self) -> &mut ImportStats {
+        &mut self.stats
+    }
+}
+
+/// Reads a PBF file into `sink` through `add`: a thread decodes chunks of
+/// `blobs_per_chunk` blobs in parallel and hands them over a channel of
+/// [`PBF_CHUNKS_QUEUED`], so decoding the next chunk overlaps gathering
+/// this one.
+fn read_pbf<S: PbfSink>(
+    path: &Path,
+    blobs_per_chunk: usize,
+    sink: &mut S,
+    mut add: impl FnMut(&mut S, Element) -> Result<(), StoreError>,
+) -> Result<(), ImportError> {
     let bad = |message: String| ImportError::Pbf {
         path: path.to_path_buf(),
         message,
@@ -556,7 +922,7 @@ fn read_pbf(path: &Path, bulk: &mut Bulk) -> Result<(), ImportError> {
             let mut blobs = reader;
             loop {
                 let chunk: Result<Vec<osmpbf::Blob>, _> =
-                    blobs.by_ref().take(PBF_BLOBS_PER_CHUNK).collect();
+                    blobs.by_ref().take(blobs_per_chunk).collect();
                 let chunk = match chunk {
                     Ok(c) if c.is_empty() => return,
                     Ok(c) => c,
@@ -576,12 +942,13 @@ fn read_pbf(path: &Path, bulk: &mut Bulk) -> Result<(), ImportError> {
             for d in chunk.map_err(&bad)? {
                 let (header, elements) = d.map_err(&bad)?;
                 if let Some((seq, ts, url)) = header {
-                    bulk.stats.sequence = seq;
-                    bulk.stats.timestamp = ts;
-                    bulk.stats.replication_url = url;
+                    let stats = sink.stats();
+                    stats.sequence = seq;
+                    stats.timestamp = ts;
+                    stats.replication_url = url;
                 }
                 for e in elements {
-                    bulk.add(e, path)?;
+                    add(sink, e)?;
                 }
             }
         }

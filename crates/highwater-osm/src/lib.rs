@@ -48,6 +48,7 @@ pub mod model;
 pub mod nodeblocks;
 pub mod ops;
 pub mod search;
+pub mod spill;
 pub mod store;
 pub mod tiles;
 pub mod xml;

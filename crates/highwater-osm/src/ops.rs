@@ -50,6 +50,7 @@ struct RawOsm {
     replication_retries_max: Option<u32>,
     replication_backoff_ms: Option<u64>,
     replication_timeout_s: Option<u64>,
+    cache_mb: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -109,6 +110,8 @@ pub struct OsmConfig {
     pub config_path: PathBuf,
     /// Retries, backoff and timeout of replication requests.
     pub retry: crate::fetch::RetryPolicy,
+    /// `[osm] cache_mb`: the memory `osm import` may use.
+    pub import: crate::import::ImportOptions,
 }
 
 /// The version of the code that decides what a tile shows (features,
@@ -268,6 +271,7 @@ impl OsmConfig {
                 replication_retries_max: None,
                 replication_backoff_ms: None,
                 replication_timeout_s: None,
+                cache_mb: None,
             },
         };
         let mut search = Vec::new();
@@ -473,6 +477,20 @@ impl OsmConfig {
                 _ => None,
             },
             replication_url_env: raw.replication_url_env.clone(),
+            import: {
+                use crate::import::{IMPORT_CACHE_MB_MAX, IMPORT_CACHE_MB_MIN};
+                match raw.cache_mb {
+                    None => Default::default(),
+                    Some(mb) if (IMPORT_CACHE_MB_MIN..=IMPORT_CACHE_MB_MAX).contains(&mb) => {
+                        crate::import::ImportOptions { cache_mb: mb }
+                    }
+                    Some(mb) => {
+                        return Err(bad(format!(
+                            "cache_mb = {mb}: give {IMPORT_CACHE_MB_MIN} to {IMPORT_CACHE_MB_MAX} (MiB of memory an import may use)"
+                        )))
+                    }
+                }
+            },
             config_path: config_path.to_path_buf(),
             retry: {
                 let d = crate::fetch::RetryPolicy::default();

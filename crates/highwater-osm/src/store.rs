@@ -305,6 +305,23 @@ impl Store {
     }
 
     /// Folds the write-ahead log into the database file.
+    /// Sets SQLite's page cache (an import sizes it from `[osm] cache_mb`).
+    pub(crate) fn set_cache_kib(&self, kib: i64) -> Result<(), StoreError> {
+        self.conn
+            .pragma_update(None, "cache_size", -kib)
+            .map_err(|e| self.err(e))
+    }
+
+    /// The store has no rollback journal (an unpublished import's file):
+    /// a failed transaction cannot be undone, only the file discarded.
+    pub(crate) fn unjournaled(&self) -> Result<bool, StoreError> {
+        let mode: String = self
+            .conn
+            .pragma_query_value(None, "journal_mode", |r| r.get(0))
+            .map_err(|e| self.err(e))?;
+        Ok(mode.eq_ignore_ascii_case("off"))
+    }
+
     pub fn checkpoint(&self) -> Result<(), StoreError> {
         self.conn
             .execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -1097,7 +1114,11 @@ fn migrate_node_rows(c: &Connection) -> rusqlite::Result<()> {
         while let Some(r) = rows.next()? {
             refs.push((r.get(0)?, r.get(1)?));
         }
-        entries = merge_refs(std::mem::take(&mut entries).into_iter(), &refs).collect();
+        entries = merge_refs(
+            std::mem::take(&mut entries).into_iter(),
+            refs.iter().copied(),
+        )
+        .collect();
     }
     tx.execute_batch(
         "INSERT INTO node_tags(id, tags) SELECT id, tags FROM nodes WHERE tags IS NOT NULL;
@@ -1113,12 +1134,12 @@ fn migrate_node_rows(c: &Connection) -> rusqlite::Result<()> {
 /// never holds all entries at once.
 pub(crate) fn merge_refs<'a>(
     nodes: impl Iterator<Item = Entry> + 'a,
-    refs: &'a [(i64, i64)],
+    refs: impl Iterator<Item = (i64, i64)> + 'a,
 ) -> impl Iterator<Item = Entry> + 'a {
     let mut nodes = nodes.peekable();
-    let mut r = 0;
+    let mut refs = refs.peekable();
     std::iter::from_fn(move || {
-        let next_ref = refs.get(r).map(|p| p.0);
+        let next_ref = refs.peek().map(|p| p.0);
         let mut e = match (nodes.peek().map(|n| n.id), next_ref) {
             (None, None) => return None,
             (Some(n), Some(f)) if f < n => Entry {
@@ -1131,14 +1152,14 @@ pub(crate) fn merge_refs<'a>(
                 ..Entry::default()
             },
         };
-        while let Some(&(node, way)) = refs.get(r) {
+        while let Some(&(node, way)) = refs.peek() {
             if node != e.id {
                 break;
             }
             if e.ways.last() != Some(&way) {
                 e.ways.push(way);
             }
-            r += 1;
+            refs.next();
         }
         Some(e)
     })
