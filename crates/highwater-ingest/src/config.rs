@@ -145,6 +145,7 @@ struct Raw {
     compact: Option<RawCompact>,
     version_retention_s: Option<u64>,
     format: Option<Format>,
+    checkpoint_every_commits: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -220,6 +221,10 @@ pub struct SourceSpec {
     pub compaction: Option<Compaction>,
     /// `parquet` (a folder per window) or `delta` (one table).
     pub format: Format,
+    /// `format = "delta"`: a Parquet checkpoint of the table's log every
+    /// this many commits (Delta's own default, 10), so that readers
+    /// replay at most that many JSON commits.
+    pub checkpoint_every_commits: u64,
 }
 
 /// Rows per chunk unless `chunk_rows` says otherwise.
@@ -379,6 +384,7 @@ impl SourceSpec {
             chunking,
             compaction,
             format: raw.format.unwrap_or_default(),
+            checkpoint_every_commits: raw.checkpoint_every_commits.unwrap_or(10).max(1),
         };
         if spec.format == Format::Delta {
             // The table's root: windows are commits in it, not folders.

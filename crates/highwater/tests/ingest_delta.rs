@@ -133,7 +133,12 @@ fn fill(c: &rusqlite::Connection, hours: i64, n: i64, note: &str) {
 const NOW: &str = "2026-03-02T08:05:00Z";
 
 fn ingest(p: &Project, env: &[(&str, String)], extra: &[&str], code: i32) -> Value {
-    let mut c = p.cmd(&["ingest", "orders", "--json", "--now", NOW]);
+    ingest_at(p, NOW, env, extra, code)
+}
+
+/// `ingest` at `now`: the windows closed by then that are not published.
+fn ingest_at(p: &Project, now: &str, env: &[(&str, String)], extra: &[&str], code: i32) -> Value {
+    let mut c = p.cmd(&["ingest", "orders", "--json", "--now", now]);
     c.args(extra);
     for (k, v) in env {
         c.env(k, v);
@@ -155,8 +160,9 @@ fn published(r: &Value) -> usize {
 
 /// Issue 21: 24 hourly windows into a local table: 24 commits, each with
 /// its window's adds, a txn (app id = the source, version = the window's
-/// index) and a commitInfo naming window and recipe; the reader sees
-/// every row once, protocol (1, 2), the source's schema.
+/// index) and a commitInfo naming window and recipe, and a Parquet
+/// checkpoint every 10 commits; the reader sees every row once, protocol
+/// (1, 2), the source's schema.
 #[test]
 fn delta_local_table_24_windows_each_row_once() {
     let p = Project::new(&config("lake/orders", ""));
@@ -205,6 +211,16 @@ fn delta_local_table_24_windows_each_row_once() {
         assert_eq!(actions(commit, "metaData").len(), usize::from(v == 0));
     }
     assert_eq!(windows.len(), 24);
+    // Checkpoints every 10 commits; the reader above started from the
+    // newest (version 20) and replayed 21 to 23.
+    let last: Value =
+        serde_json::from_str(&p.read("lake/orders/_delta_log/_last_checkpoint")).unwrap();
+    assert_eq!(last["version"], 20, "{last}");
+    for v in [10, 20] {
+        assert!(p.exists(&format!(
+            "lake/orders/_delta_log/{v:020}.checkpoint.parquet"
+        )));
+    }
     // A second run owes nothing and commits nothing.
     let r = ingest(&p, &[], &[], 0);
     assert_eq!(published(&r), 0, "{r}");
@@ -239,6 +255,7 @@ fn delta_table_in_a_bucket_24_windows_each_row_once() {
         .unwrap()
         .into_iter()
         .map(|o| o.key)
+        .filter(|k| k.ends_with(".json"))
         .collect();
     assert_eq!(keys.len(), 24, "{keys:?}");
     // Re-landing a window in the bucket: one more commit, the new values once.
@@ -343,9 +360,7 @@ fn delta_kill_before_and_after_the_commit_put_each_window_once() {
                 "orders",
                 "--json",
                 "--now",
-                NOW,
-                "--to",
-                "2026-03-01T11:00:00Z",
+                "2026-03-01T11:05:00Z",
             ])
             .env("HIGHWATER_FAILPOINT", point)
             .output()
@@ -354,7 +369,7 @@ fn delta_kill_before_and_after_the_commit_put_each_window_once() {
         let table = p.path("lake/orders");
         let before = log(&table).len();
         assert_eq!(before, usize::from(point == "after-swap"), "{point}");
-        let r = ingest(&p, &[], &["--to", "2026-03-01T11:00:00Z"], 0);
+        let r = ingest_at(&p, "2026-03-01T11:05:00Z", &[], &[], 0);
         let commits = log(&table);
         let mut per_window: BTreeMap<String, usize> = BTreeMap::new();
         for commit in &commits {
@@ -386,9 +401,18 @@ fn delta_kill_before_and_after_the_commit_put_each_window_once() {
             );
         }
         let grid = p
-            .check(&["windows", "orders", "--now", NOW, "--json"], 0)
+            .check(
+                &[
+                    "windows",
+                    "orders",
+                    "--now",
+                    "2026-03-01T11:05:00Z",
+                    "--json",
+                ],
+                0,
+            )
             .json();
-        let published_rows: i64 = grid["rows"]
+        let published_rows: i64 = grid["windows"]
             .as_array()
             .unwrap()
             .iter()
@@ -408,7 +432,7 @@ fn delta_schema_added_column_evolves_and_a_changed_type_is_refused() {
     let p = Project::new(&config("lake/orders", ""));
     let c = db(&p);
     fill(&c, 2, 10, "first");
-    ingest(&p, &[], &["--to", "2026-03-01T10:00:00Z"], 0);
+    ingest_at(&p, "2026-03-01T10:05:00Z", &[], &[], 0);
     c.execute_batch("ALTER TABLE orders ADD COLUMN channel TEXT; UPDATE orders SET channel = 'web' WHERE id >= 20;")
         .unwrap();
     // Hour 10:00's rows, with the new column.
@@ -419,7 +443,7 @@ fn delta_schema_added_column_evolves_and_a_changed_type_is_refused() {
         )
         .unwrap();
     }
-    let r = ingest(&p, &[], &["--to", "2026-03-01T11:00:00Z"], 0);
+    let r = ingest_at(&p, "2026-03-01T11:05:00Z", &[], &[], 0);
     assert_eq!(published(&r), 1, "{r}");
     let table = p.path("lake/orders");
     let commits = log(&table);
@@ -446,7 +470,13 @@ fn delta_schema_added_column_evolves_and_a_changed_type_is_refused() {
     .unwrap();
     let before = std::fs::read_dir(table.join("_delta_log")).unwrap().count();
     let o = p
-        .cmd(&["ingest", "orders", "--json", "--now", NOW])
+        .cmd(&[
+            "ingest",
+            "orders",
+            "--json",
+            "--now",
+            "2026-03-01T12:05:00Z",
+        ])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&o.stderr);

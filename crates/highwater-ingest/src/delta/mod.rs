@@ -29,6 +29,7 @@
 //! no commit ever added (a run killed before its commit) once they are as
 //! old.
 
+pub mod checkpoint;
 pub mod schema;
 
 use crate::engine::{kill_self, Ingestor};
@@ -53,6 +54,8 @@ pub struct Snapshot {
     pub fields: Option<Vec<schema::Field>>,
     /// Active files: path → its `add` action.
     pub files: BTreeMap<String, Value>,
+    /// The newest `txn` action of each app id.
+    pub txns: BTreeMap<String, Value>,
     /// Removed files: path → deletion time (ms).
     pub tombstones: BTreeMap<String, i64>,
     /// The newest commit of each window (by start, µs): its version and
@@ -84,6 +87,9 @@ impl Snapshot {
                     .as_str()
                     .and_then(schema::parse_schema_string);
                 self.metadata = Some(md.clone());
+            } else if let Some(t) = a.get("txn") {
+                let app = t["appId"].as_str().unwrap_or_default().to_string();
+                self.txns.insert(app, t.clone());
             } else if let Some(ci) = a.get("commitInfo") {
                 if let Some(start) = ci["highwater"]["window_start_us"].as_i64() {
                     self.windows
@@ -372,6 +378,10 @@ impl Ingestor {
             let v = snap.version + 1;
             drop(snap);
             if self.put_commit(v, &body, token)? {
+                let every = self.spec.checkpoint_every_commits as i64;
+                if v > 0 && v % every == 0 {
+                    self.delta_checkpoint(v, token)?;
+                }
                 break;
             }
             if attempt + 1 == COMMIT_ATTEMPTS_MAX {
@@ -383,6 +393,55 @@ impl Ingestor {
         }
         if let Place::Objects(..) = self.place() {
             let _ = std::fs::remove_dir_all(staging);
+        }
+        Ok(())
+    }
+
+    /// Writes the checkpoint of version `v` and points `_last_checkpoint`
+    /// at it, unless the table has moved past `v` meanwhile (a later
+    /// commit's writer checkpoints then). A checkpoint is a cache of the
+    /// log: one that fails to write costs readers time, never data.
+    fn delta_checkpoint(&self, v: i64, token: &str) -> Result<(), IngestError> {
+        let snap = self.delta_snapshot()?.clone();
+        if snap.version != v {
+            return Ok(());
+        }
+        let bytes = checkpoint::encode(&snap).map_err(|m| self.delta_err("-", m))?;
+        let rows = 2 + snap.txns.len() + snap.files.len() + snap.tombstones.len();
+        let last = json!({"version": v, "size": rows}).to_string().into_bytes();
+        let cp = format!("_delta_log/{v:020}.checkpoint.parquet");
+        match self.place() {
+            Place::Local(root) => {
+                for (name, body) in [
+                    (cp.as_str(), &bytes),
+                    ("_delta_log/_last_checkpoint", &last),
+                ] {
+                    let fin = root.join(name);
+                    let tmp = root.join(format!("{name}.{token}.tmp"));
+                    std::fs::write(&tmp, body)
+                        .and_then(|_| std::fs::File::open(&tmp)?.sync_all())
+                        .and_then(|_| std::fs::rename(&tmp, &fin))
+                        .map_err(|e| IngestError::io("writing the checkpoint", &fin, e))?;
+                }
+            }
+            Place::Objects(o, prefix) => {
+                let scratch = self
+                    .root
+                    .join(".highwater/objects-staging")
+                    .join(&self.spec.name);
+                std::fs::create_dir_all(&scratch)
+                    .map_err(|e| IngestError::io("creating", &scratch, e))?;
+                for (name, body) in [
+                    (cp.as_str(), &bytes),
+                    ("_delta_log/_last_checkpoint", &last),
+                ] {
+                    let tmp = scratch.join(format!("checkpoint.{token}.tmp"));
+                    std::fs::write(&tmp, body).map_err(|e| IngestError::io("writing", &tmp, e))?;
+                    let put = o.put_file(&tmp, &format!("{prefix}/{name}"));
+                    let _ = std::fs::remove_file(&tmp);
+                    put.map_err(|e| self.delta_err("-", e))?;
+                }
+            }
         }
         Ok(())
     }
