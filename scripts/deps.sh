@@ -12,7 +12,9 @@
 #   compared with; the DevTools client of the browser tests
 #   (tests/browser/cdp.py); and moto, the S3-compatible server the
 #   object-storage tests start on loopback (one request at a time, see
-#   highwater_objects::testing) and bench/fleet.sh runs as moto_server.
+#   highwater_objects::testing) and bench/fleet.sh runs as moto_server;
+#   deltalake and polars, the independent readers of the Delta tables
+#   (tests/ingest_delta.rs, issue 21).
 # Nothing is skipped when a package cannot be installed: the run fails.
 
 deps_install() {
@@ -30,10 +32,10 @@ deps_install() {
 # compiler needed).
 deps_pyosmium() {
     local venv=${HIGHWATER_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/highwater/venv}
-    if [ ! -x "$venv/bin/pyosmium-get-changes" ] || [ ! -x "$venv/bin/moto_server" ] || ! "$venv/bin/python" -c 'import websocket' 2>/dev/null; then
-        echo "installing pyosmium, websocket-client and moto[server] into $venv" >&2
-        python3 -m venv "$venv" && "$venv/bin/pip" install -q osmium websocket-client 'moto[server]==5.2.*' || {
-            echo "pyosmium, websocket-client or moto[server] did not install from PyPI; the replication, browser and S3 tests need them" >&2
+    if [ ! -x "$venv/bin/pyosmium-get-changes" ] || [ ! -x "$venv/bin/moto_server" ] || ! "$venv/bin/python" -c 'import websocket, deltalake, polars' 2>/dev/null; then
+        echo "installing pyosmium, websocket-client, moto[server], deltalake and polars into $venv" >&2
+        python3 -m venv "$venv" && "$venv/bin/pip" install -q osmium websocket-client 'moto[server]==5.2.*' 'deltalake==1.6.*' pyarrow 'polars==2.1.*' || {
+            echo "pyosmium, websocket-client, moto[server], deltalake, pyarrow or polars did not install from PyPI; the replication, browser, S3 and Delta tests need them" >&2
             return 1
         }
     fi

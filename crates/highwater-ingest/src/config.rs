@@ -35,6 +35,18 @@ impl Mode {
     }
 }
 
+/// How a source's windows land (`format`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Format {
+    /// A folder per window with its `_manifest.json` (the default).
+    #[default]
+    Parquet,
+    /// One Delta Lake table at `output`, a commit per window (see
+    /// [`crate::delta`]).
+    Delta,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Policy {
@@ -133,6 +145,8 @@ struct Raw {
     compact: Option<RawCompact>,
     version_retention_s: Option<u64>,
     load: Option<crate::load::RawLoad>,
+    format: Option<Format>,
+    checkpoint_every_commits: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -209,6 +223,12 @@ pub struct SourceSpec {
     /// `[sources.NAME.load]`: each published window loaded into a
     /// warehouse table.
     pub load: Option<crate::load::LoadSpec>,
+    /// `parquet` (a folder per window) or `delta` (one table).
+    pub format: Format,
+    /// `format = "delta"`: a Parquet checkpoint of the table's log every
+    /// this many commits (Delta's own default, 10), so that readers
+    /// replay at most that many JSON commits.
+    pub checkpoint_every_commits: u64,
 }
 
 /// Rows per chunk unless `chunk_rows` says otherwise.
@@ -381,7 +401,29 @@ impl SourceSpec {
             chunking,
             compaction,
             load,
+            format: raw.format.unwrap_or_default(),
+            checkpoint_every_commits: raw.checkpoint_every_commits.unwrap_or(10).max(1),
         };
+        if spec.format == Format::Delta {
+            // The table's root: windows are commits in it, not folders.
+            if spec.output.contains('{') {
+                return Err(bad(format!(
+                    "output `{}` has placeholders, but with format = \"delta\" it is the table's root (each window is a commit in that one table); remove the placeholders",
+                    spec.output
+                )));
+            }
+            if spec.compaction.is_some() {
+                return Err(bad("[sources.NAME.compact] is not available with format = \"delta\" yet (it rolls window folders into period folders); remove it".replace("NAME", name)));
+            }
+            if spec.output.trim_matches('/').is_empty() || spec.output.split('/').any(|c| c == "..")
+            {
+                return Err(bad(format!(
+                    "output `{}` must name the table's folder, without `..`",
+                    spec.output
+                )));
+            }
+            return Ok(spec);
+        }
         // The output path must be a pure function of the window, distinct
         // for distinct windows, and stay where it was put.
         if spec.output.split('/').any(|c| c == "..") {
@@ -478,6 +520,14 @@ impl SourceSpec {
     /// The window's output path (relative to the config folder), a pure
     /// function of the window.
     pub fn window_path(&self, w: &Window) -> Result<String, String> {
+        if self.format == Format::Delta {
+            // The folder of the window's attempts inside the table.
+            return Ok(format!(
+                "{}/data/{}",
+                self.output.trim_end_matches('/'),
+                format_compact(w.start_us)
+            ));
+        }
         let c = highwater_core::window::civil(w.start_us);
         let mut out = String::new();
         let mut rest = self.output.as_str();
@@ -518,7 +568,7 @@ impl SourceSpec {
     /// What the recipe id is made of, each part by name: recorded with
     /// every window, so a changed definition can be named part by part.
     pub fn recipe_parts(&self) -> serde_json::Value {
-        serde_json::json!({
+        let mut parts = serde_json::json!({
             "format": 1,
             "kind": format!("{:?}", self.kind),
             "relation": format!("{:?}", self.relation),
@@ -529,7 +579,13 @@ impl SourceSpec {
             "start_us": self.grid.start_us,
             "lookback_us": self.lookback_us,
             "output": self.output,
-        })
+        });
+        // Only when not the default, so that the recipes of Parquet
+        // sources stay what they were.
+        if self.format == Format::Delta {
+            parts["table_format"] = serde_json::json!("delta");
+        }
+        parts
     }
 
     pub fn relation_sql(&self) -> String {

@@ -173,6 +173,9 @@ pub struct Ingestor {
     pub(crate) state: StateLocation,
     pub(crate) spec: SourceSpec,
     pub(crate) recipe: String,
+    /// `format = "delta"`: the table's log as read so far (commits are
+    /// only ever appended, so a refresh reads the new ones).
+    pub(crate) delta: Mutex<crate::delta::Snapshot>,
 }
 
 /// One chunk of a window, as its record keeps it.
@@ -298,7 +301,13 @@ impl Ingestor {
             state,
             spec,
             recipe,
+            delta: Mutex::default(),
         }
+    }
+
+    /// Whether windows land as commits of a Delta table.
+    pub(crate) fn is_delta(&self) -> bool {
+        self.spec.format == crate::config::Format::Delta
     }
 
     pub fn spec(&self) -> &SourceSpec {
@@ -407,7 +416,8 @@ impl Ingestor {
         r: &WindowRecord,
         periods: &mut BTreeMap<String, Option<crate::compact::PeriodManifest>>,
     ) -> bool {
-        if self.spec.output_place.is_some() {
+        // A Delta window is in the table's log, not a folder of its own.
+        if self.spec.output_place.is_some() || self.is_delta() {
             return true;
         }
         let safe = |p: &str| {
@@ -1143,7 +1153,8 @@ impl Ingestor {
         // output must not see one column with two types unannounced.
         let schema = crate::sink::schema_json(&ctx.columns);
         rec.extra["schema"] = schema.clone();
-        if self.spec.checks.schema != Policy::Off {
+        // A Delta table was checked against its own schema before the run.
+        if self.spec.checks.schema != Policy::Off && !self.is_delta() {
             let with_schema = |r: &&WindowRecord| {
                 r.status == WindowStatus::Published && r.extra["schema"].is_array()
             };
@@ -1213,7 +1224,9 @@ impl Ingestor {
             "recipe": self.recipe,
             "token": token,
         });
-        publish::seal(&staging, &manifest)?;
+        if !self.is_delta() {
+            publish::seal(&staging, &manifest)?;
+        }
         // The fence, checked as late as possible before the swap.
         let still_ours = !ctx.lost.load(Ordering::SeqCst) && {
             let mut s = ctx.store.lock().unwrap_or_else(|e| e.into_inner());
@@ -1236,7 +1249,13 @@ impl Ingestor {
             // For the crash tests: die with the window staged, not swapped.
             kill_self();
         }
-        let compacted = match self.publish_window(k, &staging, &abs, &token) {
+        let published = if self.is_delta() {
+            self.delta_publish(k, &staging, &manifest, &token, &ctx.columns)
+                .map(|_| None)
+        } else {
+            self.publish_window(k, &staging, &abs, &token)
+        };
+        let compacted = match published {
             Ok(c) => c,
             // The window's rows cannot join its compacted period (a type
             // that does not widen either way): this window fails, the
@@ -1405,6 +1424,14 @@ impl Ingestor {
         };
         let mut first = source::open(&self.spec)?;
         let columns = first.columns()?;
+        // A Delta table's schema rule, before any window runs: a dropped
+        // column or a changed type is refused (exit 2) with nothing
+        // committed; an added column evolves the table at the next commit.
+        let columns = if self.is_delta() {
+            self.delta_columns(&columns)?
+        } else {
+            columns
+        };
         if let Some(ch) = &self.spec.chunking {
             // Refused before any window runs: every window would fail the
             // same way.
@@ -1523,8 +1550,10 @@ impl Ingestor {
         }
         // Where the stale windows were published, when the output moved:
         // the old folder goes once the window is published at the new one.
+        // (Never for a Delta table: its files go by `remove` and vacuum.)
         let moved: BTreeMap<String, String> = stale
             .iter()
+            .filter(|_| !self.is_delta())
             .filter_map(|k| {
                 let r = &records[k];
                 let old = r.extra["path"].as_str()?;
@@ -1654,6 +1683,14 @@ impl Ingestor {
             }
         }
         report.windows = outcomes;
+        if self.is_delta() {
+            // Files removed longer than version_retention_s ago go now.
+            if let Err(e) = self.delta_vacuum() {
+                report.warnings.push(format!(
+                    "vacuum of the Delta table did not finish: {e}; the next run tries again"
+                ));
+            }
+        }
         let mut s = store.lock().unwrap_or_else(|e| e.into_inner());
         let after = s.bookmark(name)?;
         // The horizon moves only when every window this run owed is

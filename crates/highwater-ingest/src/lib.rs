@@ -14,6 +14,7 @@
 //! - [`digest`]: the order-free content digest of a window's rows.
 //! - [`publish`]: staging, `_manifest.json`, the atomic swap.
 //! - [`compact`]: windows of a period rolled up into a few files, swapped as one folder.
+//! - [`delta`]: `format = "delta"`: windows as commits of one Delta Lake table; the schema rule.
 //! - [`engine`]: which windows to run, checks, leases, bookmarks, the grid.
 //! - [`pg`]: a blocking PostgreSQL connection that drains COPY in one runtime entry.
 //! - [`periods`]: `compact`, and ingestion into compacted periods.
@@ -23,6 +24,7 @@
 pub mod compact;
 pub mod config;
 pub mod copy;
+pub mod delta;
 pub mod digest;
 pub mod engine;
 pub mod error;

@@ -41,6 +41,9 @@ impl Ingestor {
         w: &Window,
         abs: &Path,
     ) -> Result<Option<serde_json::Value>, IngestError> {
+        if self.is_delta() {
+            return self.delta_window_manifest(w);
+        }
         if self.spec.output_place.is_none() {
             return Ok(std::fs::read(abs.join("_manifest.json"))
                 .ok()

@@ -1,0 +1,526 @@
+//! `format = "delta"`: a source's windows as commits of one Delta Lake
+//! table (PROTOCOL.md, protocol (1, 2), no table features), written by
+//! highwater itself: the log is newline-delimited JSON actions, and what a
+//! window needs of it is small (see `bench/README.md` for why not
+//! `deltalake-core`).
+//!
+//! Layout of a table at `output` (local, or `NAME:prefix` in object storage):
+//! - `_delta_log/NNNNNNNNNNNNNNNNNNNN.json`: one commit per window;
+//! - `data/START/TOKEN/part-*.parquet`: the files of one attempt of the
+//!   window starting at START (compact UTC), never rewritten.
+//!
+//! A window's commit holds `add` actions for its files, `remove` actions
+//! for the files its previous version added (a re-land), a `txn` action
+//! (app id = the source, version = the window's index), and `commitInfo`
+//! naming the window, the recipe and the attempt's token, with the
+//! window's manifest (rows, files, digest, schema). The first commit adds
+//! `protocol` and `metaData`; a commit whose source gained a column adds a
+//! new `metaData` (older files read the column as null).
+//!
+//! Commits are put-if-absent: locally a hard link of a fsynced temporary
+//! file (`link` fails if the name exists), in object storage the
+//! conditional put (`If-None-Match: *`). A commit that loses the race reads
+//! the commits that won and tries the next version; one that finds its own
+//! token already in the log (a retry whose first put did land) is done.
+//! The window is recorded, and the bookmark moved, only after the put.
+//!
+//! Files a commit removed stay for `version_retention_s` (a reader may be
+//! reading the version before); `vacuum` deletes them after that, and files
+//! no commit ever added (a run killed before its commit) once they are as
+//! old.
+
+pub mod checkpoint;
+pub mod schema;
+
+use crate::engine::{kill_self, Ingestor};
+use crate::error::IngestError;
+use crate::sink::Column;
+use highwater_core::window::{format_compact, format_rfc3339, Window};
+use highwater_objects::Put;
+use highwater_store::lease::now_ns;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Attempts of one window's commit against other writers of the table.
+pub const COMMIT_ATTEMPTS_MAX: usize = 64;
+
+/// The table's state after replaying its log, as far as highwater reads it.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    /// The newest version read; -1 before the first commit.
+    pub version: i64,
+    pub metadata: Option<Value>,
+    pub fields: Option<Vec<schema::Field>>,
+    /// Active files: path → its `add` action.
+    pub files: BTreeMap<String, Value>,
+    /// The newest `txn` action of each app id.
+    pub txns: BTreeMap<String, Value>,
+    /// Removed files: path → deletion time (ms).
+    pub tombstones: BTreeMap<String, i64>,
+    /// The newest commit of each window (by start, µs): its version and
+    /// `commitInfo.highwater`.
+    pub windows: BTreeMap<i64, (i64, Value)>,
+    /// Whether `version` has been read at all (a fresh snapshot reads from 0).
+    loaded: bool,
+}
+
+impl Snapshot {
+    fn apply(&mut self, version: i64, text: &[u8]) -> Result<(), String> {
+        for (i, line) in text.split(|b| *b == b'\n').enumerate() {
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            let a: Value = serde_json::from_slice(line)
+                .map_err(|e| format!("commit {version}, line {}: {e}", i + 1))?;
+            if let Some(add) = a.get("add") {
+                let p = add["path"].as_str().unwrap_or_default().to_string();
+                self.tombstones.remove(&p);
+                self.files.insert(p, add.clone());
+            } else if let Some(rm) = a.get("remove") {
+                let p = rm["path"].as_str().unwrap_or_default().to_string();
+                self.files.remove(&p);
+                self.tombstones
+                    .insert(p, rm["deletionTimestamp"].as_i64().unwrap_or(0));
+            } else if let Some(md) = a.get("metaData") {
+                self.fields = md["schemaString"]
+                    .as_str()
+                    .and_then(schema::parse_schema_string);
+                self.metadata = Some(md.clone());
+            } else if let Some(t) = a.get("txn") {
+                let app = t["appId"].as_str().unwrap_or_default().to_string();
+                self.txns.insert(app, t.clone());
+            } else if let Some(ci) = a.get("commitInfo") {
+                if let Some(start) = ci["highwater"]["window_start_us"].as_i64() {
+                    self.windows
+                        .insert(start, (version, ci["highwater"].clone()));
+                }
+            }
+        }
+        self.version = version;
+        Ok(())
+    }
+}
+
+/// Where the table is.
+enum Place<'a> {
+    Local(PathBuf),
+    Objects(&'a highwater_objects::Objects, String),
+}
+
+fn log_name(v: i64) -> String {
+    format!("_delta_log/{v:020}.json")
+}
+
+impl Ingestor {
+    fn place(&self) -> Place<'_> {
+        let out = self.spec.output.trim_end_matches('/').to_string();
+        match &self.objects {
+            Some(o) if self.spec.output_place.is_some() => Place::Objects(o, out),
+            _ => Place::Local(self.root.join(out)),
+        }
+    }
+
+    fn delta_err(&self, window: &str, message: impl std::fmt::Display) -> IngestError {
+        IngestError::Storage {
+            name: self.spec.name.clone(),
+            window: window.to_string(),
+            message: format!("Delta table `{}`: {message}", self.spec.output),
+        }
+    }
+
+    /// Reads commit `v`, if it exists.
+    fn read_commit(&self, v: i64) -> Result<Option<Vec<u8>>, IngestError> {
+        match self.place() {
+            Place::Local(root) => {
+                let p = root.join(log_name(v));
+                match std::fs::read(&p) {
+                    Ok(b) => Ok(Some(b)),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                    Err(e) => Err(IngestError::io("reading", p, e)),
+                }
+            }
+            Place::Objects(o, prefix) => o
+                .get(&format!("{prefix}/{}", log_name(v)))
+                .map(|g| g.map(|(b, _)| b.to_vec()))
+                .map_err(|e| self.delta_err("-", e)),
+        }
+    }
+
+    /// Puts commit `v` only if no commit `v` exists: whether it did.
+    fn put_commit(&self, v: i64, body: &[u8], token: &str) -> Result<bool, IngestError> {
+        match self.place() {
+            Place::Local(root) => {
+                let dir = root.join("_delta_log");
+                std::fs::create_dir_all(&dir).map_err(|e| IngestError::io("creating", &dir, e))?;
+                let tmp = dir.join(format!(".{v:020}.json.{token}.tmp"));
+                let fin = root.join(log_name(v));
+                let written = std::fs::write(&tmp, body)
+                    .and_then(|_| std::fs::File::open(&tmp)?.sync_all())
+                    .map_err(|e| IngestError::io("writing", &tmp, e));
+                if let Err(e) = written {
+                    let _ = std::fs::remove_file(&tmp);
+                    return Err(e);
+                }
+                // A hard link fails if the name exists: put-if-absent, and
+                // the commit appears whole (it was fsynced under its
+                // temporary name first).
+                let linked = std::fs::hard_link(&tmp, &fin);
+                let _ = std::fs::remove_file(&tmp);
+                match linked {
+                    Ok(()) => {
+                        std::fs::File::open(&dir)
+                            .and_then(|d| d.sync_all())
+                            .map_err(|e| IngestError::io("syncing", &dir, e))?;
+                        Ok(true)
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+                    Err(e) => Err(IngestError::io("committing", fin, e)),
+                }
+            }
+            Place::Objects(o, prefix) => {
+                match o
+                    .put_if(&format!("{prefix}/{}", log_name(v)), body.to_vec(), None)
+                    .map_err(|e| self.delta_err("-", e))?
+                {
+                    Put::Done(_) => Ok(true),
+                    Put::Lost => Ok(false),
+                }
+            }
+        }
+    }
+
+    /// The snapshot, brought up to the table's newest commit.
+    pub(crate) fn delta_snapshot(
+        &self,
+    ) -> Result<std::sync::MutexGuard<'_, Snapshot>, IngestError> {
+        let mut s = self.delta.lock().unwrap_or_else(|e| e.into_inner());
+        if !s.loaded {
+            *s = Snapshot {
+                version: -1,
+                loaded: true,
+                ..Default::default()
+            };
+        }
+        loop {
+            let v = s.version + 1;
+            let Some(text) = self.read_commit(v)? else {
+                break;
+            };
+            s.apply(v, &text).map_err(|m| self.delta_err("-", m))?;
+        }
+        Ok(s)
+    }
+
+    /// The schema rule, before any window runs: the source's columns
+    /// against the table's schema. Returns the columns as the table's
+    /// files are written.
+    pub(crate) fn delta_columns(&self, columns: &[Column]) -> Result<Vec<Column>, IngestError> {
+        let snap = self.delta_snapshot()?;
+        if let Some(fields) = &snap.fields {
+            if let Err(lines) = schema::evolve(fields, columns) {
+                return Err(self.schema_refusal(&lines, snap.version));
+            }
+        }
+        Ok(schema::table_columns(columns))
+    }
+
+    fn schema_refusal(&self, lines: &[String], version: i64) -> IngestError {
+        IngestError::Schema {
+            name: self.spec.name.clone(),
+            message: format!(
+                "the source's columns no longer fit Delta table `{}` (version {version}): {}. Nothing was committed. A Delta table's columns may only be added to (protocol (1, 2) has no type widening): cast the column back to its old type in a `query` (e.g. `SELECT ..., amount::float8 AS amount`), or land the new schema into a new table (a new source name and output)",
+                self.spec.output,
+                lines.join("; ")
+            ),
+        }
+    }
+
+    /// The manifest of window `w`'s newest commit, as `recover` reads a
+    /// folder's `_manifest.json`.
+    pub(crate) fn delta_window_manifest(&self, w: &Window) -> Result<Option<Value>, IngestError> {
+        let snap = self.delta_snapshot()?;
+        Ok(snap.windows.get(&w.start_us).map(|(_, m)| m.clone()))
+    }
+
+    /// The folder of window `w`'s attempts, relative to the table root.
+    fn window_dir(w: &Window) -> String {
+        format!("data/{}", format_compact(w.start_us))
+    }
+
+    /// Publishes window `k`, staged (and checked) in `staging`, as one
+    /// commit. `manifest` is what a Parquet window's `_manifest.json` holds.
+    pub(crate) fn delta_publish(
+        &self,
+        k: i64,
+        staging: &Path,
+        manifest: &Value,
+        token: &str,
+        columns: &[Column],
+    ) -> Result<(), IngestError> {
+        let w = self.spec.grid.window(k);
+        let label = w.to_string();
+        let dir_rel = format!("{}/{token}", Self::window_dir(&w));
+        let files: Vec<crate::sink::FileInfo> =
+            serde_json::from_value(manifest["files"].clone()).unwrap_or_default();
+        // The files first, where the commit will name them; until it is
+        // put, no reader knows of them.
+        match self.place() {
+            Place::Local(root) => {
+                let to = root.join(&dir_rel);
+                let parent = to.parent().expect("a window folder has a parent");
+                std::fs::create_dir_all(parent)
+                    .map_err(|e| IngestError::io("creating", parent, e))?;
+                std::fs::rename(staging, &to).map_err(|e| IngestError::io("placing", &to, e))?;
+                std::fs::File::open(parent)
+                    .and_then(|d| d.sync_all())
+                    .map_err(|e| IngestError::io("syncing", parent, e))?;
+            }
+            Place::Objects(o, prefix) => {
+                for f in &files {
+                    o.put_file(
+                        &staging.join(&f.path),
+                        &format!("{prefix}/{dir_rel}/{}", f.path),
+                    )
+                    .map_err(|e| self.delta_err(&label, e))?;
+                }
+            }
+        }
+        if std::env::var_os("HIGHWATER_FAILPOINT").is_some_and(|v| v == "before-commit-put") {
+            // For the crash tests: die with the files placed, uncommitted.
+            kill_self();
+        }
+        let now_ms = now_ns() / 1_000_000;
+        let start = format_rfc3339(w.start_us);
+        let mut info = manifest.clone();
+        info["window_start_us"] = json!(w.start_us);
+        info["window_index"] = json!(k);
+        info["data"] = json!(dir_rel);
+        for attempt in 0..COMMIT_ATTEMPTS_MAX {
+            let snap = self.delta_snapshot()?;
+            if snap
+                .windows
+                .get(&w.start_us)
+                .is_some_and(|(_, m)| m["token"].as_str() == Some(token))
+            {
+                // A retry whose earlier put landed: already committed.
+                break;
+            }
+            let mut actions: Vec<Value> = Vec::new();
+            actions.push(json!({"commitInfo": {
+                "timestamp": now_ms,
+                "operation": "WRITE",
+                "operationParameters": {"mode": "Append", "window": start},
+                "engineInfo": concat!("highwater/", env!("CARGO_PKG_VERSION")),
+                "isBlindAppend": false,
+                "highwater": info,
+            }}));
+            match &snap.fields {
+                None => {
+                    actions
+                        .push(json!({"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}}));
+                    let id = blake3::hash(format!("{}:{token}", self.spec.name).as_bytes())
+                        .to_hex()
+                        .to_string();
+                    actions.push(json!({"metaData": {
+                        "id": format!("{}-{}-{}-{}-{}", &id[0..8], &id[8..12], &id[12..16], &id[16..20], &id[20..32]),
+                        "name": self.spec.name,
+                        "format": {"provider": "parquet", "options": {}},
+                        "schemaString": schema::schema_string(&schema::fields_of(columns)),
+                        "partitionColumns": [],
+                        "configuration": {},
+                        "createdTime": now_ms,
+                    }}));
+                }
+                Some(fields) => match schema::evolve(fields, columns) {
+                    Ok(None) => {}
+                    Ok(Some(new)) => {
+                        // A column added at the source: a new metaData.
+                        let mut md = snap.metadata.clone().unwrap_or_default();
+                        md["schemaString"] = json!(schema::schema_string(&new));
+                        actions.push(json!({ "metaData": md }));
+                    }
+                    Err(lines) => return Err(self.schema_refusal(&lines, snap.version)),
+                },
+            }
+            actions.push(json!({"txn": {
+                "appId": self.spec.name,
+                "version": k,
+                "lastUpdated": now_ms,
+            }}));
+            let prefix = format!("{}/", Self::window_dir(&w));
+            for (path, add) in snap.files.iter().filter(|(p, _)| p.starts_with(&prefix)) {
+                actions.push(json!({"remove": {
+                    "path": path,
+                    "deletionTimestamp": now_ms,
+                    "dataChange": true,
+                    "extendedFileMetadata": true,
+                    "partitionValues": {},
+                    "size": add["size"],
+                }}));
+            }
+            for f in &files {
+                actions.push(json!({"add": {
+                    "path": format!("{dir_rel}/{}", f.path),
+                    "partitionValues": {},
+                    "size": f.bytes,
+                    "modificationTime": now_ms,
+                    "dataChange": true,
+                    "stats": json!({"numRecords": f.rows}).to_string(),
+                    "tags": {"highwater.window": start},
+                }}));
+            }
+            let mut body = Vec::new();
+            for a in &actions {
+                body.extend_from_slice(a.to_string().as_bytes());
+                body.push(b'\n');
+            }
+            let v = snap.version + 1;
+            drop(snap);
+            if self.put_commit(v, &body, token)? {
+                let every = self.spec.checkpoint_every_commits as i64;
+                if v > 0 && v % every == 0 {
+                    self.delta_checkpoint(v, token)?;
+                }
+                break;
+            }
+            if attempt + 1 == COMMIT_ATTEMPTS_MAX {
+                return Err(self.delta_err(
+                    &label,
+                    format!("{COMMIT_ATTEMPTS_MAX} commits in a row lost to other writers; nothing was committed, and the window runs again"),
+                ));
+            }
+        }
+        if let Place::Objects(..) = self.place() {
+            let _ = std::fs::remove_dir_all(staging);
+        }
+        Ok(())
+    }
+
+    /// Writes the checkpoint of version `v` and points `_last_checkpoint`
+    /// at it, unless the table has moved past `v` meanwhile (a later
+    /// commit's writer checkpoints then). A checkpoint is a cache of the
+    /// log: one that fails to write costs readers time, never data.
+    fn delta_checkpoint(&self, v: i64, token: &str) -> Result<(), IngestError> {
+        let snap = self.delta_snapshot()?.clone();
+        if snap.version != v {
+            return Ok(());
+        }
+        let bytes = checkpoint::encode(&snap).map_err(|m| self.delta_err("-", m))?;
+        let rows = 2 + snap.txns.len() + snap.files.len() + snap.tombstones.len();
+        let last = json!({"version": v, "size": rows}).to_string().into_bytes();
+        let cp = format!("_delta_log/{v:020}.checkpoint.parquet");
+        match self.place() {
+            Place::Local(root) => {
+                for (name, body) in [
+                    (cp.as_str(), &bytes),
+                    ("_delta_log/_last_checkpoint", &last),
+                ] {
+                    let fin = root.join(name);
+                    let tmp = root.join(format!("{name}.{token}.tmp"));
+                    std::fs::write(&tmp, body)
+                        .and_then(|_| std::fs::File::open(&tmp)?.sync_all())
+                        .and_then(|_| std::fs::rename(&tmp, &fin))
+                        .map_err(|e| IngestError::io("writing the checkpoint", &fin, e))?;
+                }
+            }
+            Place::Objects(o, prefix) => {
+                let scratch = self
+                    .root
+                    .join(".highwater/objects-staging")
+                    .join(&self.spec.name);
+                std::fs::create_dir_all(&scratch)
+                    .map_err(|e| IngestError::io("creating", &scratch, e))?;
+                for (name, body) in [
+                    (cp.as_str(), &bytes),
+                    ("_delta_log/_last_checkpoint", &last),
+                ] {
+                    let tmp = scratch.join(format!("checkpoint.{token}.tmp"));
+                    std::fs::write(&tmp, body).map_err(|e| IngestError::io("writing", &tmp, e))?;
+                    let put = o.put_file(&tmp, &format!("{prefix}/{name}"));
+                    let _ = std::fs::remove_file(&tmp);
+                    put.map_err(|e| self.delta_err("-", e))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes files removed from the table more than
+    /// `version_retention_s` ago, and files no commit added (a run killed
+    /// before its commit) that are as old. Returns how many went.
+    pub(crate) fn delta_vacuum(&self) -> Result<usize, IngestError> {
+        let snap = self.delta_snapshot()?.clone();
+        let now_ms = now_ns() / 1_000_000;
+        let keep_ms = (self.spec.version_retention_s as i64).saturating_mul(1000);
+        let expired = |path: &str, modified_ms: i64| -> bool {
+            if snap.files.contains_key(path) {
+                return false;
+            }
+            let since = snap.tombstones.get(path).copied().unwrap_or(modified_ms);
+            since.saturating_add(keep_ms) <= now_ms
+        };
+        let mut gone = 0;
+        match self.place() {
+            Place::Local(root) => {
+                let data = root.join("data");
+                let mut stack = vec![data.clone()];
+                let mut dirs = Vec::new();
+                while let Some(d) = stack.pop() {
+                    let Ok(rd) = std::fs::read_dir(&d) else {
+                        continue;
+                    };
+                    for e in rd.flatten() {
+                        let p = e.path();
+                        let name = e.file_name().to_string_lossy().into_owned();
+                        if name.contains(crate::publish::STAGING_MARK) {
+                            // A run's staging folder: swept by the runs.
+                            continue;
+                        }
+                        if p.is_dir() {
+                            dirs.push(p.clone());
+                            stack.push(p);
+                            continue;
+                        }
+                        let rel = p
+                            .strip_prefix(&root)
+                            .expect("under the root")
+                            .to_string_lossy()
+                            .into_owned();
+                        let modified_ms = e
+                            .metadata()
+                            .ok()
+                            .and_then(|m| m.modified().ok())
+                            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                            .map_or(now_ms, |d| d.as_millis() as i64);
+                        if expired(&rel, modified_ms) {
+                            std::fs::remove_file(&p)
+                                .map_err(|e| IngestError::io("vacuuming", &p, e))?;
+                            gone += 1;
+                        }
+                    }
+                }
+                // Deepest first; a folder still holding files stays.
+                dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
+                for d in dirs {
+                    let _ = std::fs::remove_dir(d);
+                }
+            }
+            Place::Objects(o, prefix) => {
+                let objs = o
+                    .list(&format!("{prefix}/data/"))
+                    .map_err(|e| self.delta_err("-", e))?;
+                for obj in objs {
+                    let Some(rel) = obj.key.strip_prefix(&format!("{prefix}/")) else {
+                        continue;
+                    };
+                    if expired(rel, obj.last_modified_ns / 1_000_000) {
+                        o.delete(&obj.key).map_err(|e| self.delta_err("-", e))?;
+                        gone += 1;
+                    }
+                }
+            }
+        }
+        Ok(gone)
+    }
+}

@@ -1,0 +1,205 @@
+//! The table schema of a Delta source: the source's columns in Delta's
+//! types, the `schemaString` of the table's `metaData`, and the rule for a
+//! changed source (a column added evolves the table; anything else is
+//! refused before a commit).
+//!
+//! Type mapping (highwater's Arrow column → Delta, protocol (1, 2), no
+//! table features, so every reader reads it):
+//!
+//! | column | Delta |
+//! |---|---|
+//! | Boolean | boolean |
+//! | Int16, Int32, Int64 | short, integer, long |
+//! | Float32, Float64 | float, double |
+//! | Utf8 (text, numeric, json, uuid, ...) | string |
+//! | Binary | binary |
+//! | Timestamp(µs, UTC) | timestamp |
+//! | Timestamp(µs) (PostgreSQL `timestamp`) | timestamp: read as UTC, written as UTC µs (`timestamp_ntz` needs a table feature) |
+//! | Date32 | date |
+//!
+//! A type change is refused even where Parquet windows would widen
+//! (int32 → int64): Delta's type widening is a table feature
+//! (protocol (3, 7)) that older readers cannot read.
+
+use crate::sink::{ColType, Column};
+use serde_json::{json, Value};
+
+/// A column's Delta type.
+pub fn delta_type(ty: ColType) -> &'static str {
+    match ty {
+        ColType::Bool => "boolean",
+        ColType::I16 => "short",
+        ColType::I32 => "integer",
+        ColType::I64 => "long",
+        ColType::F32 => "float",
+        ColType::F64 => "double",
+        ColType::Text => "string",
+        ColType::Bytes => "binary",
+        ColType::TimestampTz | ColType::Timestamp => "timestamp",
+        ColType::Date => "date",
+    }
+}
+
+/// The columns as a Delta table writes them: a naive timestamp becomes
+/// UTC (its values are read as UTC already), since protocol (1, 2) has
+/// only `timestamp`, which is adjusted to UTC.
+pub fn table_columns(columns: &[Column]) -> Vec<Column> {
+    columns
+        .iter()
+        .map(|c| Column {
+            ty: match c.ty {
+                ColType::Timestamp => ColType::TimestampTz,
+                t => t,
+            },
+            ..c.clone()
+        })
+        .collect()
+}
+
+/// One field of a table schema: name and Delta type.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Field {
+    pub name: String,
+    pub ty: String,
+}
+
+/// The fields of a `schemaString`.
+pub fn parse_schema_string(s: &str) -> Option<Vec<Field>> {
+    let v: Value = serde_json::from_str(s).ok()?;
+    v["fields"]
+        .as_array()?
+        .iter()
+        .map(|f| {
+            Some(Field {
+                name: f["name"].as_str()?.to_string(),
+                // A nested type is an object: rendered as its JSON text,
+                // which never equals one of our primitive names.
+                ty: match &f["type"] {
+                    Value::String(t) => t.clone(),
+                    other => other.to_string(),
+                },
+            })
+        })
+        .collect()
+}
+
+/// The `schemaString` of `fields`, every one nullable (a column added
+/// later reads as null in the older files).
+pub fn schema_string(fields: &[Field]) -> String {
+    json!({
+        "type": "struct",
+        "fields": fields
+            .iter()
+            .map(|f| json!({"name": f.name, "type": f.ty, "nullable": true, "metadata": {}}))
+            .collect::<Vec<_>>(),
+    })
+    .to_string()
+}
+
+/// What the table's schema becomes for the source's `columns`: `Ok(None)`
+/// when it stays, `Ok(Some(fields))` when columns were added (appended, in
+/// the source's order), `Err(lines)` naming each column that was dropped or
+/// changed type, with both types.
+pub fn evolve(table: &[Field], columns: &[Column]) -> Result<Option<Vec<Field>>, Vec<String>> {
+    let mut bad = Vec::new();
+    for f in table {
+        match columns.iter().find(|c| c.name == f.name) {
+            None => bad.push(format!(
+                "column `{}` ({}) is in the table but the source no longer has it",
+                f.name, f.ty
+            )),
+            Some(c) if delta_type(c.ty) != f.ty => bad.push(format!(
+                "column `{}` is {} in the table, and the source now gives {} ({})",
+                f.name,
+                f.ty,
+                delta_type(c.ty),
+                c.source_type
+            )),
+            Some(_) => {}
+        }
+    }
+    if !bad.is_empty() {
+        return Err(bad);
+    }
+    let added: Vec<Field> = columns
+        .iter()
+        .filter(|c| !table.iter().any(|f| f.name == c.name))
+        .map(|c| Field {
+            name: c.name.clone(),
+            ty: delta_type(c.ty).to_string(),
+        })
+        .collect();
+    if added.is_empty() {
+        return Ok(None);
+    }
+    let mut all = table.to_vec();
+    all.extend(added);
+    Ok(Some(all))
+}
+
+/// The fields of a first commit.
+pub fn fields_of(columns: &[Column]) -> Vec<Field> {
+    columns
+        .iter()
+        .map(|c| Field {
+            name: c.name.clone(),
+            ty: delta_type(c.ty).to_string(),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn col(name: &str, ty: ColType) -> Column {
+        Column {
+            name: name.into(),
+            ty,
+            source_type: format!("{ty:?}"),
+        }
+    }
+
+    fn field(name: &str, ty: &str) -> Field {
+        Field {
+            name: name.into(),
+            ty: ty.into(),
+        }
+    }
+
+    /// Issue 21: the schema rule, case by case.
+    #[test]
+    fn evolve_adds_columns_and_refuses_the_rest() {
+        let table = vec![field("id", "long"), field("amount", "double")];
+        let check = |cols: Vec<Column>| evolve(&table, &cols);
+        assert_eq!(
+            check(vec![col("amount", ColType::F64), col("id", ColType::I64)]),
+            Ok(None)
+        );
+        assert_eq!(
+            check(vec![
+                col("id", ColType::I64),
+                col("note", ColType::Text),
+                col("amount", ColType::F64)
+            ]),
+            Ok(Some(vec![
+                field("id", "long"),
+                field("amount", "double"),
+                field("note", "string")
+            ]))
+        );
+        let e = check(vec![col("id", ColType::I64), col("amount", ColType::F32)]).unwrap_err();
+        assert!(
+            e[0].contains("`amount` is double") && e[0].contains("float"),
+            "{e:?}"
+        );
+        let e = check(vec![col("id", ColType::I64)]).unwrap_err();
+        assert!(e[0].contains("`amount` (double)"), "{e:?}");
+    }
+
+    #[test]
+    fn schema_string_round_trips() {
+        let f = vec![field("id", "long"), field("at", "timestamp")];
+        assert_eq!(parse_schema_string(&schema_string(&f)), Some(f));
+    }
+}

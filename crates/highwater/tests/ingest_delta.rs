@@ -1,0 +1,543 @@
+//! Issue 21: `format = "delta"`: a source's windows as commits of one Delta
+//! Lake table, local and in object storage (moto on loopback), read back by
+//! the `deltalake` Python package from PyPI (and Polars' `read_delta`),
+//! which know nothing of highwater: every row once, the schema, the log's
+//! actions; re-lands, crashes around the commit put, two processes on
+//! PostgreSQL state, and the schema rule.
+
+mod common;
+use common::ingest::{pg_database, pg_serial, SQLITE_SOURCE};
+use common::Project;
+use highwater_objects::testing::Moto;
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The reader: the table's version, schema, rows (sorted by id), files
+/// and, through Polars, its row count.
+const READER: &str = r#"
+import json, sys
+from deltalake import DeltaTable
+import polars as pl
+uri = sys.argv[1]
+opts = json.loads(sys.argv[2])
+dt = DeltaTable(uri, storage_options=opts or None)
+t = dt.to_pyarrow_table()
+rows = sorted(t.to_pylist(), key=lambda r: r["id"])
+for r in rows:
+    for k, v in list(r.items()):
+        if not isinstance(v, (int, float, str, type(None))):
+            r[k] = str(v)
+print(json.dumps({
+    "version": dt.version(),
+    "schema": [[f.name, str(f.type)] for f in dt.schema().fields],
+    "protocol": [dt.protocol().min_reader_version, dt.protocol().min_writer_version],
+    "files": sorted(dt.file_uris()),
+    "rows": rows,
+    "polars_rows": pl.read_delta(uri, storage_options=opts or None).height,
+}))
+"#;
+
+fn python() -> String {
+    std::env::var("HIGHWATER_TEST_PYTHON").expect(
+        "HIGHWATER_TEST_PYTHON is not set: run the tests with `bash scripts/test.sh`, which installs deltalake and polars in its venv",
+    )
+}
+
+/// What the deltalake reader sees of the table at `uri`.
+fn read(uri: &str, opts: &Value) -> Value {
+    let o = std::process::Command::new(python())
+        .args(["-c", READER, uri, &opts.to_string()])
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "the deltalake reader failed on {uri}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+fn ids(t: &Value) -> Vec<i64> {
+    t["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_i64().unwrap())
+        .collect()
+}
+
+/// The commits of a local table's log, each as its actions.
+fn log(table: &std::path::Path) -> Vec<Vec<Value>> {
+    let mut out = Vec::new();
+    for v in 0.. {
+        let Ok(text) = std::fs::read_to_string(table.join(format!("_delta_log/{v:020}.json")))
+        else {
+            break;
+        };
+        out.push(
+            text.lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect(),
+        );
+    }
+    out
+}
+
+/// The actions of one kind in a commit.
+fn actions<'a>(commit: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    commit.iter().filter_map(|a| a.get(kind)).collect()
+}
+
+fn config(output: &str, extra: &str) -> String {
+    SQLITE_SOURCE.replace("lookback = \"10m\"\n", "").replace(
+        "output = \"raw/orders/ingest_date={date}/ingest_hour={hour}\"",
+        &format!("output = \"{output}\"\nformat = \"delta\"\n{extra}"),
+    )
+}
+
+fn db(p: &Project) -> rusqlite::Connection {
+    let c = rusqlite::Connection::open(p.path("src.db")).unwrap();
+    c.execute_batch(
+        "PRAGMA journal_mode=WAL;
+         CREATE TABLE IF NOT EXISTS orders(id INTEGER PRIMARY KEY, amount REAL, note TEXT, updated_at TEXT NOT NULL);",
+    )
+    .unwrap();
+    c
+}
+
+/// `n` rows per hour for `hours` hours from 08:00, ids from 0.
+fn fill(c: &rusqlite::Connection, hours: i64, n: i64, note: &str) {
+    for h in 0..hours {
+        for i in 0..n {
+            let id = h * n + i;
+            let t = 8 * 60 + h * 60 + i * 60 / n;
+            c.execute(
+                "INSERT OR REPLACE INTO orders VALUES(?1, ?2, ?3, ?4)",
+                rusqlite::params![
+                    id,
+                    id as f64 * 1.5,
+                    note,
+                    format!(
+                        "2026-03-{:02}T{:02}:{:02}:00Z",
+                        1 + t / (24 * 60),
+                        t / 60 % 24,
+                        t % 60
+                    )
+                ],
+            )
+            .unwrap();
+        }
+    }
+}
+
+const NOW: &str = "2026-03-02T08:05:00Z";
+
+fn ingest(p: &Project, env: &[(&str, String)], extra: &[&str], code: i32) -> Value {
+    ingest_at(p, NOW, env, extra, code)
+}
+
+/// `ingest` at `now`: the windows closed by then that are not published.
+fn ingest_at(p: &Project, now: &str, env: &[(&str, String)], extra: &[&str], code: i32) -> Value {
+    let mut c = p.cmd(&["ingest", "orders", "--json", "--now", now]);
+    c.args(extra);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let o = c.output().unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(code), "{stderr}");
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {stderr}"))
+}
+
+fn published(r: &Value) -> usize {
+    r["windows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|w| w["status"] == "published")
+        .count()
+}
+
+/// Issue 21: 24 hourly windows into a local table: 24 commits, each with
+/// its window's adds, a txn (app id = the source, version = the window's
+/// index) and a commitInfo naming window and recipe, and a Parquet
+/// checkpoint every 10 commits; the reader sees every row once, protocol
+/// (1, 2), the source's schema.
+#[test]
+fn delta_local_table_24_windows_each_row_once() {
+    let p = Project::new(&config("lake/orders", ""));
+    let c = db(&p);
+    fill(&c, 24, 10, "first");
+    let r = ingest(&p, &[], &[], 0);
+    assert_eq!(published(&r), 24, "{r}");
+    let t = read(p.path("lake/orders").to_str().unwrap(), &Value::Null);
+    assert_eq!(ids(&t), (0..240).collect::<Vec<_>>());
+    assert_eq!(t["polars_rows"], 240);
+    assert_eq!(t["version"], 23);
+    assert_eq!(t["protocol"], serde_json::json!([1, 2]));
+    let schema: Vec<String> = t["schema"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| format!("{}:{}", f[0].as_str().unwrap(), f[1].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        schema
+            .iter()
+            .map(|s| s.split(':').next().unwrap())
+            .collect::<Vec<_>>(),
+        ["id", "amount", "note", "updated_at"],
+        "{schema:?}"
+    );
+    assert!(
+        schema[0].contains("int64") || schema[0].contains("long"),
+        "{schema:?}"
+    );
+    let commits = log(&p.path("lake/orders"));
+    assert_eq!(commits.len(), 24);
+    let mut windows = BTreeSet::new();
+    for (v, commit) in commits.iter().enumerate() {
+        let txn = actions(commit, "txn");
+        assert_eq!(txn.len(), 1, "commit {v}");
+        assert_eq!(txn[0]["appId"], "orders");
+        let info = actions(commit, "commitInfo")[0];
+        let hw = &info["highwater"];
+        assert_eq!(txn[0]["version"], hw["window_index"], "commit {v}");
+        assert!(hw["recipe"].as_str().unwrap().starts_with("r1:"));
+        windows.insert(hw["window"]["start"].as_str().unwrap().to_string());
+        let adds = actions(commit, "add");
+        assert!(!adds.is_empty() && adds.iter().all(|a| a["dataChange"] == true));
+        assert!(actions(commit, "remove").is_empty());
+        assert_eq!(actions(commit, "metaData").len(), usize::from(v == 0));
+    }
+    assert_eq!(windows.len(), 24);
+    // Checkpoints every 10 commits; the reader above started from the
+    // newest (version 20) and replayed 21 to 23.
+    let last: Value =
+        serde_json::from_str(&p.read("lake/orders/_delta_log/_last_checkpoint")).unwrap();
+    assert_eq!(last["version"], 20, "{last}");
+    for v in [10, 20] {
+        assert!(p.exists(&format!(
+            "lake/orders/_delta_log/{v:020}.checkpoint.parquet"
+        )));
+    }
+    // A second run owes nothing and commits nothing.
+    let r = ingest(&p, &[], &[], 0);
+    assert_eq!(published(&r), 0, "{r}");
+    assert_eq!(log(&p.path("lake/orders")).len(), 24);
+}
+
+/// Issue 21: the same into a bucket (`NAME:path` on `[storage.NAME]`),
+/// read back through S3 by the deltalake reader.
+#[test]
+fn delta_table_in_a_bucket_24_windows_each_row_once() {
+    let moto = Moto::start();
+    let objects = moto.client("lakehouse");
+    let storage = "[storage.lake]\nkind = \"s3\"\nbucket = \"lakehouse\"\nendpoint_env = \"S3_ENDPOINT\"\nregion = \"us-east-1\"\n";
+    let p = Project::new(&format!("{storage}{}", config("lake:tables/orders", "")));
+    let c = db(&p);
+    fill(&c, 24, 10, "first");
+    let env: Vec<(&str, String)> = moto.env();
+    let r = ingest(&p, &env, &[], 0);
+    assert_eq!(published(&r), 24, "{r}");
+    let opts = serde_json::json!({
+        "AWS_ENDPOINT_URL": moto.endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_REGION": "us-east-1",
+        "AWS_ALLOW_HTTP": "true",
+    });
+    let t = read("s3://lakehouse/tables/orders", &opts);
+    assert_eq!(ids(&t), (0..240).collect::<Vec<_>>());
+    assert_eq!(t["version"], 23);
+    let keys: Vec<String> = objects
+        .list("tables/orders/_delta_log/")
+        .unwrap()
+        .into_iter()
+        .map(|o| o.key)
+        .filter(|k| k.ends_with(".json"))
+        .collect();
+    assert_eq!(keys.len(), 24, "{keys:?}");
+    // Re-landing a window in the bucket: one more commit, the new values once.
+    c.execute("UPDATE orders SET note = 'second' WHERE id < 10", [])
+        .unwrap();
+    let r = ingest(
+        &p,
+        &env,
+        &["--window", "2026-03-01T08:00:00Z/2026-03-01T09:00:00Z"],
+        0,
+    );
+    assert_eq!(published(&r), 1, "{r}");
+    let t = read("s3://lakehouse/tables/orders", &opts);
+    assert_eq!(ids(&t), (0..240).collect::<Vec<_>>());
+    let second = t["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["note"] == "second")
+        .count();
+    assert_eq!(second, 10);
+}
+
+/// Issue 21: a re-landed window: its commit removes the files of its
+/// previous version (dataChange = true) and adds the new ones; the reader
+/// sees the new values once. The removed files stay until
+/// version_retention_s has passed; then the vacuum deletes them.
+#[test]
+fn delta_relanded_window_removes_its_old_files_and_vacuum_deletes_them_later() {
+    let check = |retention_s: u64, old_files_stay: bool| {
+        let p = Project::new(&config(
+            "lake/orders",
+            &format!("version_retention_s = {retention_s}"),
+        ));
+        let c = db(&p);
+        fill(&c, 3, 10, "first");
+        ingest(&p, &[], &["--to", "2026-03-01T11:00:00Z"], 0);
+        c.execute("UPDATE orders SET note = 'second' WHERE id < 10", [])
+            .unwrap();
+        c.execute("DELETE FROM orders WHERE id = 9", []).unwrap();
+        let r = ingest(
+            &p,
+            &[],
+            &["--window", "2026-03-01T08:00:00Z/2026-03-01T09:00:00Z"],
+            0,
+        );
+        assert_eq!(published(&r), 1, "{r}");
+        let table = p.path("lake/orders");
+        let commits = log(&table);
+        assert_eq!(commits.len(), 4);
+        let first_adds: BTreeSet<String> = actions(&commits[0], "add")
+            .iter()
+            .map(|a| a["path"].as_str().unwrap().to_string())
+            .collect();
+        let last = &commits[3];
+        let removed: BTreeSet<String> = actions(last, "remove")
+            .iter()
+            .map(|a| a["path"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(removed, first_adds);
+        assert!(actions(last, "remove")
+            .iter()
+            .all(|a| a["dataChange"] == true));
+        let t = read(table.to_str().unwrap(), &Value::Null);
+        let got: Vec<(i64, String)> = t["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r["id"].as_i64().unwrap(),
+                    r["note"].as_str().unwrap().into(),
+                )
+            })
+            .collect();
+        let mut want: Vec<(i64, String)> = (0..9).map(|i| (i, "second".into())).collect();
+        want.extend((10..30).map(|i| (i, "first".to_string())));
+        assert_eq!(got, want);
+        for f in &first_adds {
+            assert_eq!(table.join(f).exists(), old_files_stay, "{f}");
+        }
+    };
+    // Kept for an hour (a reader may still read version 2) ...
+    check(3600, true);
+    // ... and with no retention, gone at the end of the run that removed them.
+    check(0, false);
+}
+
+/// Issue 21: killed just before the commit's put (files placed, no
+/// commit) and just after it (committed, not recorded): the next run ends
+/// with each window committed exactly once, and no commit that no window
+/// record accounts for.
+#[test]
+fn delta_kill_before_and_after_the_commit_put_each_window_once() {
+    for point in ["before-commit-put", "after-swap"] {
+        let p = Project::new(&config("lake/orders", ""));
+        let c = db(&p);
+        fill(&c, 3, 10, "first");
+        let o = p
+            .cmd(&[
+                "ingest",
+                "orders",
+                "--json",
+                "--now",
+                "2026-03-01T11:05:00Z",
+            ])
+            .env("HIGHWATER_FAILPOINT", point)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), None, "{point}: killed by its failpoint");
+        let table = p.path("lake/orders");
+        let before = log(&table).len();
+        assert_eq!(before, usize::from(point == "after-swap"), "{point}");
+        let r = ingest_at(&p, "2026-03-01T11:05:00Z", &[], &[], 0);
+        let commits = log(&table);
+        let mut per_window: BTreeMap<String, usize> = BTreeMap::new();
+        for commit in &commits {
+            let hw = &actions(commit, "commitInfo")[0]["highwater"];
+            *per_window
+                .entry(hw["window"]["start"].as_str().unwrap().to_string())
+                .or_default() += 1;
+        }
+        assert_eq!(per_window.len(), 3, "{point}: {per_window:?}");
+        assert!(
+            per_window.values().all(|n| *n == 1),
+            "{point}: {per_window:?}"
+        );
+        // The window committed before the kill was recovered, not re-landed.
+        assert_eq!(published(&r), 3 - before, "{point}: {r}");
+        let t = read(table.to_str().unwrap(), &Value::Null);
+        assert_eq!(ids(&t), (0..30).collect::<Vec<_>>(), "{point}");
+        // Every commit's token is the one its window's record holds.
+        let export = p.check(&["state", "export"], 0).json();
+        let text = export.to_string();
+        for commit in &commits {
+            let token = actions(commit, "commitInfo")[0]["highwater"]["token"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            assert!(
+                text.contains(&token),
+                "{point}: commit of token {token} has no record"
+            );
+        }
+        let grid = p
+            .check(
+                &[
+                    "windows",
+                    "orders",
+                    "--now",
+                    "2026-03-01T11:05:00Z",
+                    "--json",
+                ],
+                0,
+            )
+            .json();
+        let published_rows: i64 = grid["windows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["status"] == "published")
+            .map(|r| r["rows"].as_i64().unwrap())
+            .sum();
+        assert_eq!(published_rows, 30, "{point}");
+    }
+}
+
+/// Issue 21: the schema rule. A column added at the source evolves the
+/// table with a metaData commit (older rows read it as null); a type that
+/// changes (double → long) is refused with exit 2 before anything is
+/// committed, naming the column and both types.
+#[test]
+fn delta_schema_added_column_evolves_and_a_changed_type_is_refused() {
+    let p = Project::new(&config("lake/orders", ""));
+    let c = db(&p);
+    fill(&c, 2, 10, "first");
+    ingest_at(&p, "2026-03-01T10:05:00Z", &[], &[], 0);
+    c.execute_batch("ALTER TABLE orders ADD COLUMN channel TEXT; UPDATE orders SET channel = 'web' WHERE id >= 20;")
+        .unwrap();
+    // Hour 10:00's rows, with the new column.
+    for i in 20..30 {
+        c.execute(
+            "INSERT OR REPLACE INTO orders VALUES(?1, 1.0, 'first', ?2, 'web')",
+            rusqlite::params![i, format!("2026-03-01T10:{:02}:00Z", (i - 20) * 6)],
+        )
+        .unwrap();
+    }
+    let r = ingest_at(&p, "2026-03-01T11:05:00Z", &[], &[], 0);
+    assert_eq!(published(&r), 1, "{r}");
+    let table = p.path("lake/orders");
+    let commits = log(&table);
+    assert_eq!(commits.len(), 3);
+    let md = actions(&commits[2], "metaData");
+    assert_eq!(md.len(), 1, "the added column is a metaData action");
+    assert!(md[0]["schemaString"].as_str().unwrap().contains("channel"));
+    let t = read(table.to_str().unwrap(), &Value::Null);
+    let channels: Vec<Value> = t["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["channel"].clone())
+        .collect();
+    assert_eq!(channels.len(), 30);
+    assert!(channels[..20].iter().all(Value::is_null), "{channels:?}");
+    assert!(channels[20..].iter().all(|c| c == "web"), "{channels:?}");
+    // amount becomes an INTEGER column: refused, nothing committed.
+    c.execute_batch(
+        "CREATE TABLE o2(id INTEGER PRIMARY KEY, amount INTEGER, note TEXT, updated_at TEXT NOT NULL, channel TEXT);
+         INSERT INTO o2 SELECT id, CAST(amount AS INTEGER), note, updated_at, channel FROM orders;
+         DROP TABLE orders; ALTER TABLE o2 RENAME TO orders;",
+    )
+    .unwrap();
+    let before = std::fs::read_dir(table.join("_delta_log")).unwrap().count();
+    let o = p
+        .cmd(&[
+            "ingest",
+            "orders",
+            "--json",
+            "--now",
+            "2026-03-01T12:05:00Z",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("`amount`") && stderr.contains("double") && stderr.contains("long"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("Nothing was committed"), "{stderr}");
+    assert_eq!(
+        std::fs::read_dir(table.join("_delta_log")).unwrap().count(),
+        before
+    );
+    assert_eq!(log(&table).len(), 3);
+}
+
+/// Issue 21: two processes on PostgreSQL state landing windows of one
+/// source into one table: their commits never collide (each version is
+/// put once), and the table holds every row once, each window's commit
+/// once.
+#[test]
+fn delta_two_processes_on_postgres_state_keep_the_table_consistent() {
+    let _pg = pg_serial();
+    let (_db, url) = pg_database("delta2");
+    let p = Project::new(&format!(
+        "[state]\nurl_env = \"HIGHWATER_STATE_URL\"\n{}",
+        config("lake/orders", "")
+    ));
+    let c = db(&p);
+    fill(&c, 24, 50, "first");
+    let spawn = || {
+        p.cmd(&["ingest", "orders", "--json", "--now", NOW, "--wait"])
+            .env("HIGHWATER_STATE_URL", &url)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (spawn(), spawn());
+    let mut total = 0;
+    for child in [a, b] {
+        let o = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(0), "{stderr}");
+        let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+        total += published(&r);
+    }
+    let table = p.path("lake/orders");
+    let commits = log(&table);
+    let starts: Vec<String> = commits
+        .iter()
+        .map(|c| {
+            actions(c, "commitInfo")[0]["highwater"]["window"]["start"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    let distinct: BTreeSet<&String> = starts.iter().collect();
+    assert_eq!(distinct.len(), 24, "{starts:?}");
+    assert_eq!(commits.len(), total, "one commit per window published");
+    let t = read(table.to_str().unwrap(), &Value::Null);
+    assert_eq!(ids(&t), (0..24 * 50).collect::<Vec<_>>());
+}
