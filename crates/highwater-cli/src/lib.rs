@@ -208,6 +208,11 @@ enum Command {
         /// background: the pages show the last one and its age.
         #[arg(long, default_value_t = 60)]
         refresh_s: u64,
+        /// A dirty tile is cut fresh from the store; past this many
+        /// milliseconds the stored (stale) tile is served instead, with an
+        /// `X-Highwater-Stale` header (issue 23).
+        #[arg(long, default_value_t = highwater_serve::FRESH_CUT_TIMEOUT_MS_DEFAULT)]
+        fresh_cut_timeout_ms: u64,
     },
     /// OpenStreetMap: the primary store, diffs, tile expiry.
     Osm {
@@ -412,9 +417,14 @@ enum TilesCommand {
         /// Re-cut at most this many tiles per dataset.
         #[arg(long)]
         max: Option<usize>,
-        /// Which dirty tiles first.
-        #[arg(long, value_enum, default_value = "low-zoom-first")]
-        priority: Priority,
+        /// Which dirty tiles first. Default: `requested` once `serve` has
+        /// counted requests, else `low-zoom-first`.
+        #[arg(long, value_enum)]
+        priority: Option<Priority>,
+        /// Drain a dataset the affected-set guard holds (after looking at
+        /// the diff it names), and end the hold.
+        #[arg(long)]
+        force: bool,
         /// The store folder (default: [osm] store, or .highwater/osm).
         #[arg(long)]
         store: Option<PathBuf>,
@@ -433,6 +443,9 @@ enum Priority {
     LowZoomFirst,
     /// Tiles dirtied by the most diffs first.
     MostEdited,
+    /// The dirty tiles `serve` was asked for most first (issue 23), then
+    /// low zoom first.
+    Requested,
 }
 
 #[derive(Subcommand)]
@@ -817,6 +830,9 @@ struct ServedProject {
     /// The last check of the replication server, made in the background
     /// (`refresh`): a page never waits on the network (issue 20).
     server_check: std::sync::Mutex<Option<ServerCheck>>,
+    /// Issue 23: the store's generation and dirty sets, read again only
+    /// when the store changed (opened at the first tile request).
+    fresh: std::sync::Mutex<Option<highwater_osm::tiles::fresh::FreshView>>,
 }
 
 #[derive(Clone)]
@@ -1003,6 +1019,71 @@ impl highwater_serve::Project for ServedProject {
         out
     }
 
+    fn tile_state(&self, dataset: &str, z: u8, x: u32, y: u32) -> Option<(i64, bool)> {
+        if !self.cfg.store.exists() {
+            return None;
+        }
+        let mut v = self.fresh.lock().expect("not poisoned");
+        if v.is_none() {
+            *v = highwater_osm::tiles::fresh::FreshView::open(&self.cfg.store).ok();
+        }
+        let t = highwater_core::tile::Tile { z, x, y };
+        match v.as_mut()?.state(dataset, t) {
+            Ok(s) => Some(s),
+            // A store replaced under us (import --replace): open again next time.
+            Err(_) => {
+                *v = None;
+                None
+            }
+        }
+    }
+
+    fn cut_fresh(
+        &self,
+        dataset: &str,
+        z: u8,
+        x: u32,
+        y: u32,
+    ) -> Result<(i64, Option<Vec<u8>>), String> {
+        let d = self
+            .cfg
+            .tiles
+            .iter()
+            .find(|d| d.name == dataset)
+            .ok_or_else(|| format!("no tile dataset named {dataset:?}"))?;
+        let st = highwater_osm::store::Store::open(&self.cfg.store).map_err(|e| e.to_string())?;
+        let f =
+            highwater_osm::tiles::fresh::cut_fresh(&st, d, highwater_core::tile::Tile { z, x, y })
+                .map_err(|e| highwater_osm::dataset::error_text(&e))?;
+        Ok((f.generation, f.gz))
+    }
+
+    fn load_requests(&self, dataset: &str) -> Option<highwater_serve::TileRequests> {
+        let r = highwater_osm::tiles::fresh::load_requests(&self.cfg.store, dataset).ok()??;
+        Some(highwater_serve::TileRequests {
+            tiles: r.tiles,
+            fresh: r.fresh,
+            stale: r.stale,
+        })
+    }
+
+    fn save_requests(
+        &self,
+        dataset: &str,
+        r: &highwater_serve::TileRequests,
+    ) -> Result<(), String> {
+        if !self.cfg.store.is_dir() {
+            return Ok(());
+        }
+        let r = highwater_osm::tiles::fresh::Requests {
+            tiles: r.tiles.clone(),
+            fresh: r.fresh,
+            stale: r.stale,
+        };
+        highwater_osm::tiles::fresh::save_requests(&self.cfg.store, dataset, &r)
+            .map_err(|e| e.to_string())
+    }
+
     /// The replication server's state, into the cache `status` reads.
     fn refresh(&self) {
         if !self.cfg.store.exists() {
@@ -1120,6 +1201,9 @@ fn osm(
             Ok(())
         };
         let r = ops::apply_with(st, &cfg, d, dry_run, &mut publish)?;
+        for w in &r.warnings {
+            eprintln!("warning: {w}");
+        }
         output::osm_apply(&mut out, &r, json)?;
         if dry_run {
             return Ok(0);
@@ -1129,7 +1213,10 @@ fn osm(
             .into_iter()
             .filter(|d| d.drains_on_apply())
             .collect();
-        drains(st, &on_apply, DrainLimits::default(), json, &mut out)
+        // A held dataset's refusal beside an applied diff: finished, with
+        // a failure (exit 1), not refused.
+        let code = drains(st, &on_apply, DrainLimits::default(), json, &mut out)?;
+        Ok(if code == 2 { 1 } else { code })
     };
     match command {
         OsmCommand::Import {
@@ -1374,6 +1461,33 @@ fn osm(
                             .as_str()
                             .map_or(String::new(), |r| format!("; rebuild recommended: {r}"))
                     )?;
+                    // Issue 23: the hold, the measured crossover, serve's
+                    // requests.
+                    if d["held"].is_object() {
+                        writeln!(out, "    HELD by the affected-set guard: diff {}, {} units against a median of {}", d["held"]["diff"].as_str().unwrap_or("?"), d["held"]["size"], d["held"]["median"])?;
+                    }
+                    let c = &d["crossover"];
+                    if !c["backlog_predicted_s"].is_null() || !c["last_rebuild_s"].is_null() {
+                        writeln!(
+                            out,
+                            "    backlog predicted {} s to drain (measured {} s per unit), last rebuild {} s: {}",
+                            c["backlog_predicted_s"].as_f64().map_or("-".into(), |v| format!("{v:.3}")),
+                            c["drain_s_per_unit"].as_f64().map_or("-".into(), |v| format!("{v:.5}")),
+                            c["last_rebuild_s"].as_f64().map_or("-".into(), |v| format!("{v:.3}")),
+                            c["advice"].as_str().unwrap_or("not measured yet")
+                        )?;
+                    }
+                    if let Some(w) = c["trend_warning"].as_str() {
+                        writeln!(out, "    warning: {w}")?;
+                    }
+                    let q = &d["requests"];
+                    if q.is_object() {
+                        writeln!(
+                            out,
+                            "    serve: {} dirty tiles requested; dirty tiles served fresh {}, stale {}",
+                            q["dirty_requested"], q["served_fresh"], q["served_stale"]
+                        )?;
+                    }
                 }
             }
             Ok(0)
@@ -1387,7 +1501,8 @@ fn osm(
             } => {
                 let mut st = writer(store, *wait)?;
                 for d in tile_datasets(&cfg, dataset.as_deref())? {
-                    let o = d.rebuild(&mut st).map_err(anyhow::Error::msg)?;
+                    let o = highwater_osm::dataset::rebuild_recorded(d, &mut st)
+                        .map_err(anyhow::Error::msg)?;
                     output::outcome(out, &o, *json)?;
                 }
                 Ok(0)
@@ -1396,24 +1511,39 @@ fn osm(
                 dataset,
                 max,
                 priority,
+                force,
                 store,
                 wait,
                 json,
             } => {
                 let mut st = writer(store, *wait)?;
+                let tds = tile_datasets(&cfg, dataset.as_deref())?;
+                // Popularity decides once there is any (issue 23).
+                let priority = match priority {
+                    Some(p) => *p,
+                    None => {
+                        let mut seen = false;
+                        for d in &tds {
+                            seen |= highwater_osm::tiles::fresh::requests_seen(&st, d)?;
+                        }
+                        if seen {
+                            Priority::Requested
+                        } else {
+                            Priority::LowZoomFirst
+                        }
+                    }
+                };
                 let order = match priority {
-                    Priority::LowZoomFirst => DrainOrder::LowZoomFirst,
+                    Priority::LowZoomFirst | Priority::Requested => DrainOrder::LowZoomFirst,
                     Priority::MostEdited => DrainOrder::MostEdited,
                 };
-                let sets: Vec<&dyn Dataset> = tile_datasets(&cfg, dataset.as_deref())?
-                    .into_iter()
-                    .map(|d| d as &dyn Dataset)
-                    .collect();
+                let sets: Vec<&dyn Dataset> = tds.into_iter().map(|d| d as &dyn Dataset).collect();
                 let limits = DrainLimits {
                     tiles_max: max.unwrap_or(usize::MAX),
                     order,
+                    requested: matches!(priority, Priority::Requested),
                 };
-                drains(&mut st, &sets, limits, *json, out)
+                drains_forced(&mut st, &sets, limits, *force, *json, out)
             }
         },
         OsmCommand::Search {
@@ -1494,8 +1624,7 @@ fn osm(
             json,
         } => {
             let mut st = writer(store, *wait)?;
-            let o = named(&cfg, dataset)?
-                .rebuild(&mut st)
+            let o = highwater_osm::dataset::rebuild_recorded(named(&cfg, dataset)?, &mut st)
                 .map_err(anyhow::Error::msg)?;
             output::outcome(out, &o, *json)?;
             Ok(0)
@@ -1555,8 +1684,36 @@ fn drains(
     json: bool,
     out: &mut impl Write,
 ) -> Result<i32> {
+    drains_forced(st, sets, limits, false, json, out)
+}
+
+/// [`drains`]; a dataset the affected-set guard holds is refused (named,
+/// with the diff, its size and the median) unless `force`, which drains it
+/// and ends the hold. Only refusals: exit 2; refusals beside drains: 1.
+fn drains_forced(
+    st: &mut highwater_osm::store::Store,
+    sets: &[&dyn Dataset],
+    limits: DrainLimits,
+    force: bool,
+    json: bool,
+    out: &mut impl Write,
+) -> Result<i32> {
     let mut failed = 0;
+    let mut refused = 0;
     for d in sets {
+        let held = highwater_osm::dataset::held(st, d.name())?;
+        if let (Some(h), false) = (&held, force) {
+            refused += 1;
+            eprintln!("refused: {}", h.message(d.name()));
+            if json {
+                writeln!(
+                    out,
+                    "{}",
+                    serde_json::json!({"refused": {"dataset": d.name(), "held": h, "message": h.message(d.name())}})
+                )?;
+            }
+            continue;
+        }
         let r = if std::env::var("HIGHWATER_FAILPOINT")
             .is_ok_and(|v| v == format!("fail-drain:{}", d.name()))
         {
@@ -1565,17 +1722,33 @@ fn drains(
                 d.name()
             ))
         } else {
-            d.drain(st, limits)
+            highwater_osm::dataset::drain_recorded(*d, st, limits)
         };
         match r {
-            Ok(o) => output::outcome(out, &o, json)?,
+            Ok(o) => {
+                if held.is_some() {
+                    // Forced: the dataset follows the store again.
+                    highwater_osm::dataset::release_at_store(st, *d)?;
+                    eprintln!("{}: drained under --force; the hold is ended", d.name());
+                }
+                if let Some(w) = &o.warning {
+                    eprintln!("warning: {w}");
+                }
+                output::outcome(out, &o, json)?
+            }
             Err(e) => {
                 failed += 1;
                 output::drain_failed(out, d.name(), d.dirty_what(), &e, json)?;
             }
         }
     }
-    Ok(if failed > 0 { 1 } else { 0 })
+    Ok(if refused > 0 && refused == sets.len() {
+        2
+    } else if failed + refused > 0 {
+        1
+    } else {
+        0
+    })
 }
 
 /// Stdout that a reader may close (`highwater osm replicate | head -1`):
@@ -1700,6 +1873,7 @@ fn run(cli: Cli) -> Result<i32> {
             idle_timeout_s,
             connections_max,
             refresh_s,
+            fresh_cut_timeout_ms,
         } => {
             let (pipeline, cfg, spec) = load_config(&config)?;
             let project = std::sync::Arc::new(ServedProject {
@@ -1708,6 +1882,7 @@ fn run(cli: Cli) -> Result<i32> {
                 cfg,
                 spec,
                 server_check: std::sync::Mutex::new(None),
+                fresh: std::sync::Mutex::new(None),
             });
             let opts = highwater_serve::Options {
                 public: *public,
@@ -1716,6 +1891,7 @@ fn run(cli: Cli) -> Result<i32> {
                 idle_timeout_s: *idle_timeout_s,
                 connections_max: *connections_max,
                 refresh_s: *refresh_s,
+                fresh_cut_timeout_ms: *fresh_cut_timeout_ms,
                 ..highwater_serve::Options::new(*listen)
             };
             let notes = highwater_serve::Project::notes(&*project);

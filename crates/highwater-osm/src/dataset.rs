@@ -49,6 +49,9 @@ pub struct DrainLimits {
     /// Dirty tiles re-cut at most (tiles only).
     pub tiles_max: usize,
     pub order: DrainOrder,
+    /// Dirty tiles `serve` was asked for first, most requested first
+    /// (`--priority requested`, issue 23); then `order`.
+    pub requested: bool,
 }
 
 impl Default for DrainLimits {
@@ -56,6 +59,7 @@ impl Default for DrainLimits {
         DrainLimits {
             tiles_max: usize::MAX,
             order: DrainOrder::LowZoomFirst,
+            requested: false,
         }
     }
 }
@@ -179,4 +183,438 @@ pub fn error_text(e: &dyn std::error::Error) -> String {
         cause = c.source();
     }
     msg
+}
+
+// ---------------------------------------------------------------------
+// The guard on the affected set (issue 23): "Affected set size
+// distribution: a derivation returning nothing, or everything:
+// investigate before applying the update." Each dataset keeps the sizes
+// of its recent affected sets (in the store's meta, so the history
+// survives restarts); a diff far outside them still applies to the
+// primary store, which must follow the sequence, but holds that dataset:
+// its marker stops, its drain refuses, until `--force` or a rebuild.
+
+/// Affected-set sizes kept per dataset: the guard's median is of these.
+pub const AFFECTED_HISTORY_MAX: usize = 50;
+
+/// The default `affected_guard`: a diff more than this many times the
+/// median of the recent affected sets holds the dataset.
+pub const AFFECTED_GUARD_DEFAULT: f64 = 50.0;
+
+fn history_key(name: &str) -> String {
+    format!("affected_sizes:{name}")
+}
+
+fn held_key(name: &str) -> String {
+    format!("held:{name}")
+}
+
+/// Why a dataset is held: the diff, its affected-set size, the median it
+/// was measured against, and the marker the dataset stopped at.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Held {
+    pub diff: String,
+    pub size: usize,
+    pub median: f64,
+    pub factor: f64,
+    /// The dataset's marker when it was held (the sequence before the diff).
+    pub marker: Option<i64>,
+}
+
+impl Held {
+    /// The refusal, for people.
+    pub fn message(&self, dataset: &str) -> String {
+        format!(
+            "{dataset} is held: diff {} affected {} units, more than affected_guard = {} times the median {} of its last affected sets (a mass edit, vandalism or a derivation bug?); investigate, then `highwater osm tiles drain --force` or `highwater osm rebuild {dataset}`",
+            self.diff, self.size, self.factor, self.median
+        )
+    }
+}
+
+/// The hold on a dataset, if any.
+pub fn held(store: &Store, name: &str) -> Result<Option<Held>, StoreError> {
+    Ok(store
+        .meta(&held_key(name))?
+        .and_then(|v| serde_json::from_str(&v).ok()))
+}
+
+pub(crate) fn held_in(w: &Writer<'_>, name: &str) -> Result<Option<Held>, StoreError> {
+    Ok(w.meta(&held_key(name))?
+        .and_then(|v| serde_json::from_str(&v).ok()))
+}
+
+/// Ends a hold (after `--force` or a rebuild).
+pub fn release(store: &mut Store, name: &str) -> Result<(), StoreError> {
+    store.write(|w| w.del_meta(&held_key(name)))
+}
+
+/// Ends a hold after a forced drain: the marker moves to the store's
+/// sequence (the dirty set holds every diff since the hold).
+pub fn release_at_store(store: &mut Store, d: &dyn Dataset) -> Result<(), StoreError> {
+    store.write(|w| {
+        let seq: Option<i64> = w.meta("sequence")?.and_then(|s| s.parse().ok());
+        w.set_marker(d.name(), seq, d.recipe())?;
+        w.del_meta(&held_key(d.name()))
+    })
+}
+
+/// The median of a list of sizes (0 for none).
+pub fn median(sizes: &[usize]) -> f64 {
+    if sizes.is_empty() {
+        return 0.0;
+    }
+    let mut v = sizes.to_vec();
+    v.sort_unstable();
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2] as f64
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) as f64 / 2.0
+    }
+}
+
+/// The recent affected-set sizes of a dataset, oldest first.
+pub fn history(store: &Store, name: &str) -> Result<Vec<usize>, StoreError> {
+    Ok(parse_sizes(store.meta(&history_key(name))?))
+}
+
+fn parse_sizes(v: Option<String>) -> Vec<usize> {
+    v.map(|s| s.split(',').filter_map(|x| x.parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+/// What the guard decided for one diff of one dataset.
+#[derive(Debug, PartialEq)]
+pub enum Guarded {
+    /// Within the distribution (or no history yet): recorded.
+    Passed,
+    /// Held now, by this diff.
+    HeldNow(Held),
+    /// Held already, by an earlier diff: the marker stays where it was.
+    StillHeld(Held),
+}
+
+/// Checks one diff's affected-set size against the dataset's history, in
+/// the apply's transaction. `factor` 0 turns the guard off. A first diff,
+/// with no history, is never held; a held diff's size does not enter the
+/// history (it would drag the median towards the mass edit).
+pub fn guard(
+    w: &mut Writer<'_>,
+    name: &str,
+    factor: f64,
+    size: usize,
+    diff: &str,
+    marker: Option<i64>,
+) -> Result<Guarded, StoreError> {
+    if let Some(h) = held_in(w, name)? {
+        return Ok(Guarded::StillHeld(h));
+    }
+    let mut sizes = parse_sizes(w.meta(&history_key(name))?);
+    let m = median(&sizes);
+    // A median of 0 (diffs that affect nothing) counts as 1: a diff of a
+    // few units after many empty ones is no mass edit.
+    if factor > 0.0 && !sizes.is_empty() && size as f64 > factor * m.max(1.0) {
+        let h = Held {
+            diff: diff.to_string(),
+            size,
+            median: m,
+            factor,
+            marker,
+        };
+        w.set_meta(
+            &held_key(name),
+            &serde_json::to_string(&h).expect("plain data"),
+        )?;
+        return Ok(Guarded::HeldNow(h));
+    }
+    sizes.push(size);
+    let drop = sizes.len().saturating_sub(AFFECTED_HISTORY_MAX);
+    sizes.drain(..drop);
+    let text: Vec<String> = sizes.iter().map(|s| s.to_string()).collect();
+    w.set_meta(&history_key(name), &text.join(","))?;
+    Ok(Guarded::Passed)
+}
+
+// ---------------------------------------------------------------------
+// The rebuild crossover (issue 23): "The crossover point is
+// dataset-specific and worth measuring rather than guessing." Every drain
+// and rebuild records its duration and size; status predicts the
+// backlog's drain time from the measured cost per dirty unit, against the
+// last rebuild's time, and watches the cost per diff trend towards it.
+
+/// Drains and rebuilds remembered per dataset.
+pub const COSTS_KEPT_MAX: usize = 20;
+
+fn costs_key(name: &str) -> String {
+    format!("costs:{name}")
+}
+
+/// One measured run: seconds, dirty units it cleared (or units a rebuild
+/// made), and diffs it covered (drains).
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Run {
+    pub seconds: f64,
+    pub units: u64,
+    #[serde(default)]
+    pub diffs: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Costs {
+    pub drains: Vec<Run>,
+    pub rebuilds: Vec<Run>,
+    /// The store's sequence at the last drain or rebuild: the next drain
+    /// covers the diffs after it.
+    pub sequence: Option<i64>,
+}
+
+pub fn costs(store: &Store, name: &str) -> Result<Costs, StoreError> {
+    Ok(store
+        .meta(&costs_key(name))?
+        .and_then(|v| serde_json::from_str(&v).ok())
+        .unwrap_or_default())
+}
+
+fn keep(v: &mut Vec<Run>, r: Run) {
+    v.push(r);
+    let drop = v.len().saturating_sub(COSTS_KEPT_MAX);
+    v.drain(..drop);
+}
+
+/// Records a drain (`rebuilt` false) or rebuild of `units` in `seconds`.
+pub fn record_run(
+    store: &mut Store,
+    name: &str,
+    rebuilt: bool,
+    seconds: f64,
+    units: u64,
+) -> Result<(), StoreError> {
+    let mut c = costs(store, name)?;
+    let seq: Option<i64> = store.meta("sequence")?.and_then(|s| s.parse().ok());
+    let diffs = match (seq, c.sequence) {
+        (Some(a), Some(b)) => (a - b).max(0) as u64,
+        _ => 0,
+    };
+    if rebuilt {
+        keep(
+            &mut c.rebuilds,
+            Run {
+                seconds,
+                units,
+                diffs,
+            },
+        );
+    } else if units > 0 {
+        // A drain of nothing measures only its overhead.
+        keep(
+            &mut c.drains,
+            Run {
+                seconds,
+                units,
+                diffs,
+            },
+        );
+    }
+    c.sequence = seq;
+    let text = serde_json::to_string(&c).expect("plain data");
+    store.write(|w| w.set_meta(&costs_key(name), &text))
+}
+
+/// The crossover as status shows it, for a backlog of `backlog` units.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct Crossover {
+    pub last_drain_s: Option<f64>,
+    pub last_rebuild_s: Option<f64>,
+    /// Measured over the recent drains: their seconds over their units.
+    pub drain_s_per_unit: Option<f64>,
+    pub backlog_predicted_s: Option<f64>,
+    /// `rebuild` when the backlog costs more to drain than the last
+    /// rebuild took; `drain` when less; null without measurements.
+    pub advice: Option<String>,
+    /// The seed's leading indicator: the cost per diff of recent drains
+    /// rising towards the rebuild's cost.
+    pub trend_warning: Option<String>,
+}
+
+/// The predicted backlog drain time against the last rebuild, from
+/// measured runs only.
+pub fn crossover(c: &Costs, backlog: u64) -> Crossover {
+    let mut out = Crossover {
+        last_drain_s: c.drains.last().map(|r| r.seconds),
+        last_rebuild_s: c.rebuilds.last().map(|r| r.seconds),
+        ..Default::default()
+    };
+    let (s, u) = c
+        .drains
+        .iter()
+        .fold((0.0, 0u64), |(s, u), r| (s + r.seconds, u + r.units));
+    if u > 0 {
+        let per = s / u as f64;
+        out.drain_s_per_unit = Some(per);
+        out.backlog_predicted_s = Some(per * backlog as f64);
+    }
+    if let (Some(p), Some(r)) = (out.backlog_predicted_s, out.last_rebuild_s) {
+        out.advice = Some(if p > r { "rebuild" } else { "drain" }.to_string());
+    }
+    // Cost per diff of the drains that covered diffs, oldest first: the
+    // newer half's mean above the older half's, and past half a rebuild.
+    let per_diff: Vec<f64> = c
+        .drains
+        .iter()
+        .filter(|r| r.diffs > 0)
+        .map(|r| r.seconds / r.diffs as f64)
+        .collect();
+    if let (Some(r), true) = (out.last_rebuild_s, per_diff.len() >= 4) {
+        let half = per_diff.len() / 2;
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+        let (old, new) = (mean(&per_diff[..half]), mean(&per_diff[half..]));
+        if new > old && new >= 0.5 * r {
+            out.trend_warning = Some(format!(
+                "the incremental cost per diff rose from {old:.3} s to {new:.3} s, towards the rebuild's {r:.3} s: reassess the crossover (batch more diffs per drain, or rebuild on a schedule)"
+            ));
+        }
+    }
+    out
+}
+
+/// The units a dataset's drain clears: its dirty tiles or dirty keys.
+pub fn dirty_units(store: &Store, d: &dyn Dataset) -> Result<u64, StoreError> {
+    Ok(if d.kind() == "tiles" {
+        store.dirty_count(d.name())? as u64
+    } else {
+        store.dirty_keys(d.name())?.len() as u64
+    })
+}
+
+/// A drain, measured and recorded for the crossover. A drain that
+/// rebuilt instead (its JSON says `rebuilt`) is recorded as a rebuild.
+pub fn drain_recorded(
+    d: &dyn Dataset,
+    store: &mut Store,
+    limits: DrainLimits,
+) -> Result<Outcome, DatasetError> {
+    let before = dirty_units(store, d).map_err(|e| error_text(&e))?;
+    let o = d.drain(store, limits)?;
+    let after = dirty_units(store, d).map_err(|e| error_text(&e))?;
+    let rebuilt = !o.json["rebuilt"].is_null() && o.json["rebuilt"] != false;
+    let units = if rebuilt {
+        built_units(&o.json)
+    } else {
+        before.saturating_sub(after)
+    };
+    record_run(store, d.name(), rebuilt, o.took.as_secs_f64(), units)
+        .map_err(|e| error_text(&e))?;
+    Ok(o)
+}
+
+/// A rebuild, measured and recorded; it ends a hold.
+pub fn rebuild_recorded(d: &dyn Dataset, store: &mut Store) -> Result<Outcome, DatasetError> {
+    let o = d.rebuild(store)?;
+    record_run(
+        store,
+        d.name(),
+        true,
+        o.took.as_secs_f64(),
+        built_units(&o.json),
+    )
+    .and_then(|_| release(store, d.name()))
+    .map_err(|e| error_text(&e))?;
+    Ok(o)
+}
+
+fn built_units(j: &serde_json::Value) -> u64 {
+    let b = if j["rebuilt"].is_object() {
+        &j["rebuilt"]
+    } else {
+        j
+    };
+    ["tiles", "documents", "groups", "keys"]
+        .iter()
+        .find_map(|k| b[*k].as_u64())
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(seconds: f64, units: u64, diffs: u64) -> Run {
+        Run {
+            seconds,
+            units,
+            diffs,
+        }
+    }
+
+    /// Issue 23: the advice and the trend warning, from recorded runs.
+    #[test]
+    fn the_crossover_follows_the_recorded_runs() {
+        // (drains, rebuilds, backlog, advice, trend warned)
+        let cases: Vec<(Vec<Run>, Vec<Run>, u64, Option<&str>, bool)> = vec![
+            (vec![], vec![], 10, None, false),
+            (vec![run(1.0, 100, 1)], vec![], 10, None, false),
+            (
+                vec![run(1.0, 100, 1)],
+                vec![run(5.0, 1000, 0)],
+                10,
+                Some("drain"),
+                false,
+            ),
+            (
+                vec![run(1.0, 100, 1)],
+                vec![run(5.0, 1000, 0)],
+                600,
+                Some("rebuild"),
+                false,
+            ),
+            // Cost per diff rising past half a rebuild: warned.
+            (
+                vec![
+                    run(0.1, 10, 1),
+                    run(0.2, 10, 1),
+                    run(3.0, 10, 1),
+                    run(4.0, 10, 1),
+                ],
+                vec![run(5.0, 1000, 0)],
+                0,
+                Some("drain"),
+                true,
+            ),
+            // Rising, but far below a rebuild: not yet.
+            (
+                vec![
+                    run(0.1, 10, 1),
+                    run(0.2, 10, 1),
+                    run(0.3, 10, 1),
+                    run(0.4, 10, 1),
+                ],
+                vec![run(5.0, 1000, 0)],
+                0,
+                Some("drain"),
+                false,
+            ),
+        ];
+        for (drains, rebuilds, backlog, advice, warned) in cases {
+            let c = Costs {
+                drains: drains.clone(),
+                rebuilds,
+                sequence: None,
+            };
+            let x = crossover(&c, backlog);
+            assert_eq!(x.advice.as_deref(), advice, "{drains:?} {backlog}");
+            assert_eq!(x.trend_warning.is_some(), warned, "{drains:?}: {x:?}");
+        }
+    }
+
+    #[test]
+    fn medians() {
+        for (v, m) in [
+            (vec![], 0.0),
+            (vec![3], 3.0),
+            (vec![5, 1, 3], 3.0),
+            (vec![4, 1, 2, 3], 2.5),
+        ] {
+            assert_eq!(median(&v), m, "{v:?}");
+        }
+    }
 }

@@ -59,6 +59,7 @@ struct RawSearch {
     index: String,
     admin_levels: Option<Vec<u8>>,
     places: Option<Vec<String>>,
+    affected_guard: Option<f64>,
 }
 
 #[derive(Deserialize)]
@@ -66,6 +67,7 @@ struct RawSearch {
 struct RawAggregates {
     classes: Vec<String>,
     admin_levels: Option<Vec<u8>>,
+    affected_guard: Option<f64>,
 }
 
 #[derive(Deserialize)]
@@ -83,6 +85,7 @@ struct RawTiles {
     mbtiles: Option<String>,
     drain: Option<String>,
     drain_rebuild_share: Option<f64>,
+    affected_guard: Option<f64>,
 }
 
 /// A parsed diff and the replication state beside it, if any.
@@ -112,6 +115,10 @@ pub struct OsmConfig {
     pub retry: crate::fetch::RetryPolicy,
     /// `[osm] cache_mb`: the memory `osm import` may use.
     pub import: crate::import::ImportOptions,
+    /// Per dataset, `affected_guard`: a diff whose affected set is more
+    /// than this many times the median of the dataset's recent ones holds
+    /// the dataset (0: no guard). Absent: [`crate::dataset::AFFECTED_GUARD_DEFAULT`].
+    pub affected_guard: BTreeMap<String, f64>,
 }
 
 /// The version of the code that decides what a tile shows (features,
@@ -274,6 +281,30 @@ impl OsmConfig {
                 cache_mb: None,
             },
         };
+        let mut affected_guard = BTreeMap::new();
+        let guards = raw
+            .search
+            .iter()
+            .map(|(n, s)| ("search", n, s.affected_guard))
+            .chain(
+                raw.aggregates
+                    .iter()
+                    .map(|(n, a)| ("aggregates", n, a.affected_guard)),
+            )
+            .chain(
+                raw.tiles
+                    .iter()
+                    .map(|(n, t)| ("tiles", n, t.affected_guard)),
+            );
+        for (kind, name, g) in guards {
+            let g = g.unwrap_or(crate::dataset::AFFECTED_GUARD_DEFAULT);
+            if !(g == 0.0 || (g >= 1.0 && g.is_finite())) {
+                return Err(bad(format!(
+                    "[osm.{kind}.{name}] affected_guard = {g}: give a factor of 1 or more (50: hold the dataset when a diff affects more than 50 times the median of its recent diffs), or 0 for no guard"
+                )));
+            }
+            affected_guard.insert(name.clone(), g);
+        }
         let mut search = Vec::new();
         for (name, s) in &raw.search {
             if raw.tiles.contains_key(name) || raw.aggregates.contains_key(name) {
@@ -492,6 +523,7 @@ impl OsmConfig {
                 }
             },
             config_path: config_path.to_path_buf(),
+            affected_guard,
             retry: {
                 let d = crate::fetch::RetryPolicy::default();
                 let retries_max = raw.replication_retries_max.unwrap_or(d.retries_max);
@@ -545,6 +577,19 @@ pub struct DatasetReport {
     /// Set when a diff dirtied more than `tiles_affected_max` tiles and
     /// expiry zoomed out to this zoom for it.
     pub zoomed_out_to: Option<u8>,
+    /// The size of the current diff's affected set (before any zooming
+    /// out), for the guard; set by `derive` (tiles) or from the touched
+    /// set (keyed datasets).
+    #[serde(skip)]
+    pub last_affected: Option<usize>,
+    /// The current diff's changes to what the dataset reads.
+    #[serde(skip)]
+    pub last_read: usize,
+    /// Set when the guard holds the dataset (issue 23).
+    pub held: Option<crate::dataset::Held>,
+    /// Said on stderr: a diff that changed what the dataset reads yet
+    /// derived nothing, a hold.
+    pub warnings: Vec<String>,
 }
 
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -555,6 +600,8 @@ pub struct ApplyReport {
     pub dry_run: bool,
     #[serde(skip)]
     pub tiles: BTreeSet<Tile>,
+    /// Every dataset's warnings (the guard's holds, empty derivations).
+    pub warnings: Vec<String>,
 }
 
 /// Keeps at most `max` tiles at the top zoom by taking parents; returns the
@@ -689,13 +736,53 @@ pub fn apply_to(
         // The order `dataset` gives: each dataset derives from the store
         // before a diff, the diff is applied, each hears what it touched;
         // one commit per batch.
-        for (changes, state) in diffs {
+        for (k, (changes, state)) in diffs.iter().enumerate() {
+            let before: Option<i64> = w.meta("sequence")?.and_then(|s| s.parse().ok());
             for (d, r) in sets.iter().zip(per.iter_mut()) {
+                r.last_affected = None;
+                r.last_read = 0;
                 d.derive(w, changes, r)?;
             }
             let touched = apply_indexed(w, changes, &cfg.low())?;
-            for d in sets {
+            for (d, r) in sets.iter().zip(per.iter_mut()) {
                 d.touched(w, &touched)?;
+                if r.last_affected.is_none() && d.kind() != "tiles" {
+                    r.last_affected = Some(touched.all.len());
+                }
+            }
+            // The guard on the affected set (issue 23), per dataset: the
+            // primary store follows the sequence whatever it says.
+            let label = match state {
+                Some(s) => {
+                    let p = s.path.display().to_string();
+                    let osc = p.strip_suffix(".state.txt").map(|b| format!("{b}.osc.gz"));
+                    format!("{} (sequence {})", osc.unwrap_or(p), s.sequence)
+                }
+                None => format!("#{} of the batch (no state file)", k + 1),
+            };
+            for (d, r) in sets.iter().zip(per.iter_mut()) {
+                let Some(size) = r.last_affected else {
+                    continue;
+                };
+                if size == 0 && r.last_read > 0 {
+                    r.warnings.push(format!(
+                        "{}: diff {label} changed {} element(s) the dataset reads, yet derived nothing for it: a derivation bug? (check with `highwater osm verify {}`)",
+                        d.name(),
+                        r.last_read,
+                        d.name()
+                    ));
+                }
+                let factor = cfg
+                    .affected_guard
+                    .get(d.name())
+                    .copied()
+                    .unwrap_or(crate::dataset::AFFECTED_GUARD_DEFAULT);
+                if let crate::dataset::Guarded::HeldNow(h) =
+                    crate::dataset::guard(w, d.name(), factor, size, &label, before)?
+                {
+                    r.warnings.push(h.message(d.name()));
+                    r.held = Some(h);
+                }
             }
             match state {
                 Some(s) => {
@@ -718,7 +805,17 @@ pub fn apply_to(
         report.sequence = w.meta("sequence")?.and_then(|s| s.parse().ok());
         for (d, r) in sets.iter().zip(per.iter_mut()) {
             d.commit(w, report.sequence, r)?;
+            // A held dataset's marker stays where the hold found it; its
+            // dirty set still records the diffs, for `--force`.
+            if let Some(h) = crate::dataset::held_in(w, d.name())? {
+                w.set_marker(d.name(), h.marker, d.recipe())?;
+                if r.held.is_none() {
+                    r.warnings.push(h.message(d.name()));
+                    r.held = Some(h);
+                }
+            }
             report.tiles.extend(r.dirty.iter().copied());
+            report.warnings.extend(r.warnings.iter().cloned());
         }
         report.datasets = sets
             .iter()
@@ -1050,11 +1147,50 @@ pub fn status(store: &Store, cfg: &OsmConfig) -> Result<serde_json::Value, OpsEr
                 cfg.rebuild_gap_max
             ));
         }
+        let crossover =
+            crate::dataset::crossover(&crate::dataset::costs(store, &d.name)?, dirty.max(0) as u64);
+        if let (Some("rebuild"), Some(p), Some(r)) = (
+            crossover.advice.as_deref(),
+            crossover.backlog_predicted_s,
+            crossover.last_rebuild_s,
+        ) {
+            rebuild.push(format!(
+                "draining its {dirty} dirty tiles is predicted to take {p:.2} s (measured), more than its last rebuild's {r:.2} s"
+            ));
+        }
+        let held = crate::dataset::held(store, &d.name)?;
+        if let Some(h) = &held {
+            rebuild.push(h.message(&d.name));
+        }
+        // What serve recorded (issue 23): the dirty tiles asked for, and
+        // how many dirty tiles it served fresh and stale.
+        let requests = if d.mbtiles.is_some() {
+            match crate::tiles::fresh::load_requests(
+                store.path().parent().unwrap_or(std::path::Path::new(".")),
+                &d.name,
+            )
+            .and_then(|r| Ok((r, crate::tiles::fresh::requested_dirty(store, d)?)))
+            {
+                Ok((r, req)) => serde_json::json!({
+                    "dirty_requested": req.len(),
+                    "dirty_requests": req.iter().map(|(_, n)| n).sum::<u64>(),
+                    "served_fresh": r.as_ref().map_or(0, |r| r.fresh),
+                    "served_stale": r.as_ref().map_or(0, |r| r.stale),
+                    "counted_tiles": r.as_ref().map_or(0, |r| r.tiles.len()),
+                }),
+                Err(e) => serde_json::json!({"error": crate::dataset::error_text(&e)}),
+            }
+        } else {
+            serde_json::Value::Null
+        };
         datasets.push(serde_json::json!({
             "name": d.name,
             "marker": marker,
             "gap": gap,
             "dirty": dirty,
+            "held": held,
+            "crossover": crossover,
+            "requests": requests,
             "recipe": d.recipe,
             "recorded_recipe": recipe,
             "rebuild": if rebuild.is_empty() { serde_json::Value::Null } else { serde_json::json!(rebuild.join("; ")) },
@@ -1064,6 +1200,10 @@ pub fn status(store: &Store, cfg: &OsmConfig) -> Result<serde_json::Value, OpsEr
     for (kind, name, recipe) in cfg.keyed() {
         let marker = markers.get(name).and_then(|m| m.0);
         let built = store.meta(&crate::store::built_recipe_key(name))?;
+        let held = crate::dataset::held(store, name)?;
+        let dirty = store.dirty_keys(name)?.len();
+        let crossover =
+            crate::dataset::crossover(&crate::dataset::costs(store, name)?, dirty as u64);
         let rebuild = match &built {
             None => Some(format!(
                 "it was never built: run `highwater osm rebuild {name}`"
@@ -1071,14 +1211,24 @@ pub fn status(store: &Store, cfg: &OsmConfig) -> Result<serde_json::Value, OpsEr
             Some(r) if r != recipe => {
                 Some("its recipe changed (config or code): the next apply rebuilds it".to_string())
             }
-            Some(_) => None,
+            Some(_) => match (&held, crossover.advice.as_deref()) {
+                (Some(h), _) => Some(h.message(name)),
+                (None, Some("rebuild")) => Some(format!(
+                    "draining its {dirty} dirty keys is predicted to take {:.2} s (measured), more than its last rebuild's {:.2} s",
+                    crossover.backlog_predicted_s.unwrap_or(0.0),
+                    crossover.last_rebuild_s.unwrap_or(0.0)
+                )),
+                _ => None,
+            },
         };
         datasets.push(serde_json::json!({
             "name": name,
             "kind": kind,
             "marker": marker,
             "gap": match (seq, marker) { (Some(x), Some(y)) => Some(x - y), _ => None },
-            "dirty": store.dirty_keys(name)?.len(),
+            "dirty": dirty,
+            "held": held,
+            "crossover": crossover,
             "documents": if kind == "search" { Some(store.search_count(name)?) } else { None },
             "recipe": recipe,
             "recorded_recipe": built,

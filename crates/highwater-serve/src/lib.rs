@@ -60,7 +60,110 @@ pub trait Project: Send + Sync + 'static {
     /// `serve` calls it on a thread of its own, at start and every
     /// `refresh_s`, so that no page waits on it.
     fn refresh(&self) {}
+    /// Issue 23: the store's generation now, and whether the tile is in
+    /// the dataset's dirty set. `None`: there is no store to ask (the tile
+    /// is served as stored).
+    fn tile_state(&self, _dataset: &str, _z: u8, _x: u32, _y: u32) -> Option<(i64, bool)> {
+        None
+    }
+    /// Issue 23: a dirty tile cut in memory from the store as it is now,
+    /// by the drain's code: the generation it was cut at, and its bytes
+    /// gzipped as the MBTiles file stores them (`None`: an empty tile).
+    /// Reads only.
+    fn cut_fresh(
+        &self,
+        dataset: &str,
+        _z: u8,
+        _x: u32,
+        _y: u32,
+    ) -> Result<(i64, Option<Vec<u8>>), String> {
+        Err(format!("{dataset}: no store to cut from"))
+    }
+    /// The request counts recorded before (by an earlier serve), if any.
+    fn load_requests(&self, _dataset: &str) -> Option<TileRequests> {
+        None
+    }
+    /// Keeps the request counts where the drainer and status read them.
+    fn save_requests(&self, _dataset: &str, _r: &TileRequests) -> Result<(), String> {
+        Ok(())
+    }
 }
+
+/// Per-tile request counts of one dataset and its fresh/stale tally
+/// (issue 23): what `osm tiles drain --priority requested` ranks by.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TileRequests {
+    /// (z, x, y, requests).
+    pub tiles: Vec<(u8, u32, u32, u64)>,
+    pub fresh: u64,
+    pub stale: u64,
+}
+
+/// Tiles whose requests are counted at most, per dataset: when full, the
+/// least requested half is forgotten (the popular tiles stay).
+pub const REQUEST_COUNTS_MAX: usize = 65_536;
+
+/// Fresh tiles kept in memory at most (all datasets): a cut is reused
+/// until the store's generation moves.
+pub const FRESH_CACHE_TILES_MAX: usize = 4096;
+
+/// Fresh cuts under way at most: past it, a dirty tile is served stale
+/// rather than queue behind them.
+pub const FRESH_CUTS_MAX: usize = 4;
+
+/// A fresh cut longer than this serves the stale tile (the cut finishes
+/// and is cached for the next request). `--fresh-cut-timeout-ms`.
+pub const FRESH_CUT_TIMEOUT_MS_DEFAULT: u64 = 2000;
+
+/// The longest `--fresh-cut-timeout-ms` taken.
+pub const FRESH_CUT_TIMEOUT_MS_MAX: u64 = 60_000;
+
+/// How often the request counts are saved (and at stop).
+const REQUESTS_SAVE_EVERY: Duration = Duration::from_secs(5);
+
+#[derive(Default)]
+struct Counts {
+    tiles: std::collections::HashMap<(u8, u32, u32), u64>,
+    fresh: u64,
+    stale: u64,
+    loaded: bool,
+    changed: bool,
+}
+
+impl Counts {
+    fn hit(&mut self, k: (u8, u32, u32)) {
+        if self.tiles.len() >= REQUEST_COUNTS_MAX && !self.tiles.contains_key(&k) {
+            // Forget the least requested half: bounded memory.
+            let mut v: Vec<u64> = self.tiles.values().copied().collect();
+            v.sort_unstable();
+            let cut = v[v.len() / 2];
+            self.tiles.retain(|_, n| *n > cut);
+            if self.tiles.len() >= REQUEST_COUNTS_MAX {
+                self.tiles.clear();
+            }
+        }
+        *self.tiles.entry(k).or_insert(0) += 1;
+        self.changed = true;
+    }
+
+    fn snapshot(&self) -> TileRequests {
+        let mut tiles: Vec<(u8, u32, u32, u64)> = self
+            .tiles
+            .iter()
+            .map(|(&(z, x, y), &n)| (z, x, y, n))
+            .collect();
+        tiles.sort_unstable();
+        TileRequests {
+            tiles,
+            fresh: self.fresh,
+            stale: self.stale,
+        }
+    }
+}
+
+/// A fresh tile in memory: the generation it was cut at, its gzipped
+/// bytes (`None`: empty).
+type FreshEntry = (i64, Option<Arc<Vec<u8>>>);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -87,6 +190,8 @@ pub enum ServeError {
         min: u64,
         need: u64,
     },
+    #[error("--fresh-cut-timeout-ms {value}: give 1 to {max} milliseconds")]
+    FreshCutTimeout { value: u64, max: u64 },
     #[error("--connections-max {asked}: {why}")]
     ConnectionsMax { asked: u64, why: String },
     #[error("the server stopped: {0}")]
@@ -112,6 +217,8 @@ pub struct Options {
     pub connections_max: Option<u64>,
     /// How often [`Project::refresh`] runs (the replication server's state).
     pub refresh_s: u64,
+    /// A dirty tile's fresh cut past this serves the stale tile (issue 23).
+    pub fresh_cut_timeout_ms: u64,
 }
 
 /// Timeouts above this many seconds are refused: a limit on everything.
@@ -127,6 +234,7 @@ impl Options {
             idle_timeout_s: 60,
             connections_max: None,
             refresh_s: 60,
+            fresh_cut_timeout_ms: FRESH_CUT_TIMEOUT_MS_DEFAULT,
         }
     }
 }
@@ -209,6 +317,71 @@ struct App {
     origin: String,
     /// Handler reads at once: each holds descriptors the limit counts on.
     reads: tokio::sync::Semaphore,
+    /// Open MBTiles connections, reused (see [`mbtiles::Pool`]).
+    pool: mbtiles::Pool,
+    /// Request counts per dataset (issue 23).
+    counts: std::sync::Mutex<std::collections::HashMap<String, Counts>>,
+    /// Fresh cuts, keyed by (dataset, z, x, y).
+    fresh: std::sync::Mutex<std::collections::HashMap<(String, u8, u32, u32), FreshEntry>>,
+    cuts: std::sync::atomic::AtomicUsize,
+    fresh_cut_timeout: Duration,
+}
+
+impl App {
+    fn new(project: Arc<dyn Project>, origin: String, fresh_cut_timeout: Duration) -> App {
+        App {
+            project,
+            origin,
+            reads: tokio::sync::Semaphore::new(conn::BLOCKING_READS_MAX),
+            pool: mbtiles::Pool::default(),
+            counts: Default::default(),
+            fresh: Default::default(),
+            cuts: Default::default(),
+            fresh_cut_timeout,
+        }
+    }
+
+    /// Counts a request, and how a dirty tile was served.
+    fn count(&self, dataset: &str, k: (u8, u32, u32), served: Option<bool>) {
+        let mut all = self.counts.lock().expect("not poisoned");
+        let c = all.entry(dataset.to_string()).or_default();
+        if !c.loaded {
+            // Counts survive a restart of serve: start from the saved ones.
+            c.loaded = true;
+            if let Some(r) = self.project.load_requests(dataset) {
+                c.tiles = r.tiles.iter().map(|&(z, x, y, n)| ((z, x, y), n)).collect();
+                c.fresh = r.fresh;
+                c.stale = r.stale;
+            }
+        }
+        c.hit(k);
+        match served {
+            Some(true) => c.fresh += 1,
+            Some(false) => c.stale += 1,
+            None => {}
+        }
+    }
+
+    /// Saves the counts that changed.
+    fn save_counts(&self) {
+        let todo: Vec<(String, TileRequests)> = {
+            let mut all = self.counts.lock().expect("not poisoned");
+            all.iter_mut()
+                .filter(|(_, c)| c.changed)
+                .map(|(n, c)| {
+                    c.changed = false;
+                    (n.clone(), c.snapshot())
+                })
+                .collect()
+        };
+        for (n, r) in todo {
+            if let Err(e) = self.project.save_requests(&n, &r) {
+                conn::log(&format!(
+                    "serve: cannot save the request counts of {n}: {e}"
+                ));
+            }
+        }
+    }
 }
 
 type Shared = Arc<App>;
@@ -241,6 +414,12 @@ pub fn serve(
             });
         }
     }
+    if !(1..=FRESH_CUT_TIMEOUT_MS_MAX).contains(&opts.fresh_cut_timeout_ms) {
+        return Err(ServeError::FreshCutTimeout {
+            value: opts.fresh_cut_timeout_ms,
+            max: FRESH_CUT_TIMEOUT_MS_MAX,
+        });
+    }
     let nofile = conn::nofile();
     let max = connections_max(opts.connections_max, nofile)?;
     let timeouts = conn::Timeouts {
@@ -251,6 +430,25 @@ pub fn serve(
         .enable_all()
         .build()?;
     let refresh = refresher(project.clone(), Duration::from_secs(opts.refresh_s));
+    let shared = Arc::new(App::new(
+        project,
+        origin,
+        Duration::from_millis(opts.fresh_cut_timeout_ms.max(1)),
+    ));
+    let saver = {
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let a = shared.clone();
+        let _ = std::thread::Builder::new()
+            .name("hw-requests".into())
+            .spawn(move || loop {
+                match rx.recv_timeout(REQUESTS_SAVE_EVERY) {
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => a.save_counts(),
+                    _ => return,
+                }
+            });
+        tx
+    };
+    let app_for_stop = shared.clone();
     let r = rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(listen)
             .await
@@ -274,11 +472,7 @@ pub fn serve(
             opts.header_read_timeout_s,
             opts.idle_timeout_s
         ));
-        let app = router(Arc::new(App {
-            project,
-            origin,
-            reads: tokio::sync::Semaphore::new(conn::BLOCKING_READS_MAX),
-        }));
+        let app = router(shared);
         let stop = async move {
             tokio::select! {
                 _ = term.recv() => {}
@@ -291,6 +485,9 @@ pub fn serve(
     // The refresh thread may be inside a request that hangs: it is told to
     // stop, not waited for.
     drop(refresh);
+    drop(saver);
+    // What was counted since the last save is kept.
+    app_for_stop.save_counts();
     r
 }
 
@@ -466,7 +663,12 @@ async fn blocking<T: Send + 'static>(
 }
 
 async fn index(State(app): State<Shared>) -> Html<String> {
-    let status = blocking(&app, |app| app.project.status()).await;
+    let status = blocking(&app, |app| {
+        // The counts on the page are the ones just served (issue 23).
+        app.save_counts();
+        app.project.status()
+    })
+    .await;
     Html(pages::index(&status))
 }
 
@@ -476,7 +678,12 @@ async fn map_page(State(app): State<Shared>) -> Response {
 }
 
 async fn api_status(State(app): State<Shared>) -> Response {
-    let status = blocking(&app, |app| app.project.status()).await;
+    let status = blocking(&app, |app| {
+        // The counts on the page are the ones just served (issue 23).
+        app.save_counts();
+        app.project.status()
+    })
+    .await;
     (
         [(header::CONTENT_TYPE, "application/json")],
         status.to_string(),
@@ -485,7 +692,12 @@ async fn api_status(State(app): State<Shared>) -> Response {
 }
 
 async fn metrics_text(State(app): State<Shared>) -> Response {
-    let status = blocking(&app, |app| app.project.status()).await;
+    let status = blocking(&app, |app| {
+        // The counts on the page are the ones just served (issue 23).
+        app.save_counts();
+        app.project.status()
+    })
+    .await;
     (
         [(
             header::CONTENT_TYPE,
@@ -611,29 +823,160 @@ async fn tile(
                 t.zoom_min, t.zoom_max
             ));
         }
-        match mbtiles::read_tile(&t.mbtiles, z, x, y) {
-            Ok(Some(data)) => {
-                let etag = format!("\"{}\"", &blake3::hash(&data).to_hex()[..16]);
-                if if_none.iter().any(|h| none_match(h, &etag)) {
-                    return (StatusCode::NOT_MODIFIED, [(header::ETAG, etag)]).into_response();
+        // Issue 23: a dirty tile is cut fresh from the store (or served
+        // stale, saying so, when that fails or takes too long).
+        let state = app.project.tile_state(&name, z, x, y);
+        let mut stale: Option<String> = None;
+        if let Some((generation, true)) = state {
+            match fresh_tile(&app, &name, z, x, y, generation) {
+                Ok((g, data)) => {
+                    app.count(&name, (z, x, y), Some(true));
+                    return tile_response(
+                        data.as_deref().map(Vec::as_slice),
+                        Some(g),
+                        None,
+                        &if_none,
+                    );
                 }
-                let mut r = data.into_response();
-                let h = r.headers_mut();
-                h.insert(
-                    header::CONTENT_TYPE,
-                    HeaderValue::from_static("application/vnd.mapbox-vector-tile"),
-                );
-                // Stored gzipped (as the MBTiles spec has it): sent as is.
-                h.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
-                h.insert(header::ETAG, HeaderValue::from_str(&etag).expect("hex"));
-                r
+                Err(why) => {
+                    app.count(&name, (z, x, y), Some(false));
+                    stale = Some(why);
+                }
             }
-            // An empty tile: no content, which every client reads as empty.
-            Ok(None) => StatusCode::NO_CONTENT.into_response(),
+        } else if state.is_some() {
+            app.count(&name, (z, x, y), None);
+        }
+        match app.pool.read_tile(&t.mbtiles, z, x, y) {
+            Ok(data) => tile_response(data.as_deref(), None, stale.as_deref(), &if_none),
             Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e).into_response(),
         }
     })
     .await
+}
+
+/// The fresh bytes of a dirty tile: from memory when cut at `generation`,
+/// else cut now, within the time limit and the limit on cuts under way.
+/// `Err` says why the stale tile is served instead.
+fn fresh_tile(
+    app: &Shared,
+    name: &str,
+    z: u8,
+    x: u32,
+    y: u32,
+    generation: i64,
+) -> Result<FreshEntry, String> {
+    let key = (name.to_string(), z, x, y);
+    if let Some(e) = app.fresh.lock().expect("not poisoned").get(&key) {
+        if e.0 == generation {
+            return Ok(e.clone());
+        }
+    }
+    use std::sync::atomic::Ordering;
+    if app.cuts.fetch_add(1, Ordering::SeqCst) >= FRESH_CUTS_MAX {
+        app.cuts.fetch_sub(1, Ordering::SeqCst);
+        return Err(format!(
+            "{FRESH_CUTS_MAX} fresh cuts are under way; served as stored"
+        ));
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let a = app.clone();
+    let spawned = std::thread::Builder::new()
+        .name("hw-fresh-cut".into())
+        .spawn(move || {
+            let r = a.project.cut_fresh(&key.0, z, x, y);
+            if let Ok((g, data)) = &r {
+                let mut cache = a.fresh.lock().expect("not poisoned");
+                if cache.len() >= FRESH_CACHE_TILES_MAX {
+                    // Older generations first; then everything.
+                    cache.retain(|_, e| e.0 >= *g);
+                    if cache.len() >= FRESH_CACHE_TILES_MAX {
+                        cache.clear();
+                    }
+                }
+                cache.insert(key, (*g, data.clone().map(Arc::new)));
+            }
+            a.cuts.fetch_sub(1, Ordering::SeqCst);
+            let _ = tx.send(r);
+        });
+    if let Err(e) = spawned {
+        app.cuts.fetch_sub(1, Ordering::SeqCst);
+        return Err(format!("cannot start the fresh cut: {e}"));
+    }
+    match rx.recv_timeout(app.fresh_cut_timeout) {
+        Ok(Ok((g, data))) => Ok((g, data.map(Arc::new))),
+        Ok(Err(e)) => Err(format!("the fresh cut failed: {e}")),
+        Err(_) => Err(format!(
+            "the fresh cut took longer than {} ms",
+            app.fresh_cut_timeout.as_millis()
+        )),
+    }
+}
+
+/// A tile's response: gzipped MVT with an ETag (its bytes' hash, and for a
+/// fresh tile the generation it was cut at, so a cached copy is asked
+/// again once the store moves), `no-cache` (clients revalidate: the tile
+/// may be re-cut at any diff), and for a stale dirty tile a header saying
+/// why. An empty tile is 204.
+fn tile_response(
+    data: Option<&[u8]>,
+    generation: Option<i64>,
+    stale: Option<&str>,
+    if_none: &[String],
+) -> Response {
+    let mut r = match data {
+        Some(data) => {
+            let hash = &blake3::hash(data).to_hex()[..16];
+            let etag = match generation {
+                Some(g) => format!("\"{hash}-g{g}\""),
+                None => format!("\"{hash}\""),
+            };
+            if if_none.iter().any(|h| none_match(h, &etag)) {
+                let mut r = (StatusCode::NOT_MODIFIED, [(header::ETAG, etag)]).into_response();
+                r.headers_mut()
+                    .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+                return r;
+            }
+            let mut r = data.to_vec().into_response();
+            let h = r.headers_mut();
+            h.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/vnd.mapbox-vector-tile"),
+            );
+            // Stored gzipped (as the MBTiles spec has it): sent as is.
+            h.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+            h.insert(header::ETAG, HeaderValue::from_str(&etag).expect("hex"));
+            r
+        }
+        // An empty tile: no content, which every client reads as empty.
+        None => StatusCode::NO_CONTENT.into_response(),
+    };
+    let h = r.headers_mut();
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    if let Some(g) = generation {
+        h.insert(
+            "x-highwater-fresh",
+            HeaderValue::from_str(&format!("cut at store generation {g}")).expect("ascii"),
+        );
+    }
+    if let Some(why) = stale {
+        let why: String = why
+            .chars()
+            .map(|c| {
+                if c.is_ascii_graphic() || c == ' ' {
+                    c
+                } else {
+                    '?'
+                }
+            })
+            .take(300)
+            .collect();
+        h.insert(
+            "x-highwater-stale",
+            HeaderValue::from_str(&format!("dirty tile served as stored: {why}"))
+                .unwrap_or_else(|_| HeaderValue::from_static("dirty tile served as stored")),
+        );
+    }
+    r
 }
 
 /// Whether an `If-None-Match` field value matches `etag` (RFC 9110

@@ -32,6 +32,76 @@ pub fn read_tile(path: &Path, z: u8, x: u32, y: u32) -> Result<Option<Vec<u8>>, 
     .map_err(|e| format!("{}: {e}", path.display()))
 }
 
+/// Open read-only connections to MBTiles files, reused across requests:
+/// opening one (and reading its schema) costs more than the tile read.
+/// A file replaced by a rebuild (renamed over) has a new inode: its old
+/// connections are dropped, never read from again.
+#[derive(Default)]
+pub struct Pool {
+    idle: std::sync::Mutex<std::collections::HashMap<std::path::PathBuf, Vec<Pooled>>>,
+}
+
+struct Pooled {
+    conn: Connection,
+    inode: (u64, u64),
+}
+
+/// Idle connections kept per file at most.
+pub const POOL_IDLE_MAX: usize = 8;
+
+fn inode(path: &Path) -> Result<(u64, u64), String> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok((m.dev(), m.ino()))
+}
+
+impl Pool {
+    /// [`read_tile`] on a reused connection.
+    pub fn read_tile(&self, path: &Path, z: u8, x: u32, y: u32) -> Result<Option<Vec<u8>>, String> {
+        if z > highwater_core::tile::ZOOM_MAX || x >= 1 << z || y >= 1 << z {
+            return Ok(None);
+        }
+        let ino = inode(path)?;
+        let taken = {
+            let mut idle = self.idle.lock().expect("not poisoned");
+            let v = idle.entry(path.to_path_buf()).or_default();
+            v.retain(|p| p.inode == ino);
+            v.pop()
+        };
+        let p = match taken {
+            Some(p) => p,
+            None => Pooled {
+                conn: open(path)?,
+                inode: ino,
+            },
+        };
+        let row = (1u32 << z) - 1 - y;
+        let r = p
+            .conn
+            .prepare_cached(
+                "SELECT tile_data FROM tiles WHERE zoom_level = ?1 AND tile_column = ?2 AND tile_row = ?3",
+            )
+            .and_then(|mut st| {
+                st.query_row(rusqlite::params![z, x, row], |r| r.get(0))
+                    .optional()
+            })
+            .map_err(|e| format!("{}: {e}", path.display()));
+        // Opened before a rename swapped the file in: it may have read
+        // the old file; read again on a new connection.
+        if inode(path)? != p.inode {
+            return read_tile(path, z, x, y);
+        }
+        if r.is_ok() {
+            let mut idle = self.idle.lock().expect("not poisoned");
+            let v = idle.entry(path.to_path_buf()).or_default();
+            if v.len() < POOL_IDLE_MAX {
+                v.push(p);
+            }
+        }
+        r
+    }
+}
+
 /// TileJSON 3.0 for a tileset, its tile URL under `origin`.
 pub fn tilejson(t: &Tileset, origin: &str) -> Result<serde_json::Value, String> {
     let c = open(&t.mbtiles)?;

@@ -262,6 +262,65 @@ pub fn render(s: &Value) -> String {
                 d["dirty"].as_f64().unwrap_or(0.0),
             );
         }
+        // Issue 23: the rebuild crossover, measured, per dataset; and what
+        // serve did with dirty tiles (from the requests it recorded).
+        for (name, help, field) in [
+            ("highwater_osm_drain_seconds", "The last drain's duration, per dataset (measured).", "last_drain_s"),
+            ("highwater_osm_rebuild_seconds", "The last rebuild's duration, per dataset (measured).", "last_rebuild_s"),
+            ("highwater_osm_backlog_predicted_seconds", "The dirty backlog's predicted drain time, from the measured cost per dirty unit; compare with highwater_osm_rebuild_seconds.", "backlog_predicted_s"),
+        ] {
+            let mut f = Family::start(&mut out, name, "gauge", help);
+            for d in arr(&o["datasets"]) {
+                if let Some(v) = d["crossover"][field].as_f64() {
+                    f.sample(name, &[("dataset", d["name"].as_str().unwrap_or(""))], v);
+                }
+            }
+        }
+        let mut f = Family::start(
+            &mut out,
+            "highwater_osm_held",
+            "gauge",
+            "1 when the affected-set guard holds the dataset (a diff far outside its recent sizes): its marker stops and its drain refuses until --force or a rebuild.",
+        );
+        for d in arr(&o["datasets"]) {
+            f.sample(
+                "highwater_osm_held",
+                &[("dataset", d["name"].as_str().unwrap_or(""))],
+                if d["held"].is_object() { 1.0 } else { 0.0 },
+            );
+        }
+        let mut f = Family::start(
+            &mut out,
+            "highwater_osm_dirty_tiles_requested",
+            "gauge",
+            "Dirty tiles that serve was asked for (and that are still dirty), per tile dataset.",
+        );
+        for d in arr(&o["datasets"]) {
+            if let Some(v) = d["requests"]["dirty_requested"].as_f64() {
+                f.sample(
+                    "highwater_osm_dirty_tiles_requested",
+                    &[("dataset", d["name"].as_str().unwrap_or(""))],
+                    v,
+                );
+            }
+        }
+        let mut f = Family::start(
+            &mut out,
+            "highwater_osm_dirty_tiles_served_total",
+            "counter",
+            "Dirty tiles serve answered, cut fresh or (the cut failed or ran out of time) stale, per tile dataset.",
+        );
+        for d in arr(&o["datasets"]) {
+            for (how, field) in [("fresh", "served_fresh"), ("stale", "served_stale")] {
+                if let Some(v) = d["requests"][field].as_f64() {
+                    f.sample(
+                        "highwater_osm_dirty_tiles_served_total",
+                        &[("dataset", d["name"].as_str().unwrap_or("")), ("how", how)],
+                        v,
+                    );
+                }
+            }
+        }
     }
     out
 }

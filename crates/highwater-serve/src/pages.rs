@@ -163,7 +163,7 @@ fn osm(s: &Value) -> Markup {
                 }
             }
             table id="datasets" {
-                tr { th { "dataset" } th { "marker" } th { "behind store" } th { "behind server" } th { "dirty backlog" } th { "last drain" } th { "recipe" } th { "advice" } }
+                tr { th { "dataset" } th { "marker" } th { "behind store" } th { "behind server" } th { "dirty backlog" } th { "last drain" } th { "recipe" } th { "advice" } th { "dirty requested" } th { "served fresh / stale" } th { "backlog vs rebuild" } }
                 @for d in o["datasets"].as_array().cloned().unwrap_or_default() {
                     tr data-dataset=(text(&d["name"])) {
                         td { (text(&d["name"])) }
@@ -173,7 +173,12 @@ fn osm(s: &Value) -> Markup {
                         td class=(if d["dirty"] == 0 { "fresh" } else { "stale" }) { (text(&d["dirty"])) }
                         td { (text(&d["last_drain"])) }
                         td { code { (text(&d["recipe"])) } }
-                        td { (text(&d["rebuild"])) }
+                        td class=(if d["held"].is_object() { "bad" } else { "" }) { (text(&d["rebuild"])) }
+                        // Issue 23: what serve did with dirty tiles, and
+                        // the measured crossover.
+                        td { (text(&d["requests"]["dirty_requested"])) }
+                        td { (text(&d["requests"]["served_fresh"])) " / " (text(&d["requests"]["served_stale"])) }
+                        td { (text(&d["crossover"]["backlog_predicted_s"])) " s / " (text(&d["crossover"]["last_rebuild_s"])) " s" }
                     }
                 }
             }

@@ -21,6 +21,7 @@
 //! [`crate::derive`].
 
 pub mod cut;
+pub mod fresh;
 pub mod mvt;
 pub mod schema;
 
@@ -126,7 +127,7 @@ pub struct Mbtiles {
     path: PathBuf,
 }
 
-fn gzip(b: &[u8]) -> Vec<u8> {
+pub(crate) fn gzip(b: &[u8]) -> Vec<u8> {
     // flate2's default header has no time or name: equal tiles, equal bytes.
     let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     e.write_all(b).expect("writing to memory");
@@ -568,6 +569,18 @@ pub fn drain(
     max: usize,
     order: DrainOrder,
 ) -> Result<DrainReport, TilesError> {
+    drain_with(store, d, max, order, false)
+}
+
+/// [`drain`]; with `requested`, the dirty tiles `serve` was asked for go
+/// first, the most requested first (issue 23), then the rest in `order`.
+pub fn drain_with(
+    store: &mut Store,
+    d: &TileDataset,
+    max: usize,
+    order: DrainOrder,
+    requested: bool,
+) -> Result<DrainReport, TilesError> {
     let path = path_of(d)?.to_path_buf();
     store.lease_writer(false)?;
     let mut report = DrainReport {
@@ -613,10 +626,22 @@ pub fn drain(
     let mut mb = Mbtiles::open(&path)?.expect("checked above");
     let token = store.writer_token();
     failpoint("fail-drain", &d.name)?;
+    let mut first: std::collections::VecDeque<Tile> = if requested {
+        fresh::requested_dirty(store, d)?
+            .into_iter()
+            .map(|(t, _)| t)
+            .collect()
+    } else {
+        Default::default()
+    };
     while report.recut < max {
         let generation = store.generation()?;
-        let tiles =
-            store.dirty_tiles(&d.name, order, (max - report.recut).min(DRAIN_BATCH_TILES))?;
+        let n = (max - report.recut).min(DRAIN_BATCH_TILES);
+        let tiles: Vec<Tile> = if first.is_empty() {
+            store.dirty_tiles(&d.name, order, n)?
+        } else {
+            first.drain(..n.min(first.len())).collect()
+        };
         if tiles.is_empty() {
             break;
         }
@@ -627,42 +652,7 @@ pub fn drain(
         // apply with the same touched keys that expiry reads), never
         // re-assembled from nodes; a low-zoom tile's candidates come from
         // the low-zoom index, so its cost is what it shows.
-        let batch = store.snapshot(|s| {
-            let mut built: HashMap<ElementKey, Vec<Placement>> = HashMap::new();
-            let mut cands = Vec::with_capacity(tiles.len());
-            for &t in &tiles {
-                let low = t.z < crate::features::LOW_ZOOM;
-                let keys = s.shapes_in(tile_box(t, d.layer.buffer), low)?;
-                for &k in &keys {
-                    if let std::collections::hash_map::Entry::Vacant(e) = built.entry(k) {
-                        let every = s.shape_data(k.0, k.1)?.and_then(|b| features::decode(&b));
-                        let every = every.ok_or_else(|| StoreError::Corrupt {
-                            path: s.path().to_path_buf(),
-                            what: format!(
-                                "the shapes index has no readable feature for {k:?}; run `highwater osm rebuild {}`",
-                                d.name
-                            ),
-                        })?;
-                        let f = d.layer.narrow(&every);
-                        e.insert(f.map(|f| d.layer.place(&f)).unwrap_or_default());
-                    }
-                }
-                cands.push(keys);
-            }
-            let batch: Vec<(Tile, Option<Vec<u8>>)> = tiles
-                .par_iter()
-                .zip(&cands)
-                .map(|(&t, keys)| {
-                    let fs: Vec<(ElementKey, &[Placement])> = keys
-                        .iter()
-                        .filter(|k| !built[*k].is_empty())
-                        .map(|k| (*k, built[k].as_slice()))
-                        .collect();
-                    (t, cut(t, &d.layer, &d.name, &fs))
-                })
-                .collect();
-            Ok(batch)
-        })?;
+        let batch = store.snapshot(|s| cut_batch(s, d, &tiles))?;
         report.deleted += batch.iter().filter(|(_, b)| b.is_none()).count();
         mb.write(&batch, token)?;
         failpoint("kill-drain-after-write", &d.name)?;
@@ -677,6 +667,52 @@ pub fn drain(
     }
     store.write(|w| w.set_meta(&key, &report.backlog.to_string()))?;
     Ok(report)
+}
+
+/// Cuts `tiles` from the store as it is, reading features from the shapes
+/// index: the drain's code, and the code `serve` cuts a dirty tile with
+/// (issue 23), so a tile served fresh equals what the next drain writes.
+/// Each feature is built once per batch, however many tiles show it (a
+/// low-zoom tile shows most of them). Call inside one snapshot.
+pub(crate) fn cut_batch(
+    s: &Store,
+    d: &TileDataset,
+    tiles: &[Tile],
+) -> Result<Vec<(Tile, Option<Vec<u8>>)>, StoreError> {
+    let mut built: HashMap<ElementKey, Vec<Placement>> = HashMap::new();
+    let mut cands = Vec::with_capacity(tiles.len());
+    for &t in tiles {
+        let low = t.z < crate::features::LOW_ZOOM;
+        let keys = s.shapes_in(tile_box(t, d.layer.buffer), low)?;
+        for &k in &keys {
+            if let std::collections::hash_map::Entry::Vacant(e) = built.entry(k) {
+                let every = s.shape_data(k.0, k.1)?.and_then(|b| features::decode(&b));
+                let every = every.ok_or_else(|| StoreError::Corrupt {
+                        path: s.path().to_path_buf(),
+                        what: format!(
+                            "the shapes index has no readable feature for {k:?}; run `highwater osm rebuild {}`",
+                            d.name
+                        ),
+                    })?;
+                let f = d.layer.narrow(&every);
+                e.insert(f.map(|f| d.layer.place(&f)).unwrap_or_default());
+            }
+        }
+        cands.push(keys);
+    }
+    let batch: Vec<(Tile, Option<Vec<u8>>)> = tiles
+        .par_iter()
+        .zip(&cands)
+        .map(|(&t, keys)| {
+            let fs: Vec<(ElementKey, &[Placement])> = keys
+                .iter()
+                .filter(|k| !built[*k].is_empty())
+                .map(|k| (*k, built[k].as_slice()))
+                .collect();
+            (t, cut(t, &d.layer, &d.name, &fs))
+        })
+        .collect();
+    Ok(batch)
 }
 
 /// A tile's box grown by the buffer, in world coordinates.
@@ -827,6 +863,8 @@ impl crate::dataset::Dataset for TileDataset {
         r: &mut crate::ops::DatasetReport,
     ) -> Result<(), crate::ops::OpsError> {
         let (t, s) = crate::derive::affected_tiles(&*w, changes, &self.layer)?;
+        r.last_affected = Some(t.len());
+        r.last_read = s.changes - s.filtered;
         let (t, z) = crate::ops::bound(t, &self.layer, self.tiles_affected_max);
         r.changes += s.changes;
         r.filtered += s.filtered;
@@ -864,8 +902,14 @@ impl crate::dataset::Dataset for TileDataset {
         limits: crate::dataset::DrainLimits,
     ) -> Result<crate::dataset::Outcome, crate::dataset::DatasetError> {
         let t0 = std::time::Instant::now();
-        let r = drain(store, self, limits.tiles_max, limits.order)
-            .map_err(|e| crate::dataset::error_text(&e))?;
+        let r = drain_with(
+            store,
+            self,
+            limits.tiles_max,
+            limits.order,
+            limits.requested,
+        )
+        .map_err(|e| crate::dataset::error_text(&e))?;
         let mut o = match &r.rebuilt {
             Some(b) => {
                 let text = build_text(b);

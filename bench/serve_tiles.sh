@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# Issue 23: serving tiles, three measurements in one run.
+# 1. A dirty z14 tile served fresh (cut from the store; the first request
+#    per tile, then from memory) against a clean tile, p50/p99, same run.
+# 2. Clean tiles: `highwater serve` against martin (the Rust tile server,
+#    `cargo install martin@1.14.0 --locked --no-default-features
+#    --features mbtiles`) on the same MBTiles file, 4 clients at once
+#    (separate processes: no GIL between them), rounds interleaved.
+# 3. The Zipf simulation: over the Liechtenstein pyramid, a day of requests
+#    drawn from a Zipf mix; how many tiles of the dirty set would be re-cut
+#    on request, against a full drain of the whole dirty set.
+#
+#   MARTIN=/path/to/martin bash bench/serve_tiles.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+BENCH_DIR=${BENCH_DIR:-/tmp/highwater-bench}/serve_tiles
+HW=${HW:-$REPO/target/release/highwater}
+[ -x "$HW" ] || cargo build --release -q -p highwater
+MARTIN=${MARTIN:-/work/wt/tiles-martin/bin/martin}
+DATA="$REPO/crates/highwater-osm/tests/data"
+LIE=${LIE:-/work/shared/data/osm/liechtenstein}
+rm -rf "$BENCH_DIR" && mkdir -p "$BENCH_DIR" && cd "$BENCH_DIR"
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+wait_port() { for _ in $(seq 100); do python3 -c "import socket; socket.create_connection(('127.0.0.1', $1))" 2>/dev/null && return; sleep 0.1; done; echo "nothing listens on $1" >&2; exit 1; }
+trap 'kill ${SERVE:-0} ${MART:-0} 2>/dev/null || true' EXIT
+
+cat >load.py <<'PY'
+# load.py PORT PATH_TEMPLATE TILES_FILE N CLIENTS -> tiles/s p50 p99
+import http.client, multiprocessing as mp, sys, time
+port, tmpl, tiles_file, n, conc = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+tiles = [tuple(map(int, l.split())) for l in open(tiles_file)]
+jobs = [tiles[i % len(tiles)] for i in range(n)]
+def worker(part, q):
+    c = http.client.HTTPConnection("127.0.0.1", port)
+    lat = []
+    for z, x, y in part:
+        t0 = time.perf_counter()
+        c.request("GET", tmpl.format(z=z, x=x, y=y), headers={"Accept-Encoding": "gzip"})
+        r = c.getresponse(); r.read()
+        assert r.status in (200, 204), r.status
+        lat.append(time.perf_counter() - t0)
+    q.put(lat)
+q = mp.Queue()
+ps = [mp.Process(target=worker, args=(jobs[i::conc], q)) for i in range(conc)]
+t0 = time.perf_counter()
+[p.start() for p in ps]
+lat = sum((q.get() for _ in ps), [])
+[p.join() for p in ps]
+wall = time.perf_counter() - t0
+lat.sort()
+print(f"{n / wall:.0f} {lat[len(lat) // 2] * 1000:.3f} {lat[int(len(lat) * 0.99)] * 1000:.3f}")
+PY
+
+# --- 1 and 2: Monaco, z12-14 ---------------------------------------------------
+mkdir mon && cd mon
+cat >highwater.toml <<'TOML'
+[osm]
+store = ".highwater/osm"
+[osm.tiles.base]
+zooms = "10-14"
+keys = ["building", "highway", "landuse", "natural", "waterway", "railway"]
+mbtiles = "tiles/base.mbtiles"
+drain = "deferred"
+affected_guard = 0
+TOML
+"$HW" osm import "$DATA/monaco-3047-20210801.osm.pbf" >/dev/null
+"$HW" osm tiles build >/dev/null
+sqlite3 tiles/base.mbtiles "SELECT zoom_level, tile_column, (1 << zoom_level) - 1 - tile_row FROM tiles" | tr '|' ' ' >all.txt
+cp -r "$DATA/monaco-updates" updates
+"$HW" osm replicate --from updates >/dev/null
+sqlite3 .highwater/osm/store.db "SELECT z, x, y FROM dirty WHERE dataset = 'base' AND z = 14" | tr '|' ' ' >dirty14.txt
+sqlite3 .highwater/osm/store.db "SELECT z, x, y FROM dirty WHERE dataset = 'base'" | tr '|' ' ' | sort >dirty.txt
+sort all.txt | comm -23 - dirty.txt | awk '$1 == 14' >clean14.txt
+sort all.txt | comm -23 - dirty.txt >clean.txt
+echo "Monaco after 3048..3076 deferred: $(wc -l <all.txt) tiles, $(wc -l <dirty.txt) dirty ($(wc -l <dirty14.txt) at z14)"
+PORT=$(free_port)
+"$HW" serve --listen "127.0.0.1:$PORT" 2>serve.log &
+SERVE=$!
+wait_port "$PORT"
+T="/tiles/base/{z}/{x}/{y}.pbf"
+n14=$(wc -l <dirty14.txt)
+echo "1. one client, z14 (p50 / p99 ms):"
+echo "   dirty, first request (cut fresh): $(python3 ../load.py "$PORT" "$T" dirty14.txt "$n14" 1)"
+echo "   dirty, again (fresh, from memory): $(python3 ../load.py "$PORT" "$T" dirty14.txt 2000 1)"
+echo "   clean (stored):                    $(python3 ../load.py "$PORT" "$T" clean14.txt 2000 1)"
+
+if [ -x "$MARTIN" ]; then
+    MPORT=$(free_port)
+    "$MARTIN" --listen-addresses "127.0.0.1:$MPORT" tiles/base.mbtiles >martin.log 2>&1 &
+    MART=$!
+    wait_port "$MPORT"
+    M="/base/{z}/{x}/{y}"
+    echo "2. clean tiles, 4 clients, 4000 requests per round, rounds interleaved (tiles/s p50 p99):"
+    for r in 1 2 3; do
+        echo "   round $r highwater: $(python3 ../load.py "$PORT" "$T" clean.txt 4000 4)"
+        echo "   round $r martin:    $(python3 ../load.py "$MPORT" "$M" clean.txt 4000 4)"
+    done
+    kill $MART
+else
+    echo "2. skipped: no martin at $MARTIN"
+fi
+kill $SERVE; wait $SERVE 2>/dev/null || true
+cd ..
+
+# --- 3: Zipf over the Liechtenstein pyramid -------------------------------------
+mkdir lie && cd lie
+cat >highwater.toml <<'TOML'
+[osm]
+store = ".highwater/osm"
+[osm.tiles.base]
+zooms = "0-14"
+keys = ["building", "highway", "landuse", "natural", "waterway", "railway", "place"]
+mbtiles = "tiles/base.mbtiles"
+drain = "deferred"
+affected_guard = 0
+TOML
+"$HW" osm import "$LIE/liechtenstein-2434-20191118.osm.pbf" >/dev/null
+"$HW" osm tiles build >/dev/null
+# A day: the daily diff after the extract (sequence 2435).
+"$HW" osm apply "$LIE/liechtenstein-updates/000/002/435.osc.gz" >/dev/null
+sqlite3 tiles/base.mbtiles "SELECT zoom_level, tile_column, (1 << zoom_level) - 1 - tile_row FROM tiles" | tr '|' ' ' >all.txt
+sqlite3 .highwater/osm/store.db "SELECT z, x, y FROM dirty WHERE dataset = 'base'" | tr '|' ' ' >dirty.txt
+python3 - all.txt dirty.txt <<'PY'
+# The mix: tiles ranked by popularity = low zoom first (a map opens
+# zoomed out), then by distance from Vaduz's centre at each zoom; request
+# probability of rank r is 1/r^s (Zipf), s = 1.0 and 1.2; a day = 100,000
+# requests (what one busy regional map sees). Counted: distinct dirty tiles
+# hit (what drain-on-request re-cuts) against the whole dirty set.
+import math, random, sys
+tiles = [tuple(map(int, l.split())) for l in open(sys.argv[1])]
+dirty = {tuple(map(int, l.split())) for l in open(sys.argv[2])}
+def lonlat(z, x, y):
+    n = 2 ** z
+    lon = (x + .5) / n * 360 - 180
+    lat = math.degrees(math.atan(math.sinh(math.pi * (1 - 2 * (y + .5) / n))))
+    return lon, lat
+vaduz = (9.5209, 47.1410)
+tiles.sort(key=lambda t: (t[0], (lonlat(*t)[0] - vaduz[0]) ** 2 + (lonlat(*t)[1] - vaduz[1]) ** 2))
+print(f"3. Liechtenstein: {len(tiles)} tiles, {len(dirty)} dirty after the day's diffs")
+for s in (1.0, 1.2):
+    w = [1 / (r + 1) ** s for r in range(len(tiles))]
+    random.seed(23)
+    for n in (10_000, 100_000):
+        hit = set(random.choices(tiles, weights=w, k=n))
+        d = len(hit & dirty)
+        print(f"   Zipf s={s}, {n} requests: {len(hit)} distinct tiles asked, {d} of them dirty: re-cut on request {d} vs full drain {len(dirty)} ({d / max(1, len(dirty)) * 100:.1f}%)")
+PY

@@ -1,0 +1,236 @@
+//! Dirty tiles served fresh, and re-cut by popularity (issue 23).
+//!
+//! The seed: "mark the tile dirty and let it be re-cut on the next
+//! request, or on a background worker draining the dirty list by priority
+//! … lets popularity decide what is actually worth recomputing".
+//!
+//! - [`cut_fresh`]: a dirty tile cut in memory from the store as it is,
+//!   by the drain's own code ([`super::cut_batch`]) and gzipped as the
+//!   drain stores it, so it equals what the next drain writes. It reads
+//!   only: the MBTiles file and the store are never written, and the
+//!   writer lease keeps its meaning.
+//! - [`FreshView`]: what `serve` asks per request (the store's generation,
+//!   whether a tile is dirty), from a read-only connection that re-reads
+//!   only when SQLite's `data_version` says another connection committed.
+//! - [`Requests`]: per-tile request counts, bounded, kept by `serve` in a
+//!   file beside the store (`requests-NAME.json`, written whole and
+//!   renamed): the drainer reads them for `--priority requested`, status
+//!   for its counts. It is not the store: serve stays a reader of that.
+
+use super::{cut_batch, gzip, TileDataset, TilesError};
+use crate::store::{DrainOrder, Store, StoreError};
+use highwater_core::tile::Tile;
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+
+/// Tiles whose requests are counted at most: past it, the least
+/// requested half is forgotten (bounded memory; the popular ones stay).
+pub const REQUEST_COUNTS_MAX: usize = 65_536;
+
+/// Dirty tiles a [`FreshView`] keeps per dataset at most; dirty tiles past
+/// it (in low-zoom-first order) are served stale until drained.
+pub const FRESH_DIRTY_CACHED_MAX: usize = 2_000_000;
+
+/// Request counts and the fresh/stale tally of one tile dataset.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Requests {
+    /// (z, x, y, requests).
+    pub tiles: Vec<(u8, u32, u32, u64)>,
+    /// Dirty tiles served cut fresh.
+    pub fresh: u64,
+    /// Dirty tiles served stale (the cut failed or ran out of time).
+    pub stale: u64,
+}
+
+/// Where serve keeps a dataset's request counts: beside the store.
+pub fn requests_path(store_dir: &Path, dataset: &str) -> PathBuf {
+    store_dir.join(format!("requests-{dataset}.json"))
+}
+
+/// The counts serve recorded, if it recorded any (an unreadable file is
+/// said, never silently taken as none).
+pub fn load_requests(store_dir: &Path, dataset: &str) -> Result<Option<Requests>, TilesError> {
+    let p = requests_path(store_dir, dataset);
+    let text = match std::fs::read_to_string(&p) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(err) => return Err(TilesError::Io { path: p, err }),
+    };
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|e| TilesError::Io {
+            path: p,
+            err: std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("not request counts ({e}); delete it, serve writes it again"),
+            ),
+        })
+}
+
+/// Writes the counts whole (temporary file, rename).
+pub fn save_requests(store_dir: &Path, dataset: &str, r: &Requests) -> Result<(), TilesError> {
+    let p = requests_path(store_dir, dataset);
+    let tmp = store_dir.join(format!(
+        ".requests-{dataset}.json.hw-tmp-{}",
+        std::process::id()
+    ));
+    let io = |path: &Path, err| TilesError::Io {
+        path: path.to_path_buf(),
+        err,
+    };
+    std::fs::write(&tmp, serde_json::to_vec(r).expect("plain data")).map_err(|e| io(&tmp, e))?;
+    std::fs::rename(&tmp, &p).map_err(|e| io(&p, e))
+}
+
+/// The store's folder (requests live beside the store file).
+fn store_dir(store: &Store) -> PathBuf {
+    store
+        .path()
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
+}
+
+/// The dirty tiles that were requested, most requested first (ties:
+/// low zoom first), with their counts.
+pub fn requested_dirty(store: &Store, d: &TileDataset) -> Result<Vec<(Tile, u64)>, TilesError> {
+    let Some(r) = load_requests(&store_dir(store), &d.name)? else {
+        return Ok(Vec::new());
+    };
+    let dirty: HashSet<Tile> = store
+        .dirty_tiles(&d.name, DrainOrder::LowZoomFirst, usize::MAX)?
+        .into_iter()
+        .collect();
+    let mut v: Vec<(Tile, u64)> = r
+        .tiles
+        .iter()
+        .map(|&(z, x, y, n)| (Tile { z, x, y }, n))
+        .filter(|(t, n)| *n > 0 && dirty.contains(t))
+        .collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    Ok(v)
+}
+
+/// Whether serve has recorded any request for the dataset: then
+/// `--priority requested` is the drain's default.
+pub fn requests_seen(store: &Store, d: &TileDataset) -> Result<bool, TilesError> {
+    Ok(load_requests(&store_dir(store), &d.name)?.is_some_and(|r| !r.tiles.is_empty()))
+}
+
+/// A tile cut fresh: the generation of the store it was cut from, and its
+/// bytes gzipped as the MBTiles file stores them (`None`: nothing shows).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Fresh {
+    pub generation: i64,
+    pub gz: Option<Vec<u8>>,
+}
+
+/// Cuts one tile from the store as it is, in one snapshot (its generation
+/// and its features read together), by the drain's code. Refused when the
+/// shapes index is not the one the drain would cut from (a drain rebuilds
+/// it first; a reader cannot): the caller serves the stale tile.
+pub fn cut_fresh(store: &Store, d: &TileDataset, t: Tile) -> Result<Fresh, TilesError> {
+    // For the tests of serve's stale fallback: a cut that fails, and one
+    // that outlasts serve's time limit.
+    super::failpoint("fail-fresh-cut", &d.name)?;
+    if std::env::var_os("HIGHWATER_FAILPOINT")
+        .is_some_and(|v| v.to_string_lossy() == format!("slow-fresh-cut:{}", d.name))
+    {
+        std::thread::sleep(std::time::Duration::from_secs(3));
+    }
+    store
+        .snapshot(|s| {
+            if s.meta("shapes")?.is_none()
+                || s.meta("shapes_low")?.as_deref() != Some(d.low.id.as_str())
+            {
+                return Err(StoreError::Corrupt {
+                    path: s.path().to_path_buf(),
+                    what: format!(
+                        "the shapes index is not current for {}: the next drain rebuilds it",
+                        d.name
+                    ),
+                });
+            }
+            let generation = s.generation()?;
+            let mut b = cut_batch(s, d, &[t])?;
+            let gz = b.pop().and_then(|(_, b)| b).map(|b| gzip(&b));
+            Ok(Fresh { generation, gz })
+        })
+        .map_err(TilesError::from)
+}
+
+/// What serve needs per tile request, cheaply: a read-only probe whose
+/// `PRAGMA data_version` moves when anyone commits to the store; only then
+/// are the generation and the dirty sets read again.
+pub struct FreshView {
+    probe: rusqlite::Connection,
+    store: Store,
+    version: i64,
+    generation: i64,
+    dirty: HashMap<String, HashSet<Tile>>,
+}
+
+impl FreshView {
+    pub fn open(store_dir: &Path) -> Result<FreshView, TilesError> {
+        let store = Store::open(store_dir)?;
+        let path = store.path().to_path_buf();
+        let probe = rusqlite::Connection::open_with_flags(
+            &path,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(|err| StoreError::Sqlite {
+            path: path.clone(),
+            err,
+        })?;
+        let mut v = FreshView {
+            probe,
+            store,
+            version: i64::MIN,
+            generation: 0,
+            dirty: HashMap::new(),
+        };
+        v.refresh()?;
+        Ok(v)
+    }
+
+    fn refresh(&mut self) -> Result<(), TilesError> {
+        let version: i64 = self
+            .probe
+            .query_row("PRAGMA data_version", [], |r| r.get(0))
+            .map_err(|err| StoreError::Sqlite {
+                path: self.store.path().to_path_buf(),
+                err,
+            })?;
+        if version != self.version {
+            // Read before the generation: a commit in between moves the
+            // version again, and the next request reads again.
+            self.version = version;
+            self.generation = self.store.generation()?;
+            self.dirty.clear();
+        }
+        Ok(())
+    }
+
+    /// The store's generation now, and whether `t` is dirty in `dataset`.
+    pub fn state(&mut self, dataset: &str, t: Tile) -> Result<(i64, bool), TilesError> {
+        self.refresh()?;
+        if !self.dirty.contains_key(dataset) {
+            let set: HashSet<Tile> = self
+                .store
+                .dirty_tiles(dataset, DrainOrder::LowZoomFirst, FRESH_DIRTY_CACHED_MAX)?
+                .into_iter()
+                .collect();
+            self.dirty.insert(dataset.to_string(), set);
+        }
+        Ok((self.generation, self.dirty[dataset].contains(&t)))
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+}
+
+/// A served or stored tile's MVT bytes from its gzip.
+pub fn gunzip(b: &[u8]) -> std::io::Result<Vec<u8>> {
+    super::gunzip(b)
+}

@@ -1,0 +1,353 @@
+//! Issue 23: dirty tiles served fresh and re-cut by popularity. A deferred
+//! diff leaves tiles dirty; `serve` (a reader) answers them cut from the
+//! store as it is, equal to what the next drain writes and to a rebuild,
+//! without touching the MBTiles file; a failed or slow cut serves the
+//! stale tile with a header and a metric; requests are counted, and
+//! `osm tiles drain --priority requested` (the default once requests were
+//! seen) re-cuts the most requested dirty tiles first.
+//!
+//! Data: Monaco's extract at sequence 3047 and its minutely diffs
+//! 3048..3076 (crates/highwater-osm/tests/data, see SOURCE.md there).
+
+mod common;
+use common::osm::data;
+use common::serve::{serve, serve_cmd};
+use common::*;
+use highwater_core::tile::Tile;
+use highwater_osm::store::{DrainOrder, Store};
+use highwater_osm::tiles::{mvt, Mbtiles};
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+
+const CONFIG: &str = r#"
+[osm]
+store = ".highwater/osm"
+
+[osm.tiles.base]
+zooms = "12-14"
+keys = ["building", "highway", "landuse"]
+mbtiles = "tiles/base.mbtiles"
+drain = "deferred"
+"#;
+
+/// Monaco imported at 3047, its tiles built, and `seqs` of its minutely
+/// diffs copied into `updates/` (not applied).
+fn project(seqs: std::ops::RangeInclusive<i64>) -> Project {
+    let p = Project::new(CONFIG);
+    let pbf = data().join("monaco-3047-20210801.osm.pbf");
+    p.check(&["osm", "import", pbf.to_str().unwrap()], 0);
+    p.check(&["osm", "tiles", "build"], 0);
+    copy_diffs(&p, seqs);
+    p
+}
+
+fn copy_diffs(p: &Project, seqs: std::ops::RangeInclusive<i64>) {
+    let upd = p.path("updates/000/003");
+    std::fs::create_dir_all(&upd).unwrap();
+    for seq in seqs {
+        for ext in ["osc.gz", "state.txt"] {
+            let name = format!("{:03}.{ext}", seq - 3000);
+            std::fs::copy(
+                data().join("monaco-updates/000/003").join(&name),
+                upd.join(&name),
+            )
+            .unwrap();
+        }
+    }
+}
+
+/// One GET: (status, headers lower-cased, body).
+fn get(addr: &str, path: &str) -> (u16, BTreeMap<String, String>, Vec<u8>) {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+    let mut lines = head.lines();
+    let status: u16 = lines
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut h = BTreeMap::new();
+    for l in lines {
+        if let Some((k, v)) = l.split_once(':') {
+            h.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
+        }
+    }
+    let mut body = raw[split + 4..].to_vec();
+    if h.get("transfer-encoding").is_some_and(|t| t == "chunked") {
+        body = dechunk(&body);
+    }
+    (status, h, body)
+}
+
+fn dechunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let nl = b.windows(2).position(|w| w == b"\r\n").unwrap();
+        let n = usize::from_str_radix(std::str::from_utf8(&b[..nl]).unwrap().trim(), 16).unwrap();
+        if n == 0 {
+            return out;
+        }
+        out.extend_from_slice(&b[nl + 2..nl + 2 + n]);
+        b = &b[nl + 2 + n + 2..];
+    }
+}
+
+fn tile_url(t: Tile) -> String {
+    format!("/tiles/base/{}/{}/{}.pbf", t.z, t.x, t.y)
+}
+
+/// A served tile's MVT bytes (it is sent gzipped, as stored); `None` for
+/// an empty tile (204).
+fn served(addr: &str, t: Tile) -> (Option<Vec<u8>>, BTreeMap<String, String>) {
+    let (code, h, body) = get(addr, &tile_url(t));
+    match code {
+        200 => (Some(highwater_osm::tiles::fresh::gunzip(&body).unwrap()), h),
+        204 => (None, h),
+        other => panic!(
+            "{}: {other} {}",
+            tile_url(t),
+            String::from_utf8_lossy(&body)
+        ),
+    }
+}
+
+fn dirty(p: &Project) -> Vec<Tile> {
+    let st = Store::open(&p.path(".highwater/osm")).unwrap();
+    st.dirty_tiles("base", DrainOrder::LowZoomFirst, usize::MAX)
+        .unwrap()
+}
+
+fn stored(p: &Project, t: Tile) -> Option<Vec<u8>> {
+    Mbtiles::open(&p.path("tiles/base.mbtiles"))
+        .unwrap()
+        .unwrap()
+        .get(t)
+        .unwrap()
+}
+
+/// Decoded, for comparisons that say which features differ.
+fn decoded(b: &Option<Vec<u8>>) -> Option<Vec<(String, Vec<mvt::TileFeature>)>> {
+    b.as_ref().map(|b| mvt::decode(b).unwrap())
+}
+
+fn cfg(p: &Project) -> highwater_osm::ops::OsmConfig {
+    let text = p.read("highwater.toml");
+    let v: toml::Value = toml::from_str(&text).unwrap();
+    highwater_osm::ops::OsmConfig::parse(v.get("osm"), &p.path("highwater.toml"), p.dir.path())
+        .unwrap()
+}
+
+fn status(p: &Project) -> serde_json::Value {
+    let r = p.check(&["osm", "status", "--json"], 0);
+    r.json()["datasets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == "base")
+        .unwrap()
+        .clone()
+}
+
+/// Issue 23: the tile served for a dirty tile equals the tile after
+/// `osm tiles drain` (decoded), differs from the stale one for some, and
+/// the MBTiles file stays byte-identical while serve answers.
+#[test]
+fn a_dirty_tile_is_served_as_the_next_drain_cuts_it() {
+    let p = project(3048..=3052);
+    p.check(&["osm", "replicate", "--from", "updates"], 0);
+    let dirty = dirty(&p);
+    assert!(!dirty.is_empty(), "the deferred diffs left no dirty tile");
+    let old: Vec<Option<Vec<u8>>> = dirty.iter().map(|t| stored(&p, *t)).collect();
+    let file_before = std::fs::read(p.path("tiles/base.mbtiles")).unwrap();
+    let mut s = serve(&p, &[]);
+    let mut fresh = Vec::new();
+    for t in &dirty {
+        let (b, h) = served(&s.addr, *t);
+        assert!(h.contains_key("x-highwater-fresh"), "{t:?}: {h:?}");
+        assert!(!h.contains_key("x-highwater-stale"), "{t:?}: {h:?}");
+        assert_eq!(h.get("cache-control").map(String::as_str), Some("no-cache"));
+        if b.is_some() {
+            let etag = &h["etag"];
+            assert!(etag.contains("-g"), "the ETag names the generation: {etag}");
+        }
+        fresh.push(b);
+    }
+    // A second round comes from memory, the same bytes.
+    for (t, f) in dirty.iter().zip(&fresh) {
+        assert_eq!(&served(&s.addr, *t).0, f, "{t:?}");
+    }
+    let m = get(&s.addr, "/metrics").2;
+    let m = String::from_utf8(m).unwrap();
+    let n = dirty.len() * 2;
+    assert!(
+        m.contains(&format!(
+            "highwater_osm_dirty_tiles_served_total{{dataset=\"base\",how=\"fresh\"}} {n}"
+        )),
+        "{m}"
+    );
+    assert_eq!(s.terminate(std::time::Duration::from_secs(30)), Some(0));
+    assert_eq!(
+        std::fs::read(p.path("tiles/base.mbtiles")).unwrap(),
+        file_before,
+        "serve wrote the MBTiles file"
+    );
+    let st = status(&p);
+    assert_eq!(st["requests"]["served_fresh"], n as u64, "{st}");
+    assert_eq!(
+        st["requests"]["dirty_requested"],
+        dirty.len() as u64,
+        "{st}"
+    );
+    p.check(&["osm", "tiles", "drain"], 0);
+    let mut changed = 0;
+    for ((t, f), o) in dirty.iter().zip(&fresh).zip(&old) {
+        let drained = stored(&p, *t);
+        assert_eq!(
+            decoded(f),
+            decoded(&drained),
+            "{t:?}: served fresh vs drained"
+        );
+        assert_eq!(f, &drained, "{t:?}: bytes");
+        changed += usize::from(f != o);
+    }
+    assert!(changed > 0, "no served tile differs from its stale copy");
+}
+
+/// Issue 23: a cut that fails, or outlasts the time limit, serves the
+/// stored tile with a header saying so, and the stale metric counts it;
+/// never an error page for a tile that exists.
+#[test]
+fn a_failed_or_slow_cut_serves_the_stale_tile_saying_so() {
+    let p = project(3048..=3050);
+    p.check(&["osm", "replicate", "--from", "updates"], 0);
+    let dirty = dirty(&p);
+    let t = *dirty
+        .iter()
+        .find(|t| stored(&p, **t).is_some())
+        .expect("a dirty tile the file has");
+    let want = stored(&p, t);
+    // (failpoint, extra serve arguments, what the header says)
+    let cases: [(&str, &[&str], &str); 2] = [
+        ("fail-fresh-cut:base", &[], "failed"),
+        (
+            "slow-fresh-cut:base",
+            &["--fresh-cut-timeout-ms", "200"],
+            "longer than 200 ms",
+        ),
+    ];
+    for (fp, extra, says) in cases {
+        let mut cmd = p.cmd(&[["serve", "--listen", "127.0.0.1:0"].as_slice(), extra].concat());
+        cmd.env("HIGHWATER_FAILPOINT", fp);
+        let mut s = serve_cmd(cmd);
+        let (b, h) = served(&s.addr, t);
+        assert_eq!(b, want, "{fp}: the stored tile");
+        let stale = h
+            .get("x-highwater-stale")
+            .unwrap_or_else(|| panic!("{fp}: {h:?}"));
+        assert!(stale.contains(says), "{fp}: {stale}");
+        assert!(!h.contains_key("x-highwater-fresh"), "{fp}");
+        let m = String::from_utf8(get(&s.addr, "/metrics").2).unwrap();
+        assert!(
+            m.contains("highwater_osm_dirty_tiles_served_total{dataset=\"base\",how=\"stale\"}"),
+            "{m}"
+        );
+        assert_eq!(s.terminate(std::time::Duration::from_secs(30)), Some(0));
+    }
+    let st = status(&p);
+    assert_eq!(st["requests"]["served_stale"], 2, "{st}");
+    let text = p.check(&["osm", "status"], 0).stdout;
+    assert!(text.contains("served fresh 0, stale 2"), "{text}");
+}
+
+/// Issue 23: two dirty tiles, one requested five times: `drain --max 1
+/// --priority requested` re-cuts that one; then, with no --priority, the
+/// drain ranks by requests too (the default once requests were seen).
+#[test]
+fn the_most_requested_dirty_tile_is_drained_first() {
+    let p = project(3048..=3052);
+    p.check(&["osm", "replicate", "--from", "updates"], 0);
+    let d = dirty(&p);
+    assert!(d.len() >= 3, "{d:?}");
+    // The last two in low-zoom-first order: a drain by zoom takes d[0].
+    let (a, b) = (d[d.len() - 2], d[d.len() - 1]);
+    let mut s = serve(&p, &[]);
+    for _ in 0..5 {
+        served(&s.addr, b);
+    }
+    served(&s.addr, a);
+    assert_eq!(s.terminate(std::time::Duration::from_secs(30)), Some(0));
+    let st = status(&p);
+    assert_eq!(st["requests"]["dirty_requested"], 2, "{st}");
+    assert_eq!(st["requests"]["dirty_requests"], 6, "{st}");
+    p.check(
+        &[
+            "osm",
+            "tiles",
+            "drain",
+            "--max",
+            "1",
+            "--priority",
+            "requested",
+        ],
+        0,
+    );
+    let now = dirty(&p);
+    assert!(
+        !now.contains(&b),
+        "the tile asked for five times is still dirty"
+    );
+    assert!(now.contains(&a) && now.contains(&d[0]));
+    p.check(&["osm", "tiles", "drain", "--max", "1"], 0);
+    let now = dirty(&p);
+    assert!(!now.contains(&a), "the default did not rank by requests");
+    assert!(now.contains(&d[0]));
+}
+
+/// Issue 23, property: serving fresh never returns a tile that differs
+/// from a rebuild at the store's current generation, over several
+/// generations (batches of real diffs applied while serve runs).
+#[test]
+fn serving_fresh_equals_a_rebuild_at_every_generation() {
+    let p = project(3048..=3076);
+    let c = cfg(&p);
+    let d = &c.tiles[0];
+    let s = serve(&p, &[]);
+    // Batches of different sizes, each a new generation.
+    let mut at = 3047;
+    for n in [1, 3, 2, 7, 5, 11] {
+        let upto = at + n;
+        let files: Vec<String> = (at + 1..=upto)
+            .map(|q| {
+                p.path(&format!("updates/000/003/{:03}.osc.gz", q - 3000))
+                    .display()
+                    .to_string()
+            })
+            .collect();
+        let mut args = vec!["osm", "apply"];
+        args.extend(files.iter().map(String::as_str));
+        p.check(&args, 0);
+        at = upto;
+        let st = Store::open(&p.path(".highwater/osm")).unwrap();
+        let view = highwater_osm::tiles::rebuild_view(&st, &d.layer).unwrap();
+        let dirty = st
+            .dirty_tiles("base", DrainOrder::LowZoomFirst, usize::MAX)
+            .unwrap();
+        assert!(!dirty.is_empty());
+        for t in dirty {
+            let (b, h) = served(&s.addr, t);
+            assert!(h.contains_key("x-highwater-fresh"), "{t:?} at {at}: {h:?}");
+            assert_eq!(b, view.cut(t, d), "{t:?} at sequence {at}");
+        }
+    }
+}
