@@ -541,3 +541,26 @@ fn delta_two_processes_on_postgres_state_keep_the_table_consistent() {
     let t = read(table.to_str().unwrap(), &Value::Null);
     assert_eq!(ids(&t), (0..24 * 50).collect::<Vec<_>>());
 }
+
+/// Issue 21: `adjacent_duplicates` reads the previous window's files from
+/// its newest commit's folder: with a lookback, the keys read twice near
+/// the boundary are reported.
+#[test]
+fn delta_adjacent_duplicates_read_the_previous_commit() {
+    let cfg = format!(
+        "{}adjacent_duplicates = \"warn\"\n",
+        config("lake/orders", "").replace("settle = \"2m\"", "settle = \"2m\"\nlookback = \"10m\"")
+    );
+    let p = Project::new(&cfg);
+    let c = db(&p);
+    fill(&c, 2, 10, "first");
+    let r = ingest_at(&p, "2026-03-01T10:05:00Z", &[], &[], 0);
+    assert_eq!(published(&r), 2, "{r}");
+    let warned = r["windows"][1]["warnings"].to_string();
+    // Id 9 (08:54) is within the 09:00 window's 10-minute lookback; id 8
+    // (08:48) is not.
+    assert!(
+        warned.contains("1 keys of window") && warned.contains("adjacent_duplicates"),
+        "{r}"
+    );
+}
