@@ -564,3 +564,91 @@ fn delta_adjacent_duplicates_read_the_previous_commit() {
         "{r}"
     );
 }
+
+/// Issue 21: the type mapping into Delta, from PostgreSQL, as the
+/// deltalake reader sees it: timestamptz and timestamp both as
+/// `timestamp` (µs, UTC), the rest in Delta's names, numeric as its exact
+/// text; values as written.
+#[test]
+fn delta_types_from_postgres_as_the_reader_sees_them() {
+    let _pg = pg_serial();
+    let (mut db, url) = pg_database("deltatypes");
+    db.batch_execute(
+        "CREATE TABLE orders(id int8 PRIMARY KEY, small int2, mid int4, ratio real, amount numeric(12, 3),
+                             flagged bool, blob bytea, day date, naive timestamp,
+                             updated_at timestamptz NOT NULL);
+         INSERT INTO orders VALUES
+           (1, 7, 70000, 0.5, 12.345, true, '\\x0102', '2026-03-01', '2026-03-01 00:10:00.123456', '2026-03-01T00:10:00.123456Z'),
+           (2, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, '2026-03-01T00:20:00Z');",
+    )
+    .unwrap();
+    let cfg = common::ingest::pg_source("updated_at", "1m").replace(
+        "output = \"raw/orders/ingest_date={date}/ingest_hour={hour}\"",
+        "output = \"lake/orders\"\nformat = \"delta\"",
+    );
+    let p = Project::new(&cfg);
+    let o = p
+        .cmd(&[
+            "ingest",
+            "orders",
+            "--json",
+            "--now",
+            "2026-03-01T01:05:00Z",
+        ])
+        .env("ORDERS_DATABASE_URL", &url)
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let t = read(p.path("lake/orders").to_str().unwrap(), &Value::Null);
+    let schema: Vec<(String, String)> = t["schema"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| (f[0].as_str().unwrap().into(), f[1].as_str().unwrap().into()))
+        .collect();
+    let text = format!("{schema:?}");
+    for (col, ty) in [
+        ("id", "long"),
+        ("small", "short"),
+        ("mid", "integer"),
+        ("ratio", "float"),
+        ("amount", "string"),
+        ("flagged", "boolean"),
+        ("blob", "binary"),
+        ("day", "date"),
+        ("naive", "timestamp"),
+        ("updated_at", "timestamp"),
+    ] {
+        let got = &schema.iter().find(|(n, _)| n == col).unwrap().1;
+        assert!(got.contains(ty), "{col}: {got} ({text})");
+        if col == "naive" {
+            assert!(!got.contains("ntz"), "{col}: {got}");
+        }
+    }
+    let rows = t["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0]["amount"], "12.345");
+    assert_eq!(rows[0]["small"], 7);
+    assert!(
+        rows[0]["updated_at"]
+            .as_str()
+            .unwrap()
+            .starts_with("2026-03-01 00:10:00.123456"),
+        "{}",
+        rows[0]
+    );
+    assert!(
+        rows[0]["naive"]
+            .as_str()
+            .unwrap()
+            .starts_with("2026-03-01 00:10:00.123456"),
+        "{}",
+        rows[0]
+    );
+    assert!(rows[1]["small"].is_null() && rows[1]["naive"].is_null());
+}
