@@ -420,6 +420,34 @@ fn delta_kill_before_and_after_the_commit_put_each_window_once() {
             .map(|r| r["rows"].as_i64().unwrap())
             .sum();
         assert_eq!(published_rows, 30, "{point}");
+        // The files the killed run placed and never committed stay (another
+        // writer's could look the same) until they are a day old; then the
+        // next run's vacuum deletes them.
+        let named: BTreeSet<String> = commits
+            .iter()
+            .flat_map(|c| actions(c, "add"))
+            .map(|a| a["path"].as_str().unwrap().to_string())
+            .collect();
+        let on_disk: Vec<String> = common::tree(&table.join("data"))
+            .into_keys()
+            .map(|k| format!("data/{k}"))
+            .collect();
+        let orphans: Vec<&String> = on_disk.iter().filter(|f| !named.contains(*f)).collect();
+        assert_eq!(
+            orphans.is_empty(),
+            point == "after-swap",
+            "{point}: {on_disk:?}"
+        );
+        for f in &orphans {
+            common::age(&table.join(f), 2 * 86_400);
+        }
+        ingest_at(&p, "2026-03-01T11:05:00Z", &[], &[], 0);
+        for f in &orphans {
+            assert!(!table.join(f).exists(), "{point}: {f} was vacuumed");
+        }
+        for f in &named {
+            assert!(table.join(f).exists(), "{point}: {f} is the table's");
+        }
     }
 }
 
