@@ -680,3 +680,35 @@ fn delta_types_from_postgres_as_the_reader_sees_them() {
     );
     assert!(rows[1]["small"].is_null() && rows[1]["naive"].is_null());
 }
+
+/// Issue 21: what `format = "delta"` refuses at config load (exit 2,
+/// nothing touched), case by case: a templated output (the table is one
+/// root) and a `[compact]` section (not available for Delta yet).
+#[test]
+fn delta_config_refusals_name_the_setting() {
+    let check = |cfg: String, says: &[&str]| {
+        let p = Project::new(&cfg);
+        db(&p);
+        let r = p.hw(&["ingest", "orders", "--json", "--now", NOW]);
+        assert_eq!(r.code, 2, "{}", r.stderr);
+        for s in says {
+            assert!(r.stderr.contains(s), "wanted {s:?} in {}", r.stderr);
+        }
+        assert!(!p.exists("lake"), "nothing touched");
+    };
+    check(
+        config("lake/orders/{date}", ""),
+        &[
+            "lake/orders/{date}",
+            "table's root",
+            "remove the placeholders",
+        ],
+    );
+    check(
+        format!(
+            "{}[sources.orders.compact]\ninto = \"1d\"\n",
+            config("lake/orders", "")
+        ),
+        &["[sources.orders.compact]", "format = \"delta\""],
+    );
+}
