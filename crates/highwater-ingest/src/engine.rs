@@ -1134,7 +1134,21 @@ impl Ingestor {
             }
         }
         if self.spec.checks.adjacent_duplicates != Policy::Off && k > 0 {
-            let prev_dir = self.window_path(&self.spec.grid.window(k - 1)).1;
+            let mut prev_dir = self.window_path(&self.spec.grid.window(k - 1)).1;
+            if self.is_delta() {
+                // The folder of the previous window's newest commit.
+                if let Some(m) = self.delta_window_manifest(&self.spec.grid.window(k - 1))? {
+                    let data = Path::new(m["data"].as_str().unwrap_or_default());
+                    // Read back from the table's log: checked like a path
+                    // from the state store.
+                    if data
+                        .components()
+                        .all(|c| matches!(c, std::path::Component::Normal(_)))
+                    {
+                        prev_dir = self.root.join(&self.spec.output).join(data);
+                    }
+                }
+            }
             let before = crate::sink::key_hashes(&prev_dir, &self.spec.key)?;
             if !before.is_empty() {
                 let now = crate::sink::key_hashes(&staging, &self.spec.key)?;

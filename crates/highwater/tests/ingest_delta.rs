@@ -420,6 +420,34 @@ fn delta_kill_before_and_after_the_commit_put_each_window_once() {
             .map(|r| r["rows"].as_i64().unwrap())
             .sum();
         assert_eq!(published_rows, 30, "{point}");
+        // The files the killed run placed and never committed stay (another
+        // writer's could look the same) until they are a day old; then the
+        // next run's vacuum deletes them.
+        let named: BTreeSet<String> = commits
+            .iter()
+            .flat_map(|c| actions(c, "add"))
+            .map(|a| a["path"].as_str().unwrap().to_string())
+            .collect();
+        let on_disk: Vec<String> = common::tree(&table.join("data"))
+            .into_keys()
+            .map(|k| format!("data/{k}"))
+            .collect();
+        let orphans: Vec<&String> = on_disk.iter().filter(|f| !named.contains(*f)).collect();
+        assert_eq!(
+            orphans.is_empty(),
+            point == "after-swap",
+            "{point}: {on_disk:?}"
+        );
+        for f in &orphans {
+            common::age(&table.join(f), 2 * 86_400);
+        }
+        ingest_at(&p, "2026-03-01T11:05:00Z", &[], &[], 0);
+        for f in &orphans {
+            assert!(!table.join(f).exists(), "{point}: {f} was vacuumed");
+        }
+        for f in &named {
+            assert!(table.join(f).exists(), "{point}: {f} is the table's");
+        }
     }
 }
 
@@ -540,4 +568,147 @@ fn delta_two_processes_on_postgres_state_keep_the_table_consistent() {
     assert_eq!(commits.len(), total, "one commit per window published");
     let t = read(table.to_str().unwrap(), &Value::Null);
     assert_eq!(ids(&t), (0..24 * 50).collect::<Vec<_>>());
+}
+
+/// Issue 21: `adjacent_duplicates` reads the previous window's files from
+/// its newest commit's folder: with a lookback, the keys read twice near
+/// the boundary are reported.
+#[test]
+fn delta_adjacent_duplicates_read_the_previous_commit() {
+    let cfg = format!(
+        "{}adjacent_duplicates = \"warn\"\n",
+        config("lake/orders", "").replace("settle = \"2m\"", "settle = \"2m\"\nlookback = \"10m\"")
+    );
+    let p = Project::new(&cfg);
+    let c = db(&p);
+    fill(&c, 2, 10, "first");
+    let r = ingest_at(&p, "2026-03-01T10:05:00Z", &[], &[], 0);
+    assert_eq!(published(&r), 2, "{r}");
+    let warned = r["windows"][1]["warnings"].to_string();
+    // Id 9 (08:54) is within the 09:00 window's 10-minute lookback; id 8
+    // (08:48) is not.
+    assert!(
+        warned.contains("1 keys of window") && warned.contains("adjacent_duplicates"),
+        "{r}"
+    );
+}
+
+/// Issue 21: the type mapping into Delta, from PostgreSQL, as the
+/// deltalake reader sees it: timestamptz and timestamp both as
+/// `timestamp` (µs, UTC), the rest in Delta's names, numeric as its exact
+/// text; values as written.
+#[test]
+fn delta_types_from_postgres_as_the_reader_sees_them() {
+    let _pg = pg_serial();
+    let (mut db, url) = pg_database("deltatypes");
+    db.batch_execute(
+        "CREATE TABLE orders(id int8 PRIMARY KEY, small int2, mid int4, ratio real, amount numeric(12, 3),
+                             flagged bool, blob bytea, day date, naive timestamp,
+                             updated_at timestamptz NOT NULL);
+         INSERT INTO orders VALUES
+           (1, 7, 70000, 0.5, 12.345, true, '\\x0102', '2026-03-01', '2026-03-01 00:10:00.123456', '2026-03-01T00:10:00.123456Z'),
+           (2, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, '2026-03-01T00:20:00Z');",
+    )
+    .unwrap();
+    let cfg = common::ingest::pg_source("updated_at", "1m").replace(
+        "output = \"raw/orders/ingest_date={date}/ingest_hour={hour}\"",
+        "output = \"lake/orders\"\nformat = \"delta\"",
+    );
+    let p = Project::new(&cfg);
+    let o = p
+        .cmd(&[
+            "ingest",
+            "orders",
+            "--json",
+            "--now",
+            "2026-03-01T01:05:00Z",
+        ])
+        .env("ORDERS_DATABASE_URL", &url)
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let t = read(p.path("lake/orders").to_str().unwrap(), &Value::Null);
+    let schema: Vec<(String, String)> = t["schema"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| (f[0].as_str().unwrap().into(), f[1].as_str().unwrap().into()))
+        .collect();
+    let text = format!("{schema:?}");
+    for (col, ty) in [
+        ("id", "long"),
+        ("small", "short"),
+        ("mid", "integer"),
+        ("ratio", "float"),
+        ("amount", "string"),
+        ("flagged", "boolean"),
+        ("blob", "binary"),
+        ("day", "date"),
+        ("naive", "timestamp"),
+        ("updated_at", "timestamp"),
+    ] {
+        let got = &schema.iter().find(|(n, _)| n == col).unwrap().1;
+        assert!(got.contains(ty), "{col}: {got} ({text})");
+        if col == "naive" {
+            assert!(!got.contains("ntz"), "{col}: {got}");
+        }
+    }
+    let rows = t["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0]["amount"], "12.345");
+    assert_eq!(rows[0]["small"], 7);
+    assert!(
+        rows[0]["updated_at"]
+            .as_str()
+            .unwrap()
+            .starts_with("2026-03-01 00:10:00.123456"),
+        "{}",
+        rows[0]
+    );
+    assert!(
+        rows[0]["naive"]
+            .as_str()
+            .unwrap()
+            .starts_with("2026-03-01 00:10:00.123456"),
+        "{}",
+        rows[0]
+    );
+    assert!(rows[1]["small"].is_null() && rows[1]["naive"].is_null());
+}
+
+/// Issue 21: what `format = "delta"` refuses at config load (exit 2,
+/// nothing touched), case by case: a templated output (the table is one
+/// root) and a `[compact]` section (not available for Delta yet).
+#[test]
+fn delta_config_refusals_name_the_setting() {
+    let check = |cfg: String, says: &[&str]| {
+        let p = Project::new(&cfg);
+        db(&p);
+        let r = p.hw(&["ingest", "orders", "--json", "--now", NOW]);
+        assert_eq!(r.code, 2, "{}", r.stderr);
+        for s in says {
+            assert!(r.stderr.contains(s), "wanted {s:?} in {}", r.stderr);
+        }
+        assert!(!p.exists("lake"), "nothing touched");
+    };
+    check(
+        config("lake/orders/{date}", ""),
+        &[
+            "lake/orders/{date}",
+            "table's root",
+            "remove the placeholders",
+        ],
+    );
+    check(
+        format!(
+            "{}[sources.orders.compact]\ninto = \"1d\"\n",
+            config("lake/orders", "")
+        ),
+        &["[sources.orders.compact]", "format = \"delta\""],
+    );
 }

@@ -27,7 +27,8 @@
 //! Files a commit removed stay for `version_retention_s` (a reader may be
 //! reading the version before); `vacuum` deletes them after that, and files
 //! no commit ever added (a run killed before its commit) once they are as
-//! old.
+//! old and at least [`UNCOMMITTED_GRACE_S`] old (another writer may be
+//! about to commit them).
 
 pub mod checkpoint;
 pub mod schema;
@@ -44,6 +45,11 @@ use std::path::{Path, PathBuf};
 
 /// Attempts of one window's commit against other writers of the table.
 pub const COMMIT_ATTEMPTS_MAX: usize = 64;
+
+/// Files that no commit names are deleted only once this old, whatever
+/// `version_retention_s` says: another process may have placed them and
+/// not committed yet (its window is still running).
+pub const UNCOMMITTED_GRACE_S: i64 = 86_400;
 
 /// The table's state after replaying its log, as far as highwater reads it.
 #[derive(Clone, Debug, Default)]
@@ -417,7 +423,11 @@ impl Ingestor {
                     ("_delta_log/_last_checkpoint", &last),
                 ] {
                     let fin = root.join(name);
-                    let tmp = root.join(format!("{name}.{token}.tmp"));
+                    // Hidden until renamed: readers list `_delta_log`.
+                    let tmp = root.join(format!(
+                        "_delta_log/.{}.{token}.tmp",
+                        name.trim_start_matches("_delta_log/")
+                    ));
                     std::fs::write(&tmp, body)
                         .and_then(|_| std::fs::File::open(&tmp)?.sync_all())
                         .and_then(|_| std::fs::rename(&tmp, &fin))
@@ -457,8 +467,13 @@ impl Ingestor {
             if snap.files.contains_key(path) {
                 return false;
             }
-            let since = snap.tombstones.get(path).copied().unwrap_or(modified_ms);
-            since.saturating_add(keep_ms) <= now_ms
+            match snap.tombstones.get(path) {
+                Some(removed_ms) => removed_ms.saturating_add(keep_ms) <= now_ms,
+                None => {
+                    let grace_ms = keep_ms.max(UNCOMMITTED_GRACE_S * 1000);
+                    modified_ms.saturating_add(grace_ms) <= now_ms
+                }
+            }
         };
         let mut gone = 0;
         match self.place() {
