@@ -106,8 +106,8 @@ p = hw.Pipeline(".")
 def up(input, output):
     output.write_text(upper(input.read_text()))
 
-def with_highwater(jobs):
-    r = p.run(jobs=jobs)
+def with_highwater(jobs, in_process=False):
+    r = p.run(jobs=jobs, in_process=in_process)
     assert r.stages["up"].processed == 2000 and r.ok, r
 
 if __name__ == "__main__":
@@ -120,14 +120,16 @@ if __name__ == "__main__":
         plain("out-plain")
     elif what == "joblib":
         with_joblib("out-joblib")
+    elif what == "hw-in":
+        with_highwater(1, in_process=True)
     else:
         with_highwater(int(what.split("-")[1]))
     print(f"{time.perf_counter() - t0:.3f}")
 PYEOF
 one() { (cd "$R" && best "$PY" work.py "$1"); }
-plain=$(one plain); joblib=$(one joblib); hw1=$(one hw-1); hw2=$(one hw-2)
+plain=$(one plain); joblib=$(one joblib); hwin=$(one hw-in); hw1=$(one hw-1); hw2=$(one hw-2)
 per() { awk -v a="$1" -v b="$plain" 'BEGIN{printf "%.3f", (a-b)*1000/2000}'; }
-echo "2000 items, first run, whole process: plain loop (temp+fsync+rename) $plain s; joblib.Memory $joblib s ($(per "$joblib") ms/item over plain); highwater 1 job $hw1 s ($(per "$hw1") ms/item over plain); highwater 2 jobs $hw2 s ($(per "$hw2") ms/item over plain)"
+echo "2000 items, first run, whole process: plain loop (temp+fsync+rename) $plain s; joblib.Memory $joblib s ($(per "$joblib") ms/item over plain); highwater in-process (engine thread, no pool) $hwin s ($(per "$hwin") ms/item over plain); highwater 1 job $hw1 s ($(per "$hw1") ms/item over plain); highwater 2 jobs $hw2 s ($(per "$hw2") ms/item over plain)"
 
 # 3. recipe of a stage calling 200 project functions (a chain and a fan)
 C="$W/recipe"; mkdir -p "$C"
