@@ -469,7 +469,18 @@ fn bad_table_names_and_a_missing_url_are_refused() {
         Some(url),
         &["`raw.Orders` is not a table name", "lower-case"],
     );
-    check("a.b.c", Some(url), &["`a.b.c` is not a table name"]);
+    let long = "t".repeat(64);
+    for bad in [
+        "a.b.c",
+        "raw.",
+        ".orders",
+        "2raw.orders",
+        "raw.or-ders",
+        "raw.orders x",
+        &long,
+    ] {
+        check(bad, Some(url), &[&format!("`{bad}` is not a table name")]);
+    }
     check(
         "raw.orders",
         None,
