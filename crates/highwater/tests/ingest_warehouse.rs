@@ -487,3 +487,57 @@ fn bad_table_names_and_a_missing_url_are_refused() {
         &["WAREHOUSE_URL", "is not set", "Nothing was touched"],
     );
 }
+
+/// Issue 21, the crash path: a run killed (SIGKILL) in the middle of a
+/// window's load, its new rows copied and not committed, leaves the
+/// window's old rows in the warehouse, whole, and the load not recorded;
+/// the next run loads the published version once, without extracting.
+#[test]
+fn a_load_killed_mid_transaction_leaves_the_old_rows_and_the_next_run_loads() {
+    let _serial = pg_serial();
+    let (mut wh, url) = pg_database("wh_kill");
+    let p = Project::new(&config("raw.orders", ""));
+    let c = source(&p);
+    put_rows(&c, 3..4, 1_000, 1);
+    let now = "2026-03-01T04:05:00Z";
+    ingest(&p, &url, now, &[], 0);
+    put_rows(&c, 3..4, 500, 10_000);
+    let gate = p.path("load.gate");
+    std::fs::write(&gate, b"").unwrap();
+    let mut child = p
+        .cmd(&[
+            "ingest",
+            "orders",
+            "--now",
+            now,
+            "--window",
+            "2026-03-01T03:00:00Z/2026-03-01T04:00:00Z",
+        ])
+        .env("WAREHOUSE_URL", &url)
+        .env("HIGHWATER_FAILPOINT", "load-gate")
+        .env("HIGHWATER_FAILPOINT_GATE", &gate)
+        .spawn()
+        .unwrap();
+    while !p.path("load.gate.reached").exists() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "ingest ended before its load's gate"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    std::fs::remove_file(&gate).unwrap();
+    let ids = warehouse_ids(&mut wh, "raw.orders");
+    assert_eq!(ids.len(), 1_000, "the old window, whole");
+    assert_eq!(load_grid(&p, now)["03"], "pending");
+    let files = contents(&p.tree("raw"));
+    let r = ingest(&p, &url, now, &[], 0);
+    assert_eq!(r["windows"], serde_json::json!([]), "extracted again: {r}");
+    assert_eq!(loads(&r), [("03".to_string(), "loaded".to_string())]);
+    assert_eq!(r["loads"][0]["replaced_rows"], 1_000, "{r}");
+    assert_eq!(contents(&p.tree("raw")), files);
+    let ids = warehouse_ids(&mut wh, "raw.orders");
+    assert_eq!(ids.len(), 1_500);
+    assert!(ids.values().all(|n| *n == 1));
+}
