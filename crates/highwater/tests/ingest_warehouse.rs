@@ -541,3 +541,48 @@ fn a_load_killed_mid_transaction_leaves_the_old_rows_and_the_next_run_loads() {
     assert_eq!(ids.len(), 1_500);
     assert!(ids.values().all(|n| *n == 1));
 }
+
+/// Issue 21: two loaders of one window take turns (an advisory lock per
+/// table and window), and a load that waits longer than
+/// `statement_timeout_s` fails (exit 1) instead of hanging the run; the
+/// next run loads it.
+#[test]
+fn a_load_waiting_on_another_loader_times_out_and_is_retried() {
+    let _serial = pg_serial();
+    let (mut wh, url) = pg_database("wh_lock");
+    let cfg = config("raw.orders", "").replace(
+        "table = \"raw.orders\"\n",
+        "table = \"raw.orders\"\nstatement_timeout_s = 1\n",
+    );
+    assert!(cfg.contains("statement_timeout_s = 1"));
+    let p = Project::new(&cfg);
+    let c = source(&p);
+    put_rows(&c, 0..2, 10, 1);
+    // Another loader holds window 01:00 (its start in microseconds).
+    let start_us = highwater_core::window::parse_rfc3339("2026-03-01T01:00:00Z").unwrap();
+    let mut other = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    let mut tx = other.transaction().unwrap();
+    tx.execute(
+        "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+        &[&format!("highwater-load:raw.orders@{start_us}")],
+    )
+    .unwrap();
+    let now = "2026-03-01T02:05:00Z";
+    let r = ingest(&p, &url, now, &[], 1);
+    assert_eq!(
+        loads(&r),
+        [
+            ("00".to_string(), "loaded".to_string()),
+            ("01".to_string(), "failed".to_string())
+        ],
+        "{r}"
+    );
+    let why = r["loads"][1]["error"].as_str().unwrap();
+    assert!(why.contains("statement timeout"), "{why}");
+    tx.commit().unwrap();
+    let r = ingest(&p, &url, now, &[], 0);
+    assert_eq!(loads(&r), [("01".to_string(), "loaded".to_string())], "{r}");
+    let ids = warehouse_ids(&mut wh, "raw.orders");
+    assert_eq!(ids.len(), 20);
+    assert!(ids.values().all(|n| *n == 1));
+}
