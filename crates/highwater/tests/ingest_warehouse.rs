@@ -469,6 +469,32 @@ fn bad_table_names_and_a_missing_url_are_refused() {
         Some(url),
         &["`raw.Orders` is not a table name", "lower-case"],
     );
+    // Not yet with compaction or an object-storage output: refused, named.
+    for (edit, says) in [
+        (
+            "\n[sources.orders.compact]\ninto = \"1d\"\n",
+            "[sources.orders.load] and [sources.orders.compact] together are not supported yet",
+        ),
+        (
+            "",
+            "output `lake:raw/orders/{date}/{hour}` is in object storage",
+        ),
+    ] {
+        let mut cfg = config("raw.orders", "") + edit;
+        if edit.is_empty() {
+            cfg = cfg.replace("output = \"raw/", "output = \"lake:raw/");
+        }
+        let p = Project::new(&cfg);
+        source(&p);
+        let r = ran_of(
+            p.cmd(&["ingest", "orders", "--now", "2026-03-01T02:05:00Z"])
+                .env("WAREHOUSE_URL", url)
+                .output()
+                .unwrap(),
+        );
+        assert_eq!(r.code, 2, "{}\n{}", r.stdout, r.stderr);
+        assert!(r.stderr.contains(says), "wanted `{says}` in {}", r.stderr);
+    }
     let long = "t".repeat(64);
     for bad in [
         "a.b.c",
