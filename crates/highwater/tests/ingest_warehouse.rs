@@ -469,10 +469,146 @@ fn bad_table_names_and_a_missing_url_are_refused() {
         Some(url),
         &["`raw.Orders` is not a table name", "lower-case"],
     );
-    check("a.b.c", Some(url), &["`a.b.c` is not a table name"]);
+    // Not yet with compaction or an object-storage output: refused, named.
+    for (edit, says) in [
+        (
+            "\n[sources.orders.compact]\ninto = \"1d\"\n",
+            "[sources.orders.load] and [sources.orders.compact] together are not supported yet",
+        ),
+        (
+            "",
+            "output `lake:raw/orders/{date}/{hour}` is in object storage",
+        ),
+    ] {
+        let mut cfg = config("raw.orders", "") + edit;
+        if edit.is_empty() {
+            cfg = cfg.replace("output = \"raw/", "output = \"lake:raw/");
+        }
+        let p = Project::new(&cfg);
+        source(&p);
+        let r = ran_of(
+            p.cmd(&["ingest", "orders", "--now", "2026-03-01T02:05:00Z"])
+                .env("WAREHOUSE_URL", url)
+                .output()
+                .unwrap(),
+        );
+        assert_eq!(r.code, 2, "{}\n{}", r.stdout, r.stderr);
+        assert!(r.stderr.contains(says), "wanted `{says}` in {}", r.stderr);
+    }
+    let long = "t".repeat(64);
+    for bad in [
+        "a.b.c",
+        "raw.",
+        ".orders",
+        "2raw.orders",
+        "raw.or-ders",
+        "raw.orders x",
+        &long,
+    ] {
+        check(bad, Some(url), &[&format!("`{bad}` is not a table name")]);
+    }
     check(
         "raw.orders",
         None,
         &["WAREHOUSE_URL", "is not set", "Nothing was touched"],
     );
+}
+
+/// Issue 21, the crash path: a run killed (SIGKILL) in the middle of a
+/// window's load, its new rows copied and not committed, leaves the
+/// window's old rows in the warehouse, whole, and the load not recorded;
+/// the next run loads the published version once, without extracting.
+#[test]
+fn a_load_killed_mid_transaction_leaves_the_old_rows_and_the_next_run_loads() {
+    let _serial = pg_serial();
+    let (mut wh, url) = pg_database("wh_kill");
+    let p = Project::new(&config("raw.orders", ""));
+    let c = source(&p);
+    put_rows(&c, 3..4, 1_000, 1);
+    let now = "2026-03-01T04:05:00Z";
+    ingest(&p, &url, now, &[], 0);
+    put_rows(&c, 3..4, 500, 10_000);
+    let gate = p.path("load.gate");
+    std::fs::write(&gate, b"").unwrap();
+    let mut child = p
+        .cmd(&[
+            "ingest",
+            "orders",
+            "--now",
+            now,
+            "--window",
+            "2026-03-01T03:00:00Z/2026-03-01T04:00:00Z",
+        ])
+        .env("WAREHOUSE_URL", &url)
+        .env("HIGHWATER_FAILPOINT", "load-gate")
+        .env("HIGHWATER_FAILPOINT_GATE", &gate)
+        .spawn()
+        .unwrap();
+    while !p.path("load.gate.reached").exists() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "ingest ended before its load's gate"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    std::fs::remove_file(&gate).unwrap();
+    let ids = warehouse_ids(&mut wh, "raw.orders");
+    assert_eq!(ids.len(), 1_000, "the old window, whole");
+    assert_eq!(load_grid(&p, now)["03"], "pending");
+    let files = contents(&p.tree("raw"));
+    let r = ingest(&p, &url, now, &[], 0);
+    assert_eq!(r["windows"], serde_json::json!([]), "extracted again: {r}");
+    assert_eq!(loads(&r), [("03".to_string(), "loaded".to_string())]);
+    assert_eq!(r["loads"][0]["replaced_rows"], 1_000, "{r}");
+    assert_eq!(contents(&p.tree("raw")), files);
+    let ids = warehouse_ids(&mut wh, "raw.orders");
+    assert_eq!(ids.len(), 1_500);
+    assert!(ids.values().all(|n| *n == 1));
+}
+
+/// Issue 21: two loaders of one window take turns (an advisory lock per
+/// table and window), and a load that waits longer than
+/// `statement_timeout_s` fails (exit 1) instead of hanging the run; the
+/// next run loads it.
+#[test]
+fn a_load_waiting_on_another_loader_times_out_and_is_retried() {
+    let _serial = pg_serial();
+    let (mut wh, url) = pg_database("wh_lock");
+    let cfg = config("raw.orders", "").replace(
+        "table = \"raw.orders\"\n",
+        "table = \"raw.orders\"\nstatement_timeout_s = 1\n",
+    );
+    assert!(cfg.contains("statement_timeout_s = 1"));
+    let p = Project::new(&cfg);
+    let c = source(&p);
+    put_rows(&c, 0..2, 10, 1);
+    // Another loader holds window 01:00 (its start in microseconds).
+    let start_us = highwater_core::window::parse_rfc3339("2026-03-01T01:00:00Z").unwrap();
+    let mut other = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    let mut tx = other.transaction().unwrap();
+    tx.execute(
+        "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+        &[&format!("highwater-load:raw.orders@{start_us}")],
+    )
+    .unwrap();
+    let now = "2026-03-01T02:05:00Z";
+    let r = ingest(&p, &url, now, &[], 1);
+    assert_eq!(
+        loads(&r),
+        [
+            ("00".to_string(), "loaded".to_string()),
+            ("01".to_string(), "failed".to_string())
+        ],
+        "{r}"
+    );
+    let why = r["loads"][1]["error"].as_str().unwrap();
+    assert!(why.contains("statement timeout"), "{why}");
+    tx.commit().unwrap();
+    let r = ingest(&p, &url, now, &[], 0);
+    assert_eq!(loads(&r), [("01".to_string(), "loaded".to_string())], "{r}");
+    let ids = warehouse_ids(&mut wh, "raw.orders");
+    assert_eq!(ids.len(), 20);
+    assert!(ids.values().all(|n| *n == 1));
 }
