@@ -169,8 +169,8 @@ pub fn schema_of(path: &Path) -> Result<SchemaRef, IngestError> {
     Ok(b.schema().clone())
 }
 
-/// `batch` in the period's `schema`: the same columns, each of the same
-/// type or one it widens into ([`crate::sink::widens`]), cast. `None`
+/// `batch` in the period's `schema`: its columns by name, each of the same
+/// type or one it widens into, and nulls for the period's columns it lacks ([`crate::sink::widens`]), cast. `None`
 /// when it cannot be, with what is wrong.
 pub fn widen_batch(batch: RecordBatch, schema: &SchemaRef) -> Result<RecordBatch, String> {
     use arrow_array::cast::AsArray;
@@ -183,15 +183,34 @@ pub fn widen_batch(batch: RecordBatch, schema: &SchemaRef) -> Result<RecordBatch
     let names = |s: &arrow_schema::Schema| -> Vec<String> {
         s.fields().iter().map(|f| f.name().clone()).collect()
     };
-    if names(&batch.schema()) != names(schema) {
+    // Columns are matched by name: every column of the batch must be in
+    // the period's schema (a dropped column does not widen), and a column
+    // the period has and the batch lacks (added later, issue 21) is null.
+    let bs = batch.schema();
+    if let Some(gone) = bs
+        .fields()
+        .iter()
+        .find(|f| schema.field_with_name(f.name()).is_err())
+    {
         return Err(format!(
-            "its columns are {} where the period's are {}",
-            names(&batch.schema()).join(", "),
+            "column `{}` of its files is not in the period's schema (its columns are {} where the period's are {})",
+            gone.name(),
+            names(&bs).join(", "),
             names(schema).join(", ")
         ));
     }
     let mut cols: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
-    for (f, c) in schema.fields().iter().zip(batch.columns()) {
+    for f in schema.fields().iter() {
+        let Some(c) = batch.column_by_name(f.name()) else {
+            if !f.is_nullable() {
+                return Err(format!(
+                    "column `{}` is not in its files and the period's schema does not allow nulls",
+                    f.name()
+                ));
+            }
+            cols.push(arrow_array::new_null_array(f.data_type(), batch.num_rows()));
+            continue;
+        };
         let c: ArrayRef = match (c.data_type(), f.data_type()) {
             (a, b) if a == b => c.clone(),
             (D::Int16, D::Int32) => std::sync::Arc::new(

@@ -448,6 +448,47 @@ impl Ingestor {
 
     /// The published windows, under the current recipe, that are gone
     /// from disk ([`Self::on_disk`]), oldest first.
+    /// The schema rule for window folders (issue 21), before any window
+    /// runs: the source's columns against the newest published window's.
+    /// An added column or a widened type goes on (each window's check
+    /// warns of it; a compaction fills and widens the older files); a
+    /// dropped column or a type that does not widen is refused, so that
+    /// nothing lands in a schema no reader can read beside the others.
+    /// `[checks] schema = "warn"` (or `"off"`) publishes it anyway.
+    fn folder_schema_rule(
+        &self,
+        columns: &[crate::sink::Column],
+        records: &BTreeMap<i64, WindowRecord>,
+    ) -> Result<(), IngestError> {
+        if self.spec.checks.schema != Policy::Fail {
+            return Ok(());
+        }
+        let Some(newest) = records
+            .values()
+            .rev()
+            .find(|r| r.status == WindowStatus::Published && r.extra["schema"].is_array())
+        else {
+            return Ok(());
+        };
+        let now = crate::sink::schema_json(columns);
+        let (changes, widening) = crate::sink::schema_changes(&newest.extra["schema"], &now);
+        if changes.is_empty() || widening {
+            return Ok(());
+        }
+        let nw = Window {
+            start_us: newest.start_us,
+            end_us: newest.end_us,
+        };
+        Err(IngestError::Schema {
+            name: self.spec.name.clone(),
+            message: format!(
+                "the source's schema does not match the newest published window {nw}: {}. Nothing was landed. If the source changed on purpose: cast the column back in a `query` (e.g. `SELECT ..., amount::int4 AS amount`), or land the new schema under a new source name and output, or set `[sources.{}.checks] schema = \"warn\"` to publish it as it is",
+                changes.join("; "),
+                self.spec.name
+            ),
+        })
+    }
+
     fn gone_windows(&self, records: &BTreeMap<i64, WindowRecord>) -> Vec<i64> {
         let mut periods = BTreeMap::new();
         records
@@ -1444,6 +1485,7 @@ impl Ingestor {
         let columns = if self.is_delta() {
             self.delta_columns(&columns)?
         } else {
+            self.folder_schema_rule(&columns, &records)?;
             columns
         };
         if let Some(ch) = &self.spec.chunking {

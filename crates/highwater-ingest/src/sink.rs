@@ -149,7 +149,9 @@ pub fn schema_json(columns: &[Column]) -> serde_json::Value {
 }
 
 /// How the schema `new` differs from `old` (both as [`schema_json`]
-/// records them): one line per column, and whether every change widens.
+/// records them): one line per column, and whether every change widens
+/// (an added column does; a dropped one, a narrowed type or a new order
+/// does not).
 pub fn schema_changes(old: &serde_json::Value, new: &serde_json::Value) -> (Vec<String>, bool) {
     let cols = |v: &serde_json::Value| -> Vec<(String, String, String)> {
         v.as_array()
@@ -200,8 +202,11 @@ pub fn schema_changes(old: &serde_json::Value, new: &serde_json::Value) -> (Vec<
     }
     for (name, ty, src) in &new {
         if !old.iter().any(|c| &c.0 == name) {
-            widening = false;
-            lines.push(format!("column `{name}` ({src}, {ty}) is new"));
+            // An added column evolves the output (issue 21): older windows
+            // read it as null, and a compaction fills it with nulls.
+            lines.push(format!(
+                "column `{name}` ({src}, {ty}) is new (older windows read it as null)"
+            ));
         }
     }
     let order =

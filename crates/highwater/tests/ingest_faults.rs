@@ -155,10 +155,11 @@ struct Step {
     says: &'static [&'static str],
 }
 
-/// Issue 20, item 3: int4 → numeric → float8 between windows. A change
-/// that does not widen fails the window by default, naming the column and
-/// both types and what to do; `schema = "warn"` publishes it with the
-/// warning; each window's manifest records the schema it was written in.
+/// Issue 20, item 3, and issue 21's schema rule: int4 → numeric → float8
+/// between windows. A change that does not widen is refused by default
+/// before any window lands (exit 2), naming the column and both types and
+/// what to do; `schema = "warn"` publishes it with the warning; each
+/// window's manifest records the schema it was written in.
 #[test]
 fn schema_drift_that_does_not_widen_fails_the_window_and_names_the_column() {
     let _serial = pg_serial();
@@ -182,11 +183,12 @@ fn schema_drift_that_does_not_widen_fails_the_window_and_names_the_column() {
             row: (2, "2.5", "2026-03-01T01:10:00Z"),
             policy: None,
             now: "2026-03-01T02:02:00Z",
-            code: 1,
-            window: "01:00 failed",
+            code: 2,
+            window: "",
             says: &[
                 "column `amount` changed from int4 (int32) to numeric (utf8), which does not widen",
-                "since window [2026-03-01T00:00:00Z, 2026-03-01T01:00:00Z)",
+                "the newest published window [2026-03-01T00:00:00Z, 2026-03-01T01:00:00Z)",
+                "Nothing was landed",
                 "`[sources.orders.checks] schema = \"warn\"`",
                 "cast the column back in a `query`",
             ],
@@ -206,11 +208,11 @@ fn schema_drift_that_does_not_widen_fails_the_window_and_names_the_column() {
             row: (4, "4.5", "2026-03-01T02:10:00Z"),
             policy: Some("fail"),
             now: "2026-03-01T03:02:00Z",
-            code: 1,
-            window: "02:00 failed",
+            code: 2,
+            window: "",
             says: &[
                 "column `amount` changed from numeric (utf8) to float8 (float64), which does not widen",
-                "since window [2026-03-01T01:00:00Z, 2026-03-01T02:00:00Z)",
+                "the newest published window [2026-03-01T01:00:00Z, 2026-03-01T02:00:00Z)",
             ],
         },
     ];
@@ -224,6 +226,19 @@ fn schema_drift_that_does_not_widen_fails_the_window_and_names_the_column() {
             format!("[sources.orders.checks]\nschema = \"{v}\"\n")
         });
         p.write("highwater.toml", &source(&checks));
+        if s.code == 2 {
+            // Refused before any window ran: said on stderr, nothing landed.
+            let args = ["ingest", "orders", "--json", "--now", s.now];
+            let r = hw(&p, &url, &args, 2);
+            for want in s.says {
+                assert!(
+                    r.stderr.contains(want),
+                    "step {i}: wanted {want:?} in {}",
+                    r.stderr
+                );
+            }
+            continue;
+        }
         let r = ingest(&p, &url, s.now, s.code);
         assert_eq!(statuses(&r), [s.window], "step {i}: {r}");
         let w = &r["windows"][0];
@@ -245,7 +260,7 @@ fn schema_drift_that_does_not_widen_fails_the_window_and_names_the_column() {
             assert_eq!(w["warnings"], serde_json::json!([]), "step {i}: {r}");
         }
     }
-    // What is published: int32, then the numeric's text; the failed
+    // What is published: int32, then the numeric's text; the refused
     // float8 window published nothing.
     let root = p.path("raw/orders/date=2026-03-01");
     let t = types(&root, "amount");
@@ -368,6 +383,109 @@ fn schema_widening_passes_and_compaction_widens_the_older_windows() {
         0,
     );
     assert_eq!(statuses(&r), ["00:00 published"], "{r}");
+}
+
+/// Issue 21's schema rule for window folders: a column added at the
+/// source evolves the output (the window publishes with a word, a
+/// compaction fills the older rows with nulls); a dropped column is
+/// refused before any window lands, exit 2, naming it.
+#[test]
+fn an_added_column_evolves_the_folders_and_a_dropped_one_is_refused() {
+    let _serial = pg_serial();
+    let (mut c, url) = pg_database("evolve");
+    c.batch_execute(
+        "CREATE TABLE orders(id int8 PRIMARY KEY, amount int4, updated_at timestamptz NOT NULL);
+         INSERT INTO orders VALUES (1, 5, '2026-03-01T00:10:00Z')",
+    )
+    .unwrap();
+    let p = Project::new(&source(COMPACT));
+    let r = ingest(&p, &url, "2026-03-01T01:02:00Z", 0);
+    assert_eq!(statuses(&r), ["00:00 published"]);
+    c.batch_execute(
+        "ALTER TABLE orders ADD COLUMN qty int8;
+         INSERT INTO orders VALUES (2, 6, '2026-03-01T01:10:00Z', 40)",
+    )
+    .unwrap();
+    let r = ingest(&p, &url, "2026-03-02T00:30:00Z", 0);
+    let w = r["windows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["start"] == "2026-03-01T01:00:00Z")
+        .unwrap();
+    assert_eq!(w["status"], "published", "{r}");
+    let warned = w["warnings"].to_string();
+    assert!(
+        warned.contains("column `qty` (int8, int64) is new (older windows read it as null)"),
+        "{warned}"
+    );
+    let r = hw(
+        &p,
+        &url,
+        &[
+            "compact",
+            "orders",
+            "--now",
+            "2026-03-02T00:30:00Z",
+            "--json",
+        ],
+        0,
+    )
+    .json();
+    assert_eq!(r["periods"][0]["status"], "compacted", "{r}");
+    assert_eq!(r["periods"][0]["rows"], 2, "{r}");
+    let root = p.path("raw/orders/date=2026-03-01");
+    let mut rows = BTreeMap::new();
+    each_batch(&root, |_, b| {
+        let ids = i64_column(b, "id");
+        let qty = i64_column(b, "qty");
+        for i in 0..b.num_rows() {
+            rows.insert(ids.value(i), (!qty.is_null(i)).then(|| qty.value(i)));
+        }
+    });
+    assert_eq!(rows, BTreeMap::from([(1, None), (2, Some(40))]));
+    // A dropped column: refused before anything lands.
+    c.batch_execute(
+        "ALTER TABLE orders DROP COLUMN amount;
+         INSERT INTO orders VALUES (3, '2026-03-02T00:10:00Z', 1)",
+    )
+    .unwrap();
+    let listing = || {
+        let mut out = Vec::new();
+        let mut stack = vec![p.path("raw")];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).unwrap().flatten() {
+                let m = e.metadata().unwrap();
+                if m.is_dir() {
+                    stack.push(e.path());
+                } else {
+                    out.push((e.path(), m.len()));
+                }
+            }
+        }
+        out.sort();
+        out
+    };
+    let before = listing();
+    let r = hw(
+        &p,
+        &url,
+        &[
+            "ingest",
+            "orders",
+            "--json",
+            "--now",
+            "2026-03-02T01:02:00Z",
+        ],
+        2,
+    );
+    for want in [
+        "column `amount` (int4, int32) is gone",
+        "Nothing was landed",
+    ] {
+        assert!(r.stderr.contains(want), "wanted {want:?} in {}", r.stderr);
+    }
+    assert_eq!(listing(), before, "nothing was landed");
 }
 
 /// Issue 20, item 3: windows published with `schema = "warn"` across a
