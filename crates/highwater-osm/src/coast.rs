@@ -127,13 +127,15 @@ fn area2(r: &[P]) -> f64 {
         .sum()
 }
 
+/// A chain being joined: its first way's id, first node, last node, points.
+type Chain = (i64, i64, i64, Vec<P>);
+
 /// Joins ways end to end into chains of points, each with the id of its
 /// first way and whether it closed. Chains stay in place while they grow,
 /// so that a chain met earlier is still there to be appended, whatever
 /// order the ways come in.
 fn join(ways: &[CoastWay]) -> Vec<(i64, Vec<P>, bool)> {
-    // (first way's id, first node, last node, points)
-    let mut chains: Vec<Option<(i64, i64, i64, Vec<P>)>> = ways
+    let mut chains: Vec<Option<Chain>> = ways
         .iter()
         .map(|w| {
             (w.nodes.len() >= 2).then(|| {
@@ -149,10 +151,7 @@ fn join(ways: &[CoastWay]) -> Vec<(i64, Vec<P>, bool)> {
         }
     }
     for i in 0..chains.len() {
-        loop {
-            let Some((_, first, last, _)) = &chains[i] else {
-                break;
-            };
+        while let Some((_, first, last, _)) = &chains[i] {
             if first == last {
                 break;
             }
