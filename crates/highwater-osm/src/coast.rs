@@ -247,8 +247,9 @@ pub fn assemble(ways: &[CoastWay], bounds: Bounds) -> Ocean {
     let mut ocean = Ocean::default();
     // Rings wholly inside, with the id of their first way.
     let mut rings: Vec<(i64, Vec<P>)> = Vec::new();
-    // Pieces crossing the edge: (where they enter, where they leave, points).
-    let mut pieces: Vec<(f64, f64, Vec<P>)> = Vec::new();
+    // Pieces crossing the edge: (where they enter, where they leave, points,
+    // the chain's first way).
+    let mut pieces: Vec<(f64, f64, Vec<P>, i64)> = Vec::new();
     for (id, mut pts, closed) in join(ways) {
         if closed && pts.iter().all(|p| bounds.contains(*p)) {
             rings.push((id, pts));
@@ -265,9 +266,10 @@ pub fn assemble(ways: &[CoastWay], bounds: Bounds) -> Ocean {
         }
         for piece in clip(&pts, &bounds) {
             let (a, b) = (piece[0], piece[piece.len() - 1]);
-            pieces.push((bounds.along(a), bounds.along(b), piece));
+            pieces.push((bounds.along(a), bounds.along(b), piece, id));
         }
     }
+    drop_stubs(&mut pieces, &bounds, &mut ocean.skipped);
     ocean.pieces = pieces.len();
     let mut water: Vec<Vec<P>> = Vec::new();
     let mut used = vec![false; pieces.len()];
@@ -279,7 +281,7 @@ pub fn assemble(ways: &[CoastWay], bounds: Bounds) -> Ocean {
         let mut i = start;
         loop {
             used[i] = true;
-            let (_, exit, pts) = &pieces[i];
+            let (_, exit, pts, _) = &pieces[i];
             // An end that stopped inside the bounds goes straight to the
             // edge (`along` placed it where it projects).
             if ring.is_empty() && !on_edge(pts[0], &bounds) {
@@ -375,6 +377,48 @@ pub fn assemble(ways: &[CoastWay], bounds: Bounds) -> Ocean {
     }
     ocean.shape = (!all.is_empty()).then_some(Shape::Polygon(all));
     ocean
+}
+
+/// Drops pieces whose end stopped inside the bounds (taken straight to
+/// the edge) where that puts them on the land's stretch of the edge: then
+/// the walk from where the piece leaves meets another piece's exit before
+/// any entry. On Monaco, the coast cut by the extract's polygon starts
+/// just inside the bounds' south edge, beside a cape the coast rounds
+/// outside them: a stub of three points that would turn the whole box
+/// into sea.
+fn drop_stubs(pieces: &mut Vec<(f64, f64, Vec<P>, i64)>, b: &Bounds, skipped: &mut Vec<i64>) {
+    loop {
+        let bad = (0..pieces.len()).find(|&i| {
+            let (_, exit, pts, _) = &pieces[i];
+            let projected = !on_edge(pts[0], b) || !on_edge(pts[pts.len() - 1], b);
+            if !projected {
+                return false;
+            }
+            // The first end met going clockwise from this exit.
+            let mut first: Option<(f64, bool)> = None;
+            for (j, p) in pieces.iter().enumerate() {
+                for (t, is_entry) in [(p.0, true), (p.1, false)] {
+                    if j == i && !is_entry {
+                        continue;
+                    }
+                    let d = (t - exit).rem_euclid(4.0);
+                    let d = if d == 0.0 && j != i {
+                        0.0
+                    } else if d == 0.0 {
+                        4.0
+                    } else {
+                        d
+                    };
+                    if first.is_none_or(|f| d < f.0) {
+                        first = Some((d, is_entry));
+                    }
+                }
+            }
+            first.is_some_and(|(_, is_entry)| !is_entry)
+        });
+        let Some(i) = bad else { break };
+        skipped.push(pieces.remove(i).3);
+    }
 }
 
 fn on_edge(p: P, b: &Bounds) -> bool {
@@ -538,5 +582,96 @@ mod tests {
             &[(1.0, 1.0), (5.0, 7.0), (8.0, 1.0)],
         );
         assert_eq!(o.pieces, 2);
+    }
+}
+
+/// Monaco's extract, the real case (issue 25): its coastline ways (complete
+/// or cut where the extract's polygon ends) closed along the PBF header's
+/// bounds.
+#[cfg(test)]
+mod monaco {
+    use super::*;
+    use highwater_core::tile::world;
+    use osmpbf::{BlobDecode, BlobReader, Element, ElementReader};
+
+    fn pbf() -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data/monaco-3047-20210801.osm.pbf")
+    }
+
+    fn ocean() -> Ocean {
+        let mut bounds = None;
+        for blob in BlobReader::from_path(pbf()).expect("the Monaco extract") {
+            if let Ok(BlobDecode::OsmHeader(h)) = blob.expect("a blob").decode() {
+                let b = h.bbox().expect("Geofabrik's header has bounds");
+                let (a, c) = (
+                    world(b.left, b.top.max(b.bottom)),
+                    world(b.right, b.top.min(b.bottom)),
+                );
+                bounds = Some(Bounds {
+                    min_x: a.0,
+                    min_y: a.1,
+                    max_x: c.0,
+                    max_y: c.1,
+                });
+                break;
+            }
+        }
+        let mut nodes: HashMap<i64, P> = HashMap::new();
+        let mut ways: Vec<(i64, Vec<i64>)> = Vec::new();
+        ElementReader::from_path(pbf())
+            .expect("the Monaco extract")
+            .for_each(|e| match e {
+                Element::DenseNode(n) => {
+                    nodes.insert(n.id(), world(n.lon(), n.lat()));
+                }
+                Element::Node(n) => {
+                    nodes.insert(n.id(), world(n.lon(), n.lat()));
+                }
+                Element::Way(w) if w.tags().any(|t| t == ("natural", "coastline")) => {
+                    ways.push((w.id(), w.refs().collect()));
+                }
+                _ => {}
+            })
+            .expect("a readable extract");
+        let ways: Vec<CoastWay> = ways
+            .into_iter()
+            .map(|(id, refs)| CoastWay {
+                id,
+                nodes: refs
+                    .into_iter()
+                    .filter_map(|r| nodes.get(&r).map(|p| (r, *p)))
+                    .collect(),
+            })
+            .collect();
+        assert_eq!(ways.len(), 20, "Monaco's extract has 20 coastline ways");
+        assemble(&ways, bounds.expect("a header block"))
+    }
+
+    #[test]
+    fn monacos_sea_is_south_east_of_its_land() {
+        let o = ocean();
+        let Some(Shape::Polygon(rings)) = &o.shape else {
+            panic!("no sea assembled from Monaco's coastline: {o:?}");
+        };
+        let wet = |lon: f64, lat: f64| {
+            let p = world(lon, lat);
+            rings.iter().filter(|r| inside(p, r)).count() % 2 == 1
+        };
+        eprintln!(
+            "monaco: {} rings, {} pieces, {} islands, skipped {:?}",
+            rings.len(),
+            o.pieces,
+            o.islands,
+            o.skipped
+        );
+        // Sea off Monte-Carlo and off Fontvieille.
+        for (lon, lat) in [(7.440, 43.728), (7.430, 43.7245)] {
+            assert!(wet(lon, lat), "{lon},{lat} should be sea");
+        }
+        // The Casino, the Prince's Palace, Beausoleil (France) up the hill.
+        for (lon, lat) in [(7.4286, 43.7396), (7.4200, 43.7314), (7.425, 43.745)] {
+            assert!(!wet(lon, lat), "{lon},{lat} should be land");
+        }
     }
 }
