@@ -17,7 +17,9 @@
 //! 3. every other chain is clipped to the bounds, into pieces that enter
 //!    and leave across the bounds' edge (an end that stops inside the
 //!    bounds, as an extract cut by its "simple" strategy leaves it, is
-//!    taken straight to the nearest edge);
+//!    taken straight to the nearest edge, unless that puts it on the
+//!    land's stretch of the edge: then the stub is dropped, see
+//!    [`drop_stubs`]);
 //! 4. from where a piece leaves, the water ring follows the edge clockwise
 //!    (the box's inside, here the water, stays on the right) to where the
 //!    next piece enters, and so on until it closes;
@@ -566,6 +568,33 @@ mod tests {
             &[(4.5, 7.5), (4.5, 2.5), (2.0, 2.0)],
         );
         assert_eq!((o.islands, o.skipped.clone()), (1, vec![3]));
+    }
+
+    #[test]
+    fn a_stub_cut_inside_the_bounds_on_lands_side_is_dropped() {
+        // As on Monaco: the coast starts (cut by the extract) just inside
+        // the south edge, heads south-west out, rounds a cape outside and
+        // comes back in at e=6, north, then east out: the sea is south-
+        // east. Taken to the edge, the stub's start would lie on the
+        // cape's stretch of the edge.
+        let w = way(
+            1,
+            10,
+            &[
+                (5.0, 9.99),
+                (4.5, 11.0),
+                (6.0, 11.0),
+                (6.0, 5.0),
+                (12.0, 5.0),
+            ],
+        );
+        let o = check(
+            "stub",
+            &[w],
+            &[(8.0, 8.0), (9.5, 9.5)],
+            &[(2.0, 2.0), (5.5, 9.5), (8.0, 2.0)],
+        );
+        assert_eq!((o.pieces, o.skipped.clone()), (1, vec![1]));
     }
 
     #[test]
