@@ -17,6 +17,8 @@
 //! - [`nodeblocks`]: nodes and the ways through them, in blocks of
 //!   consecutive ids.
 //! - [`cells`]: the shapes index's spatial key (a flattened loose quadtree).
+//! - [`coast`]: the sea of an extract from its coastline ways, closed along
+//!   its bounds (pure geometry; not yet wired into the tiles).
 //! - [`features`]: what a layer sees of an element, and per-tile content
 //!   signatures; expiry and the cutter both read features from here.
 //! - [`derive`](mod@derive): derive-before-apply (affected tiles from old
@@ -38,6 +40,7 @@
 
 pub mod aggregates;
 pub mod cells;
+pub mod coast;
 pub mod dataset;
 pub mod derive;
 pub mod features;
