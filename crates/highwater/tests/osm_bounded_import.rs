@@ -149,3 +149,18 @@ fn a_sigkill_in_the_middle_of_an_import_and_the_next_import_completes() {
         "the dead import's files are swept"
     );
 }
+
+#[test]
+fn a_cache_outside_its_limits_is_refused_naming_the_key() {
+    for (mb, code) in [("1", 2), ("2000000", 2)] {
+        let p = Project::new(&CONFIG.replace("cache_mb = 32", &format!("cache_mb = {mb}")));
+        let pbf = data().join("monaco-3047-20210801.osm.pbf");
+        let r = p.check(&["osm", "import", pbf.to_str().unwrap()], code);
+        assert!(
+            r.stderr.contains(&format!("cache_mb = {mb}")),
+            "{}",
+            r.stderr
+        );
+        assert!(!p.exists(".highwater/osm/store.db"), "nothing touched");
+    }
+}
