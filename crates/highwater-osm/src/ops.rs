@@ -564,7 +564,7 @@ pub struct DatasetReport {
     /// set (keyed datasets).
     #[serde(skip)]
     pub last_affected: Option<usize>,
-    /// The current diff's changes to what the dataset reads.
+    /// The current diff's features whose read tags changed.
     #[serde(skip)]
     pub last_read: usize,
     /// Set when the guard holds the dataset (issue 23).
@@ -748,7 +748,7 @@ pub fn apply_to(
                 };
                 if size == 0 && r.last_read > 0 {
                     r.warnings.push(format!(
-                        "{}: diff {label} changed {} element(s) the dataset reads, yet derived nothing for it: a derivation bug? (check with `highwater osm verify {}`)",
+                        "{}: diff {label} changed the tags it reads on {} feature(s), yet derived nothing for it: a derivation bug? (check with `highwater osm verify {}`)",
                         d.name(),
                         r.last_read,
                         d.name()

@@ -864,7 +864,7 @@ impl crate::dataset::Dataset for TileDataset {
     ) -> Result<(), crate::ops::OpsError> {
         let (t, s) = crate::derive::affected_tiles(&*w, changes, &self.layer)?;
         r.last_affected = Some(t.len());
-        r.last_read = s.changes - s.filtered;
+        r.last_read = s.read_tags_changed;
         let (t, z) = crate::ops::bound(t, &self.layer, self.tiles_affected_max);
         r.changes += s.changes;
         r.filtered += s.filtered;
