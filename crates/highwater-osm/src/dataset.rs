@@ -550,7 +550,8 @@ mod tests {
     #[test]
     fn the_crossover_follows_the_recorded_runs() {
         // (drains, rebuilds, backlog, advice, trend warned)
-        let cases: Vec<(Vec<Run>, Vec<Run>, u64, Option<&str>, bool)> = vec![
+        type Case = (Vec<Run>, Vec<Run>, u64, Option<&'static str>, bool);
+        let cases: Vec<Case> = vec![
             (vec![], vec![], 10, None, false),
             (vec![run(1.0, 100, 1)], vec![], 10, None, false),
             (

@@ -89,7 +89,7 @@ fn move_every_building(p: &Project, seq: i64, d_e7: i32) -> String {
         if n.tags.is_empty() {
             x.push_str("/>\n");
         } else {
-            x.push_str(">");
+            x.push('>');
             for (k, v) in &n.tags {
                 let _ = write!(x, "<tag k=\"{}\" v=\"{}\"/>", xml_escape(k), xml_escape(v));
             }

@@ -669,6 +669,9 @@ pub fn drain_with(
     Ok(report)
 }
 
+/// A tile and its MVT bytes (`None`: nothing shows in it).
+pub type CutTile = (Tile, Option<Vec<u8>>);
+
 /// Cuts `tiles` from the store as it is, reading features from the shapes
 /// index: the drain's code, and the code `serve` cuts a dirty tile with
 /// (issue 23), so a tile served fresh equals what the next drain writes.
@@ -678,7 +681,7 @@ pub(crate) fn cut_batch(
     s: &Store,
     d: &TileDataset,
     tiles: &[Tile],
-) -> Result<Vec<(Tile, Option<Vec<u8>>)>, StoreError> {
+) -> Result<Vec<CutTile>, StoreError> {
     let mut built: HashMap<ElementKey, Vec<Placement>> = HashMap::new();
     let mut cands = Vec::with_capacity(tiles.len());
     for &t in tiles {
