@@ -59,6 +59,7 @@ struct RawSearch {
     admin_levels: Option<Vec<u8>>,
     places: Option<Vec<String>>,
     affected_guard: Option<f64>,
+    affected_guard_min: Option<usize>,
 }
 
 #[derive(Deserialize)]
@@ -67,6 +68,7 @@ struct RawAggregates {
     classes: Vec<String>,
     admin_levels: Option<Vec<u8>>,
     affected_guard: Option<f64>,
+    affected_guard_min: Option<usize>,
 }
 
 #[derive(Deserialize)]
@@ -85,6 +87,7 @@ struct RawTiles {
     drain: Option<String>,
     drain_rebuild_share: Option<f64>,
     affected_guard: Option<f64>,
+    affected_guard_min: Option<usize>,
 }
 
 /// A parsed diff and the replication state beside it, if any.
@@ -115,7 +118,9 @@ pub struct OsmConfig {
     /// Per dataset, `affected_guard`: a diff whose affected set is more
     /// than this many times the median of the dataset's recent ones holds
     /// the dataset (0: no guard). Absent: [`crate::dataset::AFFECTED_GUARD_DEFAULT`].
-    pub affected_guard: BTreeMap<String, f64>,
+    /// With `affected_guard_min`: an affected set this small is never held
+    /// (a median of 0 would make any diff "far outside" it).
+    pub affected_guard: BTreeMap<String, (f64, usize)>,
 }
 
 /// The version of the code that decides what a tile shows (features,
@@ -281,25 +286,26 @@ impl OsmConfig {
         let guards = raw
             .search
             .iter()
-            .map(|(n, s)| ("search", n, s.affected_guard))
+            .map(|(n, s)| ("search", n, s.affected_guard, s.affected_guard_min))
             .chain(
                 raw.aggregates
                     .iter()
-                    .map(|(n, a)| ("aggregates", n, a.affected_guard)),
+                    .map(|(n, a)| ("aggregates", n, a.affected_guard, a.affected_guard_min)),
             )
             .chain(
                 raw.tiles
                     .iter()
-                    .map(|(n, t)| ("tiles", n, t.affected_guard)),
+                    .map(|(n, t)| ("tiles", n, t.affected_guard, t.affected_guard_min)),
             );
-        for (kind, name, g) in guards {
+        for (kind, name, g, min) in guards {
             let g = g.unwrap_or(crate::dataset::AFFECTED_GUARD_DEFAULT);
             if !(g == 0.0 || (g >= 1.0 && g.is_finite())) {
                 return Err(bad(format!(
                     "[osm.{kind}.{name}] affected_guard = {g}: give a factor of 1 or more (50: hold the dataset when a diff affects more than 50 times the median of its recent diffs), or 0 for no guard"
                 )));
             }
-            affected_guard.insert(name.clone(), g);
+            let min = min.unwrap_or(crate::dataset::AFFECTED_GUARD_MIN_DEFAULT);
+            affected_guard.insert(name.clone(), (g, min));
         }
         let mut search = Vec::new();
         for (name, s) in &raw.search {
@@ -754,13 +760,12 @@ pub fn apply_to(
                         d.name()
                     ));
                 }
-                let factor = cfg
-                    .affected_guard
-                    .get(d.name())
-                    .copied()
-                    .unwrap_or(crate::dataset::AFFECTED_GUARD_DEFAULT);
+                let (factor, min) = cfg.affected_guard.get(d.name()).copied().unwrap_or((
+                    crate::dataset::AFFECTED_GUARD_DEFAULT,
+                    crate::dataset::AFFECTED_GUARD_MIN_DEFAULT,
+                ));
                 if let crate::dataset::Guarded::HeldNow(h) =
-                    crate::dataset::guard(w, d.name(), factor, size, &label, before)?
+                    crate::dataset::guard(w, d.name(), (factor, min), size, &label, before)?
                 {
                     r.warnings.push(h.message(d.name()));
                     r.held = Some(h);

@@ -27,9 +27,11 @@ keys = ["building", "highway", "landuse"]
 mbtiles = "tiles/base.mbtiles"
 drain = "deferred"
 # Monaco's pyramid at z12-14 is about 10 tiles, and its minutely diffs
-# dirty a median of 0 (counted as 1): at the default 50 no diff could
+# dirty a median of 0 (counted as 1): at the defaults (50 times, and
+# never at most 1000 tiles) no diff could
 # be held, since none can dirty more tiles than the pyramid has.
 affected_guard = 5
+affected_guard_min = 5
 
 [osm.search.places]
 index = "search/places"
