@@ -201,6 +201,11 @@ pub const AFFECTED_HISTORY_MAX: usize = 50;
 /// median of the recent affected sets holds the dataset.
 pub const AFFECTED_GUARD_DEFAULT: f64 = 50.0;
 
+/// The default `affected_guard_min`: affected sets up to this size are
+/// never held, whatever the median (Monaco's real minutely diffs have a
+/// median of 0 tiles and now and then dirty 80).
+pub const AFFECTED_GUARD_MIN_DEFAULT: usize = 1000;
+
 fn history_key(name: &str) -> String {
     format!("affected_sizes:{name}")
 }
@@ -295,13 +300,14 @@ pub enum Guarded {
 }
 
 /// Checks one diff's affected-set size against the dataset's history, in
-/// the apply's transaction. `factor` 0 turns the guard off. A first diff,
+/// the apply's transaction. `factor` 0 turns the guard off; a set of at
+/// most `min` units is never held. A first diff,
 /// with no history, is never held; a held diff's size does not enter the
 /// history (it would drag the median towards the mass edit).
 pub fn guard(
     w: &mut Writer<'_>,
     name: &str,
-    factor: f64,
+    (factor, min): (f64, usize),
     size: usize,
     diff: &str,
     marker: Option<i64>,
@@ -313,7 +319,7 @@ pub fn guard(
     let m = median(&sizes);
     // A median of 0 (diffs that affect nothing) counts as 1: a diff of a
     // few units after many empty ones is no mass edit.
-    if factor > 0.0 && !sizes.is_empty() && size as f64 > factor * m.max(1.0) {
+    if factor > 0.0 && !sizes.is_empty() && size > min && size as f64 > factor * m.max(1.0) {
         let h = Held {
             diff: diff.to_string(),
             size,
@@ -550,7 +556,8 @@ mod tests {
     #[test]
     fn the_crossover_follows_the_recorded_runs() {
         // (drains, rebuilds, backlog, advice, trend warned)
-        let cases: Vec<(Vec<Run>, Vec<Run>, u64, Option<&str>, bool)> = vec![
+        type Case = (Vec<Run>, Vec<Run>, u64, Option<&'static str>, bool);
+        let cases: Vec<Case> = vec![
             (vec![], vec![], 10, None, false),
             (vec![run(1.0, 100, 1)], vec![], 10, None, false),
             (

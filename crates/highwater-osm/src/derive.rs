@@ -45,6 +45,9 @@ pub struct Stats {
     /// an untagged node no way uses, a relation edit that left its shape and
     /// read tags as they were.
     pub filtered: usize,
+    /// Features whose tags the layer reads changed (created, deleted or
+    /// edited): such a diff deriving no tile is worth a warning (issue 23).
+    pub read_tags_changed: usize,
 }
 
 /// The elements a diff may change the feature of: its own, the ways through
@@ -203,6 +206,9 @@ pub fn affected_tiles(
             stats.filtered += 1;
         }
         if !same {
+            if old.as_ref().map(|f| &f.tags) != new.as_ref().map(|f| &f.tags) {
+                stats.read_tags_changed += 1;
+            }
             pairs.push((old, new));
         }
     }

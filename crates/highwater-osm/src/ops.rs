@@ -60,6 +60,7 @@ struct RawSearch {
     admin_levels: Option<Vec<u8>>,
     places: Option<Vec<String>>,
     affected_guard: Option<f64>,
+    affected_guard_min: Option<usize>,
 }
 
 #[derive(Deserialize)]
@@ -68,6 +69,7 @@ struct RawAggregates {
     classes: Vec<String>,
     admin_levels: Option<Vec<u8>>,
     affected_guard: Option<f64>,
+    affected_guard_min: Option<usize>,
 }
 
 #[derive(Deserialize)]
@@ -86,6 +88,7 @@ struct RawTiles {
     drain: Option<String>,
     drain_rebuild_share: Option<f64>,
     affected_guard: Option<f64>,
+    affected_guard_min: Option<usize>,
 }
 
 /// A parsed diff and the replication state beside it, if any.
@@ -118,7 +121,9 @@ pub struct OsmConfig {
     /// Per dataset, `affected_guard`: a diff whose affected set is more
     /// than this many times the median of the dataset's recent ones holds
     /// the dataset (0: no guard). Absent: [`crate::dataset::AFFECTED_GUARD_DEFAULT`].
-    pub affected_guard: BTreeMap<String, f64>,
+    /// With `affected_guard_min`: an affected set this small is never held
+    /// (a median of 0 would make any diff "far outside" it).
+    pub affected_guard: BTreeMap<String, (f64, usize)>,
 }
 
 /// The version of the code that decides what a tile shows (features,
@@ -285,25 +290,26 @@ impl OsmConfig {
         let guards = raw
             .search
             .iter()
-            .map(|(n, s)| ("search", n, s.affected_guard))
+            .map(|(n, s)| ("search", n, s.affected_guard, s.affected_guard_min))
             .chain(
                 raw.aggregates
                     .iter()
-                    .map(|(n, a)| ("aggregates", n, a.affected_guard)),
+                    .map(|(n, a)| ("aggregates", n, a.affected_guard, a.affected_guard_min)),
             )
             .chain(
                 raw.tiles
                     .iter()
-                    .map(|(n, t)| ("tiles", n, t.affected_guard)),
+                    .map(|(n, t)| ("tiles", n, t.affected_guard, t.affected_guard_min)),
             );
-        for (kind, name, g) in guards {
+        for (kind, name, g, min) in guards {
             let g = g.unwrap_or(crate::dataset::AFFECTED_GUARD_DEFAULT);
             if !(g == 0.0 || (g >= 1.0 && g.is_finite())) {
                 return Err(bad(format!(
                     "[osm.{kind}.{name}] affected_guard = {g}: give a factor of 1 or more (50: hold the dataset when a diff affects more than 50 times the median of its recent diffs), or 0 for no guard"
                 )));
             }
-            affected_guard.insert(name.clone(), g);
+            let min = min.unwrap_or(crate::dataset::AFFECTED_GUARD_MIN_DEFAULT);
+            affected_guard.insert(name.clone(), (g, min));
         }
         let mut search = Vec::new();
         for (name, s) in &raw.search {
@@ -582,7 +588,7 @@ pub struct DatasetReport {
     /// set (keyed datasets).
     #[serde(skip)]
     pub last_affected: Option<usize>,
-    /// The current diff's changes to what the dataset reads.
+    /// The current diff's features whose read tags changed.
     #[serde(skip)]
     pub last_read: usize,
     /// Set when the guard holds the dataset (issue 23).
@@ -766,19 +772,18 @@ pub fn apply_to(
                 };
                 if size == 0 && r.last_read > 0 {
                     r.warnings.push(format!(
-                        "{}: diff {label} changed {} element(s) the dataset reads, yet derived nothing for it: a derivation bug? (check with `highwater osm verify {}`)",
+                        "{}: diff {label} changed the tags it reads on {} feature(s), yet derived nothing for it: a derivation bug? (check with `highwater osm verify {}`)",
                         d.name(),
                         r.last_read,
                         d.name()
                     ));
                 }
-                let factor = cfg
-                    .affected_guard
-                    .get(d.name())
-                    .copied()
-                    .unwrap_or(crate::dataset::AFFECTED_GUARD_DEFAULT);
+                let (factor, min) = cfg.affected_guard.get(d.name()).copied().unwrap_or((
+                    crate::dataset::AFFECTED_GUARD_DEFAULT,
+                    crate::dataset::AFFECTED_GUARD_MIN_DEFAULT,
+                ));
                 if let crate::dataset::Guarded::HeldNow(h) =
-                    crate::dataset::guard(w, d.name(), factor, size, &label, before)?
+                    crate::dataset::guard(w, d.name(), (factor, min), size, &label, before)?
                 {
                     r.warnings.push(h.message(d.name()));
                     r.held = Some(h);

@@ -669,6 +669,9 @@ pub fn drain_with(
     Ok(report)
 }
 
+/// A tile and its MVT bytes (`None`: nothing shows in it).
+pub type CutTile = (Tile, Option<Vec<u8>>);
+
 /// Cuts `tiles` from the store as it is, reading features from the shapes
 /// index: the drain's code, and the code `serve` cuts a dirty tile with
 /// (issue 23), so a tile served fresh equals what the next drain writes.
@@ -678,7 +681,7 @@ pub(crate) fn cut_batch(
     s: &Store,
     d: &TileDataset,
     tiles: &[Tile],
-) -> Result<Vec<(Tile, Option<Vec<u8>>)>, StoreError> {
+) -> Result<Vec<CutTile>, StoreError> {
     let mut built: HashMap<ElementKey, Vec<Placement>> = HashMap::new();
     let mut cands = Vec::with_capacity(tiles.len());
     for &t in tiles {
@@ -864,7 +867,7 @@ impl crate::dataset::Dataset for TileDataset {
     ) -> Result<(), crate::ops::OpsError> {
         let (t, s) = crate::derive::affected_tiles(&*w, changes, &self.layer)?;
         r.last_affected = Some(t.len());
-        r.last_read = s.changes - s.filtered;
+        r.last_read = s.read_tags_changed;
         let (t, z) = crate::ops::bound(t, &self.layer, self.tiles_affected_max);
         r.changes += s.changes;
         r.filtered += s.filtered;
