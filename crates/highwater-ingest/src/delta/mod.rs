@@ -31,6 +31,7 @@
 //! about to commit them).
 
 pub mod checkpoint;
+pub mod compact;
 pub mod schema;
 
 use crate::engine::{kill_self, Ingestor};
@@ -269,6 +270,12 @@ impl Ingestor {
         let dir_rel = format!("{}/{token}", Self::window_dir(&w));
         let files: Vec<crate::sink::FileInfo> =
             serde_json::from_value(manifest["files"].clone()).unwrap_or_default();
+        // A window inside a compacted period: refused before anything is
+        // placed (see `compact`).
+        if let Some(e) = self.delta_compacted_refusal(&*self.delta_snapshot()?, w.start_us, &label)
+        {
+            return Err(e);
+        }
         // The files first, where the commit will name them; until it is
         // put, no reader knows of them.
         match self.place() {
@@ -354,6 +361,10 @@ impl Ingestor {
                 "version": k,
                 "lastUpdated": now_ms,
             }}));
+            if let Some(e) = self.delta_compacted_refusal(&snap, w.start_us, &label) {
+                // Compacted by another process since the check above.
+                return Err(e);
+            }
             let prefix = format!("{}/", Self::window_dir(&w));
             for (path, add) in snap.files.iter().filter(|(p, _)| p.starts_with(&prefix)) {
                 actions.push(json!({"remove": {
