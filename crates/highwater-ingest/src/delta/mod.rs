@@ -8,6 +8,8 @@
 //! - `_delta_log/NNNNNNNNNNNNNNNNNNNN.json`: one commit per window;
 //! - `data/START/TOKEN/part-*.parquet`: the files of one attempt of the
 //!   window starting at START (compact UTC), never rewritten.
+//! - `data/PSTART/TOKEN/part-*.parquet`: a period compacted by
+//!   `highwater compact` (see [`compact`]), its adds `dataChange = false`.
 //!
 //! A window's commit holds `add` actions for its files, `remove` actions
 //! for the files its previous version added (a re-land), a `txn` action
