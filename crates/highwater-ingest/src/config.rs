@@ -412,9 +412,6 @@ impl SourceSpec {
                     spec.output
                 )));
             }
-            if spec.compaction.is_some() {
-                return Err(bad("[sources.NAME.compact] is not available with format = \"delta\" yet (it rolls window folders into period folders); remove it".replace("NAME", name)));
-            }
             if spec.output.trim_matches('/').is_empty() || spec.output.split('/').any(|c| c == "..")
             {
                 return Err(bad(format!(

@@ -1597,6 +1597,17 @@ impl Ingestor {
                 id_ranges.insert(k, range);
             }
         }
+        if self.is_delta() {
+            // A window inside a compacted period of the table: refused
+            // (exit 2) before any window runs (see `delta::compact`).
+            let snap = self.delta_snapshot()?;
+            for &k in &ks {
+                let w = self.spec.grid.window(k);
+                if let Some(e) = self.delta_compacted_refusal(&snap, w.start_us, &w.to_string()) {
+                    return Err(e);
+                }
+            }
+        }
         for &k in &ks {
             let abs = self.window_path(&self.spec.grid.window(k)).1;
             let keep = self

@@ -78,6 +78,16 @@ fn failpoint(name: &str) -> bool {
 impl Ingestor {
     /// The folder of period `p`, relative and absolute.
     fn period_path(&self, p: i64) -> Result<(String, PathBuf), IngestError> {
+        if self.is_delta() {
+            // Inside the table: the period's files (see `delta::compact`).
+            let rel = format!(
+                "{}/{}",
+                self.spec.output.trim_end_matches('/'),
+                self.delta_period_dir(p)
+            );
+            let abs = self.root.join(&rel);
+            return Ok((rel, abs));
+        }
         let rel = self
             .spec
             .period_dir(p)
@@ -377,6 +387,12 @@ impl Ingestor {
                 }
             }
             let o = match &stopped {
+                None if self.is_delta() => {
+                    // A Delta period is compacted only once no run re-lands
+                    // its windows: past settle and lookback.
+                    let horizon_us = opts.now_us - self.spec.settle_us - self.spec.lookback_us;
+                    self.delta_compact_period(p, &records, horizon_us)?
+                }
                 None => self.compact_period(p, &records, store, fence)?,
                 Some(why) => self.not_compacted(p, why)?,
             };

@@ -682,8 +682,7 @@ fn delta_types_from_postgres_as_the_reader_sees_them() {
 }
 
 /// Issue 21: what `format = "delta"` refuses at config load (exit 2,
-/// nothing touched), case by case: a templated output (the table is one
-/// root) and a `[compact]` section (not available for Delta yet).
+/// nothing touched): a templated output (the table is one root).
 #[test]
 fn delta_config_refusals_name_the_setting() {
     let check = |cfg: String, says: &[&str]| {
@@ -704,11 +703,153 @@ fn delta_config_refusals_name_the_setting() {
             "remove the placeholders",
         ],
     );
-    check(
-        format!(
+}
+
+/// `highwater compact orders` at `now`, with its exit code and JSON.
+fn compact_at(p: &Project, now: &str, code: i32) -> Value {
+    let r = p.hw(&["compact", "orders", "--json", "--now", now]);
+    assert_eq!(r.code, code, "{}", r.stderr);
+    serde_json::from_str(&r.stdout).unwrap_or_else(|e| panic!("{e}: {}", r.stderr))
+}
+
+/// Issue 21: compaction of a Delta table is one commit of `remove` and
+/// `add` actions, all `dataChange = false`: fewer files, the same rows
+/// (the deltalake reader sees each once). A re-land of a window inside
+/// the compacted period is refused loudly with nothing committed (its rows
+/// are inside the period's files); a window outside it still re-lands; a
+/// period inside the source's re-land horizon (settle + lookback) is not
+/// compacted. Cases in, outcomes out.
+#[test]
+fn delta_compaction_is_one_layout_only_commit_and_relands_stay_correct() {
+    let check = |lookback: &str, compacted: bool| {
+        let cfg = format!(
             "{}[sources.orders.compact]\ninto = \"1d\"\n",
-            config("lake/orders", "")
-        ),
-        &["[sources.orders.compact]", "format = \"delta\""],
-    );
+            // No retention: the files the compaction removed go at the
+            // end of the next run that lands a window.
+            config("lake/orders", "version_retention_s = 0")
+                .replace("settle = \"2m\"", &format!("settle = \"2m\"\n{lookback}"))
+        );
+        let p = Project::new(&cfg);
+        let c = db(&p);
+        // 26 hourly windows: one whole day (period 0: 08:00 to 08:00,
+        // the grid's start) and two windows of the next.
+        fill(&c, 26, 10, "first");
+        let r = ingest_at(&p, "2026-03-02T10:05:00Z", &[], &[], 0);
+        assert_eq!(published(&r), 26, "{r}");
+        let table = p.path("lake/orders");
+        let before = log(&table);
+        assert_eq!(before.len(), 26);
+        let t0 = read(table.to_str().unwrap(), &Value::Null);
+        let r = compact_at(&p, "2026-03-02T10:05:00Z", if compacted { 0 } else { 1 });
+        let periods = r["periods"].as_array().unwrap();
+        assert_eq!(periods.len(), 1, "only the whole closed day: {r}");
+        let t = read(table.to_str().unwrap(), &Value::Null);
+        // The same rows (with a lookback, rows near a window's start are
+        // landed by both windows, as the source asks).
+        assert_eq!(ids(&t), ids(&t0));
+        let commits = log(&table);
+        if !compacted {
+            assert_eq!(periods[0]["status"], "skipped", "{r}");
+            assert!(
+                periods[0]["reason"]
+                    .as_str()
+                    .unwrap()
+                    .contains("re-land horizon"),
+                "{r}"
+            );
+            assert_eq!(commits.len(), 26, "nothing committed");
+            return;
+        }
+        assert_eq!(periods[0]["status"], "compacted", "{r}");
+        assert_eq!(ids(&t), (0..260).collect::<Vec<_>>(), "each row once");
+        assert_eq!(t["rows"], t0["rows"]);
+        assert_eq!(t["polars_rows"], 260);
+        assert_eq!(periods[0]["rows"], 240, "{r}");
+        assert_eq!(periods[0]["files_before"], 24, "{r}");
+        assert_eq!(periods[0]["files_after"], 1, "{r}");
+        assert_eq!(t["files"].as_array().unwrap().len(), 3, "{t}");
+        assert_eq!(commits.len(), 27, "one commit");
+        let last = &commits[26];
+        assert_eq!(
+            actions(last, "commitInfo")[0]["operation"],
+            "OPTIMIZE",
+            "{last:?}"
+        );
+        let removed: BTreeSet<String> = actions(last, "remove")
+            .iter()
+            .map(|a| a["path"].as_str().unwrap().to_string())
+            .collect();
+        let day_adds: BTreeSet<String> = before[..24]
+            .iter()
+            .flat_map(|c| actions(c, "add"))
+            .map(|a| a["path"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(removed, day_adds, "the day's files, and only them");
+        assert_eq!(actions(last, "add").len(), 1);
+        for kind in ["add", "remove"] {
+            for a in actions(last, kind) {
+                assert_eq!(a["dataChange"], false, "{kind}: {a}");
+            }
+        }
+        // Again: already compacted, nothing committed.
+        let r = compact_at(&p, "2026-03-02T10:05:00Z", 0);
+        assert_eq!(r["periods"][0]["status"], "already", "{r}");
+        assert_eq!(log(&table).len(), 27);
+        // A re-land of a compacted window: refused (exit 2) before any
+        // window runs, naming the window and the period; nothing
+        // committed, the rows as they were.
+        c.execute("UPDATE orders SET note = 'second' WHERE id < 10", [])
+            .unwrap();
+        let r = p.hw(&[
+            "ingest",
+            "orders",
+            "--json",
+            "--now",
+            "2026-03-02T10:05:00Z",
+            "--window",
+            "2026-03-01T08:00:00Z/2026-03-01T09:00:00Z",
+        ]);
+        assert_eq!(r.code, 2, "{}", r.stderr);
+        for s in [
+            "2026-03-01T08:00:00Z .. 2026-03-02T08:00:00Z",
+            "highwater compact",
+            "nothing was committed",
+        ] {
+            assert!(r.stderr.contains(s), "wanted {s:?} in {}", r.stderr);
+        }
+        assert_eq!(log(&table).len(), 27, "nothing committed");
+        let t = read(table.to_str().unwrap(), &Value::Null);
+        assert_eq!(ids(&t), (0..260).collect::<Vec<_>>());
+        assert!(t["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["note"] == "first"));
+        // A window outside the compacted period re-lands as before.
+        c.execute("UPDATE orders SET note = 'second' WHERE id = 250", [])
+            .unwrap();
+        let r = ingest_at(
+            &p,
+            "2026-03-02T10:05:00Z",
+            &[],
+            &["--window", "2026-03-02T09:00:00Z/2026-03-02T10:00:00Z"],
+            0,
+        );
+        assert_eq!(published(&r), 1, "{r}");
+        let t = read(table.to_str().unwrap(), &Value::Null);
+        assert_eq!(ids(&t), (0..260).collect::<Vec<_>>(), "each row once");
+        let second: Vec<i64> = t["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["note"] == "second")
+            .map(|r| r["id"].as_i64().unwrap())
+            .collect();
+        assert_eq!(second, [250]);
+        for f in &day_adds {
+            assert!(!table.join(f).exists(), "vacuumed: {f}");
+        }
+    };
+    check("", true);
+    check("lookback = \"3h\"", false);
 }

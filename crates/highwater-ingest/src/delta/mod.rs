@@ -8,6 +8,8 @@
 //! - `_delta_log/NNNNNNNNNNNNNNNNNNNN.json`: one commit per window;
 //! - `data/START/TOKEN/part-*.parquet`: the files of one attempt of the
 //!   window starting at START (compact UTC), never rewritten.
+//! - `data/PSTART/TOKEN/part-*.parquet`: a period compacted by
+//!   `highwater compact` (see [`compact`]), its adds `dataChange = false`.
 //!
 //! A window's commit holds `add` actions for its files, `remove` actions
 //! for the files its previous version added (a re-land), a `txn` action
@@ -31,6 +33,7 @@
 //! about to commit them).
 
 pub mod checkpoint;
+pub mod compact;
 pub mod schema;
 
 use crate::engine::{kill_self, Ingestor};
@@ -269,6 +272,12 @@ impl Ingestor {
         let dir_rel = format!("{}/{token}", Self::window_dir(&w));
         let files: Vec<crate::sink::FileInfo> =
             serde_json::from_value(manifest["files"].clone()).unwrap_or_default();
+        // A window inside a compacted period: refused before anything is
+        // placed (see `compact`).
+        if let Some(e) = self.delta_compacted_refusal(&*self.delta_snapshot()?, w.start_us, &label)
+        {
+            return Err(e);
+        }
         // The files first, where the commit will name them; until it is
         // put, no reader knows of them.
         match self.place() {
@@ -354,6 +363,10 @@ impl Ingestor {
                 "version": k,
                 "lastUpdated": now_ms,
             }}));
+            if let Some(e) = self.delta_compacted_refusal(&snap, w.start_us, &label) {
+                // Compacted by another process since the check above.
+                return Err(e);
+            }
             let prefix = format!("{}/", Self::window_dir(&w));
             for (path, add) in snap.files.iter().filter(|(p, _)| p.starts_with(&prefix)) {
                 actions.push(json!({"remove": {
