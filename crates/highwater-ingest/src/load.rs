@@ -672,11 +672,20 @@ impl Ingestor {
                 {
                     return Err(format!("the record's path `{rel}` is not a relative path"));
                 }
-                let dir = self.root.join(&rel);
-                let m: serde_json::Value = std::fs::read(dir.join("_manifest.json"))
-                    .map_err(|e| e.to_string())
-                    .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
-                    .map_err(|e| format!("reading {}/_manifest.json: {e}; `highwater ingest {}` lands the window again", dir.display(), self.spec.name))?;
+                let (dir, m) = if self.is_delta() {
+                    // A Delta table: the window's files are those its
+                    // newest commit names, the manifest in its commitInfo.
+                    self.delta_window_for_load(&w, &r.token)
+                        .map_err(|e| e.to_string())?
+                        .ok_or_else(|| format!("the Delta table has no commit of window {w}; `highwater ingest {}` lands it again", self.spec.name))?
+                } else {
+                    let dir = self.root.join(&rel);
+                    let m: serde_json::Value = std::fs::read(dir.join("_manifest.json"))
+                        .map_err(|e| e.to_string())
+                        .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+                        .map_err(|e| format!("reading {}/_manifest.json: {e}; `highwater ingest {}` lands the window again", dir.display(), self.spec.name))?;
+                    (dir, m)
+                };
                 if m["token"] != r.token.as_str() {
                     return Err(format!("{}/_manifest.json is of another attempt than the record; the next `highwater ingest {}` settles it", dir.display(), self.spec.name));
                 }

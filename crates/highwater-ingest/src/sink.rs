@@ -865,7 +865,7 @@ mod tests {
                     ("amount", I32, "int4"),
                     ("note", Text, "text"),
                 ],
-                false,
+                true,
                 "column `note` (text, utf8) is new",
             ),
             (

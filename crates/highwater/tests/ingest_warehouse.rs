@@ -225,6 +225,50 @@ fn catch_up_loads_every_row_exactly_once() {
     }
 }
 
+/// Issue 21: the windows of a Delta table (`format = "delta"`, the issue's
+/// own example) load like folders: each window from the files its newest
+/// commit names; a re-landed window replaces its rows.
+#[test]
+fn a_delta_tables_windows_load_each_row_once_and_a_reland_replaces() {
+    let _serial = pg_serial();
+    let (mut wh, url) = pg_database("wh_delta");
+    let cfg = config("raw.orders", "").replace(
+        "output = \"raw/orders/{date}/{hour}\"",
+        "output = \"lake/orders\"\nformat = \"delta\"",
+    );
+    assert!(cfg.contains("format = \"delta\""), "{cfg}");
+    let p = Project::new(&cfg);
+    let c = source(&p);
+    put_rows(&c, 0..6, 20, 1);
+    let now = "2026-03-01T06:05:00Z";
+    let r = ingest(&p, &url, now, &[], 0);
+    assert_eq!(loads(&r).len(), 6, "{r}");
+    assert!(loads(&r).iter().all(|(_, s)| s == "loaded"), "{r}");
+    assert!(p.path("lake/orders/_delta_log").is_dir());
+    let ids = warehouse_ids(&mut wh, "raw.orders");
+    assert_eq!(
+        ids.keys().copied().collect::<Vec<_>>(),
+        (1..=120).collect::<Vec<_>>()
+    );
+    assert!(ids.values().all(|n| *n == 1), "a row twice");
+    // Hour 02 gets 5 more rows; landed again by name, loaded again.
+    put_rows(&c, 2..3, 5, 1000);
+    let r = ingest(
+        &p,
+        &url,
+        now,
+        &["--window", "2026-03-01T02:00:00Z/2026-03-01T03:00:00Z"],
+        0,
+    );
+    assert_eq!(loads(&r), [("02".to_string(), "loaded".to_string())], "{r}");
+    let w = per_window(&mut wh, "raw.orders");
+    assert_eq!(w["02"], 25, "{w:?}");
+    assert_eq!(w.values().sum::<i64>(), 125, "{w:?}");
+    assert!(warehouse_ids(&mut wh, "raw.orders")
+        .values()
+        .all(|n| *n == 1));
+}
+
 /// Issue 21: a reader counting one window's rows while the window is
 /// re-landed (more rows now) sees the old count or the new one, never a
 /// part. The load waits at a gate with its new rows copied but not

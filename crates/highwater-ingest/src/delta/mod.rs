@@ -252,6 +252,23 @@ impl Ingestor {
         Ok(snap.windows.get(&w.start_us).map(|(_, m)| m.clone()))
     }
 
+    /// For the warehouse load (issue 21): the local folder holding the
+    /// files of window `w`'s attempt `token`, and the manifest its newest
+    /// commit carries (`None`: no commit of the window is in the table).
+    /// A table in object storage is never loaded (refused at config).
+    pub(crate) fn delta_window_for_load(
+        &self,
+        w: &Window,
+        token: &str,
+    ) -> Result<Option<(PathBuf, Value)>, IngestError> {
+        let Place::Local(root) = self.place() else {
+            return Ok(None);
+        };
+        Ok(self
+            .delta_window_manifest(w)?
+            .map(|m| (root.join(format!("{}/{token}", Self::window_dir(w))), m)))
+    }
+
     /// The folder of window `w`'s attempts, relative to the table root.
     fn window_dir(w: &Window) -> String {
         format!("data/{}", format_compact(w.start_us))
