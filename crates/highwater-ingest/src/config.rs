@@ -355,9 +355,11 @@ impl SourceSpec {
         };
         let (output_place, output) = match raw.output.split_once(':') {
             Some((p, rest)) if !p.is_empty() && !p.contains('/') => {
-                if compaction.is_some() {
+                // A Delta table in a bucket compacts (one commit of remove +
+                // add); Parquet folder versions would need a folder swap.
+                if compaction.is_some() && raw.format.unwrap_or_default() != Format::Delta {
                     return Err(bad(format!(
-                        "output `{}` is in object storage `{p}`, where compaction is not available (it swaps folders); remove [sources.{name}.compact] or publish to a local folder",
+                        "output `{}` is in object storage `{p}`, where compaction of Parquet folder versions is not available (it swaps folders); remove [sources.{name}.compact], publish to a local folder, or land a `format = \"delta\"` table (which compacts in a bucket)",
                         raw.output
                     )));
                 }

@@ -853,3 +853,127 @@ fn delta_compaction_is_one_layout_only_commit_and_relands_stay_correct() {
     check("", true);
     check("lookback = \"3h\"", false);
 }
+
+/// The commits of a table in a bucket, each as its actions.
+fn bucket_log(o: &highwater_objects::Objects, prefix: &str) -> Vec<Vec<Value>> {
+    let mut out = Vec::new();
+    for v in 0.. {
+        let Some((b, _)) = o.get(&format!("{prefix}/_delta_log/{v:020}.json")).unwrap() else {
+            break;
+        };
+        out.push(
+            String::from_utf8(b.to_vec())
+                .unwrap()
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect(),
+        );
+    }
+    out
+}
+
+/// Issue 21: `highwater compact` on a Delta table in a bucket (moto on
+/// loopback): the period's window files read back from the bucket, the
+/// period written and uploaded, ONE put-if-absent commit of remove + add,
+/// every action dataChange = false; the deltalake reader sees each row
+/// once in fewer files, and highwater's scratch folder is gone after.
+#[test]
+fn delta_compaction_in_a_bucket_is_one_layout_only_commit() {
+    let moto = Moto::start();
+    let objects = moto.client("lakehouse");
+    let storage = "[storage.lake]\nkind = \"s3\"\nbucket = \"lakehouse\"\nendpoint_env = \"S3_ENDPOINT\"\nregion = \"us-east-1\"\n";
+    let p = Project::new(&format!(
+        "{storage}{}[sources.orders.compact]\ninto = \"1d\"\n",
+        config("lake:tables/orders", "")
+    ));
+    let c = db(&p);
+    fill(&c, 26, 10, "first");
+    let env: Vec<(&str, String)> = moto.env();
+    let r = ingest_at(&p, "2026-03-02T10:05:00Z", &env, &[], 0);
+    assert_eq!(published(&r), 26, "{r}");
+    let opts = serde_json::json!({
+        "AWS_ENDPOINT_URL": moto.endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_REGION": "us-east-1",
+        "AWS_ALLOW_HTTP": "true",
+    });
+    let uri = "s3://lakehouse/tables/orders";
+    let t0 = read(uri, &opts);
+    assert_eq!(t0["files"].as_array().unwrap().len(), 26, "{t0}");
+    let before = bucket_log(&objects, "tables/orders");
+    assert_eq!(before.len(), 26);
+    let compact = |code: i32| -> Value {
+        let mut cmd = p.cmd(&[
+            "compact",
+            "orders",
+            "--json",
+            "--now",
+            "2026-03-02T10:05:00Z",
+        ]);
+        for (k, v) in &env {
+            cmd.env(k, v);
+        }
+        let o = cmd.output().unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(code), "{stderr}");
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {stderr}"))
+    };
+    let r = compact(0);
+    let periods = r["periods"].as_array().unwrap();
+    assert_eq!(periods.len(), 1, "{r}");
+    assert_eq!(periods[0]["status"], "compacted", "{r}");
+    assert_eq!(periods[0]["rows"], 240, "{r}");
+    assert_eq!(periods[0]["files_before"], 24, "{r}");
+    assert_eq!(periods[0]["files_after"], 1, "{r}");
+    let t = read(uri, &opts);
+    assert_eq!(ids(&t), (0..260).collect::<Vec<_>>(), "each row once");
+    assert_eq!(t["rows"], t0["rows"]);
+    assert_eq!(t["polars_rows"], 260);
+    assert_eq!(t["files"].as_array().unwrap().len(), 3, "fewer files: {t}");
+    let commits = bucket_log(&objects, "tables/orders");
+    assert_eq!(commits.len(), 27, "one commit");
+    let last = &commits[26];
+    assert_eq!(actions(last, "commitInfo")[0]["operation"], "OPTIMIZE");
+    let removed: BTreeSet<String> = actions(last, "remove")
+        .iter()
+        .map(|a| a["path"].as_str().unwrap().to_string())
+        .collect();
+    let day_adds: BTreeSet<String> = before[..24]
+        .iter()
+        .flat_map(|c| actions(c, "add"))
+        .map(|a| a["path"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(removed, day_adds, "the day's files, and only them");
+    let adds = actions(last, "add");
+    assert_eq!(adds.len(), 1);
+    for kind in ["add", "remove"] {
+        for a in actions(last, kind) {
+            assert_eq!(a["dataChange"], false, "{kind}: {a}");
+        }
+    }
+    // The period's file is in the bucket where the commit names it.
+    let added = adds[0]["path"].as_str().unwrap();
+    assert!(
+        objects
+            .get(&format!("tables/orders/{added}"))
+            .unwrap()
+            .is_some(),
+        "{added}"
+    );
+    // The scratch folder the windows were read back into is gone.
+    let scratch = p.path(".highwater/objects-staging/orders");
+    let left: Vec<String> = std::fs::read_dir(&scratch)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("compact-"))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(left.is_empty(), "{left:?}");
+    // Again: already compacted, nothing committed.
+    let r = compact(0);
+    assert_eq!(r["periods"][0]["status"], "already", "{r}");
+    assert_eq!(bucket_log(&objects, "tables/orders").len(), 27);
+}

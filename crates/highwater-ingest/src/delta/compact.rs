@@ -12,6 +12,11 @@
 //! period, and nothing is committed. Only periods wholly older than the
 //! source's re-land horizon (`settle` + `lookback` before now) are
 //! compacted, so ordinary runs never meet that refusal.
+//!
+//! A table in object storage compacts the same way: the windows' files
+//! are read back into a scratch folder under `.highwater/objects-staging`,
+//! the period written there, uploaded, then the same one put-if-absent
+//! commit.
 
 use crate::compact::{self, Input, WindowIn};
 use crate::engine::Ingestor;
@@ -126,6 +131,22 @@ impl Ingestor {
             return Ok(o);
         }
         let token = self.token(p);
+        // A table in a bucket: the windows' files are read back into a
+        // scratch folder of highwater's own, the period written there with
+        // the same code, then uploaded; the folder goes whatever happens.
+        let bucket = match self.place() {
+            super::Place::Objects(o, prefix) => Some((o, prefix)),
+            super::Place::Local(_) => None,
+        };
+        let scratch = bucket.as_ref().map(|_| {
+            Scratch(
+                self.root
+                    .join(".highwater/objects-staging")
+                    .join(&self.spec.name)
+                    .join(format!("compact-{token}")),
+            )
+        });
+        let root = scratch.as_ref().map_or(root, |s| s.0.join("table"));
         let mut ins = Vec::new();
         let mut schemas = Vec::new();
         let mut removed: Vec<(String, Value)> = Vec::new();
@@ -165,6 +186,20 @@ impl Ingestor {
                 removed.push((path.clone(), add.clone()));
             }
             let wabs = root.join(data);
+            if let Some((store, prefix)) = &bucket {
+                std::fs::create_dir_all(&wabs)
+                    .map_err(|e| IngestError::io("creating", &wabs, e))?;
+                for n in &names {
+                    let key = format!("{prefix}/{data}/{n}");
+                    if let Err(e) = store.get_to(&key, &wabs.join(n)) {
+                        o.status = "failed";
+                        o.reason = Some(format!(
+                            "reading `{key}` back from the bucket: {e}; nothing was committed. Compact again"
+                        ));
+                        return Ok(o);
+                    }
+                }
+            }
             if let Some(n) = names.first() {
                 schemas.push(compact::schema_of(&wabs.join(n))?);
             }
@@ -195,7 +230,10 @@ impl Ingestor {
         };
         let final_rel = format!("{pdir}/{token}");
         let final_abs = root.join(&final_rel);
-        let staging = publish::staging_path(&final_abs, &token);
+        let staging = match &scratch {
+            Some(s) => s.0.join("period"),
+            None => publish::staging_path(&final_abs, &token),
+        };
         std::fs::create_dir_all(&staging).map_err(|e| IngestError::io("creating", &staging, e))?;
         let target = self
             .spec
@@ -213,12 +251,29 @@ impl Ingestor {
                 return Ok(o);
             }
         };
-        std::fs::rename(&staging, &final_abs)
-            .map_err(|e| IngestError::io("placing", &final_abs, e))?;
-        if let Some(parent) = final_abs.parent() {
-            std::fs::File::open(parent)
-                .and_then(|d| d.sync_all())
-                .map_err(|e| IngestError::io("syncing", parent, e))?;
+        match &bucket {
+            // Uploaded where the commit will name them; until it is put,
+            // no reader knows of them (an upload cut short leaves files no
+            // commit added, which vacuum sweeps).
+            Some((store, prefix)) => {
+                for f in &written.files {
+                    store
+                        .put_file(
+                            &staging.join(&f.path),
+                            &format!("{prefix}/{final_rel}/{}", f.path),
+                        )
+                        .map_err(|e| self.delta_err(&format!("{} .. {}", o.start, o.end), e))?;
+                }
+            }
+            None => {
+                std::fs::rename(&staging, &final_abs)
+                    .map_err(|e| IngestError::io("placing", &final_abs, e))?;
+                if let Some(parent) = final_abs.parent() {
+                    std::fs::File::open(parent)
+                        .and_then(|d| d.sync_all())
+                        .map_err(|e| IngestError::io("syncing", parent, e))?;
+                }
+            }
         }
         let label = format!("{} .. {}", o.start, o.end);
         let now_ms = now_ns() / 1_000_000;
@@ -299,5 +354,15 @@ impl Ingestor {
                 super::COMMIT_ATTEMPTS_MAX
             ),
         ))
+    }
+}
+
+/// A scratch folder of highwater's own, removed when dropped (on every
+/// way out of the compaction).
+struct Scratch(std::path::PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
