@@ -377,9 +377,6 @@ impl SourceSpec {
             // period's files, mixed with its neighbours: not loaded yet.
             return Err(bad(format!("[sources.{name}.load] and [sources.{name}.compact] together are not supported yet (a failed load of a compacted window would have to be read back out of its period's files); remove one")));
         }
-        if load.is_some() && output_place.is_some() {
-            return Err(bad(format!("[sources.{name}.load] reads the published files back from a local `output`; output `{}` is in object storage, which the load does not read yet. Publish to a local folder, or remove the load", raw.output)));
-        }
         let spec = SourceSpec {
             name: name.to_string(),
             kind: raw.kind,

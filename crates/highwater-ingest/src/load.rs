@@ -20,6 +20,9 @@
 //!
 //! The rows come from the window's published Parquet files, read back: a
 //! load that failed is retried by the next run without extracting again.
+//! From a bucket (Parquet folder versions or a Delta table), the window's
+//! files are downloaded into a scratch folder under
+//! `.highwater/objects-staging` first, removed after the load.
 
 use crate::config::{quote_column, quote_ident};
 use crate::engine::{IngestReport, Ingestor};
@@ -40,6 +43,15 @@ use serde_json::json;
 use std::path::Path;
 use std::sync::Mutex;
 use std::time::Instant;
+
+/// Where a window's published files are read back from for its load.
+pub(crate) enum LoadFrom {
+    /// A local folder.
+    Local(std::path::PathBuf),
+    /// A key prefix in the source's bucket: downloaded into a scratch
+    /// folder first.
+    Bucket(String),
+}
 
 /// The column of the warehouse table that names each row's window (its
 /// start): what a window's load deletes by.
@@ -662,32 +674,45 @@ impl Ingestor {
             }
             let t0 = Instant::now();
             let result = (|| -> Result<Loaded, String> {
-                let rel = r.extra["path"]
-                    .as_str()
-                    .map(str::to_string)
-                    .unwrap_or_else(|| self.window_path(&w).0);
-                if !Path::new(&rel)
-                    .components()
-                    .all(|c| matches!(c, std::path::Component::Normal(_)))
-                {
-                    return Err(format!("the record's path `{rel}` is not a relative path"));
-                }
-                let (dir, m) = if self.is_delta() {
+                let (from, m) = if self.is_delta() {
                     // A Delta table: the window's files are those its
                     // newest commit names, the manifest in its commitInfo.
                     self.delta_window_for_load(&w, &r.token)
                         .map_err(|e| e.to_string())?
                         .ok_or_else(|| format!("the Delta table has no commit of window {w}; `highwater ingest {}` lands it again", self.spec.name))?
+                } else if self.spec.output_place.is_some() {
+                    let (m, prefix) = self
+                        .bucket_window_for_load(&w)
+                        .map_err(|e| e.to_string())?
+                        .ok_or_else(|| format!("window {w} has no _manifest.json in the bucket; `highwater ingest {}` lands the window again", self.spec.name))?;
+                    (LoadFrom::Bucket(prefix), m)
                 } else {
+                    let rel = r.extra["path"]
+                        .as_str()
+                        .map(str::to_string)
+                        .unwrap_or_else(|| self.window_path(&w).0);
+                    if !Path::new(&rel)
+                        .components()
+                        .all(|c| matches!(c, std::path::Component::Normal(_)))
+                    {
+                        return Err(format!("the record's path `{rel}` is not a relative path"));
+                    }
                     let dir = self.root.join(&rel);
                     let m: serde_json::Value = std::fs::read(dir.join("_manifest.json"))
                         .map_err(|e| e.to_string())
                         .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
                         .map_err(|e| format!("reading {}/_manifest.json: {e}; `highwater ingest {}` lands the window again", dir.display(), self.spec.name))?;
-                    (dir, m)
+                    (LoadFrom::Local(dir), m)
+                };
+                let place = match &from {
+                    LoadFrom::Local(d) => d.display().to_string(),
+                    LoadFrom::Bucket(prefix) => format!(
+                        "{}:{prefix}",
+                        self.spec.output_place.as_deref().unwrap_or_default()
+                    ),
                 };
                 if m["token"] != r.token.as_str() {
-                    return Err(format!("{}/_manifest.json is of another attempt than the record; the next `highwater ingest {}` settles it", dir.display(), self.spec.name));
+                    return Err(format!("the manifest of {place} is of another attempt than the record; the next `highwater ingest {}` settles it", self.spec.name));
                 }
                 let files: Vec<String> = m["files"]
                     .as_array()
@@ -699,10 +724,24 @@ impl Ingestor {
                     .unwrap_or_default();
                 if files.iter().any(|f| f.contains('/') || f.starts_with('.')) {
                     return Err(format!(
-                        "{}/_manifest.json lists a file outside the window's folder",
-                        dir.display()
+                        "the manifest of {place} lists a file outside the window's folder"
                     ));
                 }
+                // From a bucket: the files read back into a scratch folder
+                // (removed when the load is done, whatever its outcome),
+                // then loaded as from a local output.
+                let mut scratch = None;
+                let dir = match from {
+                    LoadFrom::Local(d) => d,
+                    LoadFrom::Bucket(prefix) => {
+                        let s = self.scratch(&format!("load-{}", r.token));
+                        let _ = std::fs::remove_dir_all(&s.0);
+                        self.download(&prefix, &files, &s.0)?;
+                        let d = s.0.clone();
+                        scratch = Some(s);
+                        d
+                    }
+                };
                 if loader.is_none() {
                     loader = Some(Loader::connect(spec, &url).map_err(|e| {
                         format!("cannot connect to the warehouse ({}): {e}", spec.url_env)
@@ -715,6 +754,7 @@ impl Ingestor {
                     // window connects afresh.
                     loader = None;
                 }
+                drop(scratch);
                 out
             })();
             let ms = t0.elapsed().as_millis() as u64;

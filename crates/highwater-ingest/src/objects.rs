@@ -18,7 +18,17 @@ use highwater_core::window::{format_rfc3339, Window};
 use highwater_objects::{Objects, Put};
 use highwater_store::lease::now_ns;
 use serde_json::json;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// A scratch folder of highwater's own under `.highwater/objects-staging`
+/// (files read back from a bucket), removed when dropped: on every way out.
+pub(crate) struct Scratch(pub(crate) PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
 
 impl Ingestor {
     fn store_err(&self, window: &str, e: impl std::fmt::Display) -> IngestError {
@@ -55,6 +65,55 @@ impl Ingestor {
             .get(&format!("{key}/_manifest.json"))
             .map_err(|e| self.store_err(&w.to_string(), e))?;
         Ok(got.and_then(|(b, _)| serde_json::from_slice(&b).ok()))
+    }
+
+    /// Scratch folder `what` of this source.
+    pub(crate) fn scratch(&self, what: &str) -> Scratch {
+        Scratch(
+            self.root
+                .join(".highwater/objects-staging")
+                .join(&self.spec.name)
+                .join(what),
+        )
+    }
+
+    /// For the warehouse load from a bucket (issue 21): the manifest of the
+    /// Parquet window `w` as published there, its `files` rewritten to the
+    /// names under the version's prefix, and that prefix (`KEY/v=TOKEN`).
+    /// `None`: no manifest in the bucket.
+    pub(crate) fn bucket_window_for_load(
+        &self,
+        w: &Window,
+    ) -> Result<Option<(serde_json::Value, String)>, IngestError> {
+        let Some(mut m) = self.published_manifest(w, Path::new(""))? else {
+            return Ok(None);
+        };
+        let version = m["version"].as_str().unwrap_or_default().to_string();
+        let prefix = format!("{}/{version}", self.window_key(w));
+        let strip = format!("{version}/");
+        let files: Vec<serde_json::Value> = m["files"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|f| f.as_str())
+            // A name outside the version's prefix is kept whole, and the
+            // load's check refuses it.
+            .map(|f| json!({"path": f.strip_prefix(&strip).unwrap_or(f)}))
+            .collect();
+        m["files"] = json!(files);
+        Ok(Some((m, prefix)))
+    }
+
+    /// Downloads `files` (names under the key prefix `prefix`) into `to`.
+    pub(crate) fn download(&self, prefix: &str, files: &[String], to: &Path) -> Result<(), String> {
+        std::fs::create_dir_all(to).map_err(|e| format!("creating {}: {e}", to.display()))?;
+        let o = self.objects();
+        for f in files {
+            o.get_to(&format!("{prefix}/{f}"), &to.join(f))
+                .map_err(|e| format!("reading the published file back from the bucket: {e}"))?;
+        }
+        Ok(())
     }
 
     fn window_key(&self, w: &Window) -> String {

@@ -138,14 +138,9 @@ impl Ingestor {
             super::Place::Objects(o, prefix) => Some((o, prefix)),
             super::Place::Local(_) => None,
         };
-        let scratch = bucket.as_ref().map(|_| {
-            Scratch(
-                self.root
-                    .join(".highwater/objects-staging")
-                    .join(&self.spec.name)
-                    .join(format!("compact-{token}")),
-            )
-        });
+        let scratch = bucket
+            .as_ref()
+            .map(|_| self.scratch(&format!("compact-{token}")));
         let root = scratch.as_ref().map_or(root, |s| s.0.join("table"));
         let mut ins = Vec::new();
         let mut schemas = Vec::new();
@@ -354,15 +349,5 @@ impl Ingestor {
                 super::COMMIT_ATTEMPTS_MAX
             ),
         ))
-    }
-}
-
-/// A scratch folder of highwater's own, removed when dropped (on every
-/// way out of the compaction).
-struct Scratch(std::path::PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }

@@ -252,21 +252,21 @@ impl Ingestor {
         Ok(snap.windows.get(&w.start_us).map(|(_, m)| m.clone()))
     }
 
-    /// For the warehouse load (issue 21): the local folder holding the
-    /// files of window `w`'s attempt `token`, and the manifest its newest
-    /// commit carries (`None`: no commit of the window is in the table).
-    /// A table in object storage is never loaded (refused at config).
+    /// For the warehouse load (issue 21): where the files of window `w`'s
+    /// attempt `token` are (a local folder, or a key prefix in the bucket),
+    /// and the manifest its newest commit carries (`None`: no commit of the
+    /// window is in the table).
     pub(crate) fn delta_window_for_load(
         &self,
         w: &Window,
         token: &str,
-    ) -> Result<Option<(PathBuf, Value)>, IngestError> {
-        let Place::Local(root) = self.place() else {
-            return Ok(None);
+    ) -> Result<Option<(crate::load::LoadFrom, Value)>, IngestError> {
+        let dir = format!("{}/{token}", Self::window_dir(w));
+        let from = match self.place() {
+            Place::Local(root) => crate::load::LoadFrom::Local(root.join(dir)),
+            Place::Objects(_, prefix) => crate::load::LoadFrom::Bucket(format!("{prefix}/{dir}")),
         };
-        Ok(self
-            .delta_window_manifest(w)?
-            .map(|m| (root.join(format!("{}/{token}", Self::window_dir(w))), m)))
+        Ok(self.delta_window_manifest(w)?.map(|m| (from, m)))
     }
 
     /// The folder of window `w`'s attempts, relative to the table root.
