@@ -703,6 +703,17 @@ fn delta_config_refusals_name_the_setting() {
             "remove the placeholders",
         ],
     );
+    // Compaction in a bucket is for Delta tables only: Parquet folder
+    // versions there are refused, naming the way out.
+    check(
+        config("lake:tables/orders", "").replace("format = \"delta\"\n", "")
+            + "[sources.orders.compact]\ninto = \"1d\"\n",
+        &[
+            "`lake:tables/orders`",
+            "compaction of Parquet folder versions",
+            "format = \"delta\"",
+        ],
+    );
 }
 
 /// `highwater compact orders` at `now`, with its exit code and JSON.

@@ -608,10 +608,11 @@ fn bad_table_names_and_a_missing_url_are_refused() {
     );
     // Not yet with compaction: refused, named. (An object-storage output
     // loads: `windows_in_a_bucket_load_each_row_once_read_back_from_it`.)
-    for (edit, says) in [(
-        "\n[sources.orders.compact]\ninto = \"1d\"\n",
-        "[sources.orders.load] and [sources.orders.compact] together are not supported yet",
-    )] {
+    {
+        let (edit, says) = (
+            "\n[sources.orders.compact]\ninto = \"1d\"\n",
+            "[sources.orders.load] and [sources.orders.compact] together are not supported yet",
+        );
         let cfg = config("raw.orders", "") + edit;
         let p = Project::new(&cfg);
         source(&p);
