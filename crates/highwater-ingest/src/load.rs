@@ -634,6 +634,10 @@ impl Ingestor {
         if owed.is_empty() {
             return Ok(());
         }
+        if self.spec.output_place.is_some() {
+            // Scratch folders of a run killed mid-load (under the lease).
+            self.sweep_scratch("load");
+        }
         let url = std::env::var(&spec.url_env).map_err(|_| IngestError::LoadEnv {
             name: self.spec.name.clone(),
             var: spec.url_env.clone(),

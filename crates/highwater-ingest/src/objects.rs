@@ -77,6 +77,25 @@ impl Ingestor {
         )
     }
 
+    /// Removes this source's scratch folders named `KIND-*` left by a run
+    /// killed before it removed them. Only under the source lease (one
+    /// compaction or load of a source at a time), so none is in use.
+    pub(crate) fn sweep_scratch(&self, kind: &str) {
+        let dir = self
+            .root
+            .join(".highwater/objects-staging")
+            .join(&self.spec.name);
+        let Ok(rd) = std::fs::read_dir(&dir) else {
+            return;
+        };
+        let mark = format!("{kind}-");
+        for e in rd.flatten() {
+            if e.file_name().to_string_lossy().starts_with(&mark) {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+
     /// For the warehouse load from a bucket (issue 21): the manifest of the
     /// Parquet window `w` as published there, its `files` rewritten to the
     /// names under the version's prefix, and that prefix (`KEY/v=TOKEN`).

@@ -887,7 +887,8 @@ fn bucket_log(o: &highwater_objects::Objects, prefix: &str) -> Vec<Vec<Value>> {
 /// loopback): the period's window files read back from the bucket, the
 /// period written and uploaded, ONE put-if-absent commit of remove + add,
 /// every action dataChange = false; the deltalake reader sees each row
-/// once in fewer files, and highwater's scratch folder is gone after.
+/// once in fewer files, and highwater's scratch folder is gone after. A
+/// run killed before its commit put changes nothing readers see.
 #[test]
 fn delta_compaction_in_a_bucket_is_one_layout_only_commit() {
     let moto = Moto::start();
@@ -914,7 +915,7 @@ fn delta_compaction_in_a_bucket_is_one_layout_only_commit() {
     assert_eq!(t0["files"].as_array().unwrap().len(), 26, "{t0}");
     let before = bucket_log(&objects, "tables/orders");
     assert_eq!(before.len(), 26);
-    let compact = |code: i32| -> Value {
+    let run = |failpoint: Option<&str>| -> std::process::Output {
         let mut cmd = p.cmd(&[
             "compact",
             "orders",
@@ -925,11 +926,42 @@ fn delta_compaction_in_a_bucket_is_one_layout_only_commit() {
         for (k, v) in &env {
             cmd.env(k, v);
         }
-        let o = cmd.output().unwrap();
+        if let Some(f) = failpoint {
+            cmd.env("HIGHWATER_FAILPOINT", f);
+        }
+        cmd.output().unwrap()
+    };
+    let compact = |code: i32| -> Value {
+        let o = run(None);
         let stderr = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(code), "{stderr}");
         serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {stderr}"))
     };
+    // Killed (SIGKILL) with the period's files uploaded, before the commit
+    // put: nothing committed, the rows as they were; its scratch folder
+    // stays until the next compaction sweeps it.
+    let killed = run(Some("delta-compact-before-commit-put"));
+    assert_eq!(killed.status.code(), None, "killed by the failpoint");
+    assert_eq!(bucket_log(&objects, "tables/orders").len(), 26);
+    let t = read(uri, &opts);
+    assert_eq!(t["rows"], t0["rows"]);
+    assert_eq!(t["files"].as_array().unwrap().len(), 26, "{t}");
+    let scratch = p.path(".highwater/objects-staging/orders");
+    let compact_scratch = || -> Vec<String> {
+        std::fs::read_dir(&scratch)
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with("compact-"))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        compact_scratch().len(),
+        1,
+        "the killed run's scratch folder"
+    );
     let r = compact(0);
     let periods = r["periods"].as_array().unwrap();
     assert_eq!(periods.len(), 1, "{r}");
@@ -972,16 +1004,9 @@ fn delta_compaction_in_a_bucket_is_one_layout_only_commit() {
             .is_some(),
         "{added}"
     );
-    // The scratch folder the windows were read back into is gone.
-    let scratch = p.path(".highwater/objects-staging/orders");
-    let left: Vec<String> = std::fs::read_dir(&scratch)
-        .map(|rd| {
-            rd.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.starts_with("compact-"))
-                .collect()
-        })
-        .unwrap_or_default();
+    // The scratch folders the windows were read back into are gone: this
+    // run's, and the killed run's (swept).
+    let left = compact_scratch();
     assert!(left.is_empty(), "{left:?}");
     // Again: already compacted, nothing committed.
     let r = compact(0);

@@ -138,6 +138,9 @@ impl Ingestor {
             super::Place::Objects(o, prefix) => Some((o, prefix)),
             super::Place::Local(_) => None,
         };
+        if bucket.is_some() {
+            self.sweep_scratch("compact");
+        }
         let scratch = bucket
             .as_ref()
             .map(|_| self.scratch(&format!("compact-{token}")));
@@ -269,6 +272,13 @@ impl Ingestor {
                         .map_err(|e| IngestError::io("syncing", parent, e))?;
                 }
             }
+        }
+        if std::env::var_os("HIGHWATER_FAILPOINT")
+            .is_some_and(|v| v == "delta-compact-before-commit-put")
+        {
+            // For the crash tests: die with the period's files placed,
+            // uncommitted.
+            crate::engine::kill_self();
         }
         let label = format!("{} .. {}", o.start, o.end);
         let now_ms = now_ns() / 1_000_000;
