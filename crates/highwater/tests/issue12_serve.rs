@@ -5,8 +5,8 @@
 
 mod common;
 use common::ingest::SQLITE_SOURCE;
-use common::osm::data;
-use common::serve::{browser, serve};
+use common::osm::{data, monaco_updates};
+use common::serve::{browser, http, serve};
 use common::*;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -70,73 +70,9 @@ fn project() -> Project {
     let pbf = data().join("monaco-3047-20210801.osm.pbf");
     p.check(&["osm", "import", pbf.to_str().unwrap()], 0);
     p.check(&["osm", "tiles", "build"], 0);
-    let upd = p.path("updates/000/003");
-    std::fs::create_dir_all(&upd).unwrap();
-    for seq in 48..=50 {
-        for ext in ["osc.gz", "state.txt"] {
-            let name = format!("{seq:03}.{ext}");
-            std::fs::copy(
-                data().join("monaco-updates/000/003").join(&name),
-                upd.join(&name),
-            )
-            .unwrap();
-        }
-    }
+    monaco_updates(&p, 48..=50);
     p.check(&["osm", "replicate", "--from", "updates"], 0);
     p
-}
-
-/// One HTTP/1.1 request: (status, headers lower-cased, body).
-fn http(
-    addr: &str,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-) -> (u16, BTreeMap<String, String>, Vec<u8>) {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("Content-Length: 0\r\n\r\n");
-    s.write_all(req.as_bytes()).unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).unwrap();
-    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
-    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
-    let mut lines = head.lines();
-    let status: u16 = lines
-        .next()
-        .unwrap()
-        .split(' ')
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap();
-    let mut h = BTreeMap::new();
-    for l in lines {
-        if let Some((k, v)) = l.split_once(':') {
-            h.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
-        }
-    }
-    let mut body = raw[split + 4..].to_vec();
-    if h.get("transfer-encoding").is_some_and(|t| t == "chunked") {
-        body = dechunk(&body);
-    }
-    (status, h, body)
-}
-
-fn dechunk(mut b: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    loop {
-        let i = b.windows(2).position(|w| w == b"\r\n").unwrap();
-        let n = usize::from_str_radix(std::str::from_utf8(&b[..i]).unwrap().trim(), 16).unwrap();
-        if n == 0 {
-            return out;
-        }
-        out.extend_from_slice(&b[i + 2..i + 2 + n]);
-        b = &b[i + 2 + n + 2..];
-    }
 }
 
 /// Every file of the project but SQLite's -wal and -shm, with its bytes

@@ -8,7 +8,7 @@
 //! Data: crates/highwater-osm/tests/data (SOURCE.md there).
 
 mod common;
-use common::osm::data;
+use common::osm::{data, monaco_updates};
 use common::*;
 use std::io::{Read, Write};
 
@@ -53,18 +53,7 @@ fn a_backlog_larger_than_a_rebuild_flips_the_advice() {
     let pbf = data().join("monaco-3047-20210801.osm.pbf");
     p.check(&["osm", "import", pbf.to_str().unwrap()], 0);
     p.check(&["osm", "tiles", "build"], 0);
-    let upd = p.path("updates/000/003");
-    std::fs::create_dir_all(&upd).unwrap();
-    for seq in 48..=51 {
-        for ext in ["osc.gz", "state.txt"] {
-            let name = format!("{seq:03}.{ext}");
-            std::fs::copy(
-                data().join("monaco-updates/000/003").join(&name),
-                upd.join(&name),
-            )
-            .unwrap();
-        }
-    }
+    let upd = monaco_updates(&p, 48..=51);
     let one = |q: i64| upd.join(format!("{q:03}.osc.gz")).display().to_string();
     // Measured: a rebuild (the build), then a drain of three diffs.
     p.check(&["osm", "apply", &one(48), &one(49), &one(50)], 0);

@@ -12,7 +12,7 @@
 //! Data: crates/highwater-osm/tests/data (SOURCE.md there).
 
 mod common;
-use common::osm::data;
+use common::osm::{data, monaco_updates};
 use common::*;
 use highwater_osm::store::Store;
 use std::fmt::Write as _;
@@ -165,18 +165,7 @@ fn ds<'a>(s: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
 #[test]
 fn a_mass_edit_after_real_diffs_holds_each_dataset_by_its_own_guard() {
     let p = project();
-    let upd = p.path("updates/000/003");
-    std::fs::create_dir_all(&upd).unwrap();
-    for seq in 48..=76 {
-        for ext in ["osc.gz", "state.txt"] {
-            let name = format!("{seq:03}.{ext}");
-            std::fs::copy(
-                data().join("monaco-updates/000/003").join(&name),
-                upd.join(&name),
-            )
-            .unwrap();
-        }
-    }
+    let upd = monaco_updates(&p, 48..=76);
     let r = p.check(&["osm", "replicate", "--from", "updates"], 0);
     assert!(
         !r.stderr.contains("is held"),

@@ -10,8 +10,8 @@
 //! 3048..3076 (crates/highwater-osm/tests/data, see SOURCE.md there).
 
 mod common;
-use common::osm::data;
-use common::serve::{serve, serve_cmd};
+use common::osm::{data, monaco_updates};
+use common::serve::{http, serve, serve_cmd};
 use common::*;
 use highwater_core::tile::Tile;
 use highwater_osm::store::{DrainOrder, Store};
@@ -37,70 +37,13 @@ fn project(seqs: std::ops::RangeInclusive<i64>) -> Project {
     let pbf = data().join("monaco-3047-20210801.osm.pbf");
     p.check(&["osm", "import", pbf.to_str().unwrap()], 0);
     p.check(&["osm", "tiles", "build"], 0);
-    copy_diffs(&p, seqs);
+    monaco_updates(&p, seqs);
     p
-}
-
-fn copy_diffs(p: &Project, seqs: std::ops::RangeInclusive<i64>) {
-    let upd = p.path("updates/000/003");
-    std::fs::create_dir_all(&upd).unwrap();
-    for seq in seqs {
-        for ext in ["osc.gz", "state.txt"] {
-            let name = format!("{:03}.{ext}", seq - 3000);
-            std::fs::copy(
-                data().join("monaco-updates/000/003").join(&name),
-                upd.join(&name),
-            )
-            .unwrap();
-        }
-    }
 }
 
 /// One GET: (status, headers lower-cased, body).
 fn get(addr: &str, path: &str) -> (u16, BTreeMap<String, String>, Vec<u8>) {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).unwrap();
-    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
-    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
-    let mut lines = head.lines();
-    let status: u16 = lines
-        .next()
-        .unwrap()
-        .split(' ')
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap();
-    let mut h = BTreeMap::new();
-    for l in lines {
-        if let Some((k, v)) = l.split_once(':') {
-            h.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
-        }
-    }
-    let mut body = raw[split + 4..].to_vec();
-    if h.get("transfer-encoding").is_some_and(|t| t == "chunked") {
-        body = dechunk(&body);
-    }
-    (status, h, body)
-}
-
-fn dechunk(mut b: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    loop {
-        let nl = b.windows(2).position(|w| w == b"\r\n").unwrap();
-        let n = usize::from_str_radix(std::str::from_utf8(&b[..nl]).unwrap().trim(), 16).unwrap();
-        if n == 0 {
-            return out;
-        }
-        out.extend_from_slice(&b[nl + 2..nl + 2 + n]);
-        b = &b[nl + 2 + n + 2..];
-    }
+    http(addr, "GET", path, &[])
 }
 
 fn tile_url(t: Tile) -> String {

@@ -159,3 +159,23 @@ pub fn assert_same_elements(ours: &[Canon], theirs: &[Canon]) {
         .collect();
     assert!(diffs.is_empty(), "first differences: {diffs:#?}");
 }
+
+/// Copies Monaco's minutely diffs `seqs` (3048..=3076 are in the fixtures,
+/// sequence numbers as the server gives them, or their last three digits)
+/// into `updates/000/003/` of the project, as a replication folder; returns
+/// that folder.
+pub fn monaco_updates(p: &super::Project, seqs: std::ops::RangeInclusive<i64>) -> PathBuf {
+    let upd = p.path("updates/000/003");
+    std::fs::create_dir_all(&upd).unwrap();
+    for seq in seqs {
+        for ext in ["osc.gz", "state.txt"] {
+            let name = format!("{:03}.{ext}", seq % 1000);
+            std::fs::copy(
+                data().join("monaco-updates/000/003").join(&name),
+                upd.join(&name),
+            )
+            .unwrap();
+        }
+    }
+    upd
+}
