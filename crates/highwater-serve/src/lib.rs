@@ -64,6 +64,20 @@ pub trait Project: Send + Sync + 'static {
     fn tile_state(&self, _dataset: &str, _z: u8, _x: u32, _y: u32) -> Option<(i64, bool)> {
         None
     }
+    /// [`Project::tile_state`] if it can be said without waiting (no lock
+    /// held elsewhere, nothing to read but a version probe): serve's
+    /// clean-tile path asks it on its event loop. `None`: it would wait,
+    /// and serve asks [`Project::tile_state`] on a blocking thread.
+    /// `Some(None)`: there is no store to ask.
+    fn tile_state_now(
+        &self,
+        _dataset: &str,
+        _z: u8,
+        _x: u32,
+        _y: u32,
+    ) -> Option<Option<(i64, bool)>> {
+        None
+    }
     /// Issue 23: a dirty tile cut in memory from the store as it is now,
     /// by the drain's code: the generation it was cut at, and its bytes
     /// gzipped as the MBTiles file stores them (`None`: an empty tile).
@@ -357,6 +371,21 @@ impl App {
             Some(true) => c.fresh += 1,
             Some(false) => c.stale += 1,
             None => {}
+        }
+    }
+
+    /// [`App::count`] of a clean tile if the counts' lock is free and they
+    /// are loaded; `false`: nothing was counted.
+    fn count_now(&self, dataset: &str, k: (u8, u32, u32)) -> bool {
+        let Ok(mut all) = self.counts.try_lock() else {
+            return false;
+        };
+        match all.get_mut(dataset) {
+            Some(c) if c.loaded => {
+                c.hit(k);
+                true
+            }
+            _ => false,
         }
     }
 
@@ -806,6 +835,9 @@ async fn tile(
         .filter_map(|h| h.to_str().ok())
         .map(str::to_string)
         .collect();
+    if let Some(r) = clean_tile_now(&app, &name, z, x, y, &if_none) {
+        return r;
+    }
     blocking(&app, move |app| {
         let Some(t) = tileset(&app, &name) else {
             return not_found(format!("no tile dataset named `{name}`"));
@@ -845,6 +877,47 @@ async fn tile(
         }
     })
     .await
+}
+
+/// Issue 23: a clean tile answered on the event loop, without the hand-off
+/// to a blocking thread and back (most of what a clean tile cost: the
+/// bench in bench/README.md). Only when nothing has to wait: the fresh
+/// view answers from its version probe (asked on every request, so a
+/// tile dirtied by a commit is never taken for clean), an idle pooled
+/// MBTiles connection is free, and the counts' lock is. Anything else
+/// (a dirty tile, a store that moved, an error, a first request) is
+/// `None`: the blocking path answers it as before.
+fn clean_tile_now(
+    app: &Shared,
+    name: &str,
+    z: u8,
+    x: u32,
+    y: u32,
+    if_none: &[String],
+) -> Option<Response> {
+    let t = app
+        .project
+        .tilesets()
+        .into_iter()
+        .find(|t| t.name == name)?;
+    if z < t.zoom_min || z > t.zoom_max {
+        return None;
+    }
+    let state = app.project.tile_state_now(name, z, x, y)?;
+    if matches!(state, Some((_, true))) {
+        return None;
+    }
+    let data = match app.pool.read_tile_now(&t.mbtiles, z, x, y)? {
+        Ok(data) => data,
+        Err(e) => return Some((StatusCode::INTERNAL_SERVER_ERROR, e).into_response()),
+    };
+    if state.is_some() && !app.count_now(name, (z, x, y)) {
+        // The counts are busy (being saved, or loaded the first time):
+        // counted on a blocking thread, the tile not held back for it.
+        let (a, name) = (app.clone(), name.to_string());
+        tokio::task::spawn_blocking(move || a.count(&name, (z, x, y), None));
+    }
+    Some(tile_response(data.as_deref(), None, None, if_none))
 }
 
 /// The fresh bytes of a dirty tile: from memory when cut at `generation`,

@@ -75,6 +75,42 @@ impl Pool {
                 inode: ino,
             },
         };
+        self.read_on(p, path, z, x, y)
+    }
+
+    /// [`Pool::read_tile`] on an idle connection of the file's current
+    /// inode, if one is free right now; `None` when it would have to wait
+    /// for the pool's lock or open a connection (serve then reads on a
+    /// blocking thread). Nothing else differs: the same query, the same
+    /// check for a file renamed over while reading.
+    pub fn read_tile_now(
+        &self,
+        path: &Path,
+        z: u8,
+        x: u32,
+        y: u32,
+    ) -> Option<Result<Option<Vec<u8>>, String>> {
+        if z > highwater_core::tile::ZOOM_MAX || x >= 1 << z || y >= 1 << z {
+            return Some(Ok(None));
+        }
+        let ino = inode(path).ok()?;
+        let p = {
+            let mut idle = self.idle.try_lock().ok()?;
+            let v = idle.get_mut(path)?;
+            v.retain(|p| p.inode == ino);
+            v.pop()?
+        };
+        Some(self.read_on(p, path, z, x, y))
+    }
+
+    fn read_on(
+        &self,
+        p: Pooled,
+        path: &Path,
+        z: u8,
+        x: u32,
+        y: u32,
+    ) -> Result<Option<Vec<u8>>, String> {
         let row = (1u32 << z) - 1 - y;
         let r = p
             .conn
