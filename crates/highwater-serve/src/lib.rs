@@ -337,6 +337,8 @@ struct App {
     fresh: std::sync::Mutex<std::collections::HashMap<(String, u8, u32, u32), FreshEntry>>,
     cuts: std::sync::atomic::AtomicUsize,
     fresh_cut_timeout: Duration,
+    /// [`Project::tilesets`] as last listed, for the clean-tile path.
+    tilesets: std::sync::RwLock<Arc<Vec<Tileset>>>,
 }
 
 impl App {
@@ -350,6 +352,7 @@ impl App {
             fresh: Default::default(),
             cuts: Default::default(),
             fresh_cut_timeout,
+            tilesets: Default::default(),
         }
     }
 
@@ -739,7 +742,12 @@ fn not_found(what: String) -> Response {
 }
 
 fn tileset(app: &App, name: &str) -> Option<Tileset> {
-    app.project.tilesets().into_iter().find(|t| t.name == name)
+    let all = app.project.tilesets();
+    let t = all.iter().find(|t| t.name == name).cloned();
+    if let Ok(mut known) = app.tilesets.write() {
+        *known = Arc::new(all);
+    }
+    t
 }
 
 async fn dirty(State(app): State<Shared>, UrlPath(file): UrlPath<String>) -> Response {
@@ -883,10 +891,11 @@ async fn tile(
 /// to a blocking thread and back (most of what a clean tile cost: the
 /// bench in bench/README.md). Only when nothing has to wait: the fresh
 /// view answers from its version probe (asked on every request, so a
-/// tile dirtied by a commit is never taken for clean), an idle pooled
-/// MBTiles connection is free, and the counts' lock is. Anything else
-/// (a dirty tile, a store that moved, an error, a first request) is
-/// `None`: the blocking path answers it as before.
+/// tile dirtied by a commit is never taken for clean) and an idle pooled
+/// MBTiles connection gets its read lock at once. Anything else (a dirty
+/// tile, a store that moved, a drain committing, an error, the first
+/// requests) is `None`: the blocking path answers it as before (and says
+/// any error). The request is counted as the blocking path counts it.
 fn clean_tile_now(
     app: &Shared,
     name: &str,
@@ -895,11 +904,11 @@ fn clean_tile_now(
     y: u32,
     if_none: &[String],
 ) -> Option<Response> {
-    let t = app
-        .project
-        .tilesets()
-        .into_iter()
-        .find(|t| t.name == name)?;
+    // The datasets as the blocking path last listed them (the config does
+    // not change while serve runs; a file that went away fails the pooled
+    // read's stat, and the blocking path answers and lists again).
+    let known = app.tilesets.try_read().ok()?.clone();
+    let t = known.iter().find(|t| t.name == name)?;
     if z < t.zoom_min || z > t.zoom_max {
         return None;
     }
@@ -907,10 +916,7 @@ fn clean_tile_now(
     if matches!(state, Some((_, true))) {
         return None;
     }
-    let data = match app.pool.read_tile_now(&t.mbtiles, z, x, y)? {
-        Ok(data) => data,
-        Err(e) => return Some((StatusCode::INTERNAL_SERVER_ERROR, e).into_response()),
-    };
+    let data = app.pool.read_tile_now(&t.mbtiles, z, x, y)?;
     if state.is_some() && !app.count_now(name, (z, x, y)) {
         // The counts are busy (being saved, or loaded the first time):
         // counted on a blocking thread, the tile not held back for it.

@@ -234,13 +234,28 @@ impl FreshView {
         Ok((self.generation, self.dirty[dataset].contains(&t)))
     }
 
-    /// [`FreshView::state`] when it needs no more than the version probe:
+    /// [`FreshView::state`] when it needs no more than the version probe
+    /// and that probe gets its lock at once (an error is for `state` to
+    /// handle: the caller asks it):
     /// `Ok(None)` when the store moved since the last read or the
     /// dataset's dirty set is not loaded yet (reading those may take long;
     /// serve then asks [`FreshView::state`] off its event loop). The probe
     /// is asked every time, so the answer is as fresh as `state`'s.
     pub fn state_now(&self, dataset: &str, t: Tile) -> Result<Option<(i64, bool)>, TilesError> {
-        if self.data_version()? != self.version {
+        // Never wait for a lock here (the store is WAL: a reader waits only
+        // in rare moments such as recovery); `state` waits as before.
+        let wait = |d| {
+            self.probe
+                .busy_timeout(d)
+                .map_err(|err| StoreError::Sqlite {
+                    path: self.store.path().to_path_buf(),
+                    err,
+                })
+        };
+        wait(std::time::Duration::ZERO)?;
+        let version = self.data_version();
+        wait(std::time::Duration::from_secs(5))?;
+        if version? != self.version {
             return Ok(None);
         }
         Ok(self
