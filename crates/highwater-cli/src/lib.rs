@@ -1038,6 +1038,17 @@ impl highwater_serve::Project for ServedProject {
         }
     }
 
+    fn tile_state_now(&self, dataset: &str, z: u8, x: u32, y: u32) -> Option<Option<(i64, bool)>> {
+        if !self.cfg.store.exists() {
+            return Some(None);
+        }
+        // Never waits: a view busy elsewhere (re-reading a dirty set) or
+        // not open yet sends the request to the blocking path.
+        let v = self.fresh.try_lock().ok()?;
+        let t = highwater_core::tile::Tile { z, x, y };
+        v.as_ref()?.state_now(dataset, t).ok()?.map(Some)
+    }
+
     fn cut_fresh(
         &self,
         dataset: &str,

@@ -66,6 +66,20 @@ pub trait Project: Send + Sync + 'static {
     fn tile_state(&self, _dataset: &str, _z: u8, _x: u32, _y: u32) -> Option<(i64, bool)> {
         None
     }
+    /// [`Project::tile_state`] if it can be said without waiting (no lock
+    /// held elsewhere, nothing to read but a version probe): serve's
+    /// clean-tile path asks it on its event loop. `None`: it would wait,
+    /// and serve asks [`Project::tile_state`] on a blocking thread.
+    /// `Some(None)`: there is no store to ask.
+    fn tile_state_now(
+        &self,
+        _dataset: &str,
+        _z: u8,
+        _x: u32,
+        _y: u32,
+    ) -> Option<Option<(i64, bool)>> {
+        None
+    }
     /// Issue 23: a dirty tile cut in memory from the store as it is now,
     /// by the drain's code: the generation it was cut at, and its bytes
     /// gzipped as the MBTiles file stores them (`None`: an empty tile).
@@ -325,6 +339,8 @@ struct App {
     fresh: std::sync::Mutex<std::collections::HashMap<(String, u8, u32, u32), FreshEntry>>,
     cuts: std::sync::atomic::AtomicUsize,
     fresh_cut_timeout: Duration,
+    /// [`Project::tilesets`] as last listed, for the clean-tile path.
+    tilesets: std::sync::RwLock<Arc<Vec<Tileset>>>,
 }
 
 impl App {
@@ -338,6 +354,7 @@ impl App {
             fresh: Default::default(),
             cuts: Default::default(),
             fresh_cut_timeout,
+            tilesets: Default::default(),
         }
     }
 
@@ -359,6 +376,21 @@ impl App {
             Some(true) => c.fresh += 1,
             Some(false) => c.stale += 1,
             None => {}
+        }
+    }
+
+    /// [`App::count`] of a clean tile if the counts' lock is free and they
+    /// are loaded; `false`: nothing was counted.
+    fn count_now(&self, dataset: &str, k: (u8, u32, u32)) -> bool {
+        let Ok(mut all) = self.counts.try_lock() else {
+            return false;
+        };
+        match all.get_mut(dataset) {
+            Some(c) if c.loaded => {
+                c.hit(k);
+                true
+            }
+            _ => false,
         }
     }
 
@@ -713,7 +745,12 @@ fn not_found(what: String) -> Response {
 }
 
 fn tileset(app: &App, name: &str) -> Option<Tileset> {
-    app.project.tilesets().into_iter().find(|t| t.name == name)
+    let all = app.project.tilesets();
+    let t = all.iter().find(|t| t.name == name).cloned();
+    if let Ok(mut known) = app.tilesets.write() {
+        *known = Arc::new(all);
+    }
+    t
 }
 
 async fn dirty(State(app): State<Shared>, UrlPath(file): UrlPath<String>) -> Response {
@@ -813,6 +850,9 @@ async fn tile(
         .filter_map(|h| h.to_str().ok())
         .map(str::to_string)
         .collect();
+    if let Some(r) = clean_tile_now(&app, &name, z, x, y, &if_none) {
+        return r;
+    }
     blocking(&app, move |app| {
         let Some(t) = tileset(&app, &name) else {
             return not_found(format!("no tile dataset named `{name}`"));
@@ -852,6 +892,45 @@ async fn tile(
         }
     })
     .await
+}
+
+/// Issue 23: a clean tile answered on the event loop, without the hand-off
+/// to a blocking thread and back (most of what a clean tile cost: the
+/// bench in bench/README.md). Only when nothing has to wait: the fresh
+/// view answers from its version probe (asked on every request, so a
+/// tile dirtied by a commit is never taken for clean) and an idle pooled
+/// MBTiles connection gets its read lock at once. Anything else (a dirty
+/// tile, a store that moved, a drain committing, an error, the first
+/// requests) is `None`: the blocking path answers it as before (and says
+/// any error). The request is counted as the blocking path counts it.
+fn clean_tile_now(
+    app: &Shared,
+    name: &str,
+    z: u8,
+    x: u32,
+    y: u32,
+    if_none: &[String],
+) -> Option<Response> {
+    // The datasets as the blocking path last listed them (the config does
+    // not change while serve runs; a file that went away fails the pooled
+    // read's stat, and the blocking path answers and lists again).
+    let known = app.tilesets.try_read().ok()?.clone();
+    let t = known.iter().find(|t| t.name == name)?;
+    if z < t.zoom_min || z > t.zoom_max {
+        return None;
+    }
+    let state = app.project.tile_state_now(name, z, x, y)?;
+    if matches!(state, Some((_, true))) {
+        return None;
+    }
+    let data = app.pool.read_tile_now(&t.mbtiles, z, x, y)?;
+    if state.is_some() && !app.count_now(name, (z, x, y)) {
+        // The counts are busy (being saved, or loaded the first time):
+        // counted on a blocking thread, the tile not held back for it.
+        let (a, name) = (app.clone(), name.to_string());
+        tokio::task::spawn_blocking(move || a.count(&name, (z, x, y), None));
+    }
+    Some(tile_response(data.as_deref(), None, None, if_none))
 }
 
 /// The fresh bytes of a dirty tile: from memory when cut at `generation`,

@@ -46,6 +46,11 @@ struct Pooled {
     inode: (u64, u64),
 }
 
+/// How long a read on the blocking path waits for a writer's lock (a
+/// drain commits a batch of tiles in place): SQLite's wait as rusqlite
+/// opens a connection.
+pub const READ_BUSY_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Idle connections kept per file at most.
 pub const POOL_IDLE_MAX: usize = 8;
 
@@ -75,21 +80,60 @@ impl Pool {
                 inode: ino,
             },
         };
+        match self.read_on(p, path, z, x, y, READ_BUSY_WAIT) {
+            Some(r) => r,
+            // Opened before a rename swapped the file in: read again on a
+            // new connection.
+            None => read_tile(path, z, x, y),
+        }
+    }
+
+    /// [`Pool::read_tile`] on an idle connection, if one is free right now; `None` when it would have to wait
+    /// for the pool's lock or open a connection (serve then reads on a
+    /// blocking thread). Nothing else differs: the same query, the same
+    /// check for a file renamed over while reading.
+    pub fn read_tile_now(&self, path: &Path, z: u8, x: u32, y: u32) -> Option<Option<Vec<u8>>> {
+        if z > highwater_core::tile::ZOOM_MAX || x >= 1 << z || y >= 1 << z {
+            return Some(None);
+        }
+        // No stat before: `read_on` stats after the read and refuses a
+        // connection to a file renamed over (it is dropped, not kept).
+        let p = self.idle.try_lock().ok()?.get_mut(path)?.pop()?;
+        // On the event loop: never wait for a writer's lock (a drain
+        // committing a batch); the blocking path does.
+        self.read_on(p, path, z, x, y, std::time::Duration::ZERO)?
+            .ok()
+    }
+
+    /// Reads on `p`, waiting at most `busy` for a writer's lock. `None`:
+    /// the file was renamed over while reading (it may have read the old
+    /// file), or the read failed and `busy` is zero (the caller reads again
+    /// on the blocking path, which waits for the lock and says the error).
+    fn read_on(
+        &self,
+        p: Pooled,
+        path: &Path,
+        z: u8,
+        x: u32,
+        y: u32,
+        busy: std::time::Duration,
+    ) -> Option<Result<Option<Vec<u8>>, String>> {
         let row = (1u32 << z) - 1 - y;
         let r = p
             .conn
-            .prepare_cached(
+            .busy_timeout(busy)
+            .and_then(|_| {
+                p.conn.prepare_cached(
                 "SELECT tile_data FROM tiles WHERE zoom_level = ?1 AND tile_column = ?2 AND tile_row = ?3",
             )
+            })
             .and_then(|mut st| {
                 st.query_row(rusqlite::params![z, x, row], |r| r.get(0))
                     .optional()
             })
             .map_err(|e| format!("{}: {e}", path.display()));
-        // Opened before a rename swapped the file in: it may have read
-        // the old file; read again on a new connection.
-        if inode(path)? != p.inode {
-            return read_tile(path, z, x, y);
+        if inode(path).ok()? != p.inode || (r.is_err() && busy.is_zero()) {
+            return None;
         }
         if r.is_ok() {
             let mut idle = self.idle.lock().expect("not poisoned");
@@ -98,7 +142,7 @@ impl Pool {
                 v.push(p);
             }
         }
-        r
+        Some(r)
     }
 }
 

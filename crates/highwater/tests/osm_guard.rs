@@ -7,7 +7,8 @@
 //! `verify` equals a rebuild. Search is held by its own guard, aggregates
 //! (guard off) go on: each dataset independently. A first diff, with no
 //! history, is never held; the history survives restarts (every command
-//! here is a process of its own).
+//! here is a process of its own). A diff that changes tags a dataset
+//! reads yet derives nothing for it warns, naming the diff.
 //!
 //! Data: crates/highwater-osm/tests/data (SOURCE.md there).
 
@@ -264,4 +265,70 @@ fn a_first_diff_with_no_history_is_never_held() {
         assert!(ds(&s, name)["held"].is_null(), "{name}: {s}");
         assert_eq!(ds(&s, name)["marker"], 3048, "{name}");
     }
+}
+
+/// A change file re-tagging one building way (`building` becomes `house`,
+/// a tag the tile dataset reads; nodes kept), as sequence `seq` (state
+/// file beside it).
+fn retag_one_building(p: &Project, seq: i64) -> String {
+    let st = Store::open(&p.path(".highwater/osm")).unwrap();
+    let w = st
+        .tagged_like("\"building\"")
+        .unwrap()
+        .into_iter()
+        .filter(|(k, _)| *k == highwater_osm::MemberKind::Way)
+        .filter_map(|(_, id)| st.way(id).unwrap())
+        .find(|w| w.tags.get("building").is_some_and(|v| v != "house"))
+        .expect("Monaco has a building way");
+    let mut x = format!(
+        "<?xml version=\"1.0\"?>\n<osmChange version=\"0.6\">\n<modify>\n<way id=\"{}\" version=\"99\">",
+        w.id
+    );
+    for r in &w.refs {
+        let _ = write!(x, "<nd ref=\"{r}\"/>");
+    }
+    for (k, v) in &w.tags {
+        let v = if k == "building" { "house" } else { v.as_str() };
+        let _ = write!(x, "<tag k=\"{}\" v=\"{}\"/>", xml_escape(k), xml_escape(v));
+    }
+    x.push_str("</way>\n</modify>\n</osmChange>\n");
+    let dir = p.path("updates/000/003");
+    std::fs::create_dir_all(&dir).unwrap();
+    let osc = dir.join(format!("{:03}.osc.gz", seq - 3000));
+    std::fs::write(&osc, flate2_free_gzip(&x)).unwrap();
+    std::fs::write(
+        dir.join(format!("{:03}.state.txt", seq - 3000)),
+        format!("timestamp=2021-08-02T00\\:00\\:00Z\nsequenceNumber={seq}\n"),
+    )
+    .unwrap();
+    osc.display().to_string()
+}
+
+/// Issue 23: a diff that changes tags the tile dataset reads, yet dirties
+/// no tile, is a derivation bug: `osm apply` says so on stderr, naming the
+/// dataset and the diff. The bug is made by a failpoint that loses the
+/// derived tiles; the same diff without it dirties tiles and says nothing.
+#[test]
+fn a_diff_that_changes_read_tags_yet_derives_no_tile_warns_naming_it() {
+    // Failpoint in; warned, and how many tiles the diff dirtied, out.
+    let check = |failpoint: Option<&str>, warned: bool, dirtied: bool| {
+        let p = project();
+        let osc = retag_one_building(&p, 3048);
+        let mut c = p.cmd(&["osm", "apply", &osc]);
+        if let Some(f) = failpoint {
+            c.env("HIGHWATER_FAILPOINT", f);
+        }
+        let o = c.output().unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success(), "{failpoint:?}: {:?} {stderr}", o.status);
+        let says = stderr.contains("base: diff")
+            && stderr.contains("048.osc.gz (sequence 3048)")
+            && stderr.contains("yet derived nothing");
+        assert_eq!(says, warned, "{failpoint:?}: {stderr}");
+        let st = Store::open(&p.path(".highwater/osm")).unwrap();
+        let n = st.dirty_count("base").unwrap();
+        assert_eq!(n > 0, dirtied, "{failpoint:?}: {n} dirty tiles; {stderr}");
+    };
+    check(Some("derive-nothing:base"), true, false);
+    check(None, false, true);
 }

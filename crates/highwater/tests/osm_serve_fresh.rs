@@ -296,3 +296,37 @@ fn serving_fresh_equals_a_rebuild_at_every_generation() {
     }
     assert!(checked > 0, "no diff left a dirty tile");
 }
+
+/// Issue 23: serve answers a clean tile on its event loop (no hand-off to
+/// a blocking thread) once its fresh view and an MBTiles connection are
+/// warm. A tile served clean that way is served fresh by the very next
+/// request after a commit dirties it: the fast path asks the store's
+/// version probe on every request, it never trusts an earlier answer.
+#[test]
+fn a_tile_served_clean_is_served_fresh_right_after_the_commit_that_dirties_it() {
+    // The tiles the diffs will dirty, learnt on a twin project.
+    let twin = project(3048..=3076);
+    twin.check(&["osm", "replicate", "--from", "updates"], 0);
+    let will = dirty(&twin);
+    assert!(!will.is_empty(), "the diffs dirty no tile");
+    let p = project(3048..=3076);
+    let c = cfg(&p);
+    let s = serve(&p, &[]);
+    // Clean now: several rounds, so all but the first are on the warm path.
+    for _ in 0..3 {
+        for t in &will {
+            let (b, h) = served(&s.addr, *t);
+            assert!(!h.contains_key("x-highwater-fresh"), "{t:?}: {h:?}");
+            assert_eq!(b, stored(&p, *t), "{t:?}");
+        }
+    }
+    p.check(&["osm", "replicate", "--from", "updates"], 0);
+    assert_eq!(dirty(&p), will, "the twin dirtied other tiles");
+    let st = Store::open(&p.path(".highwater/osm")).unwrap();
+    let view = highwater_osm::tiles::rebuild_view(&st, &c.tiles[0].layer).unwrap();
+    for t in &will {
+        let (b, h) = served(&s.addr, *t);
+        assert!(h.contains_key("x-highwater-fresh"), "{t:?}: {h:?}");
+        assert_eq!(b, view.cut(*t, &c.tiles[0]), "{t:?}");
+    }
+}

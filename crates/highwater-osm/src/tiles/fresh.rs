@@ -193,14 +193,23 @@ impl FreshView {
         Ok(v)
     }
 
+    /// `PRAGMA data_version` on the probe, its statement kept prepared:
+    /// serve asks it on every tile request.
+    fn data_version(&self) -> Result<i64, TilesError> {
+        self.probe
+            .prepare_cached("PRAGMA data_version")
+            .and_then(|mut st| st.query_row([], |r| r.get(0)))
+            .map_err(|err| {
+                StoreError::Sqlite {
+                    path: self.store.path().to_path_buf(),
+                    err,
+                }
+                .into()
+            })
+    }
+
     fn refresh(&mut self) -> Result<(), TilesError> {
-        let version: i64 = self
-            .probe
-            .query_row("PRAGMA data_version", [], |r| r.get(0))
-            .map_err(|err| StoreError::Sqlite {
-                path: self.store.path().to_path_buf(),
-                err,
-            })?;
+        let version = self.data_version()?;
         if version != self.version {
             // Read before the generation: a commit in between moves the
             // version again, and the next request reads again.
@@ -223,6 +232,36 @@ impl FreshView {
             self.dirty.insert(dataset.to_string(), set);
         }
         Ok((self.generation, self.dirty[dataset].contains(&t)))
+    }
+
+    /// [`FreshView::state`] when it needs no more than the version probe
+    /// and that probe gets its lock at once (an error is for `state` to
+    /// handle: the caller asks it):
+    /// `Ok(None)` when the store moved since the last read or the
+    /// dataset's dirty set is not loaded yet (reading those may take long;
+    /// serve then asks [`FreshView::state`] off its event loop). The probe
+    /// is asked every time, so the answer is as fresh as `state`'s.
+    pub fn state_now(&self, dataset: &str, t: Tile) -> Result<Option<(i64, bool)>, TilesError> {
+        // Never wait for a lock here (the store is WAL: a reader waits only
+        // in rare moments such as recovery); `state` waits as before.
+        let wait = |d| {
+            self.probe
+                .busy_timeout(d)
+                .map_err(|err| StoreError::Sqlite {
+                    path: self.store.path().to_path_buf(),
+                    err,
+                })
+        };
+        wait(std::time::Duration::ZERO)?;
+        let version = self.data_version();
+        wait(std::time::Duration::from_secs(5))?;
+        if version? != self.version {
+            return Ok(None);
+        }
+        Ok(self
+            .dirty
+            .get(dataset)
+            .map(|set| (self.generation, set.contains(&t))))
     }
 
     pub fn store(&self) -> &Store {

@@ -865,7 +865,14 @@ impl crate::dataset::Dataset for TileDataset {
         changes: &[crate::model::Change],
         r: &mut crate::ops::DatasetReport,
     ) -> Result<(), crate::ops::OpsError> {
-        let (t, s) = crate::derive::affected_tiles(&*w, changes, &self.layer)?;
+        let (mut t, s) = crate::derive::affected_tiles(&*w, changes, &self.layer)?;
+        // For the test of the "derived nothing" warning (issue 23): a
+        // derivation bug that loses the affected set.
+        if std::env::var_os("HIGHWATER_FAILPOINT")
+            .is_some_and(|v| v.to_string_lossy() == format!("derive-nothing:{}", self.name))
+        {
+            t.clear();
+        }
         r.last_affected = Some(t.len());
         r.last_read = s.read_tags_changed;
         let (t, z) = crate::ops::bound(t, &self.layer, self.tiles_affected_max);
