@@ -9,7 +9,7 @@ use common::osm::{data, monaco_updates};
 use common::serve::{browser, http, serve};
 use common::*;
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::Stdio;
 

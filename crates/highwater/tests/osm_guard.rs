@@ -166,7 +166,7 @@ fn ds<'a>(s: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
 #[test]
 fn a_mass_edit_after_real_diffs_holds_each_dataset_by_its_own_guard() {
     let p = project();
-    let upd = monaco_updates(&p, 48..=76);
+    monaco_updates(&p, 48..=76);
     let r = p.check(&["osm", "replicate", "--from", "updates"], 0);
     assert!(
         !r.stderr.contains("is held"),

@@ -17,7 +17,6 @@ use highwater_core::tile::Tile;
 use highwater_osm::store::{DrainOrder, Store};
 use highwater_osm::tiles::{mvt, Mbtiles};
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
 
 const CONFIG: &str = r#"
 [osm]
