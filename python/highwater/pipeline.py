@@ -8,6 +8,7 @@ folder share one manifest.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import os
 import tempfile
@@ -15,6 +16,17 @@ from typing import Any, Callable, Iterable
 
 from highwater import _core, recipe as _recipe
 from highwater.runner import Runner
+
+
+def _where(fn: Callable, root: str) -> str:
+    """`file.py:function`, the file relative to the project root when inside it."""
+    try:
+        f = inspect.getsourcefile(fn) or ""
+    except TypeError:
+        f = ""
+    if f and os.path.abspath(f).startswith(root + os.sep):
+        f = os.path.relpath(f, root)
+    return f"{f or fn.__module__}:{fn.__qualname__}"
 
 # Recipes remembered per stage, to name what changed; older ones are dropped.
 RECIPES_KEPT_MAX = 16
@@ -158,6 +170,9 @@ class Pipeline:
                 "output": s.output,
                 "on_delete": s.on_delete,
                 "recipe": recipes[s.name].config(),
+                # Shown by `highwater status` and `serve` beside the
+                # highwater.toml stages of the same state.
+                "declared_in": f"python:{_where(s.fn, self.root)}",
             }
             if s.guard is not None:
                 d["guard"] = s.guard

@@ -62,3 +62,72 @@ def test_console_script_is_the_cli_and_the_state_is_shared(project):
     assert "nope" in r.stderr
     r = cli(project, "plan", "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["stages"][0]["changed"] == []
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_status_and_serve_show_the_python_stage(project):
+    """`highwater status` and the `serve` page list a stage that only Python
+    declares, beside the highwater.toml stage, with where it was declared."""
+    import time
+    import urllib.request
+
+    project.write("highwater.toml", TOML)
+    project.write("raw/r.txt", "raw\n")
+    project.write("pipeline.py", PIPELINE)
+    project.write("data/a.txt", " a \n")
+    project.write("data/b.txt", " b \n")
+    assert cli(project, "run").returncode == 0
+    assert project.run()["tidy"]["processed"] == 2
+
+    r = cli(project, "status", "--json")
+    assert r.returncode == 0, r.stderr
+    stages = {s["name"]: s for s in json.loads(r.stdout)["stages"]}
+    assert sorted(stages) == ["copy", "tidy"]
+    assert stages["copy"]["declared_in"] == "highwater.toml"
+    tidy = stages["tidy"]
+    assert tidy["declared_in"] == "python:pipeline.py:tidy"
+    assert (tidy["entries"], tidy["ok"], tidy["failed"]) == (2, 2, [])
+    assert tidy["last_run"]["exit_code"] == 0
+    assert tidy["last_run"]["summary"]["processed"] == 2
+    # The recipe shown is the one the Python plan reports.
+    assert tidy["recipe"] == project.plan()["tidy"]["recipe"]
+
+    r = cli(project, "status")
+    assert r.returncode == 0, r.stderr
+    assert "tidy (declared in python:pipeline.py:tidy): 2 entries, 0 failed" in r.stdout, r.stdout
+
+    port = free_port()
+    serve = subprocess.Popen(
+        [str(HIGHWATER), "serve", "--listen", f"127.0.0.1:{port}"],
+        cwd=project.root,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        page = None
+        for _ in range(100):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as resp:
+                    page = resp.read().decode()
+                break
+            except OSError:
+                assert serve.poll() is None, serve.stderr.read().decode()
+                time.sleep(0.1)
+        assert page is not None, "serve never answered"
+        assert 'data-stage="tidy"' in page and "python:pipeline.py:tidy" in page, page
+        assert 'data-stage="copy"' in page
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status", timeout=5) as resp:
+            api = json.loads(resp.read())
+        declared = {s["name"]: s["declared_in"] for s in api["stages"]}
+        assert declared == {"copy": "highwater.toml", "tidy": "python:pipeline.py:tidy"}, api
+        assert api["errors"] == [], api
+    finally:
+        serve.kill()
+        serve.wait(timeout=30)

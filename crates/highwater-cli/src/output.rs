@@ -244,9 +244,14 @@ pub fn status(out: &mut impl Write, v: &serde_json::Value, as_json: bool) -> io:
                 r["summary"]
             ),
         };
+        // A stage another program declared (a Python pipeline, issue 22).
+        let declared = match s["declared_in"].as_str() {
+            None | Some("highwater.toml") => String::new(),
+            Some(d) => format!(" (declared in {d})"),
+        };
         writeln!(
             out,
-            "{}: {} entries, {} failed; recipe {}; {}",
+            "{}{declared}: {} entries, {} failed; recipe {}; {}",
             s["name"].as_str().unwrap_or("?"),
             s["entries"],
             s["failed"].as_array().map_or(0, Vec::len),

@@ -1500,6 +1500,7 @@ impl Pipeline {
             "deleted": report.deleted,
             "failed": report.failed.len(),
             "reasons": report.reasons,
+            "declared_in": st.spec.declared_in,
         });
         let exit = if report.failed.is_empty() { 0 } else { 1 };
         store.finish_run(run_id, now_ns(), &summary, exit)?;
@@ -1816,14 +1817,19 @@ impl Pipeline {
         }))
     }
 
-    /// Per stage: the last run, the entry counts, the failures.
+    /// Per stage: the last run, the entry counts, the failures. Stages this
+    /// config does not declare but that ran on the same state (a Python
+    /// pipeline's, issue 22) follow, with where they were declared.
     pub fn status(&self) -> Result<serde_json::Value, FilesError> {
         let mut store = self.open_store()?;
         let runs = store.last_runs()?;
         let mut stages = Vec::new();
         let fleet = self.fleet_status(store.as_mut())?;
-        for st in &self.stages {
-            let name = &st.spec.name;
+        let stage_json = |store: &dyn StateStore,
+                          name: &str,
+                          recipe: Option<String>,
+                          declared_in: &str|
+         -> Result<serde_json::Value, FilesError> {
             let entries = store.load(name)?;
             let failed: Vec<serde_json::Value> = entries
                 .items
@@ -1831,7 +1837,7 @@ impl Pipeline {
                 .filter(|e| e.status == Status::Failed)
                 .map(|e| json!({"input": e.item, "error": e.error}))
                 .collect();
-            let last = runs.iter().find(|r| &r.stage == name).map(|r| {
+            let last = runs.iter().find(|r| r.stage == name).map(|r| {
                 json!({
                     "started_at": time::rfc3339_utc(r.started_at_ns),
                     "finished_at": r.finished_at_ns.map(time::rfc3339_utc),
@@ -1839,14 +1845,40 @@ impl Pipeline {
                     "summary": r.summary,
                 })
             });
-            stages.push(json!({
+            // A stage declared elsewhere: its recipe is the one its entries
+            // were last made under (the newest entry's).
+            let recipe = recipe.or_else(|| {
+                entries
+                    .items
+                    .values()
+                    .max_by_key(|e| e.processed_at_ns)
+                    .map(|e| e.recipe.clone())
+            });
+            Ok(json!({
                 "name": name,
-                "recipe": st.settings.recipe,
+                "recipe": recipe,
+                "declared_in": declared_in,
                 "entries": entries.items.len(),
                 "ok": entries.items.len() - failed.len(),
                 "failed": failed,
                 "last_run": last,
-            }));
+            }))
+        };
+        for st in &self.stages {
+            stages.push(stage_json(
+                store.as_ref(),
+                &st.spec.name,
+                Some(st.settings.recipe.clone()),
+                &st.spec.declared_in,
+            )?);
+        }
+        for r in &runs {
+            if self.stages.iter().any(|s| s.spec.name == r.stage) {
+                continue;
+            }
+            // Runs recorded before `declared_in` was: say so, not guess.
+            let declared_in = r.summary["declared_in"].as_str().unwrap_or("unknown");
+            stages.push(stage_json(store.as_ref(), &r.stage, None, declared_in)?);
         }
         let mut sources = Vec::new();
         for name in &self.sources {

@@ -90,6 +90,10 @@ pub struct StageSpec {
     /// Globs of paths that are never dependencies (absolute, or relative to
     /// the config folder), e.g. `/usr/share/zoneinfo/**`.
     pub observe_ignore: Vec<String>,
+    /// Where the stage was declared ("highwater.toml", "python:pipeline.py"):
+    /// recorded with each run, so that `status` and `serve` can show a stage
+    /// that another program declared and ran on the same state (issue 22).
+    pub declared_in: String,
 }
 
 impl StageSpec {
@@ -110,6 +114,7 @@ impl StageSpec {
             recipe: RecipeSpec::default(),
             observe: true,
             observe_ignore: Vec::new(),
+            declared_in: "highwater.toml".to_string(),
         }
     }
 

@@ -48,6 +48,17 @@ fn stage_from_json(v: &serde_json::Value, transform: Transform) -> PyResult<Stag
     let name = v["name"]
         .as_str()
         .ok_or_else(|| bad(format!("a stage declaration has no name: {v}")))?;
+    // The CLI's rule for stage names: they become metric labels, page
+    // cells and file names beside the state.
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    {
+        return Err(bad(format!(
+            "stage name {name:?}: use only letters, digits, `_` and `-`"
+        )));
+    }
     let strs = |key: &str| -> PyResult<Vec<String>> {
         v[key]
             .as_array()
@@ -85,6 +96,7 @@ fn stage_from_json(v: &serde_json::Value, transform: Transform) -> PyResult<Stag
     // named component's digest changes the recipe id.
     s.recipe.version = v["version"].as_str().unwrap_or_default().to_string();
     s.recipe.config = v["recipe"].clone();
+    s.declared_in = v["declared_in"].as_str().unwrap_or("python").to_string();
     // Closures are never observed; said here so that no note claims otherwise.
     s.observe = false;
     Ok(s)

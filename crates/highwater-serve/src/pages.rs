@@ -58,11 +58,12 @@ fn stages(s: &Value) -> Markup {
         @if list.is_empty() { p { "No file stages." } }
         @else {
             table id="stages" {
-                tr { th { "stage" } th { "last run" } th { "exit" } th { "by reason" } th { "items" } th { "failed" } }
+                tr { th { "stage" } th { "declared in" } th { "last run" } th { "exit" } th { "by reason" } th { "items" } th { "failed" } }
                 @for st in &list {
                     @let failed = st["failed"].as_array().cloned().unwrap_or_default();
                     tr data-stage=(text(&st["name"])) {
                         td { (text(&st["name"])) }
+                        td { code { (text(&st["declared_in"])) } }
                         td { (text(&st["last_run"]["finished_at"])) }
                         td class=(if st["last_run"]["exit_code"] == 0 { "fresh" } else { "bad" }) { (text(&st["last_run"]["exit_code"])) }
                         td {
@@ -74,7 +75,7 @@ fn stages(s: &Value) -> Markup {
                         td class=(if failed.is_empty() { "fresh" } else { "bad" }) { (failed.len()) }
                     }
                     @for f in &failed {
-                        tr { td {} td colspan="5" class="bad" { code { (text(&f["input"])) } ": " (text(&f["error"])) } }
+                        tr { td {} td colspan="6" class="bad" { code { (text(&f["input"])) } ": " (text(&f["error"])) } }
                     }
                 }
             }
