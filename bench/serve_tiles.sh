@@ -17,7 +17,8 @@ REPO=$PWD
 BENCH_DIR=${BENCH_DIR:-/tmp/highwater-bench}/serve_tiles
 HW=${HW:-$REPO/target/release/highwater}
 [ -x "$HW" ] || cargo build --release -q -p highwater
-MARTIN=${MARTIN:-/work/wt/tiles-martin/bin/martin}
+MARTIN=${MARTIN:-martin}
+if ! [ -x "$MARTIN" ]; then MARTIN=$(command -v "$MARTIN" || echo "$MARTIN"); fi
 DATA="$REPO/crates/highwater-osm/tests/data"
 LIE=${LIE:-/work/shared/data/osm/liechtenstein}
 rm -rf "$BENCH_DIR" && mkdir -p "$BENCH_DIR" && cd "$BENCH_DIR"
@@ -91,11 +92,32 @@ if [ -x "$MARTIN" ]; then
     MART=$!
     wait_port "$MPORT"
     M="/base/{z}/{x}/{y}"
-    echo "2. clean tiles, 4 clients, 4000 requests per round, rounds interleaved (tiles/s p50 p99):"
-    for r in 1 2 3; do
-        echo "   round $r highwater: $(python3 ../load.py "$PORT" "$T" clean.txt 4000 4)"
-        echo "   round $r martin:    $(python3 ../load.py "$MPORT" "$M" clean.txt 4000 4)"
+    ROUNDS=${ROUNDS:-5}; PER=${PER_ROUND:-20000}
+    echo "2. clean tiles, 4 clients, $PER requests per round, $ROUNDS rounds interleaved, who goes first alternating (tiles/s p50_ms p99_ms server_cpu_us_per_tile):"
+    : >ratios.txt; : >cpu.txt
+    # The server's own CPU (user + system ticks from /proc) per round: what a
+    # tile costs the server, apart from the load generator sharing the cores.
+    ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+    hz=$(getconf CLK_TCK)
+    round() { # PID PORT TEMPLATE -> "tiles/s p50 p99 cpu_us_per_tile"
+        local t0 out t1; t0=$(ticks "$1")
+        out=$(python3 ../load.py "$2" "$3" clean.txt "$PER" 4)
+        t1=$(ticks "$1")
+        echo "$out $(awk -v d=$((t1 - t0)) -v hz="$hz" -v n="$PER" 'BEGIN { printf "%.1f", d / hz * 1e6 / n }')"
+    }
+    for r in $(seq "$ROUNDS"); do
+        if [ $((r % 2)) = 1 ]; then
+            h=$(round "$SERVE" "$PORT" "$T"); m=$(round "$MART" "$MPORT" "$M")
+        else
+            m=$(round "$MART" "$MPORT" "$M"); h=$(round "$SERVE" "$PORT" "$T")
+        fi
+        echo "   round $r highwater: $h"
+        echo "   round $r martin:    $m"
+        echo "${h%% *} ${m%% *}" | awk '{ printf "%.3f\n", $1 / $2 }' >>ratios.txt
+        echo "$h $m" | awk '{ print $4, $8 }' >>cpu.txt
     done
+    echo "   highwater / martin tiles/s per round: $(sort -n ratios.txt | tr '\n' ' '); median $(sort -n ratios.txt | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')x"
+    echo "   server CPU per tile (us), summed over the rounds: $(awk '{ h += $1; m += $2 } END { printf "highwater %.1f, martin %.1f: martin / highwater %.2fx", h / NR, m / NR, m / h }' cpu.txt)"
     kill $MART
 else
     echo "2. skipped: no martin at $MARTIN"

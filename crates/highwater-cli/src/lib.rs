@@ -832,7 +832,13 @@ struct ServedProject {
     server_check: std::sync::Mutex<Option<ServerCheck>>,
     /// Issue 23: the store's generation and dirty sets, read again only
     /// when the store changed (opened at the first tile request).
-    fresh: std::sync::Mutex<Option<highwater_osm::tiles::fresh::FreshView>>,
+    /// One view per event-loop thread (`highwater_serve::event_threads`),
+    /// so that two clean tiles answered at once never send one of them to
+    /// the blocking path for want of the view.
+    fresh: Vec<std::sync::Mutex<Option<highwater_osm::tiles::fresh::FreshView>>>,
+    /// Moves, under the view's lock, whenever a view is read again after a
+    /// commit to the store (`Project::clean_epoch`).
+    epoch: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Clone)]
@@ -1023,30 +1029,62 @@ impl highwater_serve::Project for ServedProject {
         if !self.cfg.store.exists() {
             return None;
         }
-        let mut v = self.fresh.lock().expect("not poisoned");
-        if v.is_none() {
-            *v = highwater_osm::tiles::fresh::FreshView::open(&self.cfg.store).ok();
-        }
+        // Every view is brought up to date, so that the event loop's
+        // `tile_state_now` finds whichever it tries current; each reads the
+        // dirty sets again only when the store moved.
         let t = highwater_core::tile::Tile { z, x, y };
-        match v.as_mut()?.state(dataset, t) {
-            Ok(s) => Some(s),
-            // A store replaced under us (import --replace): open again next time.
-            Err(_) => {
-                *v = None;
-                None
+        let mut answer = None;
+        for slot in &self.fresh {
+            let mut v = slot.lock().expect("not poisoned");
+            let before = v.as_ref().map(|v| v.version());
+            if v.is_none() {
+                *v = highwater_osm::tiles::fresh::FreshView::open(&self.cfg.store).ok();
+            }
+            if let Some(view) = v.as_mut() {
+                match view.state(dataset, t) {
+                    Ok(s) => {
+                        answer.get_or_insert(s);
+                    }
+                    // A store replaced under us (import --replace): open again next time.
+                    Err(_) => *v = None,
+                }
+            }
+            // Still under the view's lock: the event loop reads the epoch
+            // around its own use of a view (`Project::clean_epoch`).
+            if v.as_ref().map(|v| v.version()) != before {
+                self.epoch.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             }
         }
+        answer
     }
 
     fn tile_state_now(&self, dataset: &str, z: u8, x: u32, y: u32) -> Option<Option<(i64, bool)>> {
-        if !self.cfg.store.exists() {
+        // Never waits: a view busy elsewhere (re-reading a dirty set) or
+        // not open yet sends the request to the blocking path. No stat of
+        // the store first: a store removed under an open view leaves its
+        // probe still (the file stays open), so its dirty tiles go to the
+        // blocking path, which finds no store and serves them as stored,
+        // as it serves every tile of a project without one.
+        let t = highwater_core::tile::Tile { z, x, y };
+        let mut opened = false;
+        for slot in &self.fresh {
+            let Ok(v) = slot.try_lock() else {
+                opened = true;
+                continue;
+            };
+            opened |= v.is_some();
+            if let Some(Ok(Some(s))) = v.as_ref().map(|v| v.state_now(dataset, t)) {
+                return Some(Some(s));
+            }
+        }
+        if !opened && !self.cfg.store.exists() {
             return Some(None);
         }
-        // Never waits: a view busy elsewhere (re-reading a dirty set) or
-        // not open yet sends the request to the blocking path.
-        let v = self.fresh.try_lock().ok()?;
-        let t = highwater_core::tile::Tile { z, x, y };
-        v.as_ref()?.state_now(dataset, t).ok()?.map(Some)
+        None
+    }
+
+    fn clean_epoch(&self) -> Option<u64> {
+        Some(self.epoch.load(std::sync::atomic::Ordering::SeqCst))
     }
 
     fn cut_fresh(
@@ -1893,7 +1931,10 @@ fn run(cli: Cli) -> Result<i32> {
                 cfg,
                 spec,
                 server_check: std::sync::Mutex::new(None),
-                fresh: std::sync::Mutex::new(None),
+                fresh: (0..highwater_serve::event_threads())
+                    .map(|_| std::sync::Mutex::new(None))
+                    .collect(),
+                epoch: Default::default(),
             });
             let opts = highwater_serve::Options {
                 public: *public,

@@ -80,6 +80,17 @@ pub trait Project: Send + Sync + 'static {
     ) -> Option<Option<(i64, bool)>> {
         None
     }
+    /// A counter that moves whenever [`Project::tile_state`] read the
+    /// store again after a commit to it, moved under the same lock that
+    /// [`Project::tile_state_now`] takes. Serve keeps the bytes of clean
+    /// tiles in memory under the epoch they were read at, and uses them
+    /// only while the epoch read before and after `tile_state_now` is
+    /// still theirs: a tile's stored bytes change only by a drain or a
+    /// rebuild, and each writes the MBTiles file before it commits to the
+    /// store. `None` (the default): nothing is kept.
+    fn clean_epoch(&self) -> Option<u64> {
+        None
+    }
     /// Issue 23: a dirty tile cut in memory from the store as it is now,
     /// by the drain's code: the generation it was cut at, and its bytes
     /// gzipped as the MBTiles file stores them (`None`: an empty tile).
@@ -133,6 +144,18 @@ pub const FRESH_CUT_TIMEOUT_MS_DEFAULT: u64 = 2000;
 pub const FRESH_CUT_TIMEOUT_MS_MAX: u64 = 60_000;
 
 /// How often the request counts are saved (and at stop).
+/// Event-loop threads at most (one per core below that).
+pub const EVENT_THREADS_MAX: usize = 8;
+
+/// The event-loop threads `serve` runs: one per core, at most
+/// [`EVENT_THREADS_MAX`]. A [`Project`] that keeps per-thread state sizes
+/// it by this.
+pub fn event_threads() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, EVENT_THREADS_MAX)
+}
+
 const REQUESTS_SAVE_EVERY: Duration = Duration::from_secs(5);
 
 #[derive(Default)]
@@ -341,6 +364,41 @@ struct App {
     fresh_cut_timeout: Duration,
     /// [`Project::tilesets`] as last listed, for the clean-tile path.
     tilesets: std::sync::RwLock<Arc<Vec<Tileset>>>,
+    /// Clean tiles' stored bytes, by the epoch they were read at
+    /// ([`Project::clean_epoch`]); at most `CLEAN_CACHE_BYTES_MAX`.
+    clean: std::sync::Mutex<CleanCache>,
+}
+
+/// Bytes of clean tiles kept in memory at most; past it the cache starts
+/// again empty.
+pub const CLEAN_CACHE_BYTES_MAX: usize = 64 << 20;
+
+#[derive(Default)]
+struct CleanCache {
+    epoch: u64,
+    bytes: usize,
+    tiles: std::collections::HashMap<(String, u8, u32, u32), Option<Arc<Vec<u8>>>>,
+}
+
+impl CleanCache {
+    fn get(&self, epoch: u64, key: &(String, u8, u32, u32)) -> Option<Option<Arc<Vec<u8>>>> {
+        (self.epoch == epoch).then(|| self.tiles.get(key).cloned())?
+    }
+
+    fn put(&mut self, epoch: u64, key: (String, u8, u32, u32), data: Option<Arc<Vec<u8>>>) {
+        // An older epoch's read never enters a newer cache.
+        if epoch < self.epoch {
+            return;
+        }
+        let size = data.as_ref().map_or(0, |d| d.len()) + 64;
+        if epoch != self.epoch || self.bytes + size > CLEAN_CACHE_BYTES_MAX {
+            self.tiles.clear();
+            self.bytes = 0;
+            self.epoch = epoch;
+        }
+        self.bytes += size;
+        self.tiles.insert(key, data);
+    }
 }
 
 impl App {
@@ -355,6 +413,7 @@ impl App {
             cuts: Default::default(),
             fresh_cut_timeout,
             tilesets: Default::default(),
+            clean: Default::default(),
         }
     }
 
@@ -458,7 +517,14 @@ pub fn serve(
         header_read: Duration::from_secs(opts.header_read_timeout_s),
         idle: Duration::from_secs(opts.idle_timeout_s),
     };
-    let rt = tokio::runtime::Builder::new_current_thread()
+    // One event-loop thread per core, at most EVENT_THREADS_MAX: clean
+    // tiles are answered on the loop (`clean_tile_now`), so a busy machine
+    // gives the server one share of the CPU per loop thread (issue 23's
+    // bench against martin, whose workers are one per core).
+    let threads = event_threads();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .thread_name("hw-serve")
         .enable_all()
         .build()?;
     let refresh = refresher(project.clone(), Duration::from_secs(opts.refresh_s));
@@ -919,11 +985,29 @@ fn clean_tile_now(
     if z < t.zoom_min || z > t.zoom_max {
         return None;
     }
+    let before = app.project.clean_epoch();
     let state = app.project.tile_state_now(name, z, x, y)?;
     if matches!(state, Some((_, true))) {
         return None;
     }
-    let data = app.pool.read_tile_now(&t.mbtiles, z, x, y)?;
+    // Kept bytes only while no commit was seen in between (see
+    // `Project::clean_epoch`), and only for tiles of a store.
+    let epoch = before.filter(|e| state.is_some() && app.project.clean_epoch() == Some(*e));
+    let key = (name.to_string(), z, x, y);
+    let kept = epoch.and_then(|e| app.clean.lock().expect("not poisoned").get(e, &key));
+    let data = match kept {
+        Some(d) => d.as_deref().cloned(),
+        None => {
+            let d = app.pool.read_tile_now(&t.mbtiles, z, x, y)?;
+            if let Some(e) = epoch {
+                app.clean
+                    .lock()
+                    .expect("not poisoned")
+                    .put(e, key, d.clone().map(Arc::new));
+            }
+            d
+        }
+    };
     if state.is_some() && !app.count_now(name, (z, x, y)) {
         // The counts are busy (being saved, or loaded the first time):
         // counted on a blocking thread, the tile not held back for it.

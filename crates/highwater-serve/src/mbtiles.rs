@@ -98,7 +98,14 @@ impl Pool {
         }
         // No stat before: `read_on` stats after the read and refuses a
         // connection to a file renamed over (it is dropped, not kept).
-        let p = self.idle.try_lock().ok()?.get_mut(path)?.pop()?;
+        // The lock is held only to pop or push (never across a read or an
+        // open), so waiting for it is waiting for a push.
+        let p = self
+            .idle
+            .lock()
+            .expect("not poisoned")
+            .get_mut(path)?
+            .pop()?;
         // On the event loop: never wait for a writer's lock (a drain
         // committing a batch); the blocking path does.
         self.read_on(p, path, z, x, y, std::time::Duration::ZERO)?

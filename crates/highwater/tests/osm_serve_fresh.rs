@@ -323,9 +323,27 @@ fn a_tile_served_clean_is_served_fresh_right_after_the_commit_that_dirties_it() 
     assert_eq!(dirty(&p), will, "the twin dirtied other tiles");
     let st = Store::open(&p.path(".highwater/osm")).unwrap();
     let view = highwater_osm::tiles::rebuild_view(&st, &c.tiles[0].layer).unwrap();
+    let before: Vec<Option<Vec<u8>>> = will.iter().map(|t| stored(&p, *t)).collect();
     for t in &will {
         let (b, h) = served(&s.addr, *t);
         assert!(h.contains_key("x-highwater-fresh"), "{t:?}: {h:?}");
         assert_eq!(b, view.cut(*t, &c.tiles[0]), "{t:?}");
+    }
+    // Drained, the tiles are clean again with new stored bytes: the bytes
+    // serve kept in memory from before the diff are never served again
+    // (its clean-tile cache moves with every commit to the store).
+    p.check(&["osm", "tiles", "drain"], 0);
+    assert!(dirty(&p).is_empty());
+    let after: Vec<Option<Vec<u8>>> = will.iter().map(|t| stored(&p, *t)).collect();
+    assert!(
+        before.iter().zip(&after).any(|(b, a)| b != a),
+        "the drain changed no stored tile: the check below would prove nothing"
+    );
+    for _ in 0..3 {
+        for (t, a) in will.iter().zip(&after) {
+            let (b, h) = served(&s.addr, *t);
+            assert!(!h.contains_key("x-highwater-fresh"), "{t:?}: {h:?}");
+            assert_eq!(&b, a, "{t:?}: served after the drain vs stored");
+        }
     }
 }

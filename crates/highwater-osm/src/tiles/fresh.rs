@@ -267,6 +267,13 @@ impl FreshView {
     pub fn store(&self) -> &Store {
         &self.store
     }
+
+    /// The probe's `PRAGMA data_version` when the view was last read: it
+    /// moves with every commit to the store by anyone (serve's clean-tile
+    /// cache is dropped when it does).
+    pub fn version(&self) -> i64 {
+        self.version
+    }
 }
 
 /// A served or stored tile's MVT bytes from its gzip.
