@@ -147,11 +147,7 @@ pub fn parse(text: &str, path: &Path, root: &Path) -> Result<PipelineSpec, Files
         ));
     }
     for (name, st) in &raw.storage {
-        if name.is_empty()
-            || !name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-        {
+        if !name_ok(name) {
             return Err(bad(format!(
                 "storage name {name:?}: use only letters, digits, `_` and `-`"
             )));
@@ -167,11 +163,7 @@ pub fn parse(text: &str, path: &Path, root: &Path) -> Result<PipelineSpec, Files
     spec.sources = raw.sources;
     spec.osm = raw.osm;
     for (name, s) in raw.stages {
-        if name.is_empty()
-            || !name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-        {
+        if !name_ok(&name) {
             return Err(bad(format!(
                 "stage name {name:?}: use only letters, digits, `_` and `-`"
             )));
@@ -229,6 +221,16 @@ pub fn parse(text: &str, path: &Path, root: &Path) -> Result<PipelineSpec, Files
         spec.stages.push(stage);
     }
     Ok(spec)
+}
+
+/// The rule for a stage's or a storage's name: letters, digits, `_` and
+/// `-`, at least one. Names become metric labels, page cells and parts of
+/// file names beside the state, so nothing else is let in.
+pub fn name_ok(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }
 
 #[cfg(test)]

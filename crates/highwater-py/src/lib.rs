@@ -50,11 +50,7 @@ fn stage_from_json(v: &serde_json::Value, transform: Transform) -> PyResult<Stag
         .ok_or_else(|| bad(format!("a stage declaration has no name: {v}")))?;
     // The CLI's rule for stage names: they become metric labels, page
     // cells and file names beside the state.
-    if name.is_empty()
-        || !name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-    {
+    if !highwater_files::config::name_ok(name) {
         return Err(bad(format!(
             "stage name {name:?}: use only letters, digits, `_` and `-`"
         )));

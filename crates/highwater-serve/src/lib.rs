@@ -373,19 +373,22 @@ struct App {
 /// again empty.
 pub const CLEAN_CACHE_BYTES_MAX: usize = 64 << 20;
 
+/// A tile of a dataset: name, z, x, y.
+type TileKey = (String, u8, u32, u32);
+
 #[derive(Default)]
 struct CleanCache {
     epoch: u64,
     bytes: usize,
-    tiles: std::collections::HashMap<(String, u8, u32, u32), Option<Arc<Vec<u8>>>>,
+    tiles: std::collections::HashMap<TileKey, Option<Arc<Vec<u8>>>>,
 }
 
 impl CleanCache {
-    fn get(&self, epoch: u64, key: &(String, u8, u32, u32)) -> Option<Option<Arc<Vec<u8>>>> {
+    fn get(&self, epoch: u64, key: &TileKey) -> Option<Option<Arc<Vec<u8>>>> {
         (self.epoch == epoch).then(|| self.tiles.get(key).cloned())?
     }
 
-    fn put(&mut self, epoch: u64, key: (String, u8, u32, u32), data: Option<Arc<Vec<u8>>>) {
+    fn put(&mut self, epoch: u64, key: TileKey, data: Option<Arc<Vec<u8>>>) {
         // An older epoch's read never enters a newer cache.
         if epoch < self.epoch {
             return;
