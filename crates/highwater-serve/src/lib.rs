@@ -143,7 +143,6 @@ pub const FRESH_CUT_TIMEOUT_MS_DEFAULT: u64 = 2000;
 /// The longest `--fresh-cut-timeout-ms` taken.
 pub const FRESH_CUT_TIMEOUT_MS_MAX: u64 = 60_000;
 
-/// How often the request counts are saved (and at stop).
 /// Event-loop threads at most (one per core below that).
 pub const EVENT_THREADS_MAX: usize = 8;
 
@@ -156,6 +155,7 @@ pub fn event_threads() -> usize {
         .clamp(1, EVENT_THREADS_MAX)
 }
 
+/// How often the request counts are saved (and at stop).
 const REQUESTS_SAVE_EVERY: Duration = Duration::from_secs(5);
 
 #[derive(Default)]
@@ -373,22 +373,26 @@ struct App {
 /// again empty.
 pub const CLEAN_CACHE_BYTES_MAX: usize = 64 << 20;
 
-/// A tile of a dataset: name, z, x, y.
-type TileKey = (String, u8, u32, u32);
+/// Kept tiles of one dataset, by (z, x, y).
+type KeptTiles = std::collections::HashMap<(u8, u32, u32), Option<Arc<Vec<u8>>>>;
 
 #[derive(Default)]
 struct CleanCache {
     epoch: u64,
     bytes: usize,
-    tiles: std::collections::HashMap<TileKey, Option<Arc<Vec<u8>>>>,
+    /// By dataset first, so that a lookup borrows the name.
+    tiles: std::collections::HashMap<String, KeptTiles>,
 }
 
 impl CleanCache {
-    fn get(&self, epoch: u64, key: &TileKey) -> Option<Option<Arc<Vec<u8>>>> {
-        (self.epoch == epoch).then(|| self.tiles.get(key).cloned())?
+    fn get(&self, epoch: u64, dataset: &str, t: (u8, u32, u32)) -> Option<Option<Arc<Vec<u8>>>> {
+        if self.epoch != epoch {
+            return None;
+        }
+        self.tiles.get(dataset)?.get(&t).cloned()
     }
 
-    fn put(&mut self, epoch: u64, key: TileKey, data: Option<Arc<Vec<u8>>>) {
+    fn put(&mut self, epoch: u64, dataset: &str, t: (u8, u32, u32), data: Option<Arc<Vec<u8>>>) {
         // An older epoch's read never enters a newer cache.
         if epoch < self.epoch {
             return;
@@ -400,7 +404,14 @@ impl CleanCache {
             self.epoch = epoch;
         }
         self.bytes += size;
-        self.tiles.insert(key, data);
+        match self.tiles.get_mut(dataset) {
+            Some(m) => m.insert(t, data),
+            None => self
+                .tiles
+                .entry(dataset.to_string())
+                .or_default()
+                .insert(t, data),
+        };
     }
 }
 
@@ -996,17 +1007,21 @@ fn clean_tile_now(
     // Kept bytes only while no commit was seen in between (see
     // `Project::clean_epoch`), and only for tiles of a store.
     let epoch = before.filter(|e| state.is_some() && app.project.clean_epoch() == Some(*e));
-    let key = (name.to_string(), z, x, y);
-    let kept = epoch.and_then(|e| app.clean.lock().expect("not poisoned").get(e, &key));
+    let kept = epoch.and_then(|e| {
+        app.clean
+            .lock()
+            .expect("not poisoned")
+            .get(e, name, (z, x, y))
+    });
     let data = match kept {
-        Some(d) => d.as_deref().cloned(),
+        Some(d) => d,
         None => {
-            let d = app.pool.read_tile_now(&t.mbtiles, z, x, y)?;
+            let d = app.pool.read_tile_now(&t.mbtiles, z, x, y)?.map(Arc::new);
             if let Some(e) = epoch {
                 app.clean
                     .lock()
                     .expect("not poisoned")
-                    .put(e, key, d.clone().map(Arc::new));
+                    .put(e, name, (z, x, y), d.clone());
             }
             d
         }
@@ -1017,7 +1032,12 @@ fn clean_tile_now(
         let (a, name) = (app.clone(), name.to_string());
         tokio::task::spawn_blocking(move || a.count(&name, (z, x, y), None));
     }
-    Some(tile_response(data.as_deref(), None, None, if_none))
+    Some(tile_response(
+        data.as_deref().map(Vec::as_slice),
+        None,
+        None,
+        if_none,
+    ))
 }
 
 /// The fresh bytes of a dirty tile: from memory when cut at `generation`,
