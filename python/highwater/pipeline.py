@@ -8,18 +8,22 @@ folder share one manifest.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import os
-import tempfile
 from typing import Any, Callable, Iterable
 
 from highwater import _core, recipe as _recipe
-from highwater.runner import Runner
+
+# Imported where they are used, not here: a no-change plan starts a Python
+# process and imports this module, and the pool (multiprocessing,
+# concurrent.futures) and tempfile are a third of that import (issue 22's
+# plan benchmark counts interpreter start).
 
 
 def _where(fn: Callable, root: str) -> str:
     """`file.py:function`, the file relative to the project root when inside it."""
+    import inspect
+
     try:
         f = inspect.getsourcefile(fn) or ""
     except TypeError:
@@ -206,6 +210,8 @@ class Pipeline:
             while len(st["recipes"]) > RECIPES_KEPT_MAX:
                 oldest = next(iter(st["recipes"]))
                 del st["recipes"][oldest]
+        import tempfile
+
         path = self._ledger_path()
         os.makedirs(os.path.dirname(path), exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".python-recipes.")
@@ -261,6 +267,8 @@ class Pipeline:
 
         `in_process=True` runs items in this process, on the engine's threads
         (for debugging; the default is a pool of spawned processes)."""
+        from highwater.runner import Runner
+
         jobs = jobs or os.cpu_count() or 1
         recipes = self.recipes()
         runner = Runner({n: s.fn for n, s in self._stages.items()}, jobs, in_process)

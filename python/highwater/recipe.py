@@ -28,14 +28,19 @@ from __future__ import annotations
 import ast
 import builtins
 import dataclasses
-import hashlib
-import importlib.metadata
 import inspect
 import os
 import sys
 import textwrap
 import types
 from typing import Any, Iterable
+
+# BLAKE2 from its own module: `hashlib` would load OpenSSL (6 ms of every
+# plan's start) for a hash that does not need it.
+try:
+    from _blake2 import blake2b as _blake2b
+except ImportError:  # an interpreter built without it
+    from hashlib import blake2b as _blake2b
 
 # Components per stage, whatever the call graph holds: a walk that finds more
 # is cut and says so in `unresolved`.
@@ -65,7 +70,7 @@ class Recipe:
 
 
 def _digest(text: str) -> str:
-    return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+    return _blake2b(text.encode(), digest_size=12).hexdigest()
 
 
 _SKIP_FIELDS = {"lineno", "col_offset", "end_lineno", "end_col_offset", "type_comment", "kind"}
@@ -114,6 +119,10 @@ _DISTS: dict[str, list[str]] | None = None
 
 
 def _distributions(top: str) -> list[str]:
+    # Imported here: most stages use no library, and importing it is a
+    # quarter of this package's import.
+    import importlib.metadata
+
     global _DISTS
     # Most distributions are named as the module they install; asking for
     # that one is cheap. The full map reads every installed distribution's
@@ -161,6 +170,8 @@ def _declared_top_level(top: str) -> list[str]:
                     continue
         except OSError:
             continue
+        import importlib.metadata
+
         d = importlib.metadata.Distribution.at(os.path.join(site, n))
         out.append(f"{d.metadata['Name']}=={d.version}")
     return sorted(out)

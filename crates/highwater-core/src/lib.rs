@@ -30,6 +30,6 @@ pub mod tile;
 pub mod time;
 pub mod window;
 
-pub use entry::{Entry, EntryKind, Status};
+pub use entry::{Entries, Entry, EntryKind, Status};
 pub use evidence::{Digest, Signal, Stat};
 pub use plan::{Change, Observation, Reason, StagePlan};

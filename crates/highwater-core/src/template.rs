@@ -211,13 +211,13 @@ impl OutputTemplate {
                 Part::Var(v) => out.push_str(vars.get(*v)),
             }
         }
+        let normalized = normalize_owned(out);
         let escapes = || TemplateError::Escapes {
             template: self.raw.clone(),
             relpath: relpath.to_string(),
-            rendered: out.clone(),
+            rendered: normalized.clone(),
             root: self.root.clone(),
         };
-        let normalized = normalize_lexically(&out);
         let rest = if self.root.is_empty() {
             if normalized.starts_with('/') {
                 return Err(escapes());
@@ -239,19 +239,33 @@ impl OutputTemplate {
 /// Folds `.` components and repeated or trailing slashes. It keeps `..`
 /// components so that the escape check sees them.
 pub fn normalize_lexically(path: &str) -> String {
-    // The common case is already normal; render runs once per item.
-    let b = path.as_bytes();
-    if !path.is_empty()
+    if is_normal(path) {
+        return path.to_string();
+    }
+    fold(path)
+}
+
+/// [`normalize_lexically`] of an owned path: the common, already normal
+/// case is returned as it is, without a copy (render runs once per item on
+/// every plan).
+fn normalize_owned(path: String) -> String {
+    if is_normal(&path) {
+        return path;
+    }
+    fold(&path)
+}
+
+fn is_normal(path: &str) -> bool {
+    !path.is_empty()
         && !path.contains("//")
         && !path.starts_with("./")
         && !path.contains("/./")
         && !path.ends_with('/')
         && !path.ends_with("/.")
         && path != "."
-    {
-        let _ = b;
-        return path.to_string();
-    }
+}
+
+fn fold(path: &str) -> String {
     let absolute = path.starts_with('/');
     let comps: Vec<&str> = path
         .split('/')

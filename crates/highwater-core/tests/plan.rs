@@ -5,6 +5,7 @@ use highwater_core::evidence::{Algo, Digest};
 use highwater_core::plan::{
     digest_needed, plan_aggregate, plan_items, Observation, PlanSettings, Reason,
 };
+use highwater_core::Entries;
 use highwater_core::{guard, Entry, EntryKind, Signal, Stat, Status};
 use std::collections::BTreeMap;
 
@@ -84,7 +85,7 @@ fn check(prev: Option<Entry>, content: &str, st: Stat, s: &PlanSettings, want: O
     if let Some(p) = prev {
         prevs.insert(p.item.clone(), p);
     }
-    let plan = plan_items("s", &prevs, vec![obs], s);
+    let plan = plan_items("s", &prevs.clone().into_iter().collect(), vec![obs], s);
     let got = plan.changed.first().map(|c| c.reason);
     assert_eq!(got, want, "plan: {plan:#?}");
     assert_eq!(plan.unchanged + plan.changed.len(), 1);
@@ -205,7 +206,12 @@ fn deleted_and_missing_and_order() {
     let mut gone_output = observe(prevs.get("b"), "b", "x", stat(1, 10), &s);
     gone_output.output_exists = false;
     let fresh = observe(None, "a", "y", stat(1, 10), &s);
-    let plan = plan_items("s", &prevs, vec![gone_output, fresh], &s);
+    let plan = plan_items(
+        "s",
+        &prevs.clone().into_iter().collect(),
+        vec![gone_output, fresh],
+        &s,
+    );
     let got: Vec<_> = plan
         .changed
         .iter()
@@ -238,7 +244,7 @@ fn a_new_digest_format_is_never_a_change() {
     highwater_core::plan::reuse_cached_digest(Some(&e), &mut obs);
     let mut prevs = BTreeMap::new();
     prevs.insert("a.txt".to_string(), e);
-    let plan = plan_items("s", &prevs, vec![obs], &s);
+    let plan = plan_items("s", &prevs.clone().into_iter().collect(), vec![obs], &s);
     assert_eq!(plan.unchanged, 1);
     assert_eq!(plan.refresh[0].digest, Some(digest("abc")));
 }
@@ -255,7 +261,7 @@ fn aggregate_reruns_on_add_change_and_remove() {
     let first = plan_aggregate(
         "agg",
         None,
-        &BTreeMap::new(),
+        &Entries::new(),
         members(&[("a", "1"), ("b", "2")]),
         "out/all",
         false,
@@ -267,7 +273,7 @@ fn aggregate_reruns_on_add_change_and_remove() {
     let same = plan_aggregate(
         "agg",
         Some(&rec),
-        &BTreeMap::new(),
+        &Entries::new(),
         members(&[("b", "2"), ("a", "1")]),
         "out/all",
         true,
@@ -282,7 +288,7 @@ fn aggregate_reruns_on_add_change_and_remove() {
         let p = plan_aggregate(
             "agg",
             Some(&rec),
-            &BTreeMap::new(),
+            &Entries::new(),
             variant,
             "out/all",
             true,
@@ -293,7 +299,7 @@ fn aggregate_reruns_on_add_change_and_remove() {
     let empty = plan_aggregate(
         "agg",
         Some(&rec),
-        &BTreeMap::new(),
+        &Entries::new(),
         vec![],
         "out/all",
         true,
@@ -314,7 +320,7 @@ fn guard_counts_only_redone_outputs() {
         obs.push(observe(Some(&e), &item, "x", stat(1, 10), &s));
         prevs.insert(item, e);
     }
-    let plan = plan_items("s", &prevs, obs, &s);
+    let plan = plan_items("s", &prevs.clone().into_iter().collect(), obs, &s);
     let r = guard::check(&plan, 0.5, 1, true, false).unwrap_err();
     assert_eq!(r.counts[&Reason::Recipe], 10);
     assert!(r.likely_cause().contains("recipe"));
@@ -330,7 +336,7 @@ fn guard_counts_only_redone_outputs() {
         o.output_exists = false;
         fresh.push(o);
     }
-    let plan = plan_items("s", &BTreeMap::new(), fresh, &s);
+    let plan = plan_items("s", &Entries::new(), fresh, &s);
     assert!(guard::check(&plan, 0.5, 1, true, false).is_ok());
 }
 
@@ -341,7 +347,7 @@ fn guard_ignores_a_handful_of_items() {
     let e = entry("a", "x", 10, 50);
     let obs = vec![observe(Some(&e), "a", "y", stat(1, 20), &s)];
     prevs.insert("a".to_string(), e);
-    let plan = plan_items("s", &prevs, obs, &s);
+    let plan = plan_items("s", &prevs.clone().into_iter().collect(), obs, &s);
     assert!(
         guard::check(&plan, 0.5, 10, true, false).is_ok(),
         "1 of 1 is not a mass rebuild"

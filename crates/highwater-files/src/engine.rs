@@ -19,7 +19,7 @@ use highwater_core::plan::{
     Change, Observation, PlanSettings, Reason, StagePlan,
 };
 use highwater_core::template::{normalize_lexically, ArgTemplate, OutputTemplate};
-use highwater_core::{time, Entry, EntryKind, Status};
+use highwater_core::{time, Entries, Entry, EntryKind, Status};
 use highwater_store::{Batch, StageEntries, StateLocation, StateStore};
 use rayon::prelude::*;
 use serde::Serialize;
@@ -683,7 +683,7 @@ impl Pipeline {
         if !is_file {
             return Err(unreadable(std::io::Error::other("not a regular file")));
         }
-        let mut digests = Vec::new();
+        let mut digests = highwater_core::plan::Digests::new();
         let needed = digest_needed(prev, &stat, settings);
         // An object is read only when its listing cannot vouch for it (the
         // same rule as a file's stat), into a scratch file that goes after.
@@ -726,13 +726,15 @@ impl Pipeline {
     fn stat_all(&self, found: &[Found]) -> Vec<(crate::stat::Statted, i64)> {
         let mut runs: Vec<(usize, usize)> = Vec::new();
         let mut start = 0;
+        let parent = |i: usize| crate::stat::split_parent(&found[i].item).0;
+        let mut start_parent = if found.is_empty() { "" } else { parent(0) };
         for i in 1..=found.len() {
-            if i == found.len()
-                || crate::stat::split_parent(&found[i].item).0
-                    != crate::stat::split_parent(&found[start].item).0
-            {
+            if i == found.len() || parent(i) != start_parent {
                 runs.push((start, i));
                 start = i;
+                if i < found.len() {
+                    start_parent = parent(i);
+                }
             }
         }
         let per_run: Vec<Vec<(crate::stat::Statted, i64)>> = runs
@@ -752,7 +754,9 @@ impl Pipeline {
                 }
             })
             .collect();
-        per_run.into_iter().flatten().collect()
+        let mut out = Vec::with_capacity(found.len());
+        out.extend(per_run.into_iter().flatten());
+        out
     }
 
     /// Discovery, evidence and the plan of one stage. Reads files; writes
@@ -806,7 +810,7 @@ impl Pipeline {
         };
         // An input that is where the stage writes, or that it wrote itself,
         // would be overwritten or fed back: refused before any work.
-        let recorded_outputs: std::collections::HashSet<&str> =
+        let recorded_outputs: rustc_hash::FxHashSet<&str> =
             prev.items.values().map(|e| e.output.as_str()).collect();
         if let Some(f) = found
             .iter()
@@ -822,7 +826,7 @@ impl Pipeline {
                 },
             });
         }
-        let found_items: std::collections::HashSet<&str> =
+        let found_items: rustc_hash::FxHashSet<&str> =
             found.iter().map(|f| f.item.as_str()).collect();
         let inputs: Vec<String> = if st.template.is_aggregate() {
             found.iter().map(|f| f.item.clone()).collect()
@@ -937,16 +941,24 @@ impl Pipeline {
             }
             let (listing, output_dirs) =
                 scan(&discover::output_dirs(outputs.iter().map(String::as_str)))?;
-            let observations = found
+            // Collected by index into one list of the right size, then
+            // unwrapped in place: a parallel collect into `Result<Vec>`
+            // would gather pieces and copy them together.
+            // Each input's entry, by one merge of the two sorted lists
+            // rather than a search per input.
+            let prevs = merge_sorted(&found, &prev.items);
+            let mut observed = Vec::with_capacity(found.len());
+            found
                 .par_iter()
                 .zip(outputs.into_par_iter())
                 .zip(stats.into_par_iter())
-                .map(|((f, out), (statted, at))| {
-                    let prev_item = prev.items.get(&f.item);
+                .zip(prevs.into_par_iter())
+                .map(|(((f, out), (statted, at)), prev_item)| {
                     let exists = listing.exists(&out, prev_item.is_some_and(|e| e.output == out));
                     self.observe_one(st, f, statted, at, prev_item, &settings, out, exists)
                 })
-                .collect::<Result<Vec<_>, _>>()?;
+                .collect_into_vec(&mut observed);
+            let observations = observed.into_iter().collect::<Result<Vec<_>, _>>()?;
             (
                 plan_items_with_deps(name, &prev.items, observations, &settings, &dep),
                 listing,
@@ -1249,8 +1261,8 @@ impl Pipeline {
                 .load(up)?
                 .items
                 .into_iter()
-                .filter(|(_, e)| e.status == Status::Failed)
-                .map(|(k, _)| k)
+                .filter(|e| e.status == Status::Failed)
+                .map(|e| e.item)
                 .collect();
             if let Some(first) = failed.first() {
                 return Ok(Some(format!(
@@ -2126,4 +2138,19 @@ fn unfinished(
         advice: advice.to_string(),
         source: Box::new(e),
     }
+}
+
+/// The entry of each found input, in `found`'s order: one merge of two
+/// lists sorted by item (`find_inputs` sorts; `Entries` is sorted).
+fn merge_sorted<'a>(found: &[Found], entries: &'a Entries) -> Vec<Option<&'a Entry>> {
+    let mut out = Vec::with_capacity(found.len());
+    let mut it = entries.values().peekable();
+    for f in found {
+        while it.next_if(|e| e.item.as_str() < f.item.as_str()).is_some() {}
+        out.push(it.next_if(|e| e.item == f.item));
+    }
+    // Unsorted input would make entries look missing, that is new work:
+    // never stale, but wrong; checked in tests.
+    debug_assert!(found.windows(2).all(|w| w[0].item <= w[1].item));
+    out
 }

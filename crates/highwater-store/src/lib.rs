@@ -151,8 +151,8 @@ pub enum StoreError {
 /// Manifest entries of one stage, split by kind.
 #[derive(Clone, Debug, Default)]
 pub struct StageEntries {
-    pub items: std::collections::BTreeMap<String, Entry>,
-    pub members: std::collections::BTreeMap<String, Entry>,
+    pub items: highwater_core::Entries,
+    pub members: highwater_core::Entries,
     /// The output folders' stats as last recorded, by folder.
     pub dirs: std::collections::BTreeMap<String, DirRecord>,
     /// The observed dependency set of each item that has one, by item

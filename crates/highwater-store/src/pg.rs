@@ -653,8 +653,8 @@ impl StateStore for PgStore {
         let mut members = Vec::new();
         for (_, e) in self.select("WHERE stage = $1", &[&stage])? {
             match e.kind {
-                EntryKind::Item => items.push((e.item.clone(), e)),
-                EntryKind::Member => members.push((e.item.clone(), e)),
+                EntryKind::Item => items.push(e),
+                EntryKind::Member => members.push(e),
             };
         }
         let rows = self
@@ -704,6 +704,8 @@ impl StateStore for PgStore {
             deps.insert(item, id);
         }
         Ok(StageEntries {
+            // Sorted here, by bytes: the server's collation may order
+            // names otherwise.
             items: items.into_iter().collect(),
             members: members.into_iter().collect(),
             dirs,

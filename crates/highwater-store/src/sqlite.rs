@@ -5,7 +5,7 @@ use crate::{
     StoreError, WindowCommit, WindowRecord, WindowStatus,
 };
 use highwater_core::evidence::Digest;
-use highwater_core::{Entry, EntryKind, Stat, Status};
+use highwater_core::{Entries, Entry, EntryKind, Stat, Status};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use std::path::{Path, PathBuf};
 
@@ -106,6 +106,10 @@ pub struct SqliteStore {
     conn: Connection,
     path: PathBuf,
 }
+
+/// The columns [`SqliteStore::row_to_entry`] reads, in its order.
+const ENTRY_COLUMNS: &str = "kind, item, digest, size, mtime_ns, ctime_ns, ino, dev, \
+     observed_at_ns, recipe, output, error, status, processed_at_ns, duration_ms";
 
 impl SqliteStore {
     /// Opens (creating if needed) the store at `path` and migrates it forward.
@@ -300,7 +304,7 @@ impl SqliteStore {
         if size < 0 {
             return Err(corrupt(format!("negative size {size}")));
         }
-        let duration: i64 = row.get(15).map_err(get)?;
+        let duration: i64 = row.get(14).map_err(get)?;
         let stat = Stat {
             size: size as u64,
             mtime_ns: row.get(4).map_err(get)?,
@@ -334,15 +338,13 @@ impl SqliteStore {
         args: &[&dyn rusqlite::ToSql],
     ) -> Result<Vec<(String, Entry)>, StoreError> {
         let sql = format!(
-            "SELECT kind, item, digest, size, mtime_ns, ctime_ns, ino, dev, observed_at_ns,
-                    recipe, output, error, status, processed_at_ns, stage, duration_ms
-             FROM entries {where_clause} ORDER BY stage, kind, item"
+            "SELECT {ENTRY_COLUMNS}, stage FROM entries {where_clause} ORDER BY stage, kind, item"
         );
         let mut stmt = self.conn.prepare_cached(&sql).map_err(|e| self.err(e))?;
         let mut rows = stmt.query(args).map_err(|e| self.err(e))?;
         let mut out = Vec::new();
         while let Some(row) = rows.next().map_err(|e| self.err(e))? {
-            let stage: String = row.get(14).map_err(|e| self.err(e))?;
+            let stage: String = row.get(15).map_err(|e| self.err(e))?;
             let entry = self.row_to_entry(&stage, row)?;
             out.push((stage, entry));
         }
@@ -354,13 +356,36 @@ impl StateStore for SqliteStore {
     fn load(&self, stage: &str) -> Result<StageEntries, StoreError> {
         // Rows arrive sorted by (kind, item), so collecting them into the
         // maps is a bulk build, not a sequence of searching inserts.
-        let mut items = Vec::new();
-        let mut members = Vec::new();
-        for (_, e) in self.select("WHERE stage = ?1", &[&stage])? {
-            match e.kind {
-                EntryKind::Item => items.push((e.item.clone(), e)),
-                EntryKind::Member => members.push((e.item.clone(), e)),
-            };
+        // One pass over the rows straight into the two lists: no stage
+        // column, no list of rows in between (a no-change plan of a large
+        // stage is mostly this load, issue 24).
+        // Sized first: the list of a large stage is tens of megabytes, and
+        // growing it by doubling copies it and touches fresh pages each time.
+        let (n_items, n_members): (i64, i64) = self
+            .conn
+            .prepare_cached(
+                "SELECT count(*) FILTER (WHERE kind = 'item'), count(*) FILTER (WHERE kind = 'member')
+                 FROM entries WHERE stage = ?1",
+            )
+            .and_then(|mut s| s.query_row([stage], |r| Ok((r.get(0)?, r.get(1)?))))
+            .map_err(|e| self.err(e))?;
+        let mut items = Vec::with_capacity(n_items.max(0) as usize);
+        let mut members = Vec::with_capacity(n_members.max(0) as usize);
+        {
+            let mut stmt = self
+                .conn
+                .prepare_cached(&format!(
+                    "SELECT {ENTRY_COLUMNS} FROM entries WHERE stage = ?1 ORDER BY kind, item"
+                ))
+                .map_err(|e| self.err(e))?;
+            let mut rows = stmt.query([stage]).map_err(|e| self.err(e))?;
+            while let Some(row) = rows.next().map_err(|e| self.err(e))? {
+                let e = self.row_to_entry(stage, row)?;
+                match e.kind {
+                    EntryKind::Item => items.push(e),
+                    EntryKind::Member => members.push(e),
+                };
+            }
         }
         let mut stmt = self
             .conn
@@ -410,8 +435,8 @@ impl StateStore for SqliteStore {
             deps.insert(item, id);
         }
         Ok(StageEntries {
-            items: items.into_iter().collect(),
-            members: members.into_iter().collect(),
+            items: Entries::from_sorted(items),
+            members: Entries::from_sorted(members),
             dirs,
             deps,
             dep_sets,
