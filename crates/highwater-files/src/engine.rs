@@ -719,46 +719,6 @@ impl Pipeline {
         Ok(obs)
     }
 
-    /// Stats every input, one open folder per run of inputs sharing a
-    /// folder, the runs spread over threads. Each result comes with the
-    /// instant taken just before it: a write during or after the stat then
-    /// makes the record racy rather than trusted.
-    fn stat_all(&self, found: &[Found]) -> Vec<(crate::stat::Statted, i64)> {
-        let mut runs: Vec<(usize, usize)> = Vec::new();
-        let mut start = 0;
-        let parent = |i: usize| crate::stat::split_parent(&found[i].item).0;
-        let mut start_parent = if found.is_empty() { "" } else { parent(0) };
-        for i in 1..=found.len() {
-            if i == found.len() || parent(i) != start_parent {
-                runs.push((start, i));
-                start = i;
-                if i < found.len() {
-                    start_parent = parent(i);
-                }
-            }
-        }
-        let per_run: Vec<Vec<(crate::stat::Statted, i64)>> = runs
-            .par_iter()
-            .map(|&(a, b)| {
-                let at = now_ns();
-                let dir_path = self.root.join(crate::stat::split_parent(&found[a].item).0);
-                match crate::stat::Dir::open(&dir_path) {
-                    Ok(dir) => found[a..b]
-                        .iter()
-                        .map(|f| (dir.stat(crate::stat::split_parent(&f.item).1), at))
-                        .collect(),
-                    Err(e) => found[a..b]
-                        .iter()
-                        .map(|_| (Err(std::io::Error::new(e.kind(), e.to_string())), at))
-                        .collect(),
-                }
-            })
-            .collect();
-        let mut out = Vec::with_capacity(found.len());
-        out.extend(per_run.into_iter().flatten());
-        out
-    }
-
     /// Discovery, evidence and the plan of one stage. Reads files; writes
     /// nothing. The three listings (entries, inputs, outputs) are taken
     /// concurrently; the entries through a read connection of their own, so
@@ -794,10 +754,7 @@ impl Pipeline {
                     .unzip();
                 return Ok((found, stats));
             }
-            let found =
-                discover::find_inputs(&self.root, name, &st.input_globs, &self.state_dir())?;
-            let stats = self.stat_all(&found);
-            Ok((found, stats))
+            discover::find_inputs_statted(&self.root, name, &st.input_globs, &self.state_dir())
         });
         let (prev, (found, stats)) = (prev?, found_stats?);
         let mut settings = st.settings.clone();
@@ -1513,6 +1470,10 @@ impl Pipeline {
             "failed": report.failed.len(),
             "reasons": report.reasons,
             "declared_in": st.spec.declared_in,
+            // What the recipe id stands for, kept in the state beside the
+            // run, so that the next plan can name which part changed (a
+            // Python stage's code components, issue 22).
+            "recipe": {"id": st.settings.recipe, "config": st.spec.recipe.config},
         });
         let exit = if report.failed.is_empty() { 0 } else { 1 };
         store.finish_run(run_id, now_ns(), &summary, exit)?;
