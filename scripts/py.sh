@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Python package (issue 22), as scripts/test.sh runs it: builds the
 # extension from this checkout into the venv scripts/deps.sh made
-# (`maturin develop`, the same engine crates as the CLI), installs what its
+# (`pip install .`, the same engine crates as the CLI), installs what its
 # tests need (pytest, joblib, dagster; Airflow in a venv of its own), and
 # runs python/tests. A failed build, a failed install or a failed test
 # fails the run; nothing is skipped.
@@ -27,7 +27,21 @@ if ! "$airflow_venv/bin/python" -c 'import airflow.sdk' 2>/dev/null; then
 fi
 export HIGHWATER_TEST_AIRFLOW_PYTHON="$airflow_venv/bin/python"
 start=$(date +%s)
-VIRTUAL_ENV="$venv" PATH="$venv/bin:$PATH" "$venv/bin/maturin" develop --quiet ${HIGHWATER_PY_RELEASE:+--release}
-echo "python extension built into $venv in $(( $(date +%s) - start )) s" >&2
+# `pip install .`, as a user installs it (issue 22): the PEP 517 build with
+# maturin from PyPI in pip's isolated build environment, the wheel installed
+# into the venv (not an editable link to python/), so the tests import what
+# a user gets, console script included. The tests build the dev profile
+# (half the compile time of release on two cores); HIGHWATER_PY_RELEASE=1
+# builds release, as `pip install highwater` does.
+if [ -n "${HIGHWATER_PY_RELEASE:-}" ]; then profile=release; else profile=dev; fi
+VIRTUAL_ENV="$venv" PATH="$venv/bin:$PATH" MATURIN_PEP517_ARGS="--profile $profile" \
+    "$venv/bin/pip" install --quiet --no-deps --force-reinstall . || {
+    echo "pip install . failed (see above); the Python tests need the package built from this checkout" >&2
+    exit 1
+}
+# A stale extension left in python/ by an earlier `maturin develop` would
+# shadow nothing (python/ is not on the tests' path), but say which one runs.
+"$venv/bin/python" -c 'import highwater._core as c, sys; print("testing", c.__file__, file=sys.stderr)'
+echo "python package built and installed into $venv by pip in $(( $(date +%s) - start )) s ($profile)" >&2
 # pytest's own closing line is the count; exit 5 (no tests) fails too.
 "$venv/bin/python" -m pytest -q -p no:cacheprovider python/tests "$@"

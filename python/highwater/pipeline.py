@@ -16,7 +16,7 @@ from highwater import _core, recipe as _recipe
 
 # Imported where they are used, not here: a no-change plan starts a Python
 # process and imports this module, and the pool (multiprocessing,
-# concurrent.futures) and tempfile are a third of that import (issue 22's
+# concurrent.futures) are a third of that import (issue 22's
 # plan benchmark counts interpreter start).
 
 
@@ -32,8 +32,6 @@ def _where(fn: Callable, root: str) -> str:
         f = os.path.relpath(f, root)
     return f"{f or fn.__module__}:{fn.__qualname__}"
 
-# Recipes remembered per stage, to name what changed; older ones are dropped.
-RECIPES_KEPT_MAX = 16
 
 
 @dataclasses.dataclass
@@ -185,7 +183,7 @@ class Pipeline:
             decl.append(d)
         return json.dumps(decl)
 
-    # -- the ledger of components, to name what changed ----------------------
+    # -- the file earlier versions kept the components in (read only) -------
     def _ledger_path(self) -> str:
         state = self.state or ".highwater/state.db"
         d = os.path.dirname(os.path.join(self.root, state))
@@ -201,39 +199,27 @@ class Pipeline:
             # Only the detail is lost: the recipe id itself is in the state.
             return {}
 
-    def _remember(self, ids: dict[str, str], recipes: dict[str, _recipe.Recipe]) -> None:
-        led = self._ledger()
-        for name, rid in ids.items():
-            st = led.setdefault(name, {"last": None, "recipes": {}})
-            st["recipes"][rid] = recipes[name].components
-            st["last"] = rid
-            while len(st["recipes"]) > RECIPES_KEPT_MAX:
-                oldest = next(iter(st["recipes"]))
-                del st["recipes"][oldest]
-        import tempfile
-
-        path = self._ledger_path()
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".python-recipes.")
-        with os.fdopen(fd, "w") as f:
-            json.dump(led, f, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-
     # -- plan and run -------------------------------------------------------
     def plan(self, stage: str | None = None) -> Plan:
         recipes = self.recipes()
         raw = json.loads(_core.plan(self.root, self.state, self._declarations(recipes), stage))
-        led = self._ledger()
         stages = {}
         for s in raw["stages"]:
             name = s["name"]
             comps = recipes[name].components
-            last = led.get(name, {})
-            old = last.get("recipes", {}).get(last.get("last"))
+            # The recipe of the stage's last run, as the state store keeps
+            # it (shared with the CLI and the fleet; SQLite or PostgreSQL).
+            last = s.get("last_recipe") or {}
+            old = (last.get("config") or {}).get("components")
+            last_id = last.get("id")
+            if old is None:
+                # A state whose last run predates that record: the file
+                # earlier versions kept beside the state.
+                led = self._ledger().get(name, {})
+                last_id = led.get("last")
+                old = led.get("recipes", {}).get(last_id)
             detail = None
-            if old is not None and last.get("last") != s["recipe"]:
+            if old is not None and last_id != s["recipe"]:
                 detail = ", ".join(_recipe.changed(old, comps)) or None
             items = [
                 Item(
@@ -286,8 +272,6 @@ class Pipeline:
             )
         finally:
             runner.close()
-        ran = {s["name"] for s in raw["stages"]}
-        self._remember({n: r for n, r in raw["recipes"].items() if n in ran}, recipes)
         out = {}
         for s in raw["stages"]:
             out[s["name"]] = StageResult(

@@ -147,7 +147,21 @@ fn plan(
     rehash: bool,
 ) -> PyResult<String> {
     let p = spec(root, state, stages_json, &plan_only)?;
-    let plans = py.detach(|| p.plan(only, rehash)).map_err(err)?;
+    let (plans, last) = py
+        .detach(|| -> Result<_, highwater_files::FilesError> {
+            let plans = p.plan(only, rehash)?;
+            // The recipe each stage's last run recorded (id and config),
+            // from the state store, so that a changed code recipe is named
+            // by its parts.
+            let last: std::collections::BTreeMap<String, serde_json::Value> = p
+                .open_store()?
+                .last_runs()?
+                .into_iter()
+                .map(|r| (r.stage, r.summary["recipe"].clone()))
+                .collect();
+            Ok((plans, last))
+        })
+        .map_err(err)?;
     let recipes = recipes(&p);
     let stages: Vec<_> = plans
         .iter()
@@ -155,6 +169,7 @@ fn plan(
             serde_json::json!({
                 "name": s.stage,
                 "recipe": recipes[&s.stage],
+                "last_recipe": last.get(&s.stage).cloned().unwrap_or_default(),
                 "total": s.total,
                 "unchanged": s.unchanged,
                 "counts": s.counts().iter().map(|(r, n)| (r.as_str(), *n)).collect::<std::collections::BTreeMap<_, _>>(),
