@@ -5,7 +5,10 @@
 # 2. Clean tiles: `highwater serve` against martin (the Rust tile server,
 #    `cargo install martin@1.14.0 --locked --no-default-features
 #    --features mbtiles`) on the same MBTiles file, 4 clients at once
-#    (separate processes: no GIL between them), rounds interleaved.
+#    (4 keep-alive connections, a thread each, of bench/load.rs: a compiled
+#    client light enough that the servers, not it, take the cores), the
+#    same request list for both, rounds interleaved, each server's own CPU
+#    per tile read from /proc.
 # 3. The Zipf simulation: over the Liechtenstein pyramid, a day of requests
 #    drawn from a Zipf mix; how many tiles of the dirty set would be re-cut
 #    on request, against a full drain of the whole dirty set.
@@ -26,32 +29,10 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 wait_port() { for _ in $(seq 100); do python3 -c "import socket; socket.create_connection(('127.0.0.1', $1))" 2>/dev/null && return; sleep 0.1; done; echo "nothing listens on $1" >&2; exit 1; }
 trap 'kill ${SERVE:-0} ${MART:-0} 2>/dev/null || true' EXIT
 
-cat >load.py <<'PY'
-# load.py PORT PATH_TEMPLATE TILES_FILE N CLIENTS -> tiles/s p50 p99
-import http.client, multiprocessing as mp, sys, time
-port, tmpl, tiles_file, n, conc = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-tiles = [tuple(map(int, l.split())) for l in open(tiles_file)]
-jobs = [tiles[i % len(tiles)] for i in range(n)]
-def worker(part, q):
-    c = http.client.HTTPConnection("127.0.0.1", port)
-    lat = []
-    for z, x, y in part:
-        t0 = time.perf_counter()
-        c.request("GET", tmpl.format(z=z, x=x, y=y), headers={"Accept-Encoding": "gzip"})
-        r = c.getresponse(); r.read()
-        assert r.status in (200, 204), r.status
-        lat.append(time.perf_counter() - t0)
-    q.put(lat)
-q = mp.Queue()
-ps = [mp.Process(target=worker, args=(jobs[i::conc], q)) for i in range(conc)]
-t0 = time.perf_counter()
-[p.start() for p in ps]
-lat = sum((q.get() for _ in ps), [])
-[p.join() for p in ps]
-wall = time.perf_counter() - t0
-lat.sort()
-print(f"{n / wall:.0f} {lat[len(lat) // 2] * 1000:.3f} {lat[int(len(lat) * 0.99)] * 1000:.3f}")
-PY
+# The load generator: `load PORT PATH_TEMPLATE TILES_FILE N CLIENTS` ->
+# "tiles/s p50_ms p99_ms" (bench/load.rs, no dependencies).
+rustc --edition 2021 -O -o load "$REPO/bench/load.rs"
+LOAD=$PWD/load
 
 # --- 1 and 2: Monaco, z12-14 ---------------------------------------------------
 mkdir mon && cd mon
@@ -82,9 +63,9 @@ wait_port "$PORT"
 T="/tiles/base/{z}/{x}/{y}.pbf"
 n14=$(wc -l <dirty14.txt)
 echo "1. one client, z14 (p50 / p99 ms):"
-echo "   dirty, first request (cut fresh): $(python3 ../load.py "$PORT" "$T" dirty14.txt "$n14" 1)"
-echo "   dirty, again (fresh, from memory): $(python3 ../load.py "$PORT" "$T" dirty14.txt 2000 1)"
-echo "   clean (stored):                    $(python3 ../load.py "$PORT" "$T" clean14.txt 2000 1)"
+echo "   dirty, first request (cut fresh): $("$LOAD" "$PORT" "$T" dirty14.txt "$n14" 1)"
+echo "   dirty, again (fresh, from memory): $("$LOAD" "$PORT" "$T" dirty14.txt 20000 1)"
+echo "   clean (stored):                    $("$LOAD" "$PORT" "$T" clean14.txt 20000 1)"
 
 if [ -x "$MARTIN" ]; then
     MPORT=$(free_port)
@@ -92,7 +73,7 @@ if [ -x "$MARTIN" ]; then
     MART=$!
     wait_port "$MPORT"
     M="/base/{z}/{x}/{y}"
-    ROUNDS=${ROUNDS:-5}; PER=${PER_ROUND:-20000}
+    ROUNDS=${ROUNDS:-5}; PER=${PER_ROUND:-100000}
     echo "2. clean tiles, 4 clients, $PER requests per round, $ROUNDS rounds interleaved, who goes first alternating (tiles/s p50_ms p99_ms server_cpu_us_per_tile):"
     : >ratios.txt; : >cpu.txt
     # The server's own CPU (user + system ticks from /proc) per round: what a
@@ -101,7 +82,7 @@ if [ -x "$MARTIN" ]; then
     hz=$(getconf CLK_TCK)
     round() { # PID PORT TEMPLATE -> "tiles/s p50 p99 cpu_us_per_tile"
         local t0 out t1; t0=$(ticks "$1")
-        out=$(python3 ../load.py "$2" "$3" clean.txt "$PER" 4)
+        out=$("$LOAD" "$2" "$3" clean.txt "$PER" 4)
         t1=$(ticks "$1")
         echo "$out $(awk -v d=$((t1 - t0)) -v hz="$hz" -v n="$PER" 'BEGIN { printf "%.1f", d / hz * 1e6 / n }')"
     }
@@ -126,6 +107,8 @@ kill $SERVE; wait $SERVE 2>/dev/null || true
 cd ..
 
 # --- 3: Zipf over the Liechtenstein pyramid -------------------------------------
+# (SKIP_ZIPF=1 stops here: parts 1 and 2 only.)
+[ "${SKIP_ZIPF:-0}" = 1 ] && exit 0
 mkdir lie && cd lie
 cat >highwater.toml <<'TOML'
 [osm]

@@ -1068,12 +1068,12 @@ impl highwater_serve::Project for ServedProject {
         let t = highwater_core::tile::Tile { z, x, y };
         let mut opened = false;
         for slot in &self.fresh {
-            let Ok(v) = slot.try_lock() else {
+            let Ok(mut v) = slot.try_lock() else {
                 opened = true;
                 continue;
             };
             opened |= v.is_some();
-            if let Some(Ok(Some(s))) = v.as_ref().map(|v| v.state_now(dataset, t)) {
+            if let Some(Ok(Some(s))) = v.as_mut().map(|v| v.state_now(dataset, t)) {
                 return Some(Some(s));
             }
         }

@@ -16,6 +16,13 @@
 //! A pipelined request whose bytes arrive while the one before it is
 //! handled is timed as idle, not as a head: still bounded.
 //!
+//! A phase change wakes nobody (a wake per request was a cost of every
+//! tile): the connection's task looks at its deadline at most
+//! `header_read_timeout_s` apart, which is soon enough for the only
+//! change that brings a deadline closer (idle to head: the head's
+//! deadline is `header_read_timeout_s` after its first byte, so after the
+//! next look).
+//!
 //! The limit keeps descriptors free for the files the handlers open: it is
 //! derived from `RLIMIT_NOFILE`. At the limit, the connection that has
 //! waited longest without a complete request is closed to make room (a
@@ -83,8 +90,6 @@ pub struct Conn {
     state: Mutex<State>,
     /// Close now (evicted at the limit).
     pub kill: Notify,
-    /// The phase changed: the deadline may have moved.
-    pub changed: Notify,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -101,19 +106,13 @@ impl Conn {
                 since: Instant::now(),
             }),
             kill: Notify::new(),
-            changed: Notify::new(),
         }
     }
 
     fn set(&self, phase: Phase) {
         let mut s = self.state.lock().expect("not poisoned");
-        let changed = s.phase != phase;
         s.phase = phase;
         s.since = Instant::now();
-        drop(s);
-        if changed {
-            self.changed.notify_one();
-        }
     }
 
     /// The router has the request.
@@ -132,8 +131,6 @@ impl Conn {
         if s.phase == Phase::Idle {
             s.phase = Phase::Head;
             s.since = Instant::now();
-            drop(s);
-            self.changed.notify_one();
         }
     }
 
@@ -146,11 +143,26 @@ impl Conn {
 
     /// When the connection is to be closed, as things stand.
     pub fn deadline(&self, t: Timeouts) -> Option<Instant> {
+        self.deadline_at(t, None)
+    }
+
+    /// When its task is to look again: the deadline, and at most
+    /// `t.header_read` after `now` (a phase change wakes nobody).
+    pub fn next_look(&self, t: Timeouts, now: Instant) -> Instant {
+        self.deadline_at(t, Some(now + t.header_read))
+            .expect("bounded by the look")
+    }
+
+    fn deadline_at(&self, t: Timeouts, look: Option<Instant>) -> Option<Instant> {
         let s = self.state.lock().expect("not poisoned");
-        match s.phase {
+        let d = match s.phase {
             Phase::Idle => Some(s.since + t.idle),
             Phase::Head => Some(s.since + t.header_read),
             Phase::Handling => None,
+        };
+        match (d, look) {
+            (Some(d), Some(l)) => Some(d.min(l)),
+            (d, l) => d.or(l),
         }
     }
 
@@ -199,6 +211,24 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
             self.conn.wrote();
         }
         r
+    }
+
+    // Vectored as the socket is: hyper then sends a head and a tile body
+    // in one call without first copying the body behind the head.
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            self.conn.wrote();
+        }
+        r
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {

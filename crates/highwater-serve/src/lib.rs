@@ -67,9 +67,9 @@ pub trait Project: Send + Sync + 'static {
         None
     }
     /// [`Project::tile_state`] if it can be said without waiting (no lock
-    /// held elsewhere, nothing to read but a version probe): serve's
-    /// clean-tile path asks it on its event loop. `None`: it would wait,
-    /// and serve asks [`Project::tile_state`] on a blocking thread.
+    /// held elsewhere, nothing to read but whether the store moved):
+    /// serve's clean-tile path asks it on its event loop. `None`: it would
+    /// wait, and serve asks [`Project::tile_state`] on a blocking thread.
     /// `Some(None)`: there is no store to ask.
     fn tile_state_now(
         &self,
@@ -200,7 +200,31 @@ impl Counts {
 
 /// A fresh tile in memory: the generation it was cut at, its gzipped
 /// bytes (`None`: empty).
-type FreshEntry = (i64, Option<Arc<Vec<u8>>>);
+type FreshEntry = (i64, Option<TileBody>);
+
+/// A tile's gzipped bytes ready to send: shared (a response takes a
+/// reference, not a copy) with their ETag computed once, when read or cut,
+/// not per request: the bytes' hash, and for a fresh tile the generation
+/// it was cut at (so a cached copy is asked again once the store moves).
+#[derive(Clone, Debug)]
+struct TileBody {
+    bytes: axum::body::Bytes,
+    etag: HeaderValue,
+}
+
+impl TileBody {
+    fn new(data: Vec<u8>, generation: Option<i64>) -> TileBody {
+        let hash = &blake3::hash(&data).to_hex()[..16];
+        let etag = match generation {
+            Some(g) => format!("\"{hash}-g{g}\""),
+            None => format!("\"{hash}\""),
+        };
+        TileBody {
+            bytes: data.into(),
+            etag: HeaderValue::from_str(&etag).expect("hex"),
+        }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -374,7 +398,7 @@ struct App {
 pub const CLEAN_CACHE_BYTES_MAX: usize = 64 << 20;
 
 /// Kept tiles of one dataset, by (z, x, y).
-type KeptTiles = std::collections::HashMap<(u8, u32, u32), Option<Arc<Vec<u8>>>>;
+type KeptTiles = std::collections::HashMap<(u8, u32, u32), Option<TileBody>>;
 
 #[derive(Default)]
 struct CleanCache {
@@ -385,19 +409,19 @@ struct CleanCache {
 }
 
 impl CleanCache {
-    fn get(&self, epoch: u64, dataset: &str, t: (u8, u32, u32)) -> Option<Option<Arc<Vec<u8>>>> {
+    fn get(&self, epoch: u64, dataset: &str, t: (u8, u32, u32)) -> Option<Option<TileBody>> {
         if self.epoch != epoch {
             return None;
         }
         self.tiles.get(dataset)?.get(&t).cloned()
     }
 
-    fn put(&mut self, epoch: u64, dataset: &str, t: (u8, u32, u32), data: Option<Arc<Vec<u8>>>) {
+    fn put(&mut self, epoch: u64, dataset: &str, t: (u8, u32, u32), data: Option<TileBody>) {
         // An older epoch's read never enters a newer cache.
         if epoch < self.epoch {
             return;
         }
-        let size = data.as_ref().map_or(0, |d| d.len()) + 64;
+        let size = data.as_ref().map_or(0, |d| d.bytes.len()) + 64;
         if epoch != self.epoch || self.bytes + size > CLEAN_CACHE_BYTES_MAX {
             self.tiles.clear();
             self.bytes = 0;
@@ -531,14 +555,16 @@ pub fn serve(
         header_read: Duration::from_secs(opts.header_read_timeout_s),
         idle: Duration::from_secs(opts.idle_timeout_s),
     };
-    // One event-loop thread per core, at most EVENT_THREADS_MAX: clean
-    // tiles are answered on the loop (`clean_tile_now`), so a busy machine
-    // gives the server one share of the CPU per loop thread (issue 23's
-    // bench against martin, whose workers are one per core).
-    let threads = event_threads();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads)
-        .thread_name("hw-serve")
+    // One event loop per core, at most EVENT_THREADS_MAX, each a runtime
+    // of its own on its own thread: clean tiles are answered on the loop
+    // (`clean_tile_now`), so a busy machine gives the server one share of
+    // the CPU per loop thread (issue 23's bench against martin, whose
+    // workers are one per core, each with its own connections). A
+    // connection stays on the loop it was handed to: no loop wakes
+    // another (a work-stealing runtime did, a futex call per tile or so).
+    // The accepting loop (and the signals) run on this thread.
+    let loops = EventLoops::start(event_threads())?;
+    let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     let refresh = refresher(project.clone(), Duration::from_secs(opts.refresh_s));
@@ -561,6 +587,7 @@ pub fn serve(
         tx
     };
     let app_for_stop = shared.clone();
+    let loops_ref = &loops;
     let r = rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(listen)
             .await
@@ -591,9 +618,18 @@ pub fn serve(
                 _ = int.recv() => {}
             }
         };
-        accept(listener, app, conn::Conns::new(max, why), timeouts, stop).await;
+        accept(
+            listener,
+            app,
+            conn::Conns::new(max, why),
+            timeouts,
+            loops_ref,
+            stop,
+        )
+        .await;
         Ok(())
     });
+    loops.stop();
     // The refresh thread may be inside a request that hangs: it is told to
     // stop, not waited for.
     drop(refresh);
@@ -619,6 +655,58 @@ fn refresher(project: Arc<dyn Project>, every: Duration) -> std::sync::mpsc::Sen
     tx
 }
 
+/// The event loops connections are handed to, in turn: each a
+/// current-thread runtime on a thread of its own, running until
+/// [`EventLoops::stop`].
+struct EventLoops {
+    handles: Vec<tokio::runtime::Handle>,
+    stops: Vec<tokio::sync::oneshot::Sender<()>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    next: std::sync::atomic::AtomicUsize,
+}
+
+impl EventLoops {
+    fn start(n: usize) -> std::io::Result<EventLoops> {
+        let mut me = EventLoops {
+            handles: Vec::new(),
+            stops: Vec::new(),
+            threads: Vec::new(),
+            next: Default::default(),
+        };
+        for _ in 0..n {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            me.handles.push(rt.handle().clone());
+            me.stops.push(tx);
+            me.threads
+                .push(
+                    std::thread::Builder::new()
+                        .name("hw-serve".into())
+                        .spawn(move || {
+                            let _ = rt.block_on(rx);
+                        })?,
+                );
+        }
+        Ok(me)
+    }
+
+    /// The loop the next connection goes to.
+    fn next(&self) -> &tokio::runtime::Handle {
+        let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        &self.handles[i % self.handles.len()]
+    }
+
+    /// Ends every loop (their connections have ended) and waits for them.
+    fn stop(self) {
+        drop(self.stops);
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}
+
 /// Accepts connections while there is room, until `stop`; then lets the
 /// open ones finish their request and waits for them.
 async fn accept(
@@ -626,6 +714,7 @@ async fn accept(
     app: Router,
     conns: Arc<conn::Conns>,
     timeouts: conn::Timeouts,
+    loops: &EventLoops,
     stop: impl std::future::Future<Output = ()>,
 ) {
     let (bye, _) = tokio::sync::watch::channel(false);
@@ -640,10 +729,20 @@ async fn accept(
         }
         tokio::select! {
             r = listener.accept() => match r {
-                Ok((stream, _)) => {
-                    let (c, slot) = conns.open();
-                    tokio::spawn(connection(stream, app.clone(), c, slot, timeouts, bye.subscribe()));
-                }
+                // Handed to a loop as a plain socket: it is registered with
+                // that loop's reactor, not this one's.
+                Ok((stream, _)) => match stream.into_std() {
+                    Ok(stream) => {
+                        let (c, slot) = conns.open();
+                        let (app, bye) = (app.clone(), bye.subscribe());
+                        loops.next().spawn(async move {
+                            if let Ok(stream) = tokio::net::TcpStream::from_std(stream) {
+                                connection(stream, app, c, slot, timeouts, bye).await;
+                            }
+                        });
+                    }
+                    Err(e) => conn::log(&format!("serve: cannot take a connection: {e}")),
+                },
                 // Out of descriptors or the like: wait a little rather than
                 // spin; the open connections' deadlines free some.
                 Err(e) => {
@@ -690,18 +789,11 @@ async fn connection(
     tokio::pin!(http);
     let mut stopping = false;
     loop {
-        let deadline = c.deadline(timeouts);
-        let sleep = async {
-            match deadline {
-                Some(d) => tokio::time::sleep_until(d.into()).await,
-                None => std::future::pending().await,
-            }
-        };
+        let look = c.next_look(timeouts, Instant::now());
         tokio::select! {
             _ = http.as_mut() => return,
             _ = c.kill.notified() => return,
-            _ = c.changed.notified() => {}
-            _ = sleep => {
+            _ = tokio::time::sleep_until(look.into()) => {
                 if c.deadline(timeouts).is_some_and(|d| d <= Instant::now()) {
                     return;
                 }
@@ -951,12 +1043,7 @@ async fn tile(
             match fresh_tile(&app, &name, z, x, y, generation) {
                 Ok((g, data)) => {
                     app.count(&name, (z, x, y), Some(true));
-                    return tile_response(
-                        data.as_deref().map(Vec::as_slice),
-                        Some(g),
-                        None,
-                        &if_none,
-                    );
+                    return tile_response(data, Some(g), None, &if_none);
                 }
                 Err(why) => {
                     app.count(&name, (z, x, y), Some(false));
@@ -967,7 +1054,12 @@ async fn tile(
             app.count(&name, (z, x, y), None);
         }
         match app.pool.read_tile(&t.mbtiles, z, x, y) {
-            Ok(data) => tile_response(data.as_deref(), None, stale.as_deref(), &if_none),
+            Ok(data) => tile_response(
+                data.map(|d| TileBody::new(d, None)),
+                None,
+                stale.as_deref(),
+                &if_none,
+            ),
             Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e).into_response(),
         }
     })
@@ -977,9 +1069,11 @@ async fn tile(
 /// Issue 23: a clean tile answered on the event loop, without the hand-off
 /// to a blocking thread and back (most of what a clean tile cost: the
 /// bench in bench/README.md). Only when nothing has to wait: the fresh
-/// view answers from its version probe (asked on every request, so a
-/// tile dirtied by a commit is never taken for clean) and an idle pooled
-/// MBTiles connection gets its read lock at once. Anything else (a dirty
+/// view answers from the store's WAL-index header or, when that moved or
+/// is in doubt, its version probe (one or the other on every request, so
+/// a tile dirtied by a commit is never taken for clean), and the tile's
+/// bytes are kept or an idle pooled MBTiles connection gets its read lock
+/// at once. Anything else (a dirty
 /// tile, a store that moved, a drain committing, an error, the first
 /// requests) is `None`: the blocking path answers it as before (and says
 /// any error). The request is counted as the blocking path counts it.
@@ -1016,7 +1110,10 @@ fn clean_tile_now(
     let data = match kept {
         Some(d) => d,
         None => {
-            let d = app.pool.read_tile_now(&t.mbtiles, z, x, y)?.map(Arc::new);
+            let d = app
+                .pool
+                .read_tile_now(&t.mbtiles, z, x, y)?
+                .map(|d| TileBody::new(d, None));
             if let Some(e) = epoch {
                 app.clean
                     .lock()
@@ -1032,12 +1129,7 @@ fn clean_tile_now(
         let (a, name) = (app.clone(), name.to_string());
         tokio::task::spawn_blocking(move || a.count(&name, (z, x, y), None));
     }
-    Some(tile_response(
-        data.as_deref().map(Vec::as_slice),
-        None,
-        None,
-        if_none,
-    ))
+    Some(tile_response(data, None, None, if_none))
 }
 
 /// The fresh bytes of a dirty tile: from memory when cut at `generation`,
@@ -1069,7 +1161,10 @@ fn fresh_tile(
     let spawned = std::thread::Builder::new()
         .name("hw-fresh-cut".into())
         .spawn(move || {
-            let r = a.project.cut_fresh(&key.0, z, x, y);
+            let r = a
+                .project
+                .cut_fresh(&key.0, z, x, y)
+                .map(|(g, data)| (g, data.map(|d| TileBody::new(d, Some(g)))));
             if let Ok((g, data)) = &r {
                 let mut cache = a.fresh.lock().expect("not poisoned");
                 if cache.len() >= FRESH_CACHE_TILES_MAX {
@@ -1079,7 +1174,7 @@ fn fresh_tile(
                         cache.clear();
                     }
                 }
-                cache.insert(key, (*g, data.clone().map(Arc::new)));
+                cache.insert(key, (*g, data.clone()));
             }
             a.cuts.fetch_sub(1, Ordering::SeqCst);
             let _ = tx.send(r);
@@ -1089,8 +1184,7 @@ fn fresh_tile(
         return Err(format!("cannot start the fresh cut: {e}"));
     }
     match rx.recv_timeout(app.fresh_cut_timeout) {
-        Ok(Ok((g, data))) => Ok((g, data.map(Arc::new))),
-        Ok(Err(e)) => Err(format!("the fresh cut failed: {e}")),
+        Ok(r) => r.map_err(|e| format!("the fresh cut failed: {e}")),
         Err(_) => Err(format!(
             "the fresh cut took longer than {} ms",
             app.fresh_cut_timeout.as_millis()
@@ -1098,31 +1192,26 @@ fn fresh_tile(
     }
 }
 
-/// A tile's response: gzipped MVT with an ETag (its bytes' hash, and for a
-/// fresh tile the generation it was cut at, so a cached copy is asked
-/// again once the store moves), `no-cache` (clients revalidate: the tile
-/// may be re-cut at any diff), and for a stale dirty tile a header saying
-/// why. An empty tile is 204.
+/// A tile's response: gzipped MVT with its ETag ([`TileBody`]),
+/// `no-cache` (clients revalidate: the tile may be re-cut at any diff), and
+/// for a stale dirty tile a header saying why. An empty tile is 204.
 fn tile_response(
-    data: Option<&[u8]>,
+    data: Option<TileBody>,
     generation: Option<i64>,
     stale: Option<&str>,
     if_none: &[String],
 ) -> Response {
     let mut r = match data {
-        Some(data) => {
-            let hash = &blake3::hash(data).to_hex()[..16];
-            let etag = match generation {
-                Some(g) => format!("\"{hash}-g{g}\""),
-                None => format!("\"{hash}\""),
-            };
-            if if_none.iter().any(|h| none_match(h, &etag)) {
-                let mut r = (StatusCode::NOT_MODIFIED, [(header::ETAG, etag)]).into_response();
-                r.headers_mut()
-                    .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        Some(TileBody { bytes, etag }) => {
+            let tag = etag.to_str().expect("hex and quotes");
+            if if_none.iter().any(|h| none_match(h, tag)) {
+                let mut r = StatusCode::NOT_MODIFIED.into_response();
+                let h = r.headers_mut();
+                h.insert(header::ETAG, etag);
+                h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
                 return r;
             }
-            let mut r = data.to_vec().into_response();
+            let mut r = Response::new(axum::body::Body::from(bytes));
             let h = r.headers_mut();
             h.insert(
                 header::CONTENT_TYPE,
@@ -1130,7 +1219,7 @@ fn tile_response(
             );
             // Stored gzipped (as the MBTiles spec has it): sent as is.
             h.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
-            h.insert(header::ETAG, HeaderValue::from_str(&etag).expect("hex"));
+            h.insert(header::ETAG, etag);
             r
         }
         // An empty tile: no content, which every client reads as empty.

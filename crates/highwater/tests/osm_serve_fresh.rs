@@ -299,10 +299,22 @@ fn serving_fresh_equals_a_rebuild_at_every_generation() {
 /// Issue 23: serve answers a clean tile on its event loop (no hand-off to
 /// a blocking thread) once its fresh view and an MBTiles connection are
 /// warm. A tile served clean that way is served fresh by the very next
-/// request after a commit dirties it: the fast path asks the store's
-/// version probe on every request, it never trusts an earlier answer.
+/// request after a commit dirties it: the fast path looks, on every
+/// request, whether the store moved (its WAL-index header, else its
+/// version probe), it never trusts an earlier answer.
 #[test]
 fn a_tile_served_clean_is_served_fresh_right_after_the_commit_that_dirties_it() {
+    clean_then_fresh_then_drained(None);
+}
+
+/// The same with the WAL-index header never mapped: the version probe
+/// answers every request (the fallback when the header cannot be read).
+#[test]
+fn the_same_holds_when_the_probe_answers_every_request() {
+    clean_then_fresh_then_drained(Some("no-wal-index"));
+}
+
+fn clean_then_fresh_then_drained(failpoint: Option<&str>) {
     // The tiles the diffs will dirty, learnt on a twin project.
     let twin = project(3048..=3076);
     twin.check(&["osm", "replicate", "--from", "updates"], 0);
@@ -310,7 +322,11 @@ fn a_tile_served_clean_is_served_fresh_right_after_the_commit_that_dirties_it() 
     assert!(!will.is_empty(), "the diffs dirty no tile");
     let p = project(3048..=3076);
     let c = cfg(&p);
-    let s = serve(&p, &[]);
+    let mut cmd = p.cmd(&["serve", "--listen", "127.0.0.1:0"]);
+    if let Some(f) = failpoint {
+        cmd.env("HIGHWATER_FAILPOINT", f);
+    }
+    let s = serve_cmd(cmd);
     // Clean now: several rounds, so all but the first are on the warm path.
     for _ in 0..3 {
         for t in &will {
@@ -346,4 +362,57 @@ fn a_tile_served_clean_is_served_fresh_right_after_the_commit_that_dirties_it() 
             assert_eq!(&b, a, "{t:?}: served after the drain vs stored");
         }
     }
+}
+
+/// Issue 23: the fresh view's per-request check, on a real store changed
+/// by another process. While nobody commits, `state_now` answers from the
+/// store's WAL-index header (SQLite is not asked); a commit (a diff
+/// applied, a drain) moves the header, and the very next `state_now` says
+/// the store moved, so serve reads it again; once read, the header answers
+/// again. With the header not mapped (the fallback), the probe answers
+/// every time and says the same.
+#[test]
+fn the_fresh_view_answers_from_the_wal_index_until_a_commit() {
+    let p = project(3048..=3076);
+    let dir = p.path(".highwater/osm");
+    let twin = project(3048..=3076);
+    twin.check(&["osm", "replicate", "--from", "updates"], 0);
+    let will = dirty(&twin);
+    let t = will[0];
+    let mut v = highwater_osm::tiles::fresh::FreshView::open(&dir).unwrap();
+    let (g0, d0) = v.state("base", t).unwrap();
+    assert!(!d0, "{t:?} is dirty before the diffs");
+    for _ in 0..3 {
+        assert!(v.header_unmoved(), "no commit, yet the header moved");
+        assert_eq!(v.state_now("base", t).unwrap(), Some((g0, false)));
+    }
+    // Another process commits (the diffs applied, deferred: tiles dirtied).
+    p.check(&["osm", "replicate", "--from", "updates"], 0);
+    assert!(!v.header_unmoved(), "a commit left the header as it was");
+    assert_eq!(
+        v.state_now("base", t).unwrap(),
+        None,
+        "the request after a commit was answered from the old view"
+    );
+    let (g1, d1) = v.state("base", t).unwrap();
+    assert!(g1 > g0 && d1, "{t:?}: generation {g0} -> {g1}, dirty {d1}");
+    assert!(v.header_unmoved());
+    assert_eq!(v.state_now("base", t).unwrap(), Some((g1, true)));
+    // A drain commits too: the tile is clean again at once.
+    p.check(&["osm", "tiles", "drain"], 0);
+    assert_eq!(v.state_now("base", t).unwrap(), None);
+    let (g2, d2) = v.state("base", t).unwrap();
+    assert!(!d2, "{t:?} dirty after the drain (generation {g2})");
+    assert_eq!(v.state_now("base", t).unwrap(), Some((g2, false)));
+
+    // The fallback: no header, the probe every time, the same answers.
+    let q = project(3048..=3076);
+    let mut w =
+        highwater_osm::tiles::fresh::FreshView::open_probe_only(&q.path(".highwater/osm")).unwrap();
+    let (h0, _) = w.state("base", t).unwrap();
+    assert!(!w.header_unmoved(), "the header answers with no map");
+    assert_eq!(w.state_now("base", t).unwrap(), Some((h0, false)));
+    q.check(&["osm", "replicate", "--from", "updates"], 0);
+    assert_eq!(w.state_now("base", t).unwrap(), None);
+    assert!(w.state("base", t).unwrap().1);
 }

@@ -161,40 +161,93 @@ pub fn cut_fresh(store: &Store, d: &TileDataset, t: Tile) -> Result<Fresh, Tiles
 
 /// What serve needs per tile request, cheaply: a read-only probe whose
 /// `PRAGMA data_version` moves when anyone commits to the store; only then
-/// are the generation and the dirty sets read again.
+/// are the generation and the dirty sets read again. Between commits the
+/// probe itself is skipped: the store's WAL-index header
+/// ([`super::wal_index`]), read from memory, still being the one seen when
+/// the probe last confirmed the version says that nobody committed since
+/// (SQLite's own test for `data_version`); a header in doubt or moved, or
+/// a store not in WAL mode, asks the probe as before.
 pub struct FreshView {
     probe: rusqlite::Connection,
     store: Store,
     version: i64,
     generation: i64,
     dirty: HashMap<String, HashSet<Tile>>,
+    /// The probe's `-shm`, mapped; `None`: the probe answers every time.
+    wal: Option<super::wal_index::WalIndex>,
+    /// The WAL-index header read just before the probe last said
+    /// `version`: while the header is still this, no commit came since.
+    seen: Option<super::wal_index::Header>,
 }
 
 impl FreshView {
     pub fn open(store_dir: &Path) -> Result<FreshView, TilesError> {
+        // For the tests of the fallback through serve.
+        let no_map = std::env::var_os("HIGHWATER_FAILPOINT").is_some_and(|v| v == "no-wal-index");
+        Self::open_with(store_dir, !no_map)
+    }
+
+    /// A view that asks the probe on every request, never the WAL-index
+    /// header: what [`FreshView::open`] falls back to when the header
+    /// cannot be mapped (for the tests of that fallback).
+    pub fn open_probe_only(store_dir: &Path) -> Result<FreshView, TilesError> {
+        Self::open_with(store_dir, false)
+    }
+
+    fn open_with(store_dir: &Path, map_header: bool) -> Result<FreshView, TilesError> {
         let store = Store::open(store_dir)?;
         let path = store.path().to_path_buf();
+        let err = |err| StoreError::Sqlite {
+            path: path.clone(),
+            err,
+        };
         let probe = rusqlite::Connection::open_with_flags(
             &path,
             rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )
-        .map_err(|err| StoreError::Sqlite {
-            path: path.clone(),
-            err,
-        })?;
+        .map_err(err)?;
         let mut v = FreshView {
             probe,
             store,
             version: i64::MIN,
             generation: 0,
             dirty: HashMap::new(),
+            wal: None,
+            seen: None,
         };
+        // The first read opens the probe's WAL index (its -shm), which is
+        // then mapped; the second read takes the header seen with it.
+        v.refresh()?;
+        let mode: String = v
+            .probe
+            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+            .map_err(err)?;
+        if mode.eq_ignore_ascii_case("wal") && map_header {
+            v.wal = v
+                .probe
+                .path()
+                .and_then(|p| super::wal_index::WalIndex::open(Path::new(p)));
+        }
         v.refresh()?;
         Ok(v)
     }
 
-    /// `PRAGMA data_version` on the probe, its statement kept prepared:
-    /// serve asks it on every tile request.
+    /// Whether the WAL-index header says that nobody committed since the
+    /// probe last confirmed `version`. `false` is no answer: ask the probe.
+    fn unmoved(&self) -> bool {
+        match (&self.wal, &self.seen) {
+            (Some(w), Some(seen)) => w.header().as_ref() == Some(seen),
+            _ => false,
+        }
+    }
+
+    /// The header now, read before the probe is asked (so that a commit
+    /// after it moves it away from what is kept as `seen`).
+    fn header(&self) -> Option<super::wal_index::Header> {
+        self.wal.as_ref().and_then(|w| w.header())
+    }
+
+    /// `PRAGMA data_version` on the probe, its statement kept prepared.
     fn data_version(&self) -> Result<i64, TilesError> {
         self.probe
             .prepare_cached("PRAGMA data_version")
@@ -209,14 +262,21 @@ impl FreshView {
     }
 
     fn refresh(&mut self) -> Result<(), TilesError> {
+        if self.unmoved() {
+            return Ok(());
+        }
+        let header = self.header();
+        self.seen = None;
         let version = self.data_version()?;
         if version != self.version {
             // Read before the generation: a commit in between moves the
-            // version again, and the next request reads again.
+            // version again (and the header away from `seen`), and the
+            // next request reads again.
             self.version = version;
             self.generation = self.store.generation()?;
             self.dirty.clear();
         }
+        self.seen = header;
         Ok(())
     }
 
@@ -234,34 +294,49 @@ impl FreshView {
         Ok((self.generation, self.dirty[dataset].contains(&t)))
     }
 
-    /// [`FreshView::state`] when it needs no more than the version probe
-    /// and that probe gets its lock at once (an error is for `state` to
-    /// handle: the caller asks it):
+    /// [`FreshView::state`] when it needs no more than knowing that the
+    /// store has not moved, and that can be known without waiting (an
+    /// error is for `state` to handle: the caller asks it):
     /// `Ok(None)` when the store moved since the last read or the
     /// dataset's dirty set is not loaded yet (reading those may take long;
-    /// serve then asks [`FreshView::state`] off its event loop). The probe
-    /// is asked every time, so the answer is as fresh as `state`'s.
-    pub fn state_now(&self, dataset: &str, t: Tile) -> Result<Option<(i64, bool)>, TilesError> {
-        // Never wait for a lock here (the store is WAL: a reader waits only
-        // in rare moments such as recovery); `state` waits as before.
-        let wait = |d| {
-            self.probe
-                .busy_timeout(d)
-                .map_err(|err| StoreError::Sqlite {
-                    path: self.store.path().to_path_buf(),
-                    err,
-                })
-        };
-        wait(std::time::Duration::ZERO)?;
-        let version = self.data_version();
-        wait(std::time::Duration::from_secs(5))?;
-        if version? != self.version {
-            return Ok(None);
+    /// serve then asks [`FreshView::state`] off its event loop). Asked on
+    /// every request, so the answer is as fresh as `state`'s: from the
+    /// WAL-index header when it has not moved since the probe last
+    /// confirmed the version, else from the probe (which, when the store
+    /// did not move after all, takes the header as seen again).
+    pub fn state_now(&mut self, dataset: &str, t: Tile) -> Result<Option<(i64, bool)>, TilesError> {
+        if !self.unmoved() {
+            let header = self.header();
+            // Never wait for a lock here (the store is WAL: a reader waits
+            // only in rare moments such as recovery); `state` waits as
+            // before.
+            let wait = |d| {
+                self.probe
+                    .busy_timeout(d)
+                    .map_err(|err| StoreError::Sqlite {
+                        path: self.store.path().to_path_buf(),
+                        err,
+                    })
+            };
+            wait(std::time::Duration::ZERO)?;
+            let version = self.data_version();
+            wait(std::time::Duration::from_secs(5))?;
+            if version? != self.version {
+                return Ok(None);
+            }
+            self.seen = header;
         }
         Ok(self
             .dirty
             .get(dataset)
             .map(|set| (self.generation, set.contains(&t))))
+    }
+
+    /// Whether the store's WAL-index header is still the one seen at the
+    /// probe's last answer, so that [`FreshView::state_now`] answers
+    /// without asking SQLite (for the tests of that path).
+    pub fn header_unmoved(&self) -> bool {
+        self.unmoved()
     }
 
     pub fn store(&self) -> &Store {

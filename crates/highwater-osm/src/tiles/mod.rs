@@ -24,6 +24,7 @@ pub mod cut;
 pub mod fresh;
 pub mod mvt;
 pub mod schema;
+pub mod wal_index;
 
 use crate::derive::{rebuild_shapes, TileLayer};
 use crate::features::{self, ElementKey, Feature};
