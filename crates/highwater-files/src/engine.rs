@@ -898,12 +898,12 @@ impl Pipeline {
             }
             let (listing, output_dirs) =
                 scan(&discover::output_dirs(outputs.iter().map(String::as_str)))?;
-            // Collected by index into one list of the right size, then
-            // unwrapped in place: a parallel collect into `Result<Vec>`
-            // would gather pieces and copy them together.
             // Each input's entry, by one merge of the two sorted lists
             // rather than a search per input.
             let prevs = merge_sorted(&found, &prev.items);
+            // Collected by index into one list of the right size, then
+            // unwrapped in place: a parallel collect into `Result<Vec>`
+            // would gather pieces and copy them together.
             let mut observed = Vec::with_capacity(found.len());
             found
                 .par_iter()

@@ -354,13 +354,13 @@ impl SqliteStore {
 
 impl StateStore for SqliteStore {
     fn load(&self, stage: &str) -> Result<StageEntries, StoreError> {
-        // Rows arrive sorted by (kind, item), so collecting them into the
-        // maps is a bulk build, not a sequence of searching inserts.
-        // One pass over the rows straight into the two lists: no stage
-        // column, no list of rows in between (a no-change plan of a large
-        // stage is mostly this load, issue 24).
-        // Sized first: the list of a large stage is tens of megabytes, and
-        // growing it by doubling copies it and touches fresh pages each time.
+        // A no-change plan of a large stage is mostly this load (issue 24).
+        // Rows arrive sorted by (kind, item), the primary key, and go in one
+        // pass straight into the two sorted lists: no stage column, no list
+        // of rows in between. The lists are sized first: a large stage's is
+        // tens of megabytes, and growing it by doubling copies it and
+        // touches fresh pages each time. (The count is a separate snapshot;
+        // a commit between the two only misjudges the capacity.)
         let (n_items, n_members): (i64, i64) = self
             .conn
             .prepare_cached(
