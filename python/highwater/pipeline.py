@@ -16,7 +16,7 @@ from highwater import _core, recipe as _recipe
 
 # Imported where they are used, not here: a no-change plan starts a Python
 # process and imports this module, and the pool (multiprocessing,
-# concurrent.futures) are a third of that import (issue 22's
+# concurrent.futures) is a third of that import (issue 22's
 # plan benchmark counts interpreter start).
 
 
@@ -31,7 +31,6 @@ def _where(fn: Callable, root: str) -> str:
     if f and os.path.abspath(f).startswith(root + os.sep):
         f = os.path.relpath(f, root)
     return f"{f or fn.__module__}:{fn.__qualname__}"
-
 
 
 @dataclasses.dataclass
