@@ -1209,8 +1209,15 @@ fn osm(
     let store_dir = |s: &Option<PathBuf>| s.clone().unwrap_or_else(|| cfg.store.clone());
     // Opens the store for writing: the writer lease first (or exit 2
     // naming its holder), so no other writer interleaves with this command.
+    // Every open checks the store's flat node file against the config's
+    // `flat_nodes` (exit 2 when they differ).
+    let open = |s: &Option<PathBuf>| -> Result<Store> {
+        let st = Store::open(&store_dir(s))?;
+        ops::check_flat_nodes(&cfg, &st)?;
+        Ok(st)
+    };
     let writer = |s: &Option<PathBuf>, wait: bool| -> Result<Store> {
-        let mut st = Store::open(&store_dir(s))?;
+        let mut st = open(s)?;
         st.set_lease_duration_s(cfg.lease_duration_s);
         st.lease_writer(wait)?;
         Ok(st)
@@ -1289,6 +1296,9 @@ fn osm(
                 used,
                 &cfg.import,
             )?;
+            let (warn, note) =
+                highwater_osm::import::node_storage_note(&s, cfg.import.flat_nodes.as_deref());
+            eprintln!("{}{note}", if warn { "warning: " } else { "" });
             writeln!(
                 out,
                 "imported {} nodes, {} ways, {} relations; sequence {}",
@@ -1311,7 +1321,7 @@ fn osm(
         } => {
             anyhow::ensure!(!diffs.is_empty(), "give at least one diff file");
             let mut st = if *dry_run {
-                Store::open(&store_dir(store))?
+                open(store)?
             } else {
                 writer(store, *wait)?
             };
@@ -1446,7 +1456,7 @@ fn osm(
             }
         }
         OsmCommand::Status { store, json } => {
-            let st = Store::open(&store_dir(store))?;
+            let st = open(store)?;
             let v = osm_status(&st, &cfg)?;
             if *json {
                 writeln!(out, "{v}")?;
@@ -1627,7 +1637,7 @@ fn osm(
             store,
             json,
         } => {
-            let st = Store::open(&store_dir(store))?;
+            let st = open(store)?;
             let sets: Vec<_> = cfg
                 .aggregates
                 .iter()
@@ -1654,7 +1664,7 @@ fn osm(
             store,
             json,
         } => {
-            let st = Store::open(&store_dir(store))?;
+            let st = open(store)?;
             let d = named(&cfg, dataset)?;
             // Tiles can be checked on a spread sample; the others whole.
             let sample = if *all {

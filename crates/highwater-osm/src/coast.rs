@@ -32,10 +32,100 @@
 //! out at sea with no coast in it shows land).
 //!
 //! Pure geometry: it reads no store, so that the same function serves a
-//! rebuild and both sides of a diff's expiry.
+//! rebuild and both sides of a diff's expiry. [`ocean_feature`] reads the
+//! ways through a [`View`] (the store before a diff, or with the diff laid
+//! over it); the tiles dataset keeps the result ([`crate::tiles::ocean`]).
+//!
+//! The bounds are the extract's, recorded by the import (meta
+//! [`BOUNDS_META`]: the PBF header's box, else the nodes' extent); a store
+//! imported before they were recorded has none, and no sea.
 
-use crate::features::{inside, Shape, P};
+use crate::features::{inside, Feature, Shape, View, P};
+use crate::model::{MemberKind, Tags};
+use crate::store::StoreError;
 use std::collections::HashMap;
+
+/// The meta row holding the extract's bounds: `west,south,east,north` in
+/// 1e-7 degrees.
+pub const BOUNDS_META: &str = "bounds";
+
+/// The sea's key among the features: relation 0, an id OSM never gives
+/// (ids start at 1), so it meets no element. Its tile feature id is 2.
+pub const OCEAN_KEY: (MemberKind, i64) = (MemberKind::Relation, 0);
+
+/// The one tag of the sea's feature, which a schema's `ocean` layer
+/// matches (`shortbread.toml`). Reserved: an element's own tag with this
+/// key is dropped by [`crate::features::feature`], so that no element
+/// lands in the ocean layer.
+pub const OCEAN_TAG: (&str, &str) = ("highwater:ocean", "yes");
+
+/// `bounds` as [`BOUNDS_META`] holds them.
+pub fn bounds_text(b: [i64; 4]) -> String {
+    format!("{},{},{},{}", b[0], b[1], b[2], b[3])
+}
+
+/// The bounds [`BOUNDS_META`] holds, in world coordinates; `None` for a
+/// missing or unreadable row, or an empty box.
+pub fn bounds_of(text: Option<&str>) -> Option<Bounds> {
+    let v: Vec<i64> = text?
+        .split(',')
+        .map(|p| p.trim().parse().ok())
+        .collect::<Option<_>>()?;
+    let [w, s, e, n] = <[i64; 4]>::try_from(v).ok()?;
+    let deg = |v: i64| v as f64 / 1e7;
+    let (a, c) = (
+        highwater_core::tile::world(deg(w), deg(n)),
+        highwater_core::tile::world(deg(e), deg(s)),
+    );
+    (a.0 < c.0 && a.1 < c.1).then_some(Bounds {
+        min_x: a.0,
+        min_y: a.1,
+        max_x: c.0,
+        max_y: c.1,
+    })
+}
+
+/// Whether a way's tags make it coastline.
+pub fn is_coastline(tags: &Tags) -> bool {
+    tags.get("natural").is_some_and(|v| v == "coastline")
+}
+
+/// The sea's feature as `view` sees it: `ways` are candidate ids (those
+/// the view does not have, or that are not coastline, are left out).
+pub fn ocean_feature(
+    view: &dyn View,
+    ways: impl IntoIterator<Item = i64>,
+    bounds: Option<Bounds>,
+) -> Result<Option<Feature>, StoreError> {
+    let Some(bounds) = bounds else {
+        return Ok(None);
+    };
+    let mut coast = Vec::new();
+    for id in ways {
+        let Some(w) = view.way(id)? else { continue };
+        if !is_coastline(&w.tags) {
+            continue;
+        }
+        let mut nodes = Vec::with_capacity(w.refs.len());
+        for r in &w.refs {
+            if let Some(p) = view.loc(*r)? {
+                nodes.push((*r, p));
+            }
+        }
+        coast.push(CoastWay { id, nodes });
+    }
+    if coast.is_empty() {
+        return Ok(None);
+    }
+    // Ways in id order, whatever order the caller found them in: the
+    // assembly's rings then come out the same for a rebuild and a diff.
+    coast.sort_by_key(|w| w.id);
+    coast.dedup_by_key(|w| w.id);
+    Ok(assemble(&coast, bounds).shape.map(|shape| Feature {
+        tags: [(OCEAN_TAG.0.to_string(), OCEAN_TAG.1.to_string())].into(),
+        shape,
+    }))
+}
 
 /// An extract's bounds in world coordinates ([0, 1), y down, as
 /// [`highwater_core::tile::world`] gives them).

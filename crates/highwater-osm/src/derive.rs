@@ -183,6 +183,65 @@ pub fn affected_tiles(
     changes: &[Change],
     layer: &TileLayer,
 ) -> Result<(BTreeSet<Tile>, Stats), StoreError> {
+    affected_tiles_and_sea(store, changes, layer).map(|(t, s, _)| (t, s))
+}
+
+/// The sea before and after a diff, when the layer shows it and the diff
+/// touches a coastline way (one of its own, old or new, or one through a
+/// node it moves): each assembled whole ([`crate::coast`]).
+#[allow(clippy::type_complexity)]
+fn sea_change<S: OsmRead + ?Sized>(
+    store: &S,
+    old_view: &Current<'_, S>,
+    new_view: &Overlay<'_, S>,
+    touched: &Touched,
+    layer: &TileLayer,
+) -> Result<Option<(Option<Feature>, Option<Feature>)>, StoreError> {
+    use crate::features::View;
+    if !layer.shows_ocean() {
+        return Ok(None);
+    }
+    let mut hit = false;
+    for &(kind, id) in &touched.all {
+        if kind != MemberKind::Way {
+            continue;
+        }
+        let coast =
+            |w: Option<crate::model::Way>| w.is_some_and(|w| crate::coast::is_coastline(&w.tags));
+        if coast(old_view.way(id)?) || coast(new_view.way(id)?) {
+            hit = true;
+            break;
+        }
+    }
+    if !hit {
+        return Ok(None);
+    }
+    let bounds = crate::coast::bounds_of(store.meta(crate::coast::BOUNDS_META)?.as_deref());
+    let before = store.coastline_ways()?;
+    let after: BTreeSet<i64> = before
+        .iter()
+        .copied()
+        .chain(
+            new_view
+                .changes
+                .keys()
+                .filter(|(k, _)| *k == MemberKind::Way)
+                .map(|(_, id)| *id),
+        )
+        .collect();
+    let old = crate::coast::ocean_feature(old_view, before, bounds)?;
+    let new = crate::coast::ocean_feature(new_view, after, bounds)?;
+    Ok(Some((old, new)))
+}
+
+/// [`affected_tiles`], and the sea after the diff when the diff touched a
+/// coastline (`Some(None)`: no sea any more), for the tiles dataset to keep.
+#[allow(clippy::type_complexity)]
+pub fn affected_tiles_and_sea(
+    store: &(impl OsmRead + ?Sized),
+    changes: &[Change],
+    layer: &TileLayer,
+) -> Result<(BTreeSet<Tile>, Stats, Option<Option<Feature>>), StoreError> {
     let merged = merge(changes);
     let mut stats = Stats {
         changes: merged.len(),
@@ -210,6 +269,12 @@ pub fn affected_tiles(
                 stats.read_tags_changed += 1;
             }
             pairs.push((old, new));
+        }
+    }
+    let sea = sea_change(store, &old_view, &new_view, &touched, layer)?;
+    if let Some((old, new)) = &sea {
+        if old != new {
+            pairs.push((old.clone(), new.clone()));
         }
     }
     let mut tiles = BTreeSet::new();
@@ -244,7 +309,7 @@ pub fn affected_tiles(
             }
         }
     }
-    Ok((tiles, stats))
+    Ok((tiles, stats, sea.map(|(_, new)| new)))
 }
 
 /// Applies one diff's merged changes through a writer (last version wins;

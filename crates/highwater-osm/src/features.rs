@@ -134,6 +134,17 @@ impl TileLayer {
         out
     }
 
+    /// Whether the layer shows the sea ([`crate::coast`]): it follows a
+    /// schema that reads [`crate::coast::OCEAN_TAG`] (Shortbread's `ocean`
+    /// layer). Layers without a schema show elements' tags only.
+    pub fn shows_ocean(&self) -> bool {
+        self.schema.is_some()
+            && self
+                .keys
+                .as_ref()
+                .is_some_and(|k| k.contains(crate::coast::OCEAN_TAG.0))
+    }
+
     pub fn relevant<'t>(&self, tags: &'t Tags) -> BTreeMap<&'t str, &'t str> {
         tags.iter()
             // Metadata never shows, whatever a layer lists: the shape index
@@ -371,7 +382,7 @@ pub fn feature(
             let Some(tags) = view.node_tags(id)? else {
                 return Ok(None);
             };
-            let tags = owned(layer.relevant(&tags));
+            let tags = own_tags(layer.relevant(&tags));
             if tags.is_empty() {
                 return Ok(None);
             }
@@ -381,7 +392,7 @@ pub fn feature(
             let Some(w) = view.way(id)? else {
                 return Ok(None);
             };
-            let tags = owned(layer.relevant(&w.tags));
+            let tags = own_tags(layer.relevant(&w.tags));
             if tags.is_empty() {
                 return Ok(None);
             }
@@ -402,7 +413,7 @@ pub fn feature(
             let Some(k) = relation_kind(&r) else {
                 return Ok(None);
             };
-            let tags = owned(layer.relevant(&r.tags));
+            let tags = own_tags(layer.relevant(&r.tags));
             if tags.is_empty() {
                 return Ok(None);
             }
@@ -440,8 +451,22 @@ pub fn all(
                 out.push(((kind, id), f));
             }
         }
+        // The sea, for a schema with an ocean layer: assembled from every
+        // coastline way, as the drain's kept copy must equal.
+        if layer.shows_ocean() {
+            if let Some(f) = crate::tiles::ocean::assemble_all(store)? {
+                out.push((crate::coast::OCEAN_KEY, f));
+            }
+        }
         Ok(out)
     })
+}
+
+/// An element's tags as a feature holds them: the sea's reserved tag
+/// ([`crate::coast::OCEAN_TAG`]) is never an element's.
+fn own_tags(mut tags: BTreeMap<&str, &str>) -> BTreeMap<String, String> {
+    tags.remove(crate::coast::OCEAN_TAG.0);
+    owned(tags)
 }
 
 fn owned(tags: BTreeMap<&str, &str>) -> BTreeMap<String, String> {

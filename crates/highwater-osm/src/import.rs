@@ -89,20 +89,79 @@ pub const IMPORT_CACHE_MB_MIN: u64 = 32;
 pub const IMPORT_CACHE_MB_MAX: u64 = 1 << 20;
 
 /// How an import runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ImportOptions {
     /// `[osm] cache_mb`: the memory an import of a sorted extract may use,
     /// whatever the extract's size. A quarter goes to SQLite's page cache,
     /// a quarter to way references sorted before they spill to disk (see
     /// [`crate::spill`]), about half to PBF blobs being decoded.
     pub cache_mb: u64,
+    /// `[osm] flat_nodes`: untagged nodes' locations go to this flat file
+    /// by id ([`crate::flatnodes`]) instead of the node blocks.
+    pub flat_nodes: Option<PathBuf>,
 }
 
 impl Default for ImportOptions {
     fn default() -> Self {
         ImportOptions {
             cache_mb: IMPORT_CACHE_MB_DEFAULT,
+            flat_nodes: None,
         }
+    }
+}
+
+/// The rule for choosing flat nodes (as osm2pgsql's advice: "for the
+/// planet or very large extracts"), in two numbers. Both must hold:
+///
+/// Nodes from which flat nodes pay off in time: at a billion nodes the
+/// node blocks' locations alone pass 10 GB (measured: about 10 bytes of
+/// store per node location, bench/osm_flatnodes.sh), more than the page
+/// cache of the machines this runs on, so a lookup is a B-tree descent to
+/// disk, where the flat file's is one `pread`. Below it the blocks stay
+/// cached and cost less disk.
+pub const FLAT_NODES_NODES_MIN: u64 = 1_000_000_000;
+
+/// Share of the id range the extract's nodes use, in percent, from which
+/// the flat file's disk pays: it costs 8 bytes per id of the range (a 4 KiB
+/// page for every 512 ids touched), so 8 / share bytes per node, 40 bytes
+/// at 20%: within a few times what the node blocks take. The planet (10.5
+/// billion nodes, ids to 13 billion) is at 80%; a continent's extract
+/// (Europe: about a third of the planet's nodes) near 25%; a city's far
+/// below 1%, where the file takes a page per node.
+pub const FLAT_NODES_DENSITY_MIN_PERCENT: f64 = 20.0;
+
+/// What an import says (stderr) about its node storage: which it used and
+/// why, or a warning when the choice looks wrong for the extract's id
+/// density. `(warning, text)`.
+pub fn node_storage_note(stats: &ImportStats, flat: Option<&Path>) -> (bool, String) {
+    let max_id = stats.node_id_max.unwrap_or(0).max(1);
+    let density = 100.0 * stats.nodes as f64 / max_id as f64;
+    let pays = stats.nodes >= FLAT_NODES_NODES_MIN && density >= FLAT_NODES_DENSITY_MIN_PERCENT;
+    let facts = format!(
+        "{} nodes over ids up to {max_id} ({density:.3}% of the id range used); flat nodes pay off from {FLAT_NODES_NODES_MIN} nodes and {FLAT_NODES_DENSITY_MIN_PERCENT}% (README, \"Flat nodes\")",
+        stats.nodes
+    );
+    match (flat, pays) {
+        (Some(p), true) => (
+            false,
+            format!("node storage: flat nodes in {} ([osm] flat_nodes): {facts}", p.display()),
+        ),
+        (Some(p), false) => {
+            let disk = stats.flat_disk_bytes.unwrap_or(0);
+            (
+                true,
+                format!(
+                    "flat nodes in {} ([osm] flat_nodes) look wrong for this extract: {facts}; the file takes {disk} bytes on disk, {:.0} per node. Node blocks (no flat_nodes) would do",
+                    p.display(),
+                    disk as f64 / stats.nodes.max(1) as f64
+                ),
+            )
+        }
+        (None, false) => (false, format!("node storage: node blocks in the store: {facts}")),
+        (None, true) => (
+            true,
+            format!("node blocks in the store, but this extract is where flat nodes pay off: {facts}. Set flat_nodes = \"PATH\" in [osm]"),
+        ),
     }
 }
 
@@ -178,6 +237,7 @@ pub fn import_into_with(
             }
         };
         failpoint_before_publish();
+        publish_flat(opts)?;
         // A hard link never replaces: if another import published a store
         // here meanwhile, this one is refused and changes nothing.
         let linked = std::fs::hard_link(&tmp, &target);
@@ -223,6 +283,7 @@ pub fn import_into_with(
     // Anyone who opened the old store and waits for its lease finds it
     // retired, not writable.
     old.write(|w| w.set_meta("retired", "replaced by osm import --replace"))?;
+    publish_flat(opts)?;
     std::fs::rename(dir, &aside).map_err(io(dir))?;
     std::fs::rename(&new_dir, dir).map_err(io(dir))?;
     sync_parent(dir).map_err(io(parent_dir(dir)))?;
@@ -264,8 +325,9 @@ fn build(
     opts: &ImportOptions,
 ) -> Result<ImportStats, ImportError> {
     let mut store = Store::create_unpublished(file)?;
-    let stats = match import_streaming(&mut store, extract, opts) {
-        Ok(stats) => stats,
+    let mut flat = new_flat(&mut store, opts)?;
+    let result = match import_streaming(&mut store, extract, opts) {
+        Ok(stats) => Ok(stats),
         Err(Streamed::Unsorted(_)) => {
             // The unpublished file has no journal, so its transaction
             // cannot roll back: start again with a new file.
@@ -275,13 +337,95 @@ fn build(
                 message: format!("cannot remove the unfinished store: {e}"),
             })?;
             store = Store::create_unpublished(file)?;
-            import_in_memory(&mut store, extract, opts)?
+            flat = new_flat(&mut store, opts)?;
+            import_in_memory(&mut store, extract, opts)
         }
-        Err(Streamed::Failed(e)) => return Err(e),
+        Err(Streamed::Failed(e)) => Err(e),
     };
+    let mut stats = match result {
+        Ok(s) => s,
+        Err(e) => {
+            if let Some((_, tmp, _)) = &flat {
+                let _ = std::fs::remove_file(tmp);
+            }
+            return Err(e);
+        }
+    };
+    if let Some((f, _, token)) = &flat {
+        let final_path = opts.flat_nodes.as_deref().expect("flat nodes asked");
+        // Straight into the unpublished file (no lease: a lease row taken
+        // here would outlive the import in the published store).
+        for (k, v) in [
+            (
+                crate::store::FLAT_NODES_META,
+                final_path.display().to_string(),
+            ),
+            (crate::store::FLAT_TOKEN_META, token.to_string()),
+        ] {
+            store
+                .conn
+                .execute(
+                    "INSERT OR REPLACE INTO meta(key, value) VALUES(?1, ?2)",
+                    [k, v.as_str()],
+                )
+                .map_err(|e| store.err(e))?;
+        }
+        f.sync().map_err(StoreError::from)?;
+        stats.flat_disk_bytes = Some(f.disk_bytes().map_err(StoreError::from)?);
+    }
     store.continue_tokens(tokens_used)?;
     store.seal()?;
     Ok(stats)
+}
+
+/// The new flat node file an import with `[osm] flat_nodes` writes
+/// (`PATH.hw-import`, emptied first: a killed import's is started over),
+/// attached to the store being built, with its token in slot 0: (file,
+/// its path, token).
+fn new_flat(
+    store: &mut Store,
+    opts: &ImportOptions,
+) -> Result<Option<(std::sync::Arc<crate::flatnodes::FlatNodes>, PathBuf, u64)>, ImportError> {
+    let Some(p) = &opts.flat_nodes else {
+        return Ok(None);
+    };
+    let tmp = flat_import_path(p);
+    let _ = std::fs::remove_file(&tmp);
+    let f = crate::flatnodes::FlatNodes::open(&tmp).map_err(StoreError::from)?;
+    // A token no other import's file holds: the time and the process.
+    let token = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+        ^ (u64::from(std::process::id()) << 40))
+        | 1;
+    f.set_token(token).map_err(StoreError::from)?;
+    let f = std::sync::Arc::new(f);
+    store.attach_flat(f.clone());
+    Ok(Some((f, tmp, token)))
+}
+
+/// Where an import writes the new flat node file for `p`.
+fn flat_import_path(p: &Path) -> PathBuf {
+    let mut n = p.file_name().unwrap_or_default().to_os_string();
+    n.push(".hw-import");
+    p.with_file_name(n)
+}
+
+/// Puts an import's new flat node file in place (just before its store is
+/// published): fsynced, renamed over the old, the folder synced. A store
+/// still using the old file refuses it from then on (its token differs).
+fn publish_flat(opts: &ImportOptions) -> Result<(), ImportError> {
+    let Some(p) = &opts.flat_nodes else {
+        return Ok(());
+    };
+    let tmp = flat_import_path(p);
+    let io = |e: std::io::Error| ImportError::Refused {
+        path: p.clone(),
+        message: format!("cannot put the new flat node file in place: {e}"),
+    };
+    std::fs::rename(&tmp, p).map_err(io)?;
+    let _ = std::fs::remove_file(crate::store::undo_path(p));
+    sync_parent(p).map_err(io)
 }
 
 /// Removes hidden store files that killed first imports left in `dir`:
@@ -333,9 +477,9 @@ fn check_extract(path: &Path) -> Result<(), ImportError> {
     Ok(())
 }
 
-/// What a PBF header says of replication: sequence, timestamp (seconds),
-/// base URL.
-type Header = (Option<i64>, Option<i64>, Option<String>);
+/// What a PBF header says: replication sequence, timestamp (seconds),
+/// base URL, and the extract's bounds (see [`ImportStats::bounds`]).
+type Header = (Option<i64>, Option<i64>, Option<String>, Option<[i64; 4]>);
 
 /// A decoded blob: the header's replication facts, or elements.
 type Decoded = Result<(Option<Header>, Vec<Element>), String>;
@@ -355,6 +499,30 @@ pub struct ImportStats {
     /// `osmosis_replication_base_url`: where `osm replicate` fetches from
     /// unless the config names a server.
     pub replication_url: Option<String>,
+    /// The extract's bounds, in 1e-7 degrees (west, south, east, north):
+    /// the PBF header's bounding box when it has one, else the extent of
+    /// its nodes. The sea ([`crate::coast`]) is closed along them.
+    pub bounds: Option<[i64; 4]>,
+    /// The extent of the extract's nodes, as `bounds`.
+    pub extent: Option<[i64; 4]>,
+    /// The largest node id (the id range flat nodes would span).
+    pub node_id_max: Option<i64>,
+    /// With flat nodes: the file's bytes on disk after the import.
+    pub flat_disk_bytes: Option<u64>,
+}
+
+impl ImportStats {
+    /// Grows the node extent (used when the header gives no bounds).
+    fn extend(&mut self, e: &Element) {
+        if let Element::Node(n) = e {
+            self.node_id_max = Some(self.node_id_max.map_or(n.id, |m| m.max(n.id)));
+            if let (Some(lat), Some(lon)) = (n.lat_e7, n.lon_e7) {
+                let (lat, lon) = (lat as i64, lon as i64);
+                let b = self.extent.get_or_insert([lon, lat, lon, lat]);
+                *b = [b[0].min(lon), b[1].min(lat), b[2].max(lon), b[3].max(lat)];
+            }
+        }
+    }
 }
 
 fn pbf_elements(block: &osmpbf::PrimitiveBlock) -> Result<Vec<Element>, String> {
@@ -430,6 +598,7 @@ fn id_out_of_range(e: &Element) -> Option<i64> {
 }
 
 fn count(stats: &mut ImportStats, e: &Element) {
+    stats.extend(e);
     match e {
         Element::Node(_) => stats.nodes += 1,
         Element::Way(_) => stats.ways += 1,
@@ -517,6 +686,7 @@ impl Bulk {
                 loc: Some((lat, lon)),
                 tagged: self.node_tags.contains_key(&id),
                 ways: Vec::new(),
+                flat: false,
             });
             w.put_node_blocks(crate::store::merge_refs(nodes, refs.iter().copied()))?;
             drop(refs);
@@ -766,6 +936,9 @@ fn write_meta(
         // An extract's header may carry credentials: never stored.
         w.set_meta("replication_url", &crate::fetch::redact_url(u))?;
     }
+    if let Some(b) = stats.bounds.or(stats.extent) {
+        w.set_meta(crate::coast::BOUNDS_META, &crate::coast::bounds_text(b))?;
+    }
     Ok(())
 }
 
@@ -941,11 +1114,12 @@ fn read_pbf<S: PbfSink>(
         for chunk in rx {
             for d in chunk.map_err(&bad)? {
                 let (header, elements) = d.map_err(&bad)?;
-                if let Some((seq, ts, url)) = header {
+                if let Some((seq, ts, url, bounds)) = header {
                     let stats = sink.stats();
                     stats.sequence = seq;
                     stats.timestamp = ts;
                     stats.replication_url = url;
+                    stats.bounds = bounds;
                 }
                 for e in elements {
                     add(sink, e)?;
@@ -967,6 +1141,15 @@ fn decode_blob(b: &osmpbf::Blob) -> Decoded {
                 h.osmosis_replication_sequence_number(),
                 h.osmosis_replication_timestamp(),
                 h.osmosis_replication_base_url().map(str::to_string),
+                h.bbox().map(|b| {
+                    let e7 = |v: f64| (v * 1e7).round() as i64;
+                    [
+                        e7(b.left),
+                        e7(b.bottom.min(b.top)),
+                        e7(b.right),
+                        e7(b.top.max(b.bottom)),
+                    ]
+                }),
             )),
             Vec::new(),
         )),

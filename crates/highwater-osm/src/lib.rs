@@ -18,7 +18,8 @@
 //!   consecutive ids.
 //! - [`cells`]: the shapes index's spatial key (a flattened loose quadtree).
 //! - [`coast`]: the sea of an extract from its coastline ways, closed along
-//!   its bounds (pure geometry; not yet wired into the tiles).
+//!   its bounds (the import records them); the tiles' `ocean` layer
+//!   ([`tiles::ocean`]).
 //! - [`features`]: what a layer sees of an element, and per-tile content
 //!   signatures; expiry and the cutter both read features from here.
 //! - [`derive`](mod@derive): derive-before-apply (affected tiles from old
@@ -30,8 +31,8 @@
 //!   [`tiles::mvt`].
 //! - [`search`]: the tantivy dataset with denormalised context.
 //! - [`aggregates`]: counts, lengths and areas per admin area and class.
-//! - [`flatnodes`]: planet-scale node locations, a flat file indexed by id
-//!   (the design, tested; extracts keep node blocks).
+//! - [`flatnodes`]: untagged nodes' locations in a flat file indexed by id
+//!   (`[osm] flat_nodes`), behind the store's node reads.
 //! - [`fetch`]: replication over HTTP (the pyosmium/osmosis protocol), each
 //!   failure classed: retried, refused, or needing an operator.
 //! - [`ops`]: config, apply (dry run, dirty sets, markers), replicate, status.

@@ -17,8 +17,9 @@
 //!
 //! Encoding (all integers little-endian): entry count (varint), then per
 //! entry its id as a varint delta from the previous entry's (the first from
-//! the block's `first`), a flags byte (1: located, 2: tagged), latitude and
-//! longitude in 1e-7 degrees (i32 each) when located, the way count
+//! the block's `first`), a flags byte (1: located, 2: tagged, 4: located
+//! in the flat node file, [`crate::flatnodes`]), latitude and
+//! longitude in 1e-7 degrees (i32 each) when located here, the way count
 //! (varint) and the way ids as zigzag varint deltas. This module is pure:
 //! the store reads and writes the bytes.
 
@@ -40,12 +41,16 @@ pub struct Entry {
     pub tagged: bool,
     /// The ways through the node, ascending, without repeats.
     pub ways: Vec<i64>,
+    /// The node exists and its location is in the flat node file (a store
+    /// with `[osm] flat_nodes`), not here: `loc` is then `None` in a
+    /// decoded entry and ignored when encoding.
+    pub flat: bool,
 }
 
 impl Entry {
     /// Neither a node nor referenced: the entry can go.
     pub fn is_void(&self) -> bool {
-        self.loc.is_none() && self.ways.is_empty()
+        self.loc.is_none() && !self.flat && self.ways.is_empty()
     }
 }
 
@@ -91,8 +96,9 @@ pub fn encode(entries: &[Entry]) -> Vec<u8> {
     for e in entries {
         put_varint(&mut out, e.id.wrapping_sub(prev) as u64);
         prev = e.id;
-        out.push(u8::from(e.loc.is_some()) | (u8::from(e.tagged) << 1));
-        if let Some((lat, lon)) = e.loc {
+        let here = e.loc.filter(|_| !e.flat);
+        out.push(u8::from(here.is_some()) | (u8::from(e.tagged) << 1) | (u8::from(e.flat) << 2));
+        if let Some((lat, lon)) = here {
             out.extend_from_slice(&lat.to_le_bytes());
             out.extend_from_slice(&lon.to_le_bytes());
         }
@@ -145,6 +151,7 @@ pub fn decode_until(
             loc,
             tagged: flags & 2 != 0,
             ways,
+            flat: flags & 4 != 0,
         };
         let done = stop(&e);
         out.push(e);
@@ -183,6 +190,7 @@ mod tests {
             loc,
             tagged,
             ways: ways.to_vec(),
+            flat: false,
         }
     }
 

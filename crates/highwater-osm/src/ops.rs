@@ -51,6 +51,7 @@ struct RawOsm {
     replication_backoff_ms: Option<u64>,
     replication_timeout_s: Option<u64>,
     cache_mb: Option<u64>,
+    flat_nodes: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -126,10 +127,50 @@ pub struct OsmConfig {
     pub affected_guard: BTreeMap<String, (f64, usize)>,
 }
 
+/// Refuses a store whose flat node file does not match the config's
+/// `[osm] flat_nodes` (imported with flat nodes, opened without the
+/// setting, or the reverse, or with another file): exit 2, naming both.
+pub fn check_flat_nodes(cfg: &OsmConfig, store: &Store) -> Result<(), OpsError> {
+    let want = cfg.import.flat_nodes.as_deref();
+    let have = store.flat_nodes();
+    let same = match (want, have) {
+        (None, None) => true,
+        (Some(a), Some(b)) => a == b || a.canonicalize().ok() == b.canonicalize().ok(),
+        _ => false,
+    };
+    if same {
+        return Ok(());
+    }
+    let what = match (want, have) {
+        (None, Some(b)) => format!(
+            "it was imported with flat nodes in {}, and {} has no `flat_nodes` in [osm]: add flat_nodes = {:?}, or import the extract again without it (--replace)",
+            b.display(),
+            cfg.config_path.display(),
+            b.display().to_string()
+        ),
+        (Some(a), None) => format!(
+            "{} sets flat_nodes = {:?} in [osm], but the store was imported without flat nodes: remove the setting, or import the extract again with it (--replace)",
+            cfg.config_path.display(),
+            a.display().to_string()
+        ),
+        (Some(a), Some(b)) => format!(
+            "{} sets flat_nodes = {:?}, but the store's flat node file is {}: name that file, or import the extract again (--replace)",
+            cfg.config_path.display(),
+            a.display().to_string(),
+            b.display()
+        ),
+        (None, None) => unreachable!("same"),
+    };
+    Err(OpsError::Store(StoreError::Corrupt {
+        path: store.path().to_path_buf(),
+        what,
+    }))
+}
+
 /// The version of the code that decides what a tile shows (features,
 /// expiry, cutting): part of every tile dataset's recipe, so a change to it
 /// forces a rebuild instead of mixing old tiles with new.
-pub const TILES_CODE_VERSION: &str = "tiles-4";
+pub const TILES_CODE_VERSION: &str = "tiles-5";
 
 /// The version of the aggregates code (features, areas, contributions):
 /// part of every aggregates dataset's recipe.
@@ -284,6 +325,7 @@ impl OsmConfig {
                 replication_backoff_ms: None,
                 replication_timeout_s: None,
                 cache_mb: None,
+                flat_nodes: None,
             },
         };
         let mut affected_guard = BTreeMap::new();
@@ -516,10 +558,29 @@ impl OsmConfig {
             replication_url_env: raw.replication_url_env.clone(),
             import: {
                 use crate::import::{IMPORT_CACHE_MB_MAX, IMPORT_CACHE_MB_MIN};
+                // `flat_nodes = "path"`: its folder must exist (a typo must
+                // not scatter a 100 GB file somewhere new).
+                let flat_nodes = match &raw.flat_nodes {
+                    None => None,
+                    Some(f) => {
+                        let p = root.join(f);
+                        let dir = crate::import::parent_dir(&p);
+                        if f.is_empty() || p.is_dir() || !dir.is_dir() {
+                            return Err(bad(format!(
+                                "flat_nodes = {f:?}: the folder {} does not exist (or the path is a folder); create it, or name a file in an existing folder",
+                                dir.display()
+                            )));
+                        }
+                        Some(p)
+                    }
+                };
                 match raw.cache_mb {
-                    None => Default::default(),
+                    None => crate::import::ImportOptions {
+                        flat_nodes,
+                        ..Default::default()
+                    },
                     Some(mb) if (IMPORT_CACHE_MB_MIN..=IMPORT_CACHE_MB_MAX).contains(&mb) => {
-                        crate::import::ImportOptions { cache_mb: mb }
+                        crate::import::ImportOptions { cache_mb: mb, flat_nodes }
                     }
                     Some(mb) => {
                         return Err(bad(format!(

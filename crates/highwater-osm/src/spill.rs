@@ -227,6 +227,7 @@ impl Merged {
                     i32::from_le_bytes(b[12..16].try_into().expect("4 bytes")),
                 )),
                 tagged: b[16] != 0,
+                flat: false,
                 ways: Vec::new(),
             }),
             Ok(None) => None,
@@ -291,6 +292,7 @@ mod tests {
                 loc: Some((n as i32, -(n as i32))),
                 tagged: n % 2 == 0,
                 ways: Vec::new(),
+                flat: false,
             }),
             refs.iter().copied(),
         )

@@ -5,16 +5,57 @@
 //!
 //! Nodes live in blocks of consecutive ids, each entry with the ways
 //! through the node ([`crate::nodeblocks`]); their tags in `node_tags`.
-//! For the planet the node locations would move to a flat file indexed by
-//! node id ([`crate::flatnodes`]); `read_node` and `edit_nodes` are the
-//! seam for that.
+//! With `[osm] flat_nodes`, untagged nodes' locations are in a flat file
+//! indexed by node id ([`crate::flatnodes`]) and their entries say so;
+//! `read_node` and `edit_nodes` are the seam. Meta [`FLAT_NODES_META`]
+//! names the file, [`FLAT_TOKEN_META`] the token its slot 0 must hold.
 
+use crate::flatnodes::FlatNodes;
 use crate::model::{Element, Member, MemberKind, Node, Relation, Tags, Way};
 use crate::nodeblocks::{self, Entry};
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use thiserror::Error;
+
+/// Meta row: the flat node file of a store imported with `[osm]
+/// flat_nodes` (the path as the config resolved it).
+pub const FLAT_NODES_META: &str = "flat_nodes";
+/// Meta row: the token the flat node file's slot 0 holds.
+pub const FLAT_TOKEN_META: &str = "flat_nodes_token";
+/// Meta row: the last flat-node write epoch the store committed (see the
+/// undo log in [`crate::flatnodes`]).
+pub const FLAT_EPOCH_META: &str = "flat_nodes_epoch";
+
+/// The undo log beside a flat node file.
+pub(crate) fn undo_path(flat: &Path) -> PathBuf {
+    let mut n = flat.file_name().unwrap_or_default().to_os_string();
+    n.push(".undo");
+    flat.with_file_name(n)
+}
+
+/// Where node locations are, beside the blocks: the flat file, and the
+/// locations a writer has not written to it yet.
+#[derive(Clone, Copy, Default)]
+struct Locs<'a> {
+    flat: Option<&'a FlatNodes>,
+    pending: Option<&'a BTreeMap<i64, (i32, i32)>>,
+}
+
+impl Locs<'_> {
+    fn get(&self, id: i64) -> rusqlite::Result<Option<(i32, i32)>> {
+        if let Some(l) = self.pending.and_then(|p| p.get(&id)) {
+            return Ok(Some(*l));
+        }
+        match self.flat {
+            Some(f) => f
+                .get(id)
+                .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e))),
+            None => Ok(None),
+        }
+    }
+}
 
 #[derive(Debug, Error)]
 pub enum StoreError {
@@ -36,6 +77,8 @@ pub enum StoreError {
     },
     #[error("OSM store {}: this process lost its writer lease to another (its token is no longer current); it wrote nothing more. Run the command again", path.display())]
     Fenced { path: PathBuf },
+    #[error(transparent)]
+    Flat(#[from] crate::flatnodes::FlatNodesError),
 }
 
 const SCHEMA: &str = "
@@ -162,6 +205,8 @@ pub struct Store {
     /// token. Released when the store is dropped.
     writer: Option<(highwater_store::Fence, highwater_store::lease::Heartbeat)>,
     lease_duration_s: i64,
+    /// The flat node file, for a store imported with `[osm] flat_nodes`.
+    pub(crate) flat: Option<Arc<FlatNodes>>,
 }
 
 impl Drop for Store {
@@ -246,6 +291,7 @@ impl Store {
             path: path.to_path_buf(),
             writer: None,
             lease_duration_s: WRITER_LEASE_DURATION_S,
+            flat: None,
         })
     }
 
@@ -258,6 +304,14 @@ impl Store {
             what: format!("cannot sync the new store: {e}"),
         };
         let mut me = self;
+        // The import's writer lease is given back in the file itself: the
+        // drop below would release it on the stand-in connection, leaving a
+        // live lease in the published store that this process (a library
+        // caller opening the store next) would find held.
+        if let Some((fence, hb)) = me.writer.take() {
+            drop(hb);
+            let _ = highwater_store::lease::release(&me.conn, &fence);
+        }
         let conn = std::mem::replace(
             &mut me.conn,
             Connection::open_in_memory().map_err(|e| StoreError::Sqlite {
@@ -292,11 +346,13 @@ impl Store {
         conn.pragma_update(None, "cache_size", -STORE_CACHE_KIB)
             .map_err(err)?;
         let rtree_shapes = init_schema(&conn).map_err(err)?;
+        let flat = open_flat(&conn, &path)?;
         let mut store = Store {
             conn,
             path,
             writer: None,
             lease_duration_s: WRITER_LEASE_DURATION_S,
+            flat,
         };
         if rtree_shapes {
             crate::derive::rebuild_shapes(&mut store, &crate::features::LowZoom::none())?;
@@ -399,7 +455,7 @@ impl Store {
                     duration_ns,
                 );
                 self.writer = Some((fence, hb));
-                Ok(())
+                self.recover_flat()
             }
             Err(h) => Err(StoreError::Held {
                 path,
@@ -409,6 +465,63 @@ impl Store {
                 expires: highwater_core::window::format_rfc3339(h.expires_at_ns / 1000),
             }),
         }
+    }
+
+    /// The flat node file, if the store has one.
+    pub fn flat_nodes(&self) -> Option<&Path> {
+        self.flat.as_deref().map(FlatNodes::path)
+    }
+
+    /// Attaches the flat node file an import writes.
+    pub(crate) fn attach_flat(&mut self, f: Arc<FlatNodes>) {
+        self.flat = Some(f);
+    }
+
+    /// Settles an undo log a killed writer left (see [`crate::flatnodes`]):
+    /// rolled back if the store did not commit its epoch, dropped if it
+    /// did. Run under the writer lease, before anything reads for writing.
+    fn recover_flat(&mut self) -> Result<(), StoreError> {
+        let Some(flat) = self.flat.clone() else {
+            return Ok(());
+        };
+        let undo = undo_path(flat.path());
+        let Ok(log) = std::fs::read(&undo) else {
+            return Ok(());
+        };
+        let committed: u64 = self
+            .meta(FLAT_EPOCH_META)?
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let bad = || {
+            StoreError::Corrupt {
+            path: undo.clone(),
+            what: "this is not a flat nodes' undo log; the flat node file may hold a killed apply's locations: import the extract again with --replace".into(),
+        }
+        };
+        if log.len() < 8 || &log[..8] != UNDO_MAGIC {
+            return Err(bad());
+        }
+        // A log cut short was never complete, so the file was not touched
+        // after it (it is fsynced before any slot is written).
+        let n = log
+            .get(16..24)
+            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize);
+        let complete = n.is_some_and(|n| log.len() == 24 + 16 * n);
+        if complete {
+            let epoch = u64::from_le_bytes(log[8..16].try_into().expect("8 bytes"));
+            if committed < epoch {
+                for rec in log[24..].chunks_exact(16) {
+                    let id = i64::from_le_bytes(rec[..8].try_into().expect("8 bytes"));
+                    flat.put_raw(id, rec[8..].try_into().expect("8 bytes"))?;
+                }
+                flat.sync()?;
+            }
+        }
+        std::fs::remove_file(&undo).map_err(|e| StoreError::Corrupt {
+            path: undo.clone(),
+            what: format!("cannot remove the settled undo log: {e}"),
+        })?;
+        Ok(())
     }
 
     /// Makes the writer lease's next token larger than `used` (for a store
@@ -520,7 +633,12 @@ impl Store {
                 path: path.clone(),
                 err,
             })?;
-        let mut w = Writer { tx, path };
+        let mut w = Writer {
+            tx,
+            path,
+            flat: self.flat.clone(),
+            pending: BTreeMap::new(),
+        };
         // Dropping the transaction without commit rolls it back.
         f(&mut w)
     }
@@ -729,6 +847,21 @@ impl Store {
         &mut self,
         f: impl FnOnce(&mut Writer<'_>) -> Result<T, E>,
     ) -> Result<T, E> {
+        let mut recover = false;
+        let r = self.write_inner(f, &mut recover);
+        // The transaction did not commit after the flat file was written:
+        // roll the file back now, from the undo log.
+        if recover {
+            self.recover_flat()?;
+        }
+        r
+    }
+
+    fn write_inner<T, E: From<StoreError>>(
+        &mut self,
+        f: impl FnOnce(&mut Writer<'_>) -> Result<T, E>,
+        recover: &mut bool,
+    ) -> Result<T, E> {
         self.lease_writer(false)?;
         let path = self.path.clone();
         let (fence, hb) = self.writer.as_ref().expect("the lease was just taken");
@@ -781,10 +914,33 @@ impl Store {
         let mut w = Writer {
             tx,
             path: path.clone(),
+            flat: self.flat.clone(),
+            pending: BTreeMap::new(),
         };
         let out = f(&mut w)?;
-        w.tx.commit()
-            .map_err(|err| StoreError::Sqlite { path, err })?;
+        let flushed = w.flush_flat()?;
+        let committed = {
+            let Writer {
+                tx,
+                flat,
+                pending,
+                path: wpath,
+            } = w;
+            drop((flat, pending, wpath));
+            tx.commit()
+        };
+        if flushed {
+            // Committed: the log is settled; not: the caller rolls back.
+            match committed {
+                Ok(()) => {
+                    if let Some(f) = &self.flat {
+                        let _ = std::fs::remove_file(undo_path(f.path()));
+                    }
+                }
+                Err(_) => *recover = true,
+            }
+        }
+        committed.map_err(|err| StoreError::Sqlite { path, err })?;
         Ok(out)
     }
 
@@ -814,7 +970,14 @@ impl Store {
     }
 
     pub fn node(&self, id: i64) -> Result<Option<Node>, StoreError> {
-        read_node(&self.conn, id).map_err(|e| self.err(e))
+        read_node(&self.conn, self.locs(), id).map_err(|e| self.err(e))
+    }
+
+    fn locs(&self) -> Locs<'_> {
+        Locs {
+            flat: self.flat.as_deref(),
+            pending: None,
+        }
     }
 
     pub fn way(&self, id: i64) -> Result<Option<Way>, StoreError> {
@@ -876,7 +1039,7 @@ impl Store {
                 let entries = nodeblocks::decode(first, &data)
                     .ok_or_else(|| self.err(corrupt_block(first)))?;
                 for e in entries {
-                    if let Some(n) = node_of(&self.conn, e).map_err(|e| self.err(e))? {
+                    if let Some(n) = node_of(&self.conn, self.locs(), e).map_err(|e| self.err(e))? {
                         sink(Element::Node(n));
                     }
                 }
@@ -938,8 +1101,9 @@ fn node_entry(c: &Connection, id: i64) -> rusqlite::Result<Option<Entry>> {
 
 /// The node an entry describes, with its tags; none for an entry that only
 /// records ways through a node the store does not hold.
-fn node_of(c: &Connection, e: Entry) -> rusqlite::Result<Option<Node>> {
-    let Some((lat, lon)) = e.loc else {
+fn node_of(c: &Connection, locs: Locs<'_>, e: Entry) -> rusqlite::Result<Option<Node>> {
+    let loc = if e.flat { locs.get(e.id)? } else { e.loc };
+    let Some((lat, lon)) = loc else {
         return Ok(None);
     };
     let tags = if e.tagged {
@@ -957,11 +1121,48 @@ fn node_of(c: &Connection, e: Entry) -> rusqlite::Result<Option<Node>> {
     }))
 }
 
-fn read_node(c: &Connection, id: i64) -> rusqlite::Result<Option<Node>> {
+fn read_node(c: &Connection, locs: Locs<'_>, id: i64) -> rusqlite::Result<Option<Node>> {
     match node_entry(c, id)? {
-        Some(e) => node_of(c, e),
+        Some(e) => node_of(c, locs, e),
         None => Ok(None),
     }
+}
+
+/// The undo log's first bytes.
+const UNDO_MAGIC: &[u8; 8] = b"hwundo01";
+
+/// Opens the flat node file a store names, checking it is this store's.
+fn open_flat(conn: &Connection, store: &Path) -> Result<Option<Arc<FlatNodes>>, StoreError> {
+    let meta = |k: &str| -> Result<Option<String>, StoreError> {
+        conn.query_row("SELECT value FROM meta WHERE key = ?1", [k], |r| r.get(0))
+            .optional()
+            .map_err(|err| StoreError::Sqlite {
+                path: store.to_path_buf(),
+                err,
+            })
+    };
+    let Some(path) = meta(FLAT_NODES_META)? else {
+        return Ok(None);
+    };
+    let path = PathBuf::from(path);
+    let f = FlatNodes::open_existing(&path).map_err(|e| StoreError::Corrupt {
+        path: path.clone(),
+        what: format!("the flat node file of OSM store {} cannot be opened ({e}); restore it, or import the extract again with --replace", store.display()),
+    })?;
+    let want: u64 = meta(FLAT_TOKEN_META)?
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(0);
+    let have = f.token()?;
+    if have != want {
+        return Err(StoreError::Corrupt {
+            path,
+            what: format!(
+                "this flat node file belongs to another store (token {have}, OSM store {} wants {want}): another import replaced it. Import the extract again with --replace",
+                store.display()
+            ),
+        });
+    }
+    Ok(Some(Arc::new(f)))
 }
 
 /// Brings a store's schema to this version: its own tables, each dataset
@@ -1106,6 +1307,7 @@ fn migrate_node_rows(c: &Connection) -> rusqlite::Result<()> {
                 loc: Some((r.get(1)?, r.get(2)?)),
                 tagged: r.get(3)?,
                 ways: Vec::new(),
+                flat: false,
             });
         }
         let mut st = tx.prepare("SELECT node, way FROM node_ways ORDER BY node, way")?;
@@ -1274,6 +1476,19 @@ pub trait OsmRead {
     fn ways_of_node(&self, node: i64) -> Result<Vec<i64>, StoreError>;
     fn relation(&self, id: i64) -> Result<Option<Relation>, StoreError>;
     fn relations_of(&self, kind: MemberKind, id: i64) -> Result<Vec<i64>, StoreError>;
+    fn meta(&self, key: &str) -> Result<Option<String>, StoreError>;
+    /// The ways tagged `natural=coastline` (the sea is assembled from
+    /// them, [`crate::coast`]): a scan of the ways' tags, paid only by a
+    /// rebuild and by a diff that touches a coastline.
+    fn coastline_ways(&self) -> Result<Vec<i64>, StoreError>;
+}
+
+fn coastline_ways(c: &Connection) -> rusqlite::Result<Vec<i64>> {
+    c.prepare_cached(
+        "SELECT id FROM ways WHERE tags LIKE '%\"natural\":\"coastline\"%' ORDER BY id",
+    )?
+    .query_map([], |r| r.get(0))?
+    .collect()
 }
 
 fn relations_of(c: &Connection, kind: MemberKind, id: i64) -> rusqlite::Result<Vec<i64>> {
@@ -1302,6 +1517,12 @@ impl OsmRead for Store {
     fn relations_of(&self, kind: MemberKind, id: i64) -> Result<Vec<i64>, StoreError> {
         relations_of(&self.conn, kind, id).map_err(|e| self.err(e))
     }
+    fn meta(&self, key: &str) -> Result<Option<String>, StoreError> {
+        Store::meta(self, key)
+    }
+    fn coastline_ways(&self) -> Result<Vec<i64>, StoreError> {
+        coastline_ways(&self.conn).map_err(|e| self.err(e))
+    }
 }
 
 impl OsmRead for Writer<'_> {
@@ -1320,6 +1541,12 @@ impl OsmRead for Writer<'_> {
     fn relations_of(&self, kind: MemberKind, id: i64) -> Result<Vec<i64>, StoreError> {
         relations_of(&self.tx, kind, id).map_err(|e| self.err(e))
     }
+    fn meta(&self, key: &str) -> Result<Option<String>, StoreError> {
+        Writer::meta(self, key)
+    }
+    fn coastline_ways(&self) -> Result<Vec<i64>, StoreError> {
+        coastline_ways(&self.tx).map_err(|e| self.err(e))
+    }
 }
 
 /// Writes inside one transaction. Reads through the writer see its own
@@ -1327,6 +1554,10 @@ impl OsmRead for Writer<'_> {
 pub struct Writer<'s> {
     pub(crate) tx: Transaction<'s>,
     pub(crate) path: PathBuf,
+    flat: Option<Arc<FlatNodes>>,
+    /// Untagged nodes' locations for the flat file, written just before
+    /// the transaction commits ([`Writer::flush_flat`]); reads see them.
+    pending: BTreeMap<i64, (i32, i32)>,
 }
 
 impl Writer<'_> {
@@ -1387,7 +1618,58 @@ impl Writer<'_> {
     }
 
     pub fn node(&self, id: i64) -> Result<Option<Node>, StoreError> {
-        read_node(&self.tx, id).map_err(|e| self.err(e))
+        let locs = Locs {
+            flat: self.flat.as_deref(),
+            pending: Some(&self.pending),
+        };
+        read_node(&self.tx, locs, id).map_err(|e| self.err(e))
+    }
+
+    /// Writes the pending flat-node locations, under the undo protocol of
+    /// [`crate::flatnodes`]: the next epoch recorded in the transaction,
+    /// the old slots logged and fsynced, then the slots written and
+    /// fsynced. True when it wrote (the caller removes the log once the
+    /// transaction committed).
+    fn flush_flat(&mut self) -> Result<bool, StoreError> {
+        let Some(flat) = self.flat.clone() else {
+            return Ok(false);
+        };
+        if self.pending.is_empty() {
+            return Ok(false);
+        }
+        let epoch: u64 = self
+            .meta(FLAT_EPOCH_META)?
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+            + 1;
+        self.set_meta(FLAT_EPOCH_META, &epoch.to_string())?;
+        let mut log = Vec::with_capacity(24 + 16 * self.pending.len());
+        log.extend_from_slice(UNDO_MAGIC);
+        log.extend_from_slice(&epoch.to_le_bytes());
+        log.extend_from_slice(&(self.pending.len() as u64).to_le_bytes());
+        for &id in self.pending.keys() {
+            log.extend_from_slice(&id.to_le_bytes());
+            log.extend_from_slice(&flat.raw(id)?);
+        }
+        let undo = undo_path(flat.path());
+        let io = |e: std::io::Error| {
+            StoreError::Corrupt {
+            path: undo.clone(),
+            what: format!("cannot write the flat nodes' undo log (is the disk full?): {e}; nothing was applied"),
+        }
+        };
+        {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&undo).map_err(io)?;
+            f.write_all(&log).map_err(io)?;
+            f.sync_all().map_err(io)?;
+        }
+        crate::import::sync_parent(&undo).map_err(io)?;
+        for (&id, &(lat, lon)) in &self.pending {
+            flat.set(id, lat, lon)?;
+        }
+        flat.sync()?;
+        Ok(true)
     }
 
     /// Adds tiles to a dataset's dirty set (deduplicated).
@@ -1771,8 +2053,18 @@ impl Writer<'_> {
                     });
                 };
                 let tagged = !n.tags.is_empty();
+                // Untagged nodes of a flat-nodes store: the location goes
+                // to the flat file (at commit), the entry says so.
+                let flat = self.flat.is_some() && !tagged;
+                if flat {
+                    crate::flatnodes::check_id(self.flat.as_deref().expect("flat"), n.id)?;
+                    self.pending.insert(n.id, (lat, lon));
+                } else {
+                    self.pending.remove(&n.id);
+                }
                 self.edit_nodes(&[n.id], |e| {
-                    e.loc = Some((lat, lon));
+                    e.loc = (!flat).then_some((lat, lon));
+                    e.flat = flat;
                     e.tagged = tagged;
                 })?;
                 self.set_node_tags(n.id, &n.tags)?;
@@ -1852,11 +2144,36 @@ impl Writer<'_> {
     /// Writes an extract's node entries (sorted; each with the ways through
     /// it, see [`merge_refs`]) into an empty store. Only `osm import`
     /// calls it, on a store it just created.
+    /// With a flat node file (an import's new one, which nothing reads
+    /// yet), untagged nodes' locations go there in id order instead.
     pub(crate) fn put_node_blocks(
         &mut self,
         entries: impl Iterator<Item = Entry>,
     ) -> Result<(), StoreError> {
-        insert_blocks(&self.tx, entries).map_err(|e| self.err(e))
+        let Some(flat) = self.flat.clone() else {
+            return insert_blocks(&self.tx, entries).map_err(|e| self.err(e));
+        };
+        let mut seq = flat.seq_writer();
+        let mut failed = None;
+        let mapped = entries.map(|mut e| {
+            if let (Some((lat, lon)), false, true) = (e.loc, e.tagged, failed.is_none()) {
+                match seq.set(e.id, lat, lon) {
+                    Ok(()) => {
+                        e.flat = true;
+                        e.loc = None;
+                    }
+                    Err(x) => failed = Some(x),
+                }
+            }
+            e
+        });
+        let r = insert_blocks(&self.tx, mapped);
+        if let Some(e) = failed {
+            return Err(e.into());
+        }
+        r.map_err(|e| self.err(e))?;
+        seq.flush()?;
+        Ok(())
     }
 
     /// Writes an extract's rows, encoded beforehand (in parallel), into an
@@ -1904,8 +2221,10 @@ impl Writer<'_> {
     pub fn delete(&mut self, kind: MemberKind, id: i64) -> Result<(), StoreError> {
         let sql = match kind {
             MemberKind::Node => {
+                self.pending.remove(&id);
                 self.edit_nodes(&[id], |e| {
                     e.loc = None;
+                    e.flat = false;
                     e.tagged = false;
                 })?;
                 "DELETE FROM node_tags WHERE id = ?1"

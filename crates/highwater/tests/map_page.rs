@@ -191,3 +191,62 @@ fn map_opens_on_the_data_and_shares_its_view_by_hash() {
         );
     }
 }
+
+/// The sea drawn as sea (issue 25): off Monte-Carlo and off Larvotto, in
+/// the south-east corner of the extract's bounds (its PBF header's box,
+/// 7.4092-7.4486 E, 43.7234-43.7517 N; the sea is closed along it), the
+/// style's `water-ocean` fill
+/// draws the `ocean` layer in its water colour; on land (the Casino) the
+/// land is drawn over no sea.
+#[test]
+fn map_draws_the_sea_in_the_water_colour() {
+    let p = monaco();
+    let s = serve(&p, &[]);
+    let style: serde_json::Value = serde_json::from_str(include_str!(
+        "../../highwater-serve/assets/versatiles-colorful.json"
+    ))
+    .unwrap();
+    let layers = style["layers"].as_array().unwrap();
+    let at = |id: &str| layers.iter().position(|l| l["id"] == id).unwrap();
+    // Beneath the land layers.
+    assert!(at("water-ocean") < at("land-residential"));
+    let water = layers[at("water-ocean")]["paint"]["fill-color"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let rgb: Vec<u8> = water
+        .trim_start_matches("rgb(")
+        .trim_end_matches(')')
+        .split(',')
+        .map(|v| v.trim().parse().unwrap())
+        .collect();
+    let places = [
+        (7.4400, 43.7280, 15.0),
+        (7.4470, 43.7250, 14.0),
+        (7.4286, 43.7396, 15.0),
+    ];
+    let q: Vec<String> = places
+        .iter()
+        .map(|(a, b, z)| format!("{a},{b},{z}"))
+        .collect();
+    let d = open(&s.addr, &format!("/map?probe={}", q.join(";")), "sea.png");
+    let probes: Vec<[u8; 3]> = serde_json::from_str(d["probes"].as_str().unwrap()).unwrap();
+    let features = json_of(&d, "features");
+    let near = |c: [u8; 3]| (0..3).all(|i| (c[i] as i32 - rgb[i] as i32).abs() <= 3);
+    let drew = |i: usize, id: &str| features[i].as_array().unwrap().iter().any(|f| f[0] == id);
+    for i in 0..2 {
+        assert!(
+            near(probes[i]) && drew(i, "water-ocean"),
+            "{:?}: the sea in {water}, got {:?}, drawn {}",
+            places[i],
+            probes[i],
+            features[i]
+        );
+    }
+    assert!(
+        !near(probes[2]) && !drew(2, "water-ocean"),
+        "the Casino is land: {:?}, drawn {}",
+        probes[2],
+        features[2]
+    );
+}

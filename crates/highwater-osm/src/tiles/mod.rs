@@ -23,6 +23,7 @@
 pub mod cut;
 pub mod fresh;
 pub mod mvt;
+pub mod ocean;
 pub mod schema;
 pub mod wal_index;
 
@@ -39,9 +40,10 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
-/// Tiles keep no table of their own in the store: their tiles are in the
-/// MBTiles file, their dirty set and marker in the store's own tables.
-pub const TABLES: &str = "";
+/// Tiles keep one table of their own in the store, the kept sea
+/// ([`ocean`]); their tiles are in the MBTiles file, their dirty set and
+/// marker in the store's own tables.
+pub const TABLES: &str = ocean::TABLES;
 
 /// One tile dataset.
 #[derive(Clone, Debug)]
@@ -533,7 +535,16 @@ pub fn build(store: &mut Store, d: &TileDataset) -> Result<BuildReport, TilesErr
         path: crate::import::parent_dir(&path).to_path_buf(),
         err,
     })?;
+    let sea = d.layer.shows_ocean().then(|| {
+        view.features
+            .iter()
+            .find(|(k, _)| *k == crate::coast::OCEAN_KEY)
+            .map(|(_, f)| f.clone())
+    });
     store.write(|w| {
+        if let Some(sea) = &sea {
+            ocean::keep(w, sea.as_ref())?;
+        }
         w.clear_dirty(&d.name, generation)?;
         w.del_meta(&format!("tiles_rebuild:{}", d.name))?;
         w.set_marker(&d.name, sequence, &d.recipe)
@@ -624,6 +635,9 @@ pub fn drain_with(
     {
         rebuild_shapes(store, &d.low)?;
     }
+    if d.layer.shows_ocean() {
+        ocean::ensure(store)?;
+    }
     let mut mb = Mbtiles::open(&path)?.expect("checked above");
     let token = store.writer_token();
     failpoint("fail-drain", &d.name)?;
@@ -685,9 +699,25 @@ pub(crate) fn cut_batch(
 ) -> Result<Vec<CutTile>, StoreError> {
     let mut built: HashMap<ElementKey, Vec<Placement>> = HashMap::new();
     let mut cands = Vec::with_capacity(tiles.len());
+    // The sea is not in the shapes index: it is one kept feature, a
+    // candidate of every tile its box meets.
+    let sea = match d.layer.shows_ocean() {
+        true => ocean::for_cut(s)?.map(|f| (f.shape.bbox(), d.layer.place(&f))),
+        false => None,
+    };
+    if let Some((_, p)) = &sea {
+        built.insert(crate::coast::OCEAN_KEY, p.clone());
+    }
     for &t in tiles {
         let low = t.z < crate::features::LOW_ZOOM;
-        let keys = s.shapes_in(tile_box(t, d.layer.buffer), low)?;
+        let tb = tile_box(t, d.layer.buffer);
+        let mut keys = s.shapes_in(tb, low)?;
+        if let Some((b, _)) = &sea {
+            if b.2 >= tb.0 && b.0 <= tb.2 && b.3 >= tb.1 && b.1 <= tb.3 {
+                keys.push(crate::coast::OCEAN_KEY);
+                keys.sort();
+            }
+        }
         for &k in &keys {
             if let std::collections::hash_map::Entry::Vacant(e) = built.entry(k) {
                 let every = s.shape_data(k.0, k.1)?.and_then(|b| features::decode(&b));
@@ -866,7 +896,12 @@ impl crate::dataset::Dataset for TileDataset {
         changes: &[crate::model::Change],
         r: &mut crate::ops::DatasetReport,
     ) -> Result<(), crate::ops::OpsError> {
-        let (mut t, s) = crate::derive::affected_tiles(&*w, changes, &self.layer)?;
+        let (mut t, s, sea) = crate::derive::affected_tiles_and_sea(&*w, changes, &self.layer)?;
+        // The sea after the diff, when the diff touched a coastline: kept
+        // for the drain in this (the apply's) transaction.
+        if let Some(sea) = sea {
+            ocean::keep(w, sea.as_ref())?;
+        }
         // For the test of the "derived nothing" warning (issue 23): a
         // derivation bug that loses the affected set.
         if std::env::var_os("HIGHWATER_FAILPOINT")

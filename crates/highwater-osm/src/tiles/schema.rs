@@ -817,8 +817,12 @@ mod tests {
     fn the_bundled_shortbread_schema_parses() {
         let s = Schema::bundled("shortbread").unwrap();
         assert_eq!(s.zoom_max, 14);
-        assert_eq!(s.layers.len(), 25);
+        // The spec's 26 layers: ocean (assembled from coastlines) and 25
+        // from elements.
+        assert_eq!(s.layers.len(), 26);
+        assert_eq!(s.layers[0].name, "ocean");
         assert!(s.keys.contains("building") && s.keys.contains("highway"));
+        assert!(s.keys.contains(crate::coast::OCEAN_TAG.0));
     }
 
     #[test]
