@@ -66,16 +66,20 @@ impl FlatNodes {
     }
 
     pub fn open_with_max(path: &Path, max: i64) -> Result<FlatNodes, FlatNodesError> {
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .map_err(|err| FlatNodesError::Io {
-                path: path.to_path_buf(),
-                err,
-            })?;
+        let mut opts = std::fs::OpenOptions::new();
+        opts.read(true).write(true).create(true).truncate(false);
+        Self::open_as(&opts, path, max)
+    }
+
+    fn open_as(
+        opts: &std::fs::OpenOptions,
+        path: &Path,
+        max: i64,
+    ) -> Result<FlatNodes, FlatNodesError> {
+        let file = opts.open(path).map_err(|err| FlatNodesError::Io {
+            path: path.to_path_buf(),
+            err,
+        })?;
         Ok(FlatNodes {
             file,
             path: path.to_path_buf(),
@@ -103,19 +107,9 @@ impl FlatNodes {
 
     /// Opens a file that must exist (a store's).
     pub fn open_existing(path: &Path) -> Result<FlatNodes, FlatNodesError> {
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .map_err(|err| FlatNodesError::Io {
-                path: path.to_path_buf(),
-                err,
-            })?;
-        Ok(FlatNodes {
-            file,
-            path: path.to_path_buf(),
-            max: NODE_ID_MAX,
-        })
+        let mut opts = std::fs::OpenOptions::new();
+        opts.read(true).write(true);
+        Self::open_as(&opts, path, NODE_ID_MAX)
     }
 
     pub fn path(&self) -> &Path {
