@@ -27,18 +27,29 @@ if ! "$airflow_venv/bin/python" -c 'import airflow.sdk' 2>/dev/null; then
 fi
 export HIGHWATER_TEST_AIRFLOW_PYTHON="$airflow_venv/bin/python"
 start=$(date +%s)
-# `pip install .`, as a user installs it (issue 22): the PEP 517 build with
-# maturin from PyPI in pip's isolated build environment, the wheel installed
-# into the venv (not an editable link to python/), so the tests import what
+# `pip wheel .`, the build `pip install .` runs for a user (issue 22): the
+# PEP 517 build with maturin from PyPI in pip's isolated build environment,
+# the wheel installed into the venv (not an editable link to python/), so the tests import what
 # a user gets, console script included. The tests build the dev profile
 # (half the compile time of release on two cores); HIGHWATER_PY_RELEASE=1
 # builds release, as `pip install highwater` does.
 if [ -n "${HIGHWATER_PY_RELEASE:-}" ]; then profile=release; else profile=dev; fi
+wheels=$(mktemp -d)
+trap 'rm -rf "$wheels"' EXIT
 VIRTUAL_ENV="$venv" PATH="$venv/bin:$PATH" MATURIN_PEP517_ARGS="--profile $profile" \
-    "$venv/bin/pip" install --quiet --no-deps --force-reinstall . || {
-    echo "pip install . failed (see above); the Python tests need the package built from this checkout" >&2
+    "$venv/bin/pip" wheel --quiet --no-deps --wheel-dir "$wheels" . || {
+    echo "pip wheel . failed (see above); the Python tests need the package built from this checkout" >&2
     exit 1
 }
+# The same wheel into both venvs: the Airflow test imports highwater from its
+# own venv, as an Airflow user's worker does, not from python/ by path (the
+# source tree holds no extension).
+for v in "$venv" "$airflow_venv"; do
+    "$v/bin/pip" install --quiet --no-deps --force-reinstall "$wheels"/*.whl || {
+        echo "installing the wheel built from this checkout into $v failed (see above)" >&2
+        exit 1
+    }
+done
 # A stale extension left in python/ by an earlier `maturin develop` would
 # shadow nothing (python/ is not on the tests' path), but say which one runs.
 "$venv/bin/python" -c 'import highwater._core as c, sys; print("testing", c.__file__, file=sys.stderr)'

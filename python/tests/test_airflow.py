@@ -1,15 +1,13 @@
 """Airflow (issue 22): a highwater task runs the stage, skips when the plan
 is empty (Airflow then records no asset event), and runs again after a
 helper edit. Airflow lives in a venv of its own (scripts/py.sh makes it:
-its pins and Dagster's need not agree); the extension built from this
-checkout is imported from python/ by path. A missing Airflow fails the test."""
+its pins and Dagster's need not agree) and holds the wheel built from this
+checkout, as an Airflow worker would. A missing Airflow fails the test."""
 
 import json
 import os
 import subprocess
 from pathlib import Path
-
-PYTHON_DIR = Path(__file__).resolve().parent.parent
 
 PIPELINE = '''
 import highwater as hw
