@@ -50,7 +50,6 @@ def test_task_skips_on_an_empty_plan(project):
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__DAGS_FOLDER": str(project.root),
-        "PYTHONPATH": str(PYTHON_DIR),
         "PYTHONDONTWRITEBYTECODE": "1",
     }
     airflow = str(Path(python).parent / "airflow")
