@@ -678,34 +678,21 @@ impl StateStore for PgStore {
                 (d.dir.clone(), d)
             })
             .collect();
-        // Sorted here, by bytes: the server's collation may order names
-        // otherwise.
-        let items: highwater_core::Entries = items.into_iter().collect();
-        let mut links: Vec<(String, String)> = self
+        let rows = self
             .client
             .borrow_mut()
             .query(
-                "SELECT item, set_id FROM item_deps WHERE stage = $1",
+                "SELECT d.item, d.set_id, s.body FROM item_deps d
+                 LEFT JOIN dep_sets s ON s.id = d.set_id WHERE d.stage = $1",
                 &[&stage],
             )
-            .map_err(|e| self.err(e))?
-            .iter()
-            .map(|r| (r.get(0), r.get(1)))
-            .collect();
-        links.sort_unstable();
-        let mut linker = crate::DepLinker::new(&items);
-        for (item, id) in &links {
-            linker.push(item, id);
-        }
-        let (item_sets, ids) = linker.finish();
-        let mut dep_sets = Vec::with_capacity(ids.len());
-        for (id, item) in ids {
-            let row = self
-                .client
-                .borrow_mut()
-                .query_opt("SELECT body FROM dep_sets WHERE id = $1", &[&id])
-                .map_err(|e| self.err(e))?;
-            let Some(row) = row else {
+            .map_err(|e| self.err(e))?;
+        let mut deps = std::collections::BTreeMap::new();
+        let mut dep_sets = std::collections::BTreeMap::new();
+        for r in &rows {
+            let item: String = r.get(0);
+            let id: String = r.get(1);
+            let Some(body) = r.get::<_, Option<String>>(2) else {
                 return Err(StoreError::Corrupt {
                     path: std::path::PathBuf::from(&self.what),
                     stage: stage.to_string(),
@@ -713,13 +700,16 @@ impl StateStore for PgStore {
                     what: format!("its dependency set {id} is not stored"),
                 });
             };
-            dep_sets.push((id, row.get(0)));
+            dep_sets.entry(id.clone()).or_insert(body);
+            deps.insert(item, id);
         }
         Ok(StageEntries {
-            items,
+            // Sorted here, by bytes: the server's collation may order
+            // names otherwise.
+            items: items.into_iter().collect(),
             members: members.into_iter().collect(),
             dirs,
-            item_sets,
+            deps,
             dep_sets,
         })
     }
