@@ -29,8 +29,8 @@ export HIGHWATER_TEST_AIRFLOW_PYTHON="$airflow_venv/bin/python"
 start=$(date +%s)
 # `pip wheel .`, the build `pip install .` runs for a user (issue 22): the
 # PEP 517 build with maturin from PyPI in pip's isolated build environment,
-# the wheel installed into the venv (not an editable link to python/), so the tests import what
-# a user gets, console script included. The tests build the dev profile
+# the wheel installed into the venv (not an editable link to python/), so
+# the tests import what a user gets, console script included. The tests build the dev profile
 # (half the compile time of release on two cores); HIGHWATER_PY_RELEASE=1
 # builds release, as `pip install highwater` does.
 if [ -n "${HIGHWATER_PY_RELEASE:-}" ]; then profile=release; else profile=dev; fi
@@ -53,6 +53,6 @@ done
 # A stale extension left in python/ by an earlier `maturin develop` would
 # shadow nothing (python/ is not on the tests' path), but say which one runs.
 "$venv/bin/python" -c 'import highwater._core as c, sys; print("testing", c.__file__, file=sys.stderr)'
-echo "python package built and installed into $venv by pip in $(( $(date +%s) - start )) s ($profile)" >&2
+echo "python package built and installed into $venv and $airflow_venv by pip in $(( $(date +%s) - start )) s ($profile)" >&2
 # pytest's own closing line is the count; exit 5 (no tests) fails too.
 "$venv/bin/python" -m pytest -q -p no:cacheprovider python/tests "$@"
