@@ -117,6 +117,12 @@ impl Entries {
     pub fn values(&self) -> std::slice::Iter<'_, Entry> {
         self.sorted.iter()
     }
+
+    /// The entries in item order, for positional pairing with a list in
+    /// the same order.
+    pub fn as_slice(&self) -> &[Entry] {
+        &self.sorted
+    }
 }
 
 impl std::ops::Index<&str> for Entries {

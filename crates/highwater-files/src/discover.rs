@@ -18,8 +18,29 @@ pub const TEMP_MARK: &str = ".hw-tmp-";
 pub struct Found {
     /// Path relative to the config folder, `/`-separated: the item's name.
     pub item: String,
+    /// How many bytes at the end of `item` are its path relative to the
+    /// glob's base folder: the relpath is always a suffix of the item, so
+    /// it is not a second string (a million of them were 40 MB, issue 24).
+    relpath_len: usize,
+}
+
+impl Found {
+    /// `item`, whose last `relpath.len()` bytes are `relpath`.
+    pub fn new(item: String, relpath: &str) -> Found {
+        assert!(
+            item.ends_with(relpath),
+            "an input's relpath {relpath:?} is not the end of its item {item:?}"
+        );
+        Found {
+            relpath_len: relpath.len(),
+            item,
+        }
+    }
+
     /// Path relative to the glob's base folder, for `{relpath}`.
-    pub relpath: String,
+    pub fn relpath(&self) -> &str {
+        &self.item[self.item.len() - self.relpath_len..]
+    }
 }
 
 /// The literal folder before a glob's first wildcard.
@@ -208,20 +229,19 @@ impl Walk<'_> {
     fn item(&self, rel: &[u8], name: &[u8]) -> Result<Found, ()> {
         let rel = std::str::from_utf8(rel).map_err(|_| ())?;
         let name = std::str::from_utf8(name).map_err(|_| ())?;
-        let mut relpath = String::with_capacity(rel.len() + name.len());
-        relpath.push_str(rel);
-        relpath.push_str(name);
-        let item = if self.glob.base.is_empty() {
-            relpath.clone()
-        } else {
-            let base = &self.glob.base;
-            let mut s = String::with_capacity(base.len() + 1 + relpath.len());
-            s.push_str(base);
-            s.push('/');
-            s.push_str(&relpath);
-            s
-        };
-        Ok(Found { item, relpath })
+        let base = &self.glob.base;
+        let sep = usize::from(!base.is_empty());
+        let mut item = String::with_capacity(base.len() + sep + rel.len() + name.len());
+        if !base.is_empty() {
+            item.push_str(base);
+            item.push('/');
+        }
+        item.push_str(rel);
+        item.push_str(name);
+        Ok(Found {
+            relpath_len: rel.len() + name.len(),
+            item,
+        })
     }
 
     /// The inputs in folder `abs` (at `rel` below the walk root, ending in
@@ -317,7 +337,7 @@ impl Walk<'_> {
             let mut key = dname.as_bytes().to_vec();
             key.push(b'/');
             let mut run = Vec::new();
-            while let Some(f) = files.next_if(|f| f.0.relpath.as_bytes()[rel.len()..] < key[..]) {
+            while let Some(f) = files.next_if(|f| f.0.relpath().as_bytes()[rel.len()..] < key[..]) {
                 run.push(f);
             }
             if !run.is_empty() {
@@ -512,10 +532,7 @@ pub fn find_objects(
                 o.key[g.base.len() + 1..].to_string()
             };
             found.push((
-                Found {
-                    item: format!("{place}:{}", o.key),
-                    relpath: rel,
-                },
+                Found::new(format!("{place}:{}", o.key), &rel),
                 object_stat(&o),
             ));
         }
@@ -589,10 +606,7 @@ mod tests {
             std::fs::write(p, "x").unwrap();
         }
         let f = find_inputs(r, "s", &["data/**/*.txt".into()], &r.join(".highwater")).unwrap();
-        let items: Vec<_> = f
-            .iter()
-            .map(|f| (f.item.as_str(), f.relpath.as_str()))
-            .collect();
+        let items: Vec<_> = f.iter().map(|f| (f.item.as_str(), f.relpath())).collect();
         assert_eq!(
             items,
             [("data/a/c.txt", "a/c.txt"), ("data/b.txt", "b.txt")]
@@ -699,7 +713,7 @@ mod tests {
                 "data/z.txt"
             ]
         );
-        assert_eq!(found[1].relpath, "a/b/c.txt");
+        assert_eq!(found[1].relpath(), "a/b/c.txt");
         for (f, (st, _)) in found.iter().zip(&stats) {
             let m = std::fs::metadata(r.join(&f.item)).unwrap();
             let (st, is_file) = st.as_ref().unwrap();

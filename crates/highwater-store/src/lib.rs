@@ -155,12 +155,92 @@ pub struct StageEntries {
     pub members: highwater_core::Entries,
     /// The output folders' stats as last recorded, by folder.
     pub dirs: std::collections::BTreeMap<String, DirRecord>,
-    /// The observed dependency set of each item that has one, by item
-    /// (issue 24): the id of a row of `dep_sets`.
-    pub deps: std::collections::BTreeMap<String, String>,
-    /// The dependency sets those ids name: id -> body (JSON). Most items
-    /// of a stage share one set, so it is stored once.
-    pub dep_sets: std::collections::BTreeMap<String, String>,
+    /// The observed dependency set of each item (issue 24), by the item's
+    /// position in `items`: an index into `dep_sets`. Empty when no item
+    /// has one, else as long as `items`. A position, not a map by name:
+    /// at a million items a second copy of every name was a fifth of a
+    /// no-change plan.
+    pub item_sets: Vec<Option<u32>>,
+    /// The dependency sets those indices name: (id, body as JSON). Most
+    /// items of a stage share one set, so it is stored and loaded once.
+    pub dep_sets: Vec<(String, String)>,
+}
+
+impl StageEntries {
+    /// The dependency set (id, body) of the item at `index` of `items`.
+    pub fn dep_set_of(&self, index: usize) -> Option<&(String, String)> {
+        let i = (*self.item_sets.get(index)?)?;
+        Some(&self.dep_sets[i as usize])
+    }
+
+    /// Each item that has a dependency set, in item order, with the set.
+    pub fn item_deps(&self) -> impl Iterator<Item = (&highwater_core::Entry, &(String, String))> {
+        self.items
+            .values()
+            .enumerate()
+            .filter_map(|(i, e)| Some((e, self.dep_set_of(i)?)))
+    }
+
+    /// Whether any item has a dependency set.
+    pub fn has_deps(&self) -> bool {
+        self.item_sets.iter().any(Option::is_some)
+    }
+}
+
+/// Links a stage's items to their dependency sets from `(item, set id)`
+/// rows in item order (bytewise), without a copy of any name: each row is
+/// paired with `items` by one merge, each distinct id kept once. A row
+/// whose item has no entry is left out (it can only be a leftover; such
+/// an item plans as new).
+pub(crate) struct DepLinker<'a> {
+    items: &'a [highwater_core::Entry],
+    next: usize,
+    item_sets: Vec<Option<u32>>,
+    /// (id, the first item that names it, for an error about its body).
+    ids: Vec<(String, String)>,
+    last: Option<u32>,
+}
+
+impl<'a> DepLinker<'a> {
+    pub(crate) fn new(items: &'a highwater_core::Entries) -> DepLinker<'a> {
+        DepLinker {
+            items: items.as_slice(),
+            next: 0,
+            item_sets: Vec::new(),
+            ids: Vec::new(),
+            last: None,
+        }
+    }
+
+    pub(crate) fn push(&mut self, item: &str, id: &str) {
+        while self.next < self.items.len() && self.items[self.next].item.as_str() < item {
+            self.next += 1;
+        }
+        if self.next >= self.items.len() || self.items[self.next].item != item {
+            return;
+        }
+        let set = match self.last {
+            Some(l) if self.ids[l as usize].0 == id => l,
+            _ => match self.ids.iter().position(|(i, _)| i == id) {
+                Some(p) => p as u32,
+                None => {
+                    self.ids.push((id.to_string(), item.to_string()));
+                    (self.ids.len() - 1) as u32
+                }
+            },
+        };
+        self.last = Some(set);
+        if self.item_sets.is_empty() {
+            self.item_sets = vec![None; self.items.len()];
+        }
+        self.item_sets[self.next] = Some(set);
+        self.next += 1;
+    }
+
+    /// The links, and each distinct set's (id, first item) in index order.
+    pub(crate) fn finish(self) -> (Vec<Option<u32>>, Vec<(String, String)>) {
+        (self.item_sets, self.ids)
+    }
 }
 
 /// The recorded stat of one output folder. While a folder's mtime is

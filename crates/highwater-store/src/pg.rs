@@ -678,21 +678,34 @@ impl StateStore for PgStore {
                 (d.dir.clone(), d)
             })
             .collect();
-        let rows = self
+        // Sorted here, by bytes: the server's collation may order names
+        // otherwise.
+        let items: highwater_core::Entries = items.into_iter().collect();
+        let mut links: Vec<(String, String)> = self
             .client
             .borrow_mut()
             .query(
-                "SELECT d.item, d.set_id, s.body FROM item_deps d
-                 LEFT JOIN dep_sets s ON s.id = d.set_id WHERE d.stage = $1",
+                "SELECT item, set_id FROM item_deps WHERE stage = $1",
                 &[&stage],
             )
-            .map_err(|e| self.err(e))?;
-        let mut deps = std::collections::BTreeMap::new();
-        let mut dep_sets = std::collections::BTreeMap::new();
-        for r in &rows {
-            let item: String = r.get(0);
-            let id: String = r.get(1);
-            let Some(body) = r.get::<_, Option<String>>(2) else {
+            .map_err(|e| self.err(e))?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        links.sort_unstable();
+        let mut linker = crate::DepLinker::new(&items);
+        for (item, id) in &links {
+            linker.push(item, id);
+        }
+        let (item_sets, ids) = linker.finish();
+        let mut dep_sets = Vec::with_capacity(ids.len());
+        for (id, item) in ids {
+            let row = self
+                .client
+                .borrow_mut()
+                .query_opt("SELECT body FROM dep_sets WHERE id = $1", &[&id])
+                .map_err(|e| self.err(e))?;
+            let Some(row) = row else {
                 return Err(StoreError::Corrupt {
                     path: std::path::PathBuf::from(&self.what),
                     stage: stage.to_string(),
@@ -700,16 +713,13 @@ impl StateStore for PgStore {
                     what: format!("its dependency set {id} is not stored"),
                 });
             };
-            dep_sets.entry(id.clone()).or_insert(body);
-            deps.insert(item, id);
+            dep_sets.push((id, row.get(0)));
         }
         Ok(StageEntries {
-            // Sorted here, by bytes: the server's collation may order
-            // names otherwise.
-            items: items.into_iter().collect(),
+            items,
             members: members.into_iter().collect(),
             dirs,
-            deps,
+            item_sets,
             dep_sets,
         })
     }

@@ -407,20 +407,41 @@ impl StateStore for SqliteStore {
             .map(|r| r.map(|d| (d.dir.clone(), d)))
             .collect::<Result<_, _>>()
             .map_err(|e| self.err(e))?;
-        let mut deps = std::collections::BTreeMap::new();
-        let mut dep_sets = std::collections::BTreeMap::new();
+        let items = Entries::from_sorted(items);
+        // The links in item order (the table's key), paired with the
+        // entries by one merge and each text read borrowed: a million
+        // rows are a million steps, not a million names and set bodies.
+        let mut linker = crate::DepLinker::new(&items);
         let mut stmt = self
             .conn
-            .prepare_cached(
-                "SELECT d.item, d.set_id, s.body FROM item_deps d
-                 LEFT JOIN dep_sets s ON s.id = d.set_id WHERE d.stage = ?1",
-            )
+            .prepare_cached("SELECT item, set_id FROM item_deps WHERE stage = ?1 ORDER BY item")
             .map_err(|e| self.err(e))?;
         let mut rows = stmt.query([stage]).map_err(|e| self.err(e))?;
         while let Some(r) = rows.next().map_err(|e| self.err(e))? {
-            let item: String = r.get(0).map_err(|e| self.err(e))?;
-            let id: String = r.get(1).map_err(|e| self.err(e))?;
-            let body: Option<String> = r.get(2).map_err(|e| self.err(e))?;
+            let text = |i: usize| -> Result<&str, StoreError> {
+                r.get_ref(i)
+                    .map_err(|e| self.err(e))?
+                    .as_str()
+                    .map_err(|e| StoreError::Corrupt {
+                        path: self.path.clone(),
+                        stage: stage.to_string(),
+                        item: String::new(),
+                        what: format!("item_deps column {i}: {e}"),
+                    })
+            };
+            linker.push(text(0)?, text(1)?);
+        }
+        let (item_sets, ids) = linker.finish();
+        let mut body_of = self
+            .conn
+            .prepare_cached("SELECT body FROM dep_sets WHERE id = ?1")
+            .map_err(|e| self.err(e))?;
+        let mut dep_sets = Vec::with_capacity(ids.len());
+        for (id, item) in ids {
+            let body: Option<String> = body_of
+                .query_row([&id], |r| r.get(0))
+                .optional()
+                .map_err(|e| self.err(e))?;
             let Some(body) = body else {
                 return Err(StoreError::Corrupt {
                     path: self.path.clone(),
@@ -429,16 +450,13 @@ impl StateStore for SqliteStore {
                     what: format!("its dependency set {id} is not stored"),
                 });
             };
-            if !dep_sets.contains_key(&id) {
-                dep_sets.insert(id.clone(), body);
-            }
-            deps.insert(item, id);
+            dep_sets.push((id, body));
         }
         Ok(StageEntries {
-            items: Entries::from_sorted(items),
+            items,
             members: Entries::from_sorted(members),
             dirs,
-            deps,
+            item_sets,
             dep_sets,
         })
     }
@@ -994,9 +1012,19 @@ mod tests {
         b.dep_sets.push(("set2".into(), "[2]".into()));
         s.commit(&b).unwrap();
         let l = s.load("st").unwrap();
-        assert_eq!(l.deps.len(), 3);
-        assert_eq!(l.dep_sets.len(), 2);
-        assert_eq!(l.dep_sets["set1"], "[1]");
+        let linked: Vec<(&str, &str, &str)> = l
+            .item_deps()
+            .map(|(e, (id, body))| (e.item.as_str(), id.as_str(), body.as_str()))
+            .collect();
+        assert_eq!(
+            linked,
+            vec![
+                ("a", "set1", "[1]"),
+                ("b", "set1", "[1]"),
+                ("c", "set2", "[2]")
+            ]
+        );
+        assert_eq!(l.dep_sets.len(), 2, "each set is loaded once");
         // c goes with its entry; b's set is cleared; set2 is then unnamed.
         s.commit(&Batch {
             deletes: vec![("st".into(), EntryKind::Item, "c".into())],
@@ -1007,7 +1035,8 @@ mod tests {
         let run = s.begin_run("st", 1).unwrap();
         s.finish_run(run, 2, &serde_json::json!({}), 0).unwrap();
         let l = s.load("st").unwrap();
-        assert_eq!(l.deps.keys().collect::<Vec<_>>(), vec!["a"]);
+        let linked: Vec<&str> = l.item_deps().map(|(e, _)| e.item.as_str()).collect();
+        assert_eq!(linked, vec!["a"]);
         assert_eq!(
             s.dump().unwrap().dep_sets,
             vec![("set1".into(), "[1]".into())]

@@ -546,7 +546,7 @@ impl Pipeline {
                 relpath: o
                     .found
                     .binary_search_by(|f| f.item.as_str().cmp(&c.item))
-                    .map_or(String::new(), |i| o.found[i].relpath.clone()),
+                    .map_or(String::new(), |i| o.found[i].relpath().to_string()),
                 stat: obs.stat,
                 digests: obs.digests.iter().map(|d| d.to_string()).collect(),
                 observed_at_ns: obs.observed_at_ns,
