@@ -550,13 +550,15 @@ fn dependency_sets_migrate_to_postgres_and_round_trip_there() {
     let mut pg = highwater_store::PgStore::open(&url, "HW_DEPS_PG").unwrap();
     assert_eq!(pg.schema_version().unwrap(), 6);
     let loaded = pg.load("t").unwrap();
-    assert_eq!(loaded.deps.len(), 3);
-    let id = loaded.deps["data/f0.txt"].clone();
-    assert!(
-        loaded.dep_sets[&id].contains("up.sh"),
-        "{:?}",
-        loaded.dep_sets
-    );
+    let linked: Vec<(&str, &str)> = loaded
+        .item_deps()
+        .map(|(e, (_, body))| (e.item.as_str(), body.as_str()))
+        .collect();
+    assert_eq!(linked.len(), 3, "{linked:?}");
+    assert_eq!(loaded.dep_sets.len(), 1, "one shared set: {linked:?}");
+    let (item, body) = linked[0];
+    assert_eq!(item, "data/f0.txt");
+    assert!(body.contains("up.sh"), "{body}");
     pg.commit(&Batch {
         deps: vec![("t".into(), "data/f0.txt".into(), None)],
         deletes: vec![(
@@ -568,7 +570,8 @@ fn dependency_sets_migrate_to_postgres_and_round_trip_there() {
     })
     .unwrap();
     let loaded = pg.load("t").unwrap();
-    assert_eq!(loaded.deps.keys().collect::<Vec<_>>(), vec!["data/f2.txt"]);
+    let left: Vec<&str> = loaded.item_deps().map(|(e, _)| e.item.as_str()).collect();
+    assert_eq!(left, vec!["data/f2.txt"]);
 }
 
 /// Starts highwater under a seccomp filter that fails `ptrace` with EPERM,
