@@ -92,10 +92,13 @@ sync
 (cd "$P" && "$HW" plan >/dev/null) && git_ status --porcelain >/dev/null
 
 t() { # wall seconds and peak RSS (MB) of one run of "$@"
-    local t0 t1 rss
+    local t0 t1 rss f
+    f=$(mktemp)
     t0=$(date +%s%N)
-    rss=$( { /usr/bin/time -f '%M' "$@" >/dev/null 2>/dev/null; } 2>&1 | tail -1)
+    # -o: time's own line to a file, apart from the command's stderr.
+    /usr/bin/time -o "$f" -f '%M' "$@" >/dev/null 2>/dev/null
     t1=$(date +%s%N)
+    rss=$(tail -1 "$f"); rm -f "$f"
     echo "$(( (t1 - t0) / 1000000 )) $(( rss / 1024 ))"
 }
 best_hw=""; best_git=""; rss_hw=0; rss_git=0
