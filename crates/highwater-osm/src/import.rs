@@ -255,7 +255,13 @@ pub fn import_into_with(
         sync_parent(&target).map_err(io(dir))?;
         return Ok(stats);
     }
-    let mut old = Store::open(dir)?;
+    // Without `--replace` the store is opened as any writer opens it, so a
+    // store whose flat node file is not its own is refused, naming it.
+    let mut old = if replace {
+        Store::open_to_replace(dir)?
+    } else {
+        Store::open(dir)?
+    };
     old.lease_writer(wait)?;
     if !replace && !old.is_empty()? {
         return Err(ImportError::Refused {
@@ -282,8 +288,13 @@ pub fn import_into_with(
     };
     // Anyone who opened the old store and waits for its lease finds it
     // retired, not writable.
-    old.write(|w| w.set_meta("retired", "replaced by osm import --replace"))?;
+    // Already so when an earlier replace died before its swap: the mark
+    // stands, and a write to a retired store is refused.
+    if old.meta("retired")?.is_none() {
+        old.write(|w| w.set_meta("retired", "replaced by osm import --replace"))?;
+    }
     publish_flat(opts)?;
+    failpoint_between_flat_and_store();
     std::fs::rename(dir, &aside).map_err(io(dir))?;
     std::fs::rename(&new_dir, dir).map_err(io(dir))?;
     sync_parent(dir).map_err(io(parent_dir(dir)))?;
@@ -313,6 +324,18 @@ fn failpoint_before_publish() {
             }
         }
         _ => {}
+    }
+}
+
+/// For the crash test of `--replace` with flat nodes:
+/// `HIGHWATER_FAILPOINT=import-kill-swap` dies (SIGKILL) with the new flat
+/// node file in place and the old store, retired, not yet swapped out.
+fn failpoint_between_flat_and_store() {
+    if std::env::var("HIGHWATER_FAILPOINT").as_deref() == Ok("import-kill-swap") {
+        // SAFETY: a signal to our own pid has no memory effects.
+        unsafe {
+            libc::kill(libc::getpid(), libc::SIGKILL);
+        }
     }
 }
 

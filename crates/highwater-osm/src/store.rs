@@ -207,6 +207,9 @@ pub struct Store {
     lease_duration_s: i64,
     /// The flat node file, for a store imported with `[osm] flat_nodes`.
     pub(crate) flat: Option<Arc<FlatNodes>>,
+    /// The store file's (device, inode) when it was opened: a retired store
+    /// still at its path was not replaced, its replace died before the swap.
+    opened_as: Option<(u64, u64)>,
 }
 
 impl Drop for Store {
@@ -241,17 +244,19 @@ impl Store {
     /// [`Store::create`] (`osm import`) makes one, so a typo in a path never
     /// turns into a fresh, empty store that looks current.
     pub fn open(dir: &Path) -> Result<Store, StoreError> {
+        Self::open_path(Self::published(dir)?)
+    }
+
+    /// The published store file in `dir`: there, and not empty.
+    fn published(dir: &Path) -> Result<PathBuf, StoreError> {
         let path = dir.join("store.db");
         match std::fs::metadata(&path) {
-            Err(_) => {
-                return Err(StoreError::Missing {
-                    dir: dir.to_path_buf(),
-                })
-            }
-            Ok(m) if m.len() == 0 => return Err(StoreError::Empty { path }),
-            Ok(_) => {}
+            Err(_) => Err(StoreError::Missing {
+                dir: dir.to_path_buf(),
+            }),
+            Ok(m) if m.len() == 0 => Err(StoreError::Empty { path }),
+            Ok(_) => Ok(path),
         }
-        Self::open_path(path)
     }
 
     /// Opens the store in `dir`, creating the folder and an empty store
@@ -292,6 +297,7 @@ impl Store {
             writer: None,
             lease_duration_s: WRITER_LEASE_DURATION_S,
             flat: None,
+            opened_as: None,
         })
     }
 
@@ -329,11 +335,26 @@ impl Store {
             .map_err(io)
     }
 
+    /// Opens the store in `dir` that `osm import --replace` is about to
+    /// retire, for its lease, its token and the retirement mark only: its
+    /// flat node file is not opened, nor its shapes index rebuilt. A
+    /// replace killed after putting its new flat file in place leaves an
+    /// old store whose file is no longer its own; `open` refuses that
+    /// store (rightly), and the next replace must not.
+    pub(crate) fn open_to_replace(dir: &Path) -> Result<Store, StoreError> {
+        Self::open_with(Self::published(dir)?, false)
+    }
+
     fn open_path(path: PathBuf) -> Result<Store, StoreError> {
+        Self::open_with(path, true)
+    }
+
+    fn open_with(path: PathBuf, nodes: bool) -> Result<Store, StoreError> {
         let err = |err| StoreError::Sqlite {
             path: path.clone(),
             err,
         };
+        let opened_as = file_id(&path);
         let conn = Connection::open(&path).map_err(err)?;
         conn.busy_timeout(std::time::Duration::from_secs(30))
             .map_err(err)?;
@@ -346,15 +367,20 @@ impl Store {
         conn.pragma_update(None, "cache_size", -STORE_CACHE_KIB)
             .map_err(err)?;
         let rtree_shapes = init_schema(&conn).map_err(err)?;
-        let flat = open_flat(&conn, &path)?;
+        let flat = if nodes {
+            open_flat(&conn, &path)?
+        } else {
+            None
+        };
         let mut store = Store {
             conn,
             path,
             writer: None,
             lease_duration_s: WRITER_LEASE_DURATION_S,
             flat,
+            opened_as,
         };
-        if rtree_shapes {
+        if rtree_shapes && nodes {
             crate::derive::rebuild_shapes(&mut store, &crate::features::LowZoom::none())?;
         }
         Ok(store)
@@ -905,11 +931,12 @@ impl Store {
                 err,
             })?;
         if let Some(why) = retired {
-            return Err(StoreError::Corrupt {
-                path,
-                what: format!("this store was {why} while this command waited; run it again"),
-            }
-            .into());
+            let what = if self.opened_as.is_some() && file_id(&path) == self.opened_as {
+                "an `osm import --replace` retired this store and died before it swapped its new one in; run `osm import --replace` again".to_string()
+            } else {
+                format!("this store was {why} while this command waited; run it again")
+            };
+            return Err(StoreError::Corrupt { path, what }.into());
         }
         let mut w = Writer {
             tx,
@@ -1126,6 +1153,12 @@ fn read_node(c: &Connection, locs: Locs<'_>, id: i64) -> rusqlite::Result<Option
         Some(e) => node_of(c, locs, e),
         None => Ok(None),
     }
+}
+
+/// A file's (device, inode), if it can be looked at.
+fn file_id(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
 /// The undo log's first bytes.

@@ -141,3 +141,33 @@ fn a_sigkill_in_an_import_with_flat_nodes_and_the_next_import_completes() {
     p.check(&["osm", "tiles", "build"], 0);
     p.check(&["osm", "verify", "base", "--all"], 0);
 }
+
+/// `osm import --replace` killed between its two renames: the new flat
+/// node file is in place, the old store (retired) is not yet swapped out.
+/// The old store must refuse to serve writers rather than read the new
+/// file's locations, and the next `--replace` must complete.
+#[test]
+fn a_replace_killed_between_the_flat_file_and_the_store_swap_is_refused_then_completes() {
+    let p = flat_project();
+    p.check(&["osm", "import", &monaco()], 0);
+    p.check(&["osm", "tiles", "build"], 0);
+    let out = p
+        .cmd(&["osm", "import", "--replace", &monaco()])
+        .env("HIGHWATER_FAILPOINT", "import-kill-swap")
+        .output()
+        .unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(out.status.signal(), Some(libc::SIGKILL), "{out:?}");
+    assert!(p.exists("flat/nodes.flat") && !p.exists("flat/nodes.flat.hw-import"));
+    // The old store, left in place and retired, refuses a writer.
+    let r = p.hw(&["osm", "tiles", "build"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("--replace"),
+        "the refusal says what to do: {}",
+        r.stderr
+    );
+    p.check(&["osm", "import", "--replace", &monaco()], 0);
+    p.check(&["osm", "tiles", "build"], 0);
+    p.check(&["osm", "verify", "base", "--all"], 0);
+}

@@ -121,3 +121,31 @@ fn a_replaced_store_continues_the_writer_tokens_for_its_first_replicate() {
 fn a_store_imported_again_after_deletion_continues_past_the_files_token() {
     check(Remake::DeleteThenImport, Then::Rebuild, 3);
 }
+
+/// A replace killed after it retired the old store and before it swapped
+/// the new one in: the old store, still in place, refuses writers naming
+/// the fix (not "run it again", which would never succeed), and the next
+/// `osm import --replace` completes.
+#[test]
+fn a_replace_killed_before_its_swap_is_named_and_the_next_replace_completes() {
+    let p = Project::new(CONFIG);
+    p.check(&["osm", "import", &pbf()], 0);
+    p.check(&["osm", "rebuild", "base"], 0);
+    let out = p
+        .cmd(&["osm", "import", "--replace", &pbf()])
+        .env("HIGHWATER_FAILPOINT", "import-kill-swap")
+        .output()
+        .unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(out.status.signal(), Some(libc::SIGKILL), "{out:?}");
+    let r = p.hw(&["osm", "rebuild", "base"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("died before it swapped") && r.stderr.contains("osm import --replace"),
+        "{}",
+        r.stderr
+    );
+    p.check(&["osm", "import", "--replace", &pbf()], 0);
+    p.check(&["osm", "rebuild", "base"], 0);
+    p.check(&["osm", "verify", "base", "--all"], 0);
+}
