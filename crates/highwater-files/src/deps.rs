@@ -270,6 +270,13 @@ impl RunWritten {
         self.0.lock().expect("not poisoned").extend(keys);
     }
 
+    /// `f` over the paths written so far, under the lock: never a copy of
+    /// the set, which holds every output of the run (a copy per item made
+    /// an observed run quadratic: 100,000 `cp` items took 22 minutes).
+    fn with<R>(&self, f: impl FnOnce(&HashSet<String>) -> R) -> R {
+        f(&self.0.lock().expect("not poisoned"))
+    }
+
     /// The tracer's callback for [`highwater_observe::output_with`].
     pub fn sink(&self, keyer: Keyer) -> highwater_observe::OnWrite {
         let set = self.0.clone();
@@ -402,9 +409,11 @@ pub fn record(
     run: &RunWritten,
     cache: &DigestCache,
 ) -> Vec<Dep> {
-    let written = run.0.lock().expect("not poisoned").clone();
     let own: HashSet<&str> = own.iter().map(String::as_str).collect();
-    let keep = |key: &str| !scope.never(key) && !own.contains(key) && !written.contains(key);
+    // What the run wrote is asked as of each check, not as of a copy: a
+    // later answer only knows more writes, and all of them are excluded.
+    let keep =
+        |key: &str| !scope.never(key) && !own.contains(key) && !run.with(|w| w.contains(key));
     let started_ns = obs.started_ns;
     let mut out = Vec::new();
     let mut files: BTreeMap<String, bool> = BTreeMap::new();
@@ -467,7 +476,7 @@ pub fn record(
         let Some(key) = scope.relative(p) else {
             continue;
         };
-        if scope.never(&key) || written.contains(&key) {
+        if scope.never(&key) || run.with(|w| w.contains(&key)) {
             continue;
         }
         let abs = scope.abs(&key);
@@ -477,14 +486,15 @@ pub fn record(
         let Some(names) = list_names(&abs) else {
             continue;
         };
-        let written = run.0.lock().expect("not poisoned").clone();
-        let (excluded, kept): (Vec<String>, Vec<String>) = names.into_iter().partition(|n| {
-            let child = if key == "." {
-                n.clone()
-            } else {
-                format!("{key}/{n}")
-            };
-            written.contains(&child) || scope.never(&child)
+        let (excluded, kept): (Vec<String>, Vec<String>) = run.with(|written| {
+            names.into_iter().partition(|n| {
+                let child = if key == "." {
+                    n.clone()
+                } else {
+                    format!("{key}/{n}")
+                };
+                written.contains(&child) || scope.never(&child)
+            })
         });
         out.push(Dep {
             path: key,
