@@ -123,13 +123,10 @@ fn a_sigkill_in_the_middle_of_an_import_and_the_next_import_completes() {
     let pbf = world_pbf(p.dir.path());
     // Killed with every row written and the scratch files full, while
     // the node blocks are being merged: the most an import leaves behind.
-    let out = p
-        .cmd(&["osm", "import", pbf.to_str().unwrap()])
-        .env("HIGHWATER_FAILPOINT", "import-kill-blocks")
-        .output()
-        .unwrap();
-    use std::os::unix::process::ExitStatusExt;
-    assert_eq!(out.status.signal(), Some(libc::SIGKILL), "{out:?}");
+    p.killed_at(
+        &["osm", "import", pbf.to_str().unwrap()],
+        "import-kill-blocks",
+    );
     let leftovers = |p: &Project| -> Vec<String> {
         std::fs::read_dir(p.path(".highwater/osm"))
             .unwrap()

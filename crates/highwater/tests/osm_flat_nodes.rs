@@ -119,22 +119,11 @@ fn a_sigkill_in_an_import_with_flat_nodes_and_the_next_import_completes() {
     let p = flat_project();
     // Killed with the rows written, as the node blocks (and the flat
     // file) are about to be written.
-    let out = p
-        .cmd(&["osm", "import", &monaco()])
-        .env("HIGHWATER_FAILPOINT", "import-kill-blocks")
-        .output()
-        .unwrap();
-    use std::os::unix::process::ExitStatusExt;
-    assert_eq!(out.status.signal(), Some(libc::SIGKILL), "{out:?}");
+    p.killed_at(&["osm", "import", &monaco()], "import-kill-blocks");
     assert!(!p.exists(".highwater/osm/store.db"), "nothing published");
     assert!(!p.exists("flat/nodes.flat"), "no flat file published");
     // Killed once the store is built, just before it is published.
-    let out = p
-        .cmd(&["osm", "import", &monaco()])
-        .env("HIGHWATER_FAILPOINT", "import-kill")
-        .output()
-        .unwrap();
-    assert_eq!(out.status.signal(), Some(libc::SIGKILL), "{out:?}");
+    p.killed_at(&["osm", "import", &monaco()], "import-kill");
     assert!(!p.exists(".highwater/osm/store.db"));
     p.check(&["osm", "import", &monaco()], 0);
     assert!(p.exists("flat/nodes.flat") && !p.exists("flat/nodes.flat.hw-import"));
@@ -151,13 +140,10 @@ fn a_replace_killed_between_the_flat_file_and_the_store_swap_is_refused_then_com
     let p = flat_project();
     p.check(&["osm", "import", &monaco()], 0);
     p.check(&["osm", "tiles", "build"], 0);
-    let out = p
-        .cmd(&["osm", "import", "--replace", &monaco()])
-        .env("HIGHWATER_FAILPOINT", "import-kill-swap")
-        .output()
-        .unwrap();
-    use std::os::unix::process::ExitStatusExt;
-    assert_eq!(out.status.signal(), Some(libc::SIGKILL), "{out:?}");
+    p.killed_at(
+        &["osm", "import", "--replace", &monaco()],
+        "import-kill-swap",
+    );
     assert!(p.exists("flat/nodes.flat") && !p.exists("flat/nodes.flat.hw-import"));
     // The old store, left in place and retired, refuses a writer.
     let r = p.hw(&["osm", "tiles", "build"]);

@@ -131,13 +131,7 @@ fn a_replace_killed_before_its_swap_is_named_and_the_next_replace_completes() {
     let p = Project::new(CONFIG);
     p.check(&["osm", "import", &pbf()], 0);
     p.check(&["osm", "rebuild", "base"], 0);
-    let out = p
-        .cmd(&["osm", "import", "--replace", &pbf()])
-        .env("HIGHWATER_FAILPOINT", "import-kill-swap")
-        .output()
-        .unwrap();
-    use std::os::unix::process::ExitStatusExt;
-    assert_eq!(out.status.signal(), Some(libc::SIGKILL), "{out:?}");
+    p.killed_at(&["osm", "import", "--replace", &pbf()], "import-kill-swap");
     let r = p.hw(&["osm", "rebuild", "base"]);
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(

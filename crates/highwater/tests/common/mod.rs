@@ -96,6 +96,22 @@ impl Project {
         c
     }
 
+    /// Runs highwater with `args` and `HIGHWATER_FAILPOINT=failpoint`,
+    /// asserting that it died by SIGKILL there (the crash tests).
+    pub fn killed_at(&self, args: &[&str], failpoint: &str) {
+        use std::os::unix::process::ExitStatusExt;
+        let out = self
+            .cmd(args)
+            .env("HIGHWATER_FAILPOINT", failpoint)
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.signal(),
+            Some(libc::SIGKILL),
+            "{args:?} at {failpoint}: {out:?}"
+        );
+    }
+
     /// Runs highwater with `args` in the project and returns what it did.
     pub fn hw(&self, args: &[&str]) -> Ran {
         ran(self.cmd(args).output().unwrap())
