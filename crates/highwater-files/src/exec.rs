@@ -7,7 +7,7 @@ use crate::spec::{ItemContext, Transform};
 use highwater_core::template::{ArgTemplate, ArgValues};
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A failed item's error keeps at most this many bytes of the command's
@@ -154,15 +154,17 @@ fn run_command(job: &Job<'_>, out: &Path) -> Result<Seen, String> {
         .split_first()
         .expect("command is non-empty (config check)");
     let mut cmd = Command::new(program);
-    cmd.args(args).current_dir(job.root).stdin(Stdio::null());
-    die_with_parent(&mut cmd);
+    // Both spawners give the command /dev/null for stdin and make it die
+    // with highwater: without that, a SIGKILLed run leaves its commands
+    // running, and they go on writing temp files after the next run has
+    // swept them (the crash test saw exactly that).
+    cmd.args(args).current_dir(job.root);
     let (output, seen) = if job.observe {
         let (o, seen) = highwater_observe::output_with(&mut cmd, job.on_write.clone())
             .map_err(|e| e.to_string())?;
         (o, Some(seen))
     } else {
-        let o = cmd
-            .output()
+        let o = highwater_observe::output_unobserved(&mut cmd)
             .map_err(|e| format!("cannot start `{program}`: {e}"))?;
         (o, None)
     };
@@ -183,32 +185,6 @@ fn run_command(job: &Job<'_>, out: &Path) -> Result<Seen, String> {
         msg.push_str(&so);
     }
     Err(msg)
-}
-
-/// Makes the command die when highwater dies. Without this, a SIGKILLed run
-/// leaves its commands running, and they go on writing temp files after the
-/// next run has swept them (the crash test saw exactly that).
-fn die_with_parent(cmd: &mut Command) {
-    use std::os::unix::process::CommandExt;
-    let parent = std::process::id() as libc::pid_t;
-    // SAFETY: the closure runs between fork and exec and calls only
-    // async-signal-safe functions (prctl, getppid, _exit), touching no
-    // memory shared with the parent.
-    unsafe {
-        cmd.pre_exec(move || {
-            #[cfg(target_os = "linux")]
-            {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            // The parent may have died before prctl took effect.
-            if libc::getppid() != parent {
-                libc::_exit(1);
-            }
-            Ok(())
-        });
-    }
 }
 
 /// Makes a finished temp output durable and visible: fsync the file, rename

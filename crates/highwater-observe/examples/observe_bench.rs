@@ -5,7 +5,7 @@
 //!
 //! `{i}` in an argument is replaced with the run's number.
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Instant;
 
 fn main() {
@@ -24,23 +24,17 @@ fn main() {
         for arg in &a[5..] {
             cmd.arg(arg.replace("{i}", &i.to_string()));
         }
-        cmd.current_dir(dir).stdin(Stdio::null());
-        // As the engine does (exec.rs, die_with_parent): a pre_exec hook,
-        // which makes std fork instead of posix_spawn, in both modes.
-        // SAFETY: prctl is async-signal-safe.
-        unsafe {
-            use std::os::unix::process::CommandExt;
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
+        cmd.current_dir(dir);
         let ok = if observed {
             let (out, obs) = highwater_observe::output(&mut cmd).expect("observe");
             stops += obs.stops;
             out.status.success()
         } else {
-            cmd.output().expect("run").status.success()
+            // As an `observe = false` stage runs it: the same spawner.
+            highwater_observe::output_unobserved(&mut cmd)
+                .expect("run")
+                .status
+                .success()
         };
         assert!(ok, "run {i} failed");
     }

@@ -188,10 +188,42 @@ pub fn probe() -> Result<(), ObserveError> {
 }
 
 /// Runs `cmd` observed, collecting its stdout and stderr like
-/// [`Command::output`]. `cmd`'s own `pre_exec` hooks run first, then the
-/// observer's. The returned observation is already [`Observation::finish`]ed.
+/// [`Command::output`]. Of `cmd`, its program, arguments, folder and
+/// environment changes are honoured; stdin is `/dev/null`, and its own
+/// stdio, `env_clear` and `pre_exec` hooks are not (see `spawn`). The
+/// returned observation is already [`Observation::finish`]ed.
 pub fn output(cmd: &mut Command) -> Result<(Output, Observation), ObserveError> {
     output_with(cmd, None)
+}
+
+/// Runs `cmd` unobserved, started as observed commands are (see `spawn`:
+/// no `fork` of highwater's address space, the child dying with the
+/// calling thread), collecting its stdout and stderr. An `observe = false`
+/// stage runs its commands this way, so that observation's measured cost
+/// is the tracer's alone.
+pub fn output_unobserved(cmd: &mut Command) -> std::io::Result<Output> {
+    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        let started = spawn::spawn(cmd, &mut || 0).map_err(|(e, pid)| {
+            if let Some(pid) = pid {
+                let _ = spawn::reap(pid);
+            }
+            e
+        })?;
+        let read = read_both(started.stdout, started.stderr);
+        let status = spawn::reap(started.pid)?;
+        let (stdout, stderr) = read?;
+        Ok(Output {
+            status: std::process::ExitStatus::from_raw(status),
+            stdout,
+            stderr,
+        })
+    }
+    #[cfg(not(all(target_os = "linux", target_arch = "x86_64")))]
+    {
+        cmd.output()
+    }
 }
 
 /// Told each path the tree is about to write, at the moment it is seen.
@@ -260,12 +292,87 @@ pub fn shebang_interpreter(path: &Path) -> Option<PathBuf> {
     interp.is_absolute().then_some(interp)
 }
 
-fn read_pipe(mut r: impl Read + Send + 'static) -> std::thread::JoinHandle<Vec<u8>> {
-    std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = r.read_to_end(&mut v);
-        v
-    })
+/// Reads a child's stdout and stderr to their ends on this thread, as
+/// std's `Command::output` does: one poll loop, not a thread per pipe (two
+/// thread spawns per command were a measurable part of observing a 2 ms
+/// `cp`).
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+fn read_both(out: std::fs::File, err: std::fs::File) -> std::io::Result<(Vec<u8>, Vec<u8>)> {
+    use std::os::fd::AsRawFd;
+    let mut bufs = (Vec::new(), Vec::new());
+    let mut out = Some(out);
+    let mut err = Some(err);
+    for f in [
+        out.as_ref().map(|f| f.as_raw_fd()),
+        err.as_ref().map(|f| f.as_raw_fd()),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        // SAFETY: fcntl on a descriptor we own.
+        unsafe {
+            let fl = libc::fcntl(f, libc::F_GETFL);
+            libc::fcntl(f, libc::F_SETFL, fl | libc::O_NONBLOCK);
+        }
+    }
+    let mut chunk = [0u8; 16 * 1024];
+    while out.is_some() || err.is_some() {
+        let mut fds = [
+            libc::pollfd {
+                fd: out.as_ref().map_or(-1, |f| f.as_raw_fd()),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: err.as_ref().map_or(-1, |f| f.as_raw_fd()),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: fds is a valid array of two pollfd; a negative fd is
+        // ignored by poll.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if r < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        for (i, pfd) in fds.iter().enumerate() {
+            if pfd.revents == 0 {
+                continue;
+            }
+            let (src, buf): (&mut dyn Read, &mut Vec<u8>) = if i == 0 {
+                match out.as_mut() {
+                    Some(f) => (f, &mut bufs.0),
+                    None => continue,
+                }
+            } else {
+                match err.as_mut() {
+                    Some(f) => (f, &mut bufs.1),
+                    None => continue,
+                }
+            };
+            loop {
+                match src.read(&mut chunk) {
+                    Ok(0) => {
+                        if i == 0 {
+                            out = None;
+                        } else {
+                            err = None;
+                        }
+                        break;
+                    }
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+    }
+    Ok(bufs)
 }
 
 fn program_name(cmd: &Command) -> String {
@@ -273,10 +380,13 @@ fn program_name(cmd: &Command) -> String {
 }
 
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+mod spawn;
+
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 mod linux {
     use super::*;
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-    use std::os::unix::process::{CommandExt, ExitStatusExt};
+    use std::os::unix::process::ExitStatusExt;
 
     /// The syscalls that stop the tracee. Everything else is allowed by the
     /// filter without a stop.
@@ -437,24 +547,25 @@ mod linux {
         let (go_r, go_w) = pipe().map_err(spawn_err)?;
         let prog = filter();
         let (pid_w_fd, go_r_fd) = (pid_w.as_raw_fd(), go_r.as_raw_fd());
-        // SAFETY: the closure runs between fork and exec and calls only
-        // async-signal-safe functions (getpid, write, read, prctl, syscall)
-        // on memory prepared before the fork.
-        unsafe {
-            cmd.pre_exec(move || {
-                // Tell the tracer who we are, then wait until it has attached:
-                // the filter below would fail every traced syscall with
-                // ENOSYS if no tracer were there yet.
+        // Runs in the child just before its execve (see `spawn`): raw
+        // system calls only, on memory prepared before the clone.
+        let mut hook = move || -> libc::c_int {
+            // SAFETY: plain system calls on descriptors and a filter
+            // prepared before the clone.
+            unsafe {
+                // Tell the tracer who we are, then wait until it has
+                // attached: the filter below would fail every traced
+                // syscall with ENOSYS if no tracer were there yet.
                 let pid = libc::getpid().to_ne_bytes();
                 if libc::write(pid_w_fd, pid.as_ptr().cast(), pid.len()) != pid.len() as isize {
-                    return Err(std::io::Error::last_os_error());
+                    return libc::EIO;
                 }
                 let mut go = [0u8; 1];
                 if libc::read(go_r_fd, go.as_mut_ptr().cast(), 1) != 1 || go[0] != b'y' {
-                    return Err(std::io::Error::from_raw_os_error(libc::EPERM));
+                    return libc::EPERM;
                 }
                 if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
-                    return Err(std::io::Error::last_os_error());
+                    return libc::EPERM;
                 }
                 let fprog = libc::sock_fprog {
                     len: prog.len() as u16,
@@ -467,12 +578,11 @@ mod linux {
                     &fprog as *const libc::sock_fprog,
                 ) != 0
                 {
-                    return Err(std::io::Error::last_os_error());
+                    return libc::EINVAL;
                 }
-                Ok(())
-            });
-        }
-        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+                0
+            }
+        };
 
         // The tracer is its own thread so that it can attach while this one
         // is still inside `spawn` (which returns only once the child has
@@ -512,31 +622,33 @@ mod linux {
             trace_loop(pid, &tracer_program, on_write)
         });
         let started_ns = crate::coarse_now_ns();
-        let spawned = cmd.spawn();
+        let spawned = crate::spawn::spawn(cmd, &mut hook);
         // Our copies of the child's ends: the tracer must see EOF if the
         // child dies before writing its pid.
         drop(pid_w);
         drop(go_r);
-        let mut child = match spawned {
+        let child = match spawned {
             Ok(c) => c,
-            Err(e) => {
-                return Err(match tracer.join() {
+            Err((e, pid)) => {
+                let why = match tracer.join() {
                     Ok(Err(denied @ ObserveError::PtraceDenied { .. })) => denied,
                     _ => spawn_err(e),
-                });
+                };
+                // The tracer has let go of it (it peeks at an exit before
+                // the command's exec, never reaps it): ours to reap.
+                if let Some(pid) = pid {
+                    let _ = crate::spawn::reap(pid);
+                }
+                return Err(why);
             }
         };
-        let out = read_pipe(child.stdout.take().expect("piped"));
-        let err = read_pipe(child.stderr.take().expect("piped"));
+        let read = read_both(child.stdout, child.stderr);
         let traced = tracer.join().map_err(|_| ObserveError::Trace {
             program: program.clone(),
             message: "the tracer thread panicked".into(),
         })??;
-        // The tracer reaped the child (it is in our thread group); the
-        // `Child` must not be waited for again.
-        drop(child);
-        let stdout = out.join().unwrap_or_default();
-        let stderr = err.join().unwrap_or_default();
+        // The tracer reaped the child (it is in our thread group).
+        let (stdout, stderr) = read.unwrap_or_default();
         let mut obs = traced.obs;
         obs.started_ns = started_ns;
         obs.finish();
