@@ -48,6 +48,13 @@
 //!
 //! Not observed: files reached only through descriptors inherited from
 //! highwater.
+//!
+//! Layout: this file holds the report ([`Observation`]), the filter and the
+//! tracer loop (`linux`); `spawn` starts every command, observed or not,
+//! with `clone(CLONE_VM | CLONE_VFORK)` so that highwater's pages are never
+//! copy-on-write while a child waits for its tracer; `pin` keeps a young,
+//! single-task command on its tracer's CPU, where a stop's round trip is a
+//! context switch instead of the wakeup of another CPU.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ffi::OsString;
@@ -380,17 +387,19 @@ fn program_name(cmd: &Command) -> String {
 }
 
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+mod pin;
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 mod spawn;
 
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 mod linux {
     use super::*;
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::fd::AsRawFd;
     use std::os::unix::process::ExitStatusExt;
 
     /// The syscalls that stop the tracee. Everything else is allowed by the
     /// filter without a stop.
-    const TRACED: &[libc::c_long] = &[
+    pub(super) const TRACED: &[libc::c_long] = &[
         libc::SYS_open,
         libc::SYS_openat,
         libc::SYS_openat2,
@@ -421,6 +430,11 @@ mod linux {
         libc::SYS_symlink,
         libc::SYS_symlinkat,
         libc::SYS_truncate,
+        // Not files: a tree that asks which CPUs it may use, or sets them,
+        // is unpinned first (see `pin`), so it never sizes a pool from the
+        // pin nor has its own choice overridden.
+        libc::SYS_sched_getaffinity,
+        libc::SYS_sched_setaffinity,
     ];
 
     const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
@@ -441,91 +455,133 @@ mod linux {
 
     /// The BPF program: stop foreign-arch (ia32) and x32 calls and
     /// `io_uring_setup` with their refusal data (see the module doc),
-    /// allow `fstat` done as `newfstatat(fd, "",
-    /// AT_EMPTY_PATH)` or `statx(fd, "", AT_EMPTY_PATH)` (glibc's fstat;
-    /// it names no path, and it is the commonest of them all), trace the
-    /// listed syscalls, allow the rest.
-    fn filter() -> Vec<libc::sock_filter> {
+    /// allow `fstat` done as `newfstatat(fd, "", AT_EMPTY_PATH)` or
+    /// `statx(fd, "", AT_EMPTY_PATH)` (glibc's fstat; it names no path, and
+    /// it is the commonest of them all), trace the listed syscalls, allow
+    /// the rest.
+    ///
+    /// The syscall number is found by a balanced search tree of compares,
+    /// not a chain: installing a filter makes the kernel run it once per
+    /// syscall number to build its allow cache, so its cost grows with the
+    /// longest path (measured: a 40-compare chain cost 90-125 us per
+    /// command, a third of observation's fixed cost; a jump over the same
+    /// 40 instructions, nothing).
+    pub(super) fn filter() -> Vec<libc::sock_filter> {
         use libc::{BPF_ABS, BPF_JEQ, BPF_JGE, BPF_JMP, BPF_JSET, BPF_K, BPF_LD, BPF_RET, BPF_W};
-        let ins = |code: u32, k: u32, jt: u8, jf: u8| libc::sock_filter {
-            code: code as u16,
-            jt,
-            jf,
-            k,
-        };
-        const LD: u32 = BPF_LD | BPF_W | BPF_ABS;
-        const RET: u32 = BPF_RET | BPF_K;
+        const LD: u16 = (BPF_LD | BPF_W | BPF_ABS) as u16;
+        const RET: u16 = (BPF_RET | BPF_K) as u16;
+        const JEQ: u16 = (BPF_JMP | BPF_JEQ | BPF_K) as u16;
+        const JGE: u16 = (BPF_JMP | BPF_JGE | BPF_K) as u16;
+        const JSET: u16 = (BPF_JMP | BPF_JSET | BPF_K) as u16;
         // offsetof(struct seccomp_data, ...): nr 0, arch 4, args[i] 16 + 8i
         // (the low 32 bits on little-endian).
         let arg = |i: u32| 16 + 8 * i;
-        let others: Vec<libc::c_long> = TRACED
-            .iter()
-            .copied()
-            .filter(|&n| n != libc::SYS_newfstatat && n != libc::SYS_statx)
-            .collect();
-        let n = others.len();
+        /// Where a jump goes: the next instruction, or a labelled tail block.
+        #[derive(Clone, Copy, PartialEq)]
+        enum To {
+            Next,
+            Skip(u8),
+            Trace,
+            IoUring,
+            Fstatat,
+            Statx,
+        }
+        struct Ins {
+            code: u16,
+            k: u32,
+            jt: To,
+            jf: To,
+        }
+        let ins = |code: u16, k: u32, jt: To, jf: To| Ins { code, k, jt, jf };
+        let ret = |k: u32| ins(RET, k, To::Next, To::Next);
         let trace = libc::SECCOMP_RET_TRACE;
         let mut f = vec![
-            ins(LD, 4, 0, 0),
-            ins(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
-            ins(RET, trace | REFUSE_IA32, 0, 0),
-            ins(LD, 0, 0, 0),
-            ins(BPF_JMP | BPF_JGE | BPF_K, X32_SYSCALL_BIT, 0, 1),
-            ins(RET, trace | REFUSE_X32, 0, 0),
-            ins(
-                BPF_JMP | BPF_JEQ | BPF_K,
-                libc::SYS_io_uring_setup as u32,
-                0,
-                1,
-            ),
-            ins(RET, trace | REFUSE_IO_URING, 0, 0),
+            ins(LD, 4, To::Next, To::Next),
+            ins(JEQ, AUDIT_ARCH_X86_64, To::Skip(1), To::Next),
+            ret(trace | REFUSE_IA32),
+            ins(LD, 0, To::Next, To::Next),
+            ins(JGE, X32_SYSCALL_BIT, To::Next, To::Skip(1)),
+            ret(trace | REFUSE_X32),
         ];
-        // Layout from here (absolute indices): 8 newfstatat jump, 9 statx
-        // jump, 10..10+n the other compares, 10+n ALLOW, 11+n TRACE, 12+n
-        // the newfstatat block (LD, JSET, ALLOW, TRACE), 16+n the statx
-        // block.
-        let rel = |from: usize, to: usize| (to - (from + 1)) as u8;
-        f.push(ins(
-            BPF_JMP | BPF_JEQ | BPF_K,
-            libc::SYS_newfstatat as u32,
-            rel(8, 12 + n),
-            0,
-        ));
-        f.push(ins(
-            BPF_JMP | BPF_JEQ | BPF_K,
-            libc::SYS_statx as u32,
-            rel(9, 16 + n),
-            0,
-        ));
-        for (i, nr) in others.iter().enumerate() {
-            // On a match, jump over the remaining compares and the ALLOW.
-            f.push(ins(BPF_JMP | BPF_JEQ | BPF_K, *nr as u32, (n - i) as u8, 0));
+        let mut calls: Vec<(u32, To)> = TRACED
+            .iter()
+            .map(|&n| {
+                let to = match n {
+                    libc::SYS_newfstatat => To::Fstatat,
+                    libc::SYS_statx => To::Statx,
+                    _ => To::Trace,
+                };
+                (n as u32, to)
+            })
+            .chain([(libc::SYS_io_uring_setup as u32, To::IoUring)])
+            .collect();
+        calls.sort_unstable_by_key(|c| c.0);
+        // A range of the sorted calls: split at the middle with JGE until
+        // at most three are left, then compare each and allow the rest.
+        fn tree(f: &mut Vec<Ins>, calls: &[(u32, To)]) {
+            if calls.len() <= 3 {
+                for &(nr, to) in calls {
+                    f.push(Ins {
+                        code: JEQ,
+                        k: nr,
+                        jt: to,
+                        jf: To::Next,
+                    });
+                }
+                f.push(Ins {
+                    code: RET,
+                    k: libc::SECCOMP_RET_ALLOW,
+                    jt: To::Next,
+                    jf: To::Next,
+                });
+                return;
+            }
+            let (low, high) = calls.split_at(calls.len() / 2);
+            let at = f.len();
+            f.push(Ins {
+                code: JGE,
+                k: high[0].0,
+                jt: To::Next,
+                jf: To::Next,
+            });
+            tree(f, low);
+            let skip = f.len() - at - 1;
+            f[at].jt = To::Skip(u8::try_from(skip).expect("a small filter"));
+            tree(f, high);
         }
-        f.push(ins(RET, libc::SECCOMP_RET_ALLOW, 0, 0));
-        f.push(ins(RET, libc::SECCOMP_RET_TRACE, 0, 0));
-        for flags_arg in [3, 2] {
-            f.push(ins(LD, arg(flags_arg), 0, 0));
-            f.push(ins(
-                BPF_JMP | BPF_JSET | BPF_K,
-                libc::AT_EMPTY_PATH as u32,
-                0,
-                1,
-            ));
-            f.push(ins(RET, libc::SECCOMP_RET_ALLOW, 0, 0));
-            f.push(ins(RET, libc::SECCOMP_RET_TRACE, 0, 0));
+        tree(&mut f, &calls);
+        let trace_at = f.len();
+        f.push(ret(trace));
+        let io_uring_at = f.len();
+        f.push(ret(trace | REFUSE_IO_URING));
+        let mut blocks = [0; 2];
+        for (b, flags_arg) in blocks.iter_mut().zip([3, 2]) {
+            *b = f.len();
+            f.push(ins(LD, arg(flags_arg), To::Next, To::Next));
+            f.push(ins(JSET, libc::AT_EMPTY_PATH as u32, To::Next, To::Skip(1)));
+            f.push(ret(libc::SECCOMP_RET_ALLOW));
+            f.push(ret(trace));
         }
-        debug_assert_eq!(f.len(), 20 + n);
-        f
-    }
-
-    fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
-        let mut fds = [0; 2];
-        // SAFETY: fds has room for the two descriptors pipe2 writes.
-        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: pipe2 succeeded; both are fresh descriptors we own.
-        Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+        let resolve = |from: usize, to: To| -> u8 {
+            let abs = match to {
+                To::Next => return 0,
+                To::Skip(n) => return n,
+                To::Trace => trace_at,
+                To::IoUring => io_uring_at,
+                To::Fstatat => blocks[0],
+                To::Statx => blocks[1],
+            };
+            u8::try_from(abs - (from + 1)).expect("a jump within a small filter")
+        };
+        f.iter()
+            .enumerate()
+            .map(|(i, x)| libc::sock_filter {
+                code: x.code,
+                jt: resolve(i, x.jt),
+                jf: resolve(i, x.jf),
+                k: x.k,
+            })
+            .collect()
     }
 
     /// What the tracer thread hands back.
@@ -534,7 +590,65 @@ mod linux {
         obs: Observation,
     }
 
+    type Job = Box<dyn FnOnce() -> Result<Traced, ObserveError> + Send>;
+
+    /// The tracer thread of the calling thread, kept for its next command:
+    /// a thread's start and end cost ~45 us here, a sixth of observation's
+    /// fixed cost per command. It ends when the calling thread does (the
+    /// jobs channel closes). One command at a time per calling thread, as
+    /// `output` is synchronous.
+    struct Tracer {
+        jobs: std::sync::mpsc::Sender<Job>,
+        done: std::sync::mpsc::Receiver<Option<Result<Traced, ObserveError>>>,
+    }
+
+    thread_local! {
+        static TRACER: std::cell::OnceCell<Tracer> = const { std::cell::OnceCell::new() };
+    }
+
+    impl Tracer {
+        fn new() -> Tracer {
+            let (jobs, rx) = std::sync::mpsc::channel::<Job>();
+            let (tx, done) = std::sync::mpsc::channel();
+            std::thread::Builder::new()
+                .name("highwater-tracer".into())
+                .spawn(move || {
+                    for job in rx {
+                        // A panic fails this command only; the thread
+                        // (and its tracer role) carries on.
+                        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)).ok();
+                        if tx.send(r).is_err() {
+                            return;
+                        }
+                    }
+                })
+                .expect("a tracer thread (out of threads?)");
+            Tracer { jobs, done }
+        }
+
+        /// Starts `job` on the tracer thread.
+        fn submit(&self, job: Job) {
+            self.jobs
+                .send(job)
+                .expect("the tracer thread lives while its channel does");
+        }
+
+        /// The submitted job's result; `None` if it panicked. Every
+        /// submit is joined before the next (see `output_on`).
+        fn join(&self) -> Option<Result<Traced, ObserveError>> {
+            self.done.recv().ok().flatten()
+        }
+    }
+
     pub(super) fn output(
+        cmd: &mut Command,
+        on_write: Option<OnWrite>,
+    ) -> Result<(Output, Observation), ObserveError> {
+        TRACER.with(|t| output_on(t.get_or_init(Tracer::new), cmd, on_write))
+    }
+
+    fn output_on(
+        tracer: &Tracer,
         cmd: &mut Command,
         on_write: Option<OnWrite>,
     ) -> Result<(Output, Observation), ObserveError> {
@@ -543,8 +657,10 @@ mod linux {
             program: program.clone(),
             source,
         };
-        let (pid_r, pid_w) = pipe().map_err(spawn_err)?;
-        let (go_r, go_w) = pipe().map_err(spawn_err)?;
+        // Above stdio, as the command's own pipes: the hook runs after the
+        // child's dup2 of 0, 1 and 2.
+        let (pid_r, pid_w) = crate::spawn::pipe().map_err(spawn_err)?;
+        let (go_r, go_w) = crate::spawn::pipe().map_err(spawn_err)?;
         let prog = filter();
         let (pid_w_fd, go_r_fd) = (pid_w.as_raw_fd(), go_r.as_raw_fd());
         // Runs in the child just before its execve (see `spawn`): raw
@@ -590,7 +706,7 @@ mod linux {
         // the child's parent, and PR_SET_PDEATHSIG fires when the parent
         // *thread* exits.
         let tracer_program = program.clone();
-        let tracer = std::thread::spawn(move || -> Result<Traced, ObserveError> {
+        tracer.submit(Box::new(move || -> Result<Traced, ObserveError> {
             let mut pid_buf = [0u8; 4];
             let mut pid_file = std::fs::File::from(pid_r);
             if pid_file.read_exact(&mut pid_buf).is_err() {
@@ -611,16 +727,18 @@ mod linux {
                 | libc::PTRACE_O_EXITKILL;
             // SAFETY: plain ptrace request on a pid we were just handed.
             let r = unsafe { libc::ptrace(libc::PTRACE_SEIZE, pid, 0, opts as libc::c_long) };
-            let seized = r == 0;
-            let err = std::io::Error::last_os_error();
             use std::io::Write;
-            let _ = (&go).write_all(if seized { b"y" } else { b"n" });
-            drop(go);
-            if !seized {
+            if r != 0 {
+                let err = std::io::Error::last_os_error();
+                let _ = (&go).write_all(b"n");
                 return Err(ObserveError::PtraceDenied { source: err });
             }
-            trace_loop(pid, &tracer_program, on_write)
-        });
+            // Before the command runs a single instruction of its own.
+            let pin = crate::pin::Pin::start(pid);
+            let _ = (&go).write_all(b"y");
+            drop(go);
+            trace_loop(pid, &tracer_program, on_write, pin)
+        }));
         let started_ns = crate::coarse_now_ns();
         let spawned = crate::spawn::spawn(cmd, &mut hook);
         // Our copies of the child's ends: the tracer must see EOF if the
@@ -631,7 +749,7 @@ mod linux {
             Ok(c) => c,
             Err((e, pid)) => {
                 let why = match tracer.join() {
-                    Ok(Err(denied @ ObserveError::PtraceDenied { .. })) => denied,
+                    Some(Err(denied @ ObserveError::PtraceDenied { .. })) => denied,
                     _ => spawn_err(e),
                 };
                 // The tracer has let go of it (it peeks at an exit before
@@ -643,7 +761,7 @@ mod linux {
             }
         };
         let read = read_both(child.stdout, child.stderr);
-        let traced = tracer.join().map_err(|_| ObserveError::Trace {
+        let traced = tracer.join().ok_or_else(|| ObserveError::Trace {
             program: program.clone(),
             message: "the tracer thread panicked".into(),
         })??;
@@ -678,6 +796,45 @@ mod linux {
             let mut r: libc::user_regs_struct = std::mem::zeroed();
             (libc::ptrace(libc::PTRACE_GETREGS, tid, 0, &mut r as *mut _) == 0).then_some(r)
         }
+    }
+
+    /// `struct ptrace_syscall_info` (linux/ptrace.h) at a seccomp stop.
+    #[repr(C)]
+    #[derive(Default)]
+    struct SyscallInfo {
+        op: u8,
+        pad: [u8; 3],
+        arch: u32,
+        instruction_pointer: u64,
+        stack_pointer: u64,
+        nr: u64,
+        args: [u64; 6],
+        ret_data: u32,
+        pad2: u32,
+    }
+
+    const PTRACE_GET_SYSCALL_INFO: libc::c_uint = 0x420e;
+    const PTRACE_SYSCALL_INFO_SECCOMP: u8 = 3;
+
+    /// The call a tracee is stopped at by the filter: its number, its
+    /// arguments and the filter's `SECCOMP_RET_DATA`, in one request (two
+    /// before, GETEVENTMSG and GETREGS, at every one of a `cp`'s 51 stops).
+    fn seccomp_call(tid: i32) -> Option<(libc::c_long, [u64; 6], u32)> {
+        let mut i = SyscallInfo::default();
+        // SAFETY: the kernel writes at most the size given into `i`.
+        let n = unsafe {
+            libc::ptrace(
+                PTRACE_GET_SYSCALL_INFO,
+                tid,
+                std::mem::size_of::<SyscallInfo>(),
+                &mut i as *mut SyscallInfo,
+            )
+        };
+        (n > 0 && i.op == PTRACE_SYSCALL_INFO_SECCOMP).then_some((
+            i.nr as libc::c_long,
+            i.args,
+            i.ret_data,
+        ))
     }
 
     /// Reads a NUL-terminated string from the tracee, page by page so that
@@ -774,10 +931,14 @@ mod linux {
     }
 
     /// At the seccomp stop: records what the call names and how it will end.
-    fn on_call(tid: i32, t: &mut Tracee, obs: &mut Observation, w: &mut Vec<PathBuf>) {
-        let Some(r) = regs(tid) else { return };
-        let nr = r.orig_rax as libc::c_long;
-        let a = [r.rdi, r.rsi, r.rdx, r.r10, r.r8, r.r9];
+    /// Records the call `tid` is stopped at; returns its number.
+    fn on_call(
+        tid: i32,
+        (nr, a): (libc::c_long, [u64; 6]),
+        t: &mut Tracee,
+        obs: &mut Observation,
+        w: &mut Vec<PathBuf>,
+    ) {
         let cwd = libc::AT_FDCWD as i64;
         let opened = |obs: &mut Observation,
                       w: &mut Vec<PathBuf>,
@@ -910,6 +1071,7 @@ mod linux {
         main: i32,
         program: &str,
         on_write: Option<OnWrite>,
+        mut pin: crate::pin::Pin,
     ) -> Result<Traced, ObserveError> {
         let mut obs = Observation::default();
         let mut fresh = Vec::new();
@@ -1016,30 +1178,44 @@ mod linux {
                 match event {
                     libc::PTRACE_EVENT_SECCOMP => {
                         obs.stops += 1;
-                        let mut data: libc::c_ulong = 0;
-                        // SAFETY: GETEVENTMSG writes one c_ulong.
-                        unsafe {
-                            libc::ptrace(libc::PTRACE_GETEVENTMSG, tid, 0, &mut data);
-                        }
+                        let call = seccomp_call(tid);
+                        let data = call.map_or(0, |c| c.2);
                         if data != 0 {
                             // Refused: the whole tree goes, this call
                             // never runs (a SIGKILL ends a stopped tracee).
-                            refused = Some(data as u32);
+                            refused = Some(data);
                             for &other in tracees.keys() {
                                 // SAFETY: signals only our own tracees.
                                 unsafe { libc::kill(other, libc::SIGKILL) };
                             }
                             continue;
                         }
-                        on_call(tid, t, &mut obs, &mut fresh);
-                        if fresh.is_empty() {
-                            resume(libc::PTRACE_CONT, tid, 0);
+                        // None: the tracee is gone (killed); its exit
+                        // reports next.
+                        let nr = call.map(|(nr, a, _)| {
+                            on_call(tid, (nr, a), t, &mut obs, &mut fresh);
+                            nr
+                        });
+                        let req = if fresh.is_empty() {
+                            libc::PTRACE_CONT
                         } else {
                             // A change to the tree counts only if it
                             // succeeds: stop again at the call's exit.
                             t.pending.append(&mut fresh);
-                            resume(libc::PTRACE_SYSCALL, tid, 0);
+                            libc::PTRACE_SYSCALL
+                        };
+                        // Before the call runs: an affinity call sees
+                        // (or sets) the mask the tree would have unobserved.
+                        if pin.pinned()
+                            && (pin.expired()
+                                || matches!(
+                                    nr,
+                                    Some(libc::SYS_sched_getaffinity | libc::SYS_sched_setaffinity)
+                                ))
+                        {
+                            pin.release(tracees.keys().copied());
                         }
+                        resume(req, tid, 0);
                     }
                     libc::PTRACE_EVENT_EXEC => {
                         if let Some(path) = t.exec.take() {
@@ -1062,6 +1238,17 @@ mod linux {
                     }
                     _ => {
                         // Fork, vfork, clone: the new tracee reports itself.
+                        // Two tasks now: the tree spreads as it would
+                        // unobserved, the new one unpinned before it runs.
+                        if pin.pinned() {
+                            let mut new: libc::c_ulong = 0;
+                            // SAFETY: GETEVENTMSG writes one c_ulong.
+                            unsafe {
+                                libc::ptrace(libc::PTRACE_GETEVENTMSG, tid, 0, &mut new);
+                            }
+                            let all = tracees.keys().copied().chain([new as i32]);
+                            pin.release(all.collect::<Vec<_>>());
+                        }
                         resume(libc::PTRACE_CONT, tid, 0);
                     }
                 }
@@ -1093,6 +1280,72 @@ mod linux {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Runs the filter as the kernel would on one call: its action, and
+    /// how many instructions it took.
+    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+    fn run_filter(f: &[libc::sock_filter], arch: u32, nr: u32, args: [u64; 6]) -> (u32, usize) {
+        let mut data = [0u8; 64];
+        data[0..4].copy_from_slice(&nr.to_ne_bytes());
+        data[4..8].copy_from_slice(&arch.to_ne_bytes());
+        for (i, a) in args.iter().enumerate() {
+            data[16 + 8 * i..24 + 8 * i].copy_from_slice(&a.to_ne_bytes());
+        }
+        let (mut pc, mut acc, mut steps) = (0usize, 0u32, 0);
+        loop {
+            let x = f[pc];
+            steps += 1;
+            let code = x.code as u32;
+            let jump = |taken: bool| pc + 1 + if taken { x.jt } else { x.jf } as usize;
+            pc = match code {
+                c if c == libc::BPF_LD | libc::BPF_W | libc::BPF_ABS => {
+                    let k = x.k as usize;
+                    acc = u32::from_ne_bytes(data[k..k + 4].try_into().unwrap());
+                    pc + 1
+                }
+                c if c == libc::BPF_RET | libc::BPF_K => return (x.k, steps),
+                c if c == libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K => jump(acc == x.k),
+                c if c == libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K => jump(acc >= x.k),
+                c if c == libc::BPF_JMP | libc::BPF_JSET | libc::BPF_K => jump(acc & x.k != 0),
+                c => panic!("unexpected instruction {c:#x} at {pc}"),
+            };
+        }
+    }
+
+    /// Every syscall number, native, x32 and ia32, with and without
+    /// AT_EMPTY_PATH: the filter's action is the documented one, and no
+    /// call walks a long path (the kernel runs the filter per number when
+    /// it installs it).
+    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+    #[test]
+    fn the_filter_stops_exactly_the_listed_calls_in_a_few_steps() {
+        let f = linux::filter();
+        let trace = libc::SECCOMP_RET_TRACE;
+        let (x86_64, i386) = (0xc000_003e_u32, 0x4000_0003_u32);
+        let mut longest = 0;
+        for nr in 0..600u32 {
+            for empty in [false, true] {
+                let flags = if empty { libc::AT_EMPTY_PATH as u64 } else { 0 };
+                let fstat_like =
+                    empty && (nr == libc::SYS_newfstatat as u32 || nr == libc::SYS_statx as u32);
+                let want = if nr == libc::SYS_io_uring_setup as u32 {
+                    trace | 3
+                } else if linux::TRACED.contains(&(nr as libc::c_long)) && !fstat_like {
+                    trace
+                } else {
+                    libc::SECCOMP_RET_ALLOW
+                };
+                // newfstatat's flags are its 4th argument, statx's its 3rd.
+                let args = [0, 0, flags, flags, 0, 0];
+                let (got, steps) = run_filter(&f, x86_64, nr, args);
+                assert_eq!(got, want, "syscall {nr}, AT_EMPTY_PATH {empty}");
+                longest = longest.max(steps);
+                assert_eq!(run_filter(&f, x86_64, nr | 0x4000_0000, args).0, trace | 2);
+                assert_eq!(run_filter(&f, i386, nr, args).0, trace | 1);
+            }
+        }
+        assert!(longest <= 16, "the longest path is {longest} instructions");
+    }
 
     #[test]
     fn clean_join_drops_dots_and_keeps_dotdot() {

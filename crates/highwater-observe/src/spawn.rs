@@ -127,14 +127,36 @@ fn prepare(cmd: &Command) -> std::io::Result<Prepared> {
     })
 }
 
-fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+/// A close-on-exec pipe whose two ends are above the stdio descriptors.
+///
+/// Why above: if highwater itself was started with fd 0, 1 or 2 closed,
+/// `pipe2` hands those numbers out, and the child's dup2 of its stdin,
+/// stdout and stderr (in that order) would overwrite a pipe end before it
+/// was installed. std's `Command` guards against the same.
+pub(crate) fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0; 2];
     // SAFETY: fds has room for the two descriptors pipe2 writes.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
     // SAFETY: pipe2 succeeded; both are fresh descriptors we own.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    Ok((above_stdio(r)?, above_stdio(w)?))
+}
+
+/// `fd` itself if it is above 2, else a close-on-exec copy that is (the
+/// low one is closed).
+pub(crate) fn above_stdio(fd: OwnedFd) -> std::io::Result<OwnedFd> {
+    if fd.as_raw_fd() > 2 {
+        return Ok(fd);
+    }
+    // SAFETY: F_DUPFD_CLOEXEC on a descriptor we own returns a new one.
+    let high = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) };
+    if high < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fcntl succeeded; the copy is ours alone.
+    Ok(unsafe { OwnedFd::from_raw_fd(high) })
 }
 
 /// Makes `from` the child's descriptor `to`, without close-on-exec.
@@ -252,7 +274,10 @@ where
     let p = prepare(cmd).map_err(|e| (e, None))?;
     let (out_r, out_w) = pipe().map_err(|e| (e, None))?;
     let (err_r, err_w) = pipe().map_err(|e| (e, None))?;
-    let devnull = std::fs::File::open("/dev/null").map_err(|e| (e, None))?;
+    let devnull = std::fs::File::open("/dev/null")
+        .map(OwnedFd::from)
+        .and_then(above_stdio)
+        .map_err(|e| (e, None))?;
     let ptrs = |v: &[CString]| -> Vec<*const libc::c_char> {
         v.iter()
             .map(|c| c.as_ptr())

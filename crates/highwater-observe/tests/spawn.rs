@@ -176,3 +176,57 @@ fn a_program_that_cannot_start_says_why_and_leaves_no_child() {
         Some(libc::ECHILD)
     );
 }
+
+/// Set in the copy of this test binary that runs with fds 0, 1 and 2
+/// closed: the file where it writes what its commands printed.
+const CLOSED_STDIO_REPORT: &str = "HW_TEST_CLOSED_STDIO_REPORT";
+
+#[test]
+fn commands_keep_their_pipes_when_highwater_runs_with_stdio_closed() {
+    if let Ok(report) = std::env::var(CLOSED_STDIO_REPORT) {
+        // The copy: every pipe and /dev/null it opens lands on 0, 1 or 2
+        // unless the spawner moves it above them. (Closed here, not before
+        // exec: Rust's runtime reopens closed stdio on /dev/null at start.)
+        for fd in 0..3 {
+            // SAFETY: closes this process's stdio; nothing else uses it.
+            unsafe { libc::close(fd) };
+        }
+        let mut got = String::new();
+        for (mode, out) in ["observed", "unobserved"].iter().zip(both(
+            std::path::Path::new("/"),
+            &Case {
+                argv: &["sh", "-c", "echo out; echo err >&2; cat; echo eof"],
+                env: &[],
+                code: 0,
+                stdout: "",
+                stderr: "",
+            },
+        )) {
+            got += &format!(
+                "{mode}: {:?} {:?} {:?}\n",
+                out.status.code(),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::fs::write(report, got).unwrap();
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let t = tempfile::tempdir().unwrap();
+    let report = t.path().join("report");
+    let mut copy = Command::new(std::env::current_exe().unwrap());
+    copy.args([
+        "--exact",
+        "commands_keep_their_pipes_when_highwater_runs_with_stdio_closed",
+        "--test-threads=1",
+    ])
+    .env(CLOSED_STDIO_REPORT, &report);
+    // The copy's own test harness may fail to print to a closed stdout:
+    // its report file is the verdict.
+    let _ = copy.status().unwrap();
+    let got = std::fs::read_to_string(&report).expect("the copy wrote its report");
+    let want = "observed: Some(0) \"out\\neof\\n\" \"err\\n\"\n\
+                unobserved: Some(0) \"out\\neof\\n\" \"err\\n\"\n";
+    assert_eq!(got, want);
+}

@@ -1,0 +1,93 @@
+//! An observed command and its tracer share one CPU while the command is
+//! young and alone, and the command can never tell (issue 24: a stop's
+//! round trip across two CPUs cost a 2 ms `cp` more than the `cp` itself).
+//! Whatever a command can ask about its CPUs (how many, which, from a
+//! forked child, from a thread, after setting them itself, after the pin's
+//! time limit) it is told what it would be told unobserved.
+
+use highwater_observe::{output, output_unobserved};
+use std::process::Command;
+use std::sync::Mutex;
+
+/// One at a time: pins are spread by how many are held, so a concurrent
+/// case would move this one's CPU.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn run(argv: &[&str], observed: bool) -> String {
+    let mut cmd = Command::new(argv[0]);
+    cmd.args(&argv[1..]);
+    let out = if observed {
+        output(&mut cmd).expect("observed run").0
+    } else {
+        output_unobserved(&mut cmd).expect("unobserved run")
+    };
+    assert!(
+        out.status.success(),
+        "{argv:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The command prints what it can learn of its CPUs: the same observed.
+fn check(what: &str, argv: &[&str]) {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let plain = run(argv, false);
+    assert!(!plain.trim().is_empty(), "{what}: printed nothing");
+    assert_eq!(run(argv, true), plain, "{what}: observed differs");
+}
+
+#[test]
+fn a_command_is_told_the_cpus_it_would_have_unobserved() {
+    let status = "grep Cpus_allowed_list /proc/self/status";
+    check("nproc (sched_getaffinity)", &["nproc"]);
+    check("a forked child", &["sh", "-c", &format!("{status}; true")]);
+    check(
+        "a thread",
+        &[
+            "python3",
+            "-c",
+            "import threading\n\
+             def f(): print(open('/proc/thread-self/status').read().split('Cpus_allowed_list:')[1].split()[0])\n\
+             t = threading.Thread(target=f); t.start(); t.join()",
+        ],
+    );
+    check(
+        "after setting its own CPUs and outliving the pin",
+        &[
+            "python3",
+            "-c",
+            "import os, time\n\
+             os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n\
+             time.sleep(0.2)\n\
+             open('/dev/null').close()\n\
+             print(sorted(os.sched_getaffinity(0)))",
+        ],
+    );
+    check(
+        "single-threaded, after the pin's time limit",
+        &[
+            "python3",
+            "-c",
+            "import time\n\
+             time.sleep(0.2)\n\
+             print(open('/proc/self/status').read().split('Cpus_allowed_list:')[1].split()[0])",
+        ],
+    );
+}
+
+#[test]
+fn a_young_lone_command_is_pinned_where_there_are_cpus_to_spare() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let argv = ["grep", "Cpus_allowed_list", "/proc/self/status"];
+    let cpus = std::thread::available_parallelism().unwrap().get();
+    let (plain, observed) = (run(&argv, false), run(&argv, true));
+    if cpus >= 2 {
+        // Read through /proc, which asks no affinity call: the pin shows.
+        assert_ne!(observed, plain, "not pinned on {cpus} CPUs");
+        let list = observed.split(':').nth(1).unwrap().trim();
+        assert!(list.parse::<usize>().is_ok(), "pinned to one CPU: {list}");
+    } else {
+        assert_eq!(observed, plain, "one CPU: nothing to pin");
+    }
+}
