@@ -31,9 +31,7 @@ import dataclasses
 import inspect
 import os
 import sys
-import textwrap
 import types
-from typing import Any, Iterable
 
 # BLAKE2 from its own module: `hashlib` would load OpenSSL (6 ms of every
 # plan's start) for a hash that does not need it.
@@ -283,6 +281,8 @@ class _Walker:
         # Not found in its module's source (defined by exec, or the module
         # changed on disk since it was imported): its own source, if any.
         try:
+            import textwrap  # only for this rare fallback
+
             src = textwrap.dedent(inspect.getsource(fn))
             tree = ast.parse(src)
         except (OSError, TypeError, SyntaxError):
