@@ -3,6 +3,7 @@
 # PY_ITEMS items of a small Python command and a stage of CP_ITEMS items of
 # `cp`, each beside an identical stage with `observe = false`.
 #   bench/observe_engine.sh [HIGHWATER=target/debug/highwater] [PY_ITEMS=400] [CP_ITEMS=10000] [JOBS=2]
+# Prints each pair in both orders and their geometric mean.
 set -euo pipefail
 HW=$(realpath "${1:-target/debug/highwater}")
 PY_ITEMS=${2:-400}
@@ -20,19 +21,34 @@ for i in $(seq "$CP_ITEMS"); do echo "item $i" > "cp/$i.txt"; done
 stage() { # name inputs command observe
   printf '[stages.%s]\ninputs = ["%s"]\noutput = "out/%s/{relpath}"\ncommand = %s\nobserve = %s\n\n' "$1" "$2" "$1" "$3" "$4"
 }
-{
-  stage py_observed "py/*.txt" "[\"$PY\", \"t.py\", \"{input}\", \"{output}\"]" true
-  stage py_plain "py/*.txt" "[\"$PY\", \"t.py\", \"{input}\", \"{output}\"]" false
-  stage cp_observed "cp/*.txt" '["cp", "{input}", "{output}"]' true
-  stage cp_plain "cp/*.txt" '["cp", "{input}", "{output}"]' false
-} > highwater.toml
-"$HW" run --jobs "$JOBS" --json 2>/dev/null > run.json
-python3 - run.json <<'PY'
+# Stages run in name order, so each pair runs twice: observed first, then
+# plain first (a fresh state and outputs each time). The stage run first
+# meets colder caches and the second one the first one's writeback; the
+# geometric mean of the two orders cancels that.
+for order in observed-first plain-first; do
+  rm -rf out .highwater
+  if [ "$order" = observed-first ]; then first=(observed true); second=(plain false);
+  else first=(plain false); second=(observed true); fi
+  {
+    stage "py_1_${first[0]}" "py/*.txt" "[\"$PY\", \"t.py\", \"{input}\", \"{output}\"]" "${first[1]}"
+    stage "py_2_${second[0]}" "py/*.txt" "[\"$PY\", \"t.py\", \"{input}\", \"{output}\"]" "${second[1]}"
+    stage "cp_1_${first[0]}" "cp/*.txt" '["cp", "{input}", "{output}"]' "${first[1]}"
+    stage "cp_2_${second[0]}" "cp/*.txt" '["cp", "{input}", "{output}"]' "${second[1]}"
+  } > highwater.toml
+  "$HW" run --jobs "$JOBS" --json 2>/dev/null > "run-$order.json"
+  "$HW" plan 2>/dev/null | grep -c " 0 changed" | sed "s/^/$order: stages unchanged on the next plan (of 4): /"
+done
+python3 - run-observed-first.json run-plain-first.json <<'PY'
 import json, sys
-r = {s["name"]: s for s in json.load(open(sys.argv[1]))["stages"]}
+# "cp_1_observed" -> "cp_observed"
+runs = [{s["name"][:3] + s["name"][5:]: s for s in json.load(open(f))["stages"]}
+        for f in sys.argv[1:]]
 for k in ("py", "cp"):
-    o, p = r[k + "_observed"], r[k + "_plain"]
-    ratio = o["duration_ms"] / max(p["duration_ms"], 1)
-    print(f'{k}: {o["processed"]} items, observed {o["duration_ms"]} ms, plain {p["duration_ms"]} ms, ratio {ratio:.2f}x')
+    ratios = []
+    for order, r in zip(("observed first", "plain first"), runs):
+        o, p = r[k + "_observed"], r[k + "_plain"]
+        ratio = o["duration_ms"] / max(p["duration_ms"], 1)
+        ratios.append(ratio)
+        print(f'{k}, {order}: {o["processed"]} items, observed {o["duration_ms"]} ms, plain {p["duration_ms"]} ms, ratio {ratio:.2f}x')
+    print(f'{k}: geometric mean of the two orders {(ratios[0] * ratios[1]) ** 0.5:.2f}x')
 PY
-"$HW" plan 2>/dev/null | grep -c " 0 changed" | sed 's/^/stages unchanged on the next plan (of 4): /'

@@ -463,9 +463,8 @@ mod linux {
     /// The syscall number is found by a balanced search tree of compares,
     /// not a chain: installing a filter makes the kernel run it once per
     /// syscall number to build its allow cache, so its cost grows with the
-    /// longest path (measured: a 40-compare chain cost 90-125 us per
-    /// command, a third of observation's fixed cost; a jump over the same
-    /// 40 instructions, nothing).
+    /// longest path (measured on its own: a 40-compare chain cost 90-125 us
+    /// to install, a jump over the same 40 instructions nothing).
     pub(super) fn filter() -> Vec<libc::sock_filter> {
         use libc::{BPF_ABS, BPF_JEQ, BPF_JGE, BPF_JMP, BPF_JSET, BPF_K, BPF_LD, BPF_RET, BPF_W};
         const LD: u16 = (BPF_LD | BPF_W | BPF_ABS) as u16;

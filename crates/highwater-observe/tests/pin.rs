@@ -80,7 +80,17 @@ fn a_command_is_told_the_cpus_it_would_have_unobserved() {
 fn a_young_lone_command_is_pinned_where_there_are_cpus_to_spare() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let argv = ["grep", "Cpus_allowed_list", "/proc/self/status"];
-    let cpus = std::thread::available_parallelism().unwrap().get();
+    // The CPUs this process may run on, as the pin counts them (not
+    // `available_parallelism`, which also reads cgroup quotas).
+    // SAFETY: cpu_set_t is plain data; sched_getaffinity fills it.
+    let cpus = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        assert_eq!(
+            libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set),
+            0
+        );
+        libc::CPU_COUNT(&set) as usize
+    };
     let (plain, observed) = (run(&argv, false), run(&argv, true));
     if cpus >= 2 {
         // Read through /proc, which asks no affinity call: the pin shows.
