@@ -306,72 +306,39 @@ pub fn shebang_interpreter(path: &Path) -> Option<PathBuf> {
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 fn read_both(out: std::fs::File, err: std::fs::File) -> std::io::Result<(Vec<u8>, Vec<u8>)> {
     use std::os::fd::AsRawFd;
-    let mut bufs = (Vec::new(), Vec::new());
-    let mut out = Some(out);
-    let mut err = Some(err);
-    for f in [
-        out.as_ref().map(|f| f.as_raw_fd()),
-        err.as_ref().map(|f| f.as_raw_fd()),
-    ]
-    .into_iter()
-    .flatten()
-    {
+    let mut open = [Some(out), Some(err)];
+    let mut bufs = [Vec::new(), Vec::new()];
+    for f in open.iter().flatten() {
         // SAFETY: fcntl on a descriptor we own.
         unsafe {
-            let fl = libc::fcntl(f, libc::F_GETFL);
-            libc::fcntl(f, libc::F_SETFL, fl | libc::O_NONBLOCK);
+            let fl = libc::fcntl(f.as_raw_fd(), libc::F_GETFL);
+            libc::fcntl(f.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK);
         }
     }
     let mut chunk = [0u8; 16 * 1024];
-    while out.is_some() || err.is_some() {
-        let mut fds = [
-            libc::pollfd {
-                fd: out.as_ref().map_or(-1, |f| f.as_raw_fd()),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: err.as_ref().map_or(-1, |f| f.as_raw_fd()),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
+    while open.iter().any(Option::is_some) {
+        let mut fds = open.each_ref().map(|f| libc::pollfd {
+            fd: f.as_ref().map_or(-1, |f| f.as_raw_fd()),
+            events: libc::POLLIN,
+            revents: 0,
+        });
         // SAFETY: fds is a valid array of two pollfd; a negative fd is
         // ignored by poll.
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-        if r < 0 {
+        if unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) } < 0 {
             let e = std::io::Error::last_os_error();
             if e.kind() == std::io::ErrorKind::Interrupted {
                 continue;
             }
             return Err(e);
         }
-        for (i, pfd) in fds.iter().enumerate() {
-            if pfd.revents == 0 {
+        for i in 0..2 {
+            if fds[i].revents == 0 {
                 continue;
             }
-            let (src, buf): (&mut dyn Read, &mut Vec<u8>) = if i == 0 {
-                match out.as_mut() {
-                    Some(f) => (f, &mut bufs.0),
-                    None => continue,
-                }
-            } else {
-                match err.as_mut() {
-                    Some(f) => (f, &mut bufs.1),
-                    None => continue,
-                }
-            };
-            loop {
-                match src.read(&mut chunk) {
-                    Ok(0) => {
-                        if i == 0 {
-                            out = None;
-                        } else {
-                            err = None;
-                        }
-                        break;
-                    }
-                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            while let Some(f) = open[i].as_mut() {
+                match f.read(&mut chunk) {
+                    Ok(0) => open[i] = None,
+                    Ok(n) => bufs[i].extend_from_slice(&chunk[..n]),
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                     Err(e) => return Err(e),
@@ -379,7 +346,8 @@ fn read_both(out: std::fs::File, err: std::fs::File) -> std::io::Result<(Vec<u8>
             }
         }
     }
-    Ok(bufs)
+    let [out, err] = bufs;
+    Ok((out, err))
 }
 
 fn program_name(cmd: &Command) -> String {
@@ -699,11 +667,11 @@ mod linux {
             }
         };
 
-        // The tracer is its own thread so that it can attach while this one
-        // is still inside `spawn` (which returns only once the child has
-        // exec'd). This thread stays alive until the child is gone: it is
-        // the child's parent, and PR_SET_PDEATHSIG fires when the parent
-        // *thread* exits.
+        // The tracer is another thread (this one's, kept: see `Tracer`) so
+        // that it can attach while this one is still inside `spawn` (which
+        // returns only once the child has exec'd). This thread stays alive
+        // until the child is gone: it is the child's parent, and
+        // PR_SET_PDEATHSIG fires when the parent *thread* exits.
         let tracer_program = program.clone();
         tracer.submit(Box::new(move || -> Result<Traced, ObserveError> {
             let mut pid_buf = [0u8; 4];
@@ -765,7 +733,10 @@ mod linux {
             message: "the tracer thread panicked".into(),
         })??;
         // The tracer reaped the child (it is in our thread group).
-        let (stdout, stderr) = read.unwrap_or_default();
+        let (stdout, stderr) = read.map_err(|e| ObserveError::Trace {
+            program: program.clone(),
+            message: format!("reading its output: {e}"),
+        })?;
         let mut obs = traced.obs;
         obs.started_ns = started_ns;
         obs.finish();
@@ -929,8 +900,8 @@ mod linux {
         }
     }
 
-    /// At the seccomp stop: records what the call names and how it will end.
-    /// Records the call `tid` is stopped at; returns its number.
+    /// At the seccomp stop: records what the call `(nr, a)` names and how
+    /// it will end.
     fn on_call(
         tid: i32,
         (nr, a): (libc::c_long, [u64; 6]),
@@ -1056,6 +1027,17 @@ mod linux {
                 None => return,
             }
         }
+    }
+
+    /// The message of the ptrace event `tid` is stopped at (a new task's
+    /// pid at a fork or clone, the former tid at an exec).
+    fn event_msg(tid: i32) -> libc::c_ulong {
+        let mut m: libc::c_ulong = 0;
+        // SAFETY: GETEVENTMSG writes one c_ulong.
+        unsafe {
+            libc::ptrace(libc::PTRACE_GETEVENTMSG, tid, 0, &mut m);
+        }
+        m
     }
 
     fn resume(req: libc::c_uint, tid: i32, sig: i32) {
@@ -1205,12 +1187,11 @@ mod linux {
                         };
                         // Before the call runs: an affinity call sees
                         // (or sets) the mask the tree would have unobserved.
-                        if pin.pinned()
-                            && (pin.expired()
-                                || matches!(
-                                    nr,
-                                    Some(libc::SYS_sched_getaffinity | libc::SYS_sched_setaffinity)
-                                ))
+                        if pin.expired()
+                            || matches!(
+                                nr,
+                                Some(libc::SYS_sched_getaffinity | libc::SYS_sched_setaffinity)
+                            )
                         {
                             pin.release(tracees.keys().copied());
                         }
@@ -1222,11 +1203,7 @@ mod linux {
                         }
                         // A non-leader thread that exec'd took over the
                         // leader's pid; its old tid will not report again.
-                        let mut former: libc::c_ulong = 0;
-                        // SAFETY: GETEVENTMSG writes one c_ulong.
-                        unsafe {
-                            libc::ptrace(libc::PTRACE_GETEVENTMSG, tid, 0, &mut former);
-                        }
+                        let former = event_msg(tid);
                         if former as i32 != tid {
                             tracees.remove(&(former as i32));
                         }
@@ -1240,13 +1217,8 @@ mod linux {
                         // Two tasks now: the tree spreads as it would
                         // unobserved, the new one unpinned before it runs.
                         if pin.pinned() {
-                            let mut new: libc::c_ulong = 0;
-                            // SAFETY: GETEVENTMSG writes one c_ulong.
-                            unsafe {
-                                libc::ptrace(libc::PTRACE_GETEVENTMSG, tid, 0, &mut new);
-                            }
-                            let all = tracees.keys().copied().chain([new as i32]);
-                            pin.release(all.collect::<Vec<_>>());
+                            let new = event_msg(tid) as i32;
+                            pin.release(tracees.keys().copied().chain([new]));
                         }
                         resume(libc::PTRACE_CONT, tid, 0);
                     }

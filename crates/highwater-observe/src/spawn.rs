@@ -1,5 +1,5 @@
-//! Starts an observed command with `clone(CLONE_VM | CLONE_VFORK)`, the way
-//! `posix_spawn` does, instead of std's `fork`.
+//! Starts every command, observed or not, with `clone(CLONE_VM |
+//! CLONE_VFORK)`, the way `posix_spawn` does, instead of std's `fork`.
 //!
 //! Why: an observed child must wait between its fork and its `execve` for
 //! the tracer to attach (see `linux::output`). After a `fork`, every page
