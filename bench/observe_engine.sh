@@ -2,13 +2,15 @@
 # Issue 24: observation's cost inside highwater, in the same run: a stage of
 # PY_ITEMS items of a small Python command and a stage of CP_ITEMS items of
 # `cp`, each beside an identical stage with `observe = false`.
-#   bench/observe_engine.sh [HIGHWATER=target/debug/highwater] [PY_ITEMS=400] [CP_ITEMS=10000] [JOBS=2]
-# Prints each pair in both orders and their geometric mean.
+#   bench/observe_engine.sh [HIGHWATER=target/debug/highwater] [PY_ITEMS=400] [CP_ITEMS=10000] [JOBS=2] [ROUNDS=1]
+# Prints each pair in both orders, ROUNDS times, and the geometric mean of
+# all (one run's ratio moves by up to 0.08 from run to run here).
 set -euo pipefail
 HW=$(realpath "${1:-target/debug/highwater}")
 PY_ITEMS=${2:-400}
 CP_ITEMS=${3:-10000}
 JOBS=${4:-2}
+ROUNDS=${5:-1}
 PY=$(python3 -c 'import sys; print(sys.executable)')  # past pyenv's shim
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
@@ -25,6 +27,7 @@ stage() { # name inputs command observe
 # plain first (a fresh state and outputs each time). The stage run first
 # meets colder caches and the second one the first one's writeback; the
 # geometric mean of the two orders cancels that.
+for round in $(seq "$ROUNDS"); do
 for order in observed-first plain-first; do
   rm -rf out .highwater
   if [ "$order" = observed-first ]; then first=(observed true); second=(plain false);
@@ -35,20 +38,25 @@ for order in observed-first plain-first; do
     stage "cp_1_${first[0]}" "cp/*.txt" '["cp", "{input}", "{output}"]' "${first[1]}"
     stage "cp_2_${second[0]}" "cp/*.txt" '["cp", "{input}", "{output}"]' "${second[1]}"
   } > highwater.toml
-  "$HW" run --jobs "$JOBS" --json 2>/dev/null > "run-$order.json"
-  "$HW" plan 2>/dev/null | grep -c " 0 changed" | sed "s/^/$order: stages unchanged on the next plan (of 4): /"
+  "$HW" run --jobs "$JOBS" --json 2>/dev/null > "run-$round-$order.json"
+  "$HW" plan 2>/dev/null | grep -c " 0 changed" | sed "s/^/round $round, $order: stages unchanged on the next plan (of 4): /"
 done
-python3 - run-observed-first.json run-plain-first.json <<'PY'
+done
+python3 - run-*-*.json <<'PY'
 import json, sys
 # "cp_1_observed" -> "cp_observed"
 runs = [{s["name"][:3] + s["name"][5:]: s for s in json.load(open(f))["stages"]}
         for f in sys.argv[1:]]
+names = [f.split("-", 2)[1] + ", " + f.split("-", 2)[2][:-5] for f in sys.argv[1:]]
 for k in ("py", "cp"):
     ratios = []
-    for order, r in zip(("observed first", "plain first"), runs):
+    for order, r in zip(names, runs):
         o, p = r[k + "_observed"], r[k + "_plain"]
         ratio = o["duration_ms"] / max(p["duration_ms"], 1)
         ratios.append(ratio)
         print(f'{k}, {order}: {o["processed"]} items, observed {o["duration_ms"]} ms, plain {p["duration_ms"]} ms, ratio {ratio:.2f}x')
-    print(f'{k}: geometric mean of the two orders {(ratios[0] * ratios[1]) ** 0.5:.2f}x')
+    mean = 1.0
+    for x in ratios:
+        mean *= x
+    print(f'{k}: geometric mean of {len(ratios)} runs {mean ** (1 / len(ratios)):.2f}x')
 PY

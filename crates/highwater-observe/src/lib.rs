@@ -59,7 +59,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ffi::OsString;
 use std::io::Read;
-use std::os::unix::ffi::OsStringExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Component, Path, PathBuf};
 use std::process::{Command, ExitStatus, Output, Stdio};
 
@@ -265,6 +265,12 @@ pub fn clean_join(base: &Path, rel: &Path) -> PathBuf {
     } else {
         base.join(rel)
     };
+    // Most paths a command names are clean already: keep them as they are
+    // (the component walk below costs more than the rest of a stop's work
+    // in user space).
+    if is_clean(joined.as_os_str().as_bytes()) {
+        return joined;
+    }
     let mut out = PathBuf::new();
     for c in joined.components() {
         match c {
@@ -273,6 +279,20 @@ pub fn clean_join(base: &Path, rel: &Path) -> PathBuf {
         }
     }
     out
+}
+
+/// Whether `components()` would give `p` back unchanged: no empty or `.`
+/// component, no trailing slash (the root alone aside).
+fn is_clean(p: &[u8]) -> bool {
+    if p == b"/" {
+        return true;
+    }
+    if p.is_empty() || p.ends_with(b"/") {
+        return false;
+    }
+    let rest = p.strip_prefix(b"/").unwrap_or(p);
+    rest.split(|&b| b == b'/')
+        .all(|c| !c.is_empty() && c != b".")
 }
 
 /// The interpreter named by a shebang line, if `path` starts with `#!`.
@@ -565,6 +585,8 @@ mod linux {
     /// jobs channel closes). One command at a time per calling thread, as
     /// `output` is synchronous.
     struct Tracer {
+        /// The tracer thread's tid, for its pin.
+        tid: i32,
         jobs: std::sync::mpsc::Sender<Job>,
         done: std::sync::mpsc::Receiver<Option<Result<Traced, ObserveError>>>,
     }
@@ -577,9 +599,12 @@ mod linux {
         fn new() -> Tracer {
             let (jobs, rx) = std::sync::mpsc::channel::<Job>();
             let (tx, done) = std::sync::mpsc::channel();
+            let (tid_tx, tid_rx) = std::sync::mpsc::channel();
             std::thread::Builder::new()
                 .name("highwater-tracer".into())
                 .spawn(move || {
+                    // SAFETY: gettid has no arguments.
+                    let _ = tid_tx.send(unsafe { libc::gettid() });
                     for job in rx {
                         // A panic fails this command only; the thread
                         // (and its tracer role) carries on.
@@ -590,7 +615,10 @@ mod linux {
                     }
                 })
                 .expect("a tracer thread (out of threads?)");
-            Tracer { jobs, done }
+            let tid = tid_rx
+                .recv()
+                .expect("a new tracer thread says its tid first");
+            Tracer { tid, jobs, done }
         }
 
         /// Starts `job` on the tracer thread.
@@ -673,6 +701,8 @@ mod linux {
         // until the child is gone: it is the child's parent, and
         // PR_SET_PDEATHSIG fires when the parent *thread* exits.
         let tracer_program = program.clone();
+        // Before the start: the child takes this thread's mask (see pin.rs).
+        let (pin, starting) = crate::pin::Pin::start(tracer.tid);
         tracer.submit(Box::new(move || -> Result<Traced, ObserveError> {
             let mut pid_buf = [0u8; 4];
             let mut pid_file = std::fs::File::from(pid_r);
@@ -700,14 +730,15 @@ mod linux {
                 let _ = (&go).write_all(b"n");
                 return Err(ObserveError::PtraceDenied { source: err });
             }
-            // Before the command runs a single instruction of its own.
-            let pin = crate::pin::Pin::start(pid);
             let _ = (&go).write_all(b"y");
             drop(go);
             trace_loop(pid, &tracer_program, on_write, pin)
         }));
         let started_ns = crate::coarse_now_ns();
         let spawned = crate::spawn::spawn(cmd, &mut hook);
+        // The command has exec'd (or failed to): this thread goes back to
+        // its own mask; the command keeps the pin until its tracer lets go.
+        drop(starting);
         // Our copies of the child's ends: the tracer must see EOF if the
         // child dies before writing its pid.
         drop(pid_w);
@@ -808,34 +839,44 @@ mod linux {
     }
 
     /// Reads a NUL-terminated string from the tracee, page by page so that
-    /// a string ending just before an unmapped page still reads.
+    /// a string ending just before an unmapped page still reads. Straight
+    /// into the returned vector, a short first read: most paths are short,
+    /// and this runs at nearly every stop.
     fn read_cstr(tid: i32, addr: u64) -> Option<Vec<u8>> {
         const PAGE: u64 = 4096;
-        let mut out = Vec::new();
+        const FIRST: usize = 256;
+        let max = libc::PATH_MAX as usize;
+        let mut out: Vec<u8> = Vec::with_capacity(FIRST);
         let mut at = addr;
-        while out.len() < libc::PATH_MAX as usize {
-            let chunk = (PAGE - at % PAGE) as usize;
-            let mut buf = vec![0u8; chunk];
+        while out.len() < max {
+            let want = if out.is_empty() {
+                FIRST
+            } else {
+                max - out.len()
+            };
+            let chunk = want.min((PAGE - at % PAGE) as usize);
+            out.reserve(chunk);
             let local = libc::iovec {
-                iov_base: buf.as_mut_ptr().cast(),
+                iov_base: out.spare_capacity_mut().as_mut_ptr().cast(),
                 iov_len: chunk,
             };
             let remote = libc::iovec {
                 iov_base: at as *mut libc::c_void,
                 iov_len: chunk,
             };
-            // SAFETY: both iovecs describe valid lengths; the kernel checks
-            // the remote range.
+            // SAFETY: the local iovec is `chunk` bytes of the vector's
+            // reserved capacity; the kernel checks the remote range.
             let n = unsafe { libc::process_vm_readv(tid, &local, 1, &remote, 1, 0) };
             if n <= 0 {
                 return None;
             }
-            let got = &buf[..n as usize];
-            if let Some(z) = got.iter().position(|&b| b == 0) {
-                out.extend_from_slice(&got[..z]);
+            let start = out.len();
+            // SAFETY: the kernel wrote `n` bytes (at most `chunk`) there.
+            unsafe { out.set_len(start + n as usize) };
+            if let Some(z) = out[start..].iter().position(|&b| b == 0) {
+                out.truncate(start + z);
                 return Some(out);
             }
-            out.extend_from_slice(got);
             at += n as u64;
         }
         None
@@ -900,6 +941,22 @@ mod linux {
         }
     }
 
+    /// What most stops record, kept as lists while the tree runs and made
+    /// sets once at its end: sorting a list by bytes costs less than a
+    /// set's per-insert compare of path components.
+    #[derive(Default)]
+    struct Seen {
+        read: Vec<PathBuf>,
+        absent: Vec<PathBuf>,
+    }
+
+    fn sorted_set(mut v: Vec<PathBuf>) -> BTreeSet<PathBuf> {
+        v.sort_unstable_by(|a, b| a.as_os_str().as_bytes().cmp(b.as_os_str().as_bytes()));
+        v.dedup();
+        // Nearly in component order already: the set's own sort is a pass.
+        v.into_iter().collect()
+    }
+
     /// At the seccomp stop: records what the call `(nr, a)` names and how
     /// it will end.
     fn on_call(
@@ -907,10 +964,12 @@ mod linux {
         (nr, a): (libc::c_long, [u64; 6]),
         t: &mut Tracee,
         obs: &mut Observation,
+        seen: &mut Seen,
         w: &mut Vec<PathBuf>,
     ) {
         let cwd = libc::AT_FDCWD as i64;
         let opened = |obs: &mut Observation,
+                      seen: &mut Seen,
                       w: &mut Vec<PathBuf>,
                       path: Option<PathBuf>,
                       flags: u64| {
@@ -923,7 +982,7 @@ mod linux {
                 let keeps = flags & (libc::O_TRUNC | libc::O_EXCL) as u64 == 0;
                 if keeps && matches!(look(&path), Looked::Other) {
                     if let Some(s) = crate::Stamp::of(&path) {
-                        obs.read.insert(path.clone());
+                        seen.read.push(path.clone());
                         obs.opened_rw.entry(path).or_insert(s);
                         return;
                     }
@@ -933,13 +992,13 @@ mod linux {
             }
             match look(&path) {
                 Looked::Absent => {
-                    obs.absent.insert(path);
+                    seen.absent.push(path);
                 }
                 // A directory opened only to be listed or used as a dirfd is
                 // not a read; a listing is recorded at getdents.
                 Looked::Dir | Looked::Unknown => {}
                 Looked::Other => {
-                    obs.read.insert(path);
+                    seen.read.push(path);
                 }
             }
         };
@@ -947,26 +1006,27 @@ mod linux {
         // Python stats a module's source to validate its `__pycache__`
         // copy and then opens only the copy, so the source's content is
         // what the command depended on.
-        let probed = |obs: &mut Observation, path: Option<PathBuf>| {
+        let probed = |seen: &mut Seen, path: Option<PathBuf>| {
             if let Some(path) = path {
                 match look(&path) {
                     Looked::Absent => {
-                        obs.absent.insert(path);
+                        seen.absent.push(path);
                     }
                     Looked::Other => {
-                        obs.read.insert(path);
+                        seen.read.push(path);
                     }
                     Looked::Dir | Looked::Unknown => {}
                 }
             }
         };
         match nr {
-            libc::SYS_open => opened(obs, w, resolve(tid, cwd, a[0]), a[1]),
+            libc::SYS_open => opened(obs, seen, w, resolve(tid, cwd, a[0]), a[1]),
             libc::SYS_creat => w.extend(resolve(tid, cwd, a[0])),
-            libc::SYS_openat => opened(obs, w, resolve(tid, a[0] as i64, a[1]), a[2]),
+            libc::SYS_openat => opened(obs, seen, w, resolve(tid, a[0] as i64, a[1]), a[2]),
             // struct open_how { u64 flags; ... }
             libc::SYS_openat2 => opened(
                 obs,
+                seen,
                 w,
                 resolve(tid, a[0] as i64, a[1]),
                 read_u64(tid, a[2]).unwrap_or(0),
@@ -979,7 +1039,7 @@ mod linux {
                 };
                 if let Some(path) = path {
                     if let Looked::Absent = look(&path) {
-                        obs.absent.insert(path);
+                        seen.absent.push(path);
                         t.exec = None;
                     } else {
                         t.exec = Some(path);
@@ -987,13 +1047,13 @@ mod linux {
                 }
             }
             libc::SYS_stat | libc::SYS_lstat | libc::SYS_access | libc::SYS_readlink => {
-                probed(obs, resolve(tid, cwd, a[0]))
+                probed(seen, resolve(tid, cwd, a[0]))
             }
             libc::SYS_newfstatat
             | libc::SYS_statx
             | libc::SYS_faccessat
             | libc::SYS_faccessat2
-            | libc::SYS_readlinkat => probed(obs, resolve(tid, a[0] as i64, a[1])),
+            | libc::SYS_readlinkat => probed(seen, resolve(tid, a[0] as i64, a[1])),
             libc::SYS_getdents | libc::SYS_getdents64 => {
                 obs.listed
                     .extend(proc_link(tid, &format!("fd/{}", a[0] as i32)));
@@ -1055,6 +1115,7 @@ mod linux {
         mut pin: crate::pin::Pin,
     ) -> Result<Traced, ObserveError> {
         let mut obs = Observation::default();
+        let mut seen = Seen::default();
         let mut fresh = Vec::new();
         let mut tracees: HashMap<i32, Tracee> = HashMap::new();
         tracees.insert(main, Tracee::default());
@@ -1174,7 +1235,7 @@ mod linux {
                         // None: the tracee is gone (killed); its exit
                         // reports next.
                         let nr = call.map(|(nr, a, _)| {
-                            on_call(tid, (nr, a), t, &mut obs, &mut fresh);
+                            on_call(tid, (nr, a), t, &mut obs, &mut seen, &mut fresh);
                             nr
                         });
                         let req = if fresh.is_empty() {
@@ -1244,6 +1305,8 @@ mod linux {
             program: program.into(),
             message: "the command's exit status was lost".into(),
         })?;
+        obs.read = sorted_set(seen.read);
+        obs.absent = sorted_set(seen.absent);
         Ok(Traced { status, obs })
     }
 }
@@ -1325,6 +1388,11 @@ mod tests {
             ("/a/b", "./c//d/.", "/a/b/c/d"),
             ("/a/b", "../c", "/a/b/../c"),
             ("/a/b", "/x/./y", "/x/y"),
+            ("/a/b", "c/", "/a/b/c"),
+            ("/", "x", "/x"),
+            ("/a", ".", "/a"),
+            ("/a/b", "/x//y", "/x/y"),
+            ("/a/b", "c/d.e/..f", "/a/b/c/d.e/..f"),
         ];
         for (base, rel, want) in cases {
             assert_eq!(
@@ -1332,6 +1400,35 @@ mod tests {
                 PathBuf::from(want),
                 "{base} + {rel}"
             );
+        }
+    }
+
+    #[test]
+    fn a_path_called_clean_is_what_its_components_give_back() {
+        // Every string of up to 6 bytes over `/`, `.` and `a`.
+        let mut all: Vec<Vec<u8>> = vec![vec![]];
+        for len in 1..=6 {
+            let mut next = Vec::new();
+            for p in all.iter().filter(|p| p.len() == len - 1) {
+                for b in [b'/', b'.', b'a'] {
+                    let mut q = p.clone();
+                    q.push(b);
+                    next.push(q);
+                }
+            }
+            all.extend(next);
+        }
+        for p in &all {
+            let path = Path::new(std::ffi::OsStr::from_bytes(p));
+            let walked: PathBuf = path
+                .components()
+                .filter(|c| !matches!(c, Component::CurDir))
+                .collect();
+            if super::is_clean(p) {
+                assert_eq!(walked.as_os_str().as_bytes(), &p[..], "{path:?}");
+            } else if !p.is_empty() {
+                assert_ne!(walked.as_os_str().as_bytes(), &p[..], "{path:?}");
+            }
         }
     }
 

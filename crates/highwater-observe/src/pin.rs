@@ -77,35 +77,87 @@ pub(crate) struct Pin {
     /// The index into `Cpus::ids` of the CPU held, while pinned.
     slot: Option<usize>,
     since: Instant,
+    /// The starting thread's own mask: the one the tree would have had
+    /// unobserved, given back to it at release.
+    unpinned: libc::cpu_set_t,
+}
+
+/// The starting thread's pin while it starts the command: the child takes
+/// its mask from it at the clone. Dropped once the command has exec'd.
+pub(crate) struct Starting {
+    restore: Option<libc::cpu_set_t>,
+}
+
+impl Drop for Starting {
+    fn drop(&mut self) {
+        if let Some(m) = &self.restore {
+            set(0, m);
+        }
+    }
 }
 
 impl Pin {
-    /// Pins the calling thread (the tracer) and `tid` (the command, stopped
-    /// before its exec) to the least used allowed CPU.
-    pub(crate) fn start(tid: i32) -> Pin {
+    /// Pins the calling thread, which is about to start the command, and
+    /// its tracer thread `tracer` (asleep) to one CPU of the caller's mask:
+    /// the one it runs on if that holds no more pins than any other, else
+    /// the least used.
+    ///
+    /// Before the start, not after the tracer attaches: the command's
+    /// first act is to tell the tracer its pid, and that wakeup is cheap
+    /// only if the tracer sleeps on the CPU the command runs on (a halted
+    /// vCPU takes ~50 us to wake; measured on a static binary, observation's
+    /// fixed cost went 0.22 -> 0.15 ms).
+    pub(crate) fn start(tracer: i32) -> (Pin, Starting) {
+        // SAFETY: cpu_set_t is plain data.
+        let zero: libc::cpu_set_t = unsafe { std::mem::zeroed() };
         let mut pin = Pin {
             slot: None,
             since: Instant::now(),
+            unpinned: zero,
         };
-        let Some(c) = cpus() else { return pin };
+        let mut starting = Starting { restore: None };
+        let Some(c) = cpus() else {
+            return (pin, starting);
+        };
+        let mut mine = zero;
+        // SAFETY: sched_getaffinity fills the set.
+        if unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&mine), &mut mine) } != 0 {
+            return (pin, starting);
+        }
+        // SAFETY: sched_getcpu has no arguments; -1 on failure.
+        let here = unsafe { libc::sched_getcpu() };
+        // Only CPUs the starting thread may use itself: a thread of a
+        // narrower mask starts its command inside that mask.
+        // SAFETY: reads bits of a set we own.
+        let allowed = |s: &usize| unsafe { libc::CPU_ISSET(c.ids[*s], &mine) };
         let slot = {
             let mut pins = c.pins.lock().unwrap_or_else(|e| e.into_inner());
-            let (slot, _) = pins
-                .iter()
-                .enumerate()
-                .min_by_key(|&(_, n)| *n)
-                .expect("at least two CPUs");
+            let Some(least) = (0..c.ids.len()).filter(allowed).map(|s| pins[s]).min() else {
+                return (pin, starting);
+            };
+            let slot = (0..c.ids.len())
+                .filter(allowed)
+                .find(|&s| here >= 0 && c.ids[s] == here as usize && pins[s] == least)
+                .or_else(|| (0..c.ids.len()).filter(allowed).find(|&s| pins[s] == least))
+                .expect("a least used CPU");
             pins[slot] += 1;
             slot
         };
         pin.slot = Some(slot);
-        // SAFETY: cpu_set_t is plain data.
-        let mut one: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        pin.unpinned = mine;
+        let mut one = zero;
+        // SAFETY: sets a bit of a set we own.
         unsafe { libc::CPU_SET(c.ids[slot], &mut one) };
-        if !(set(0, &one) && set(tid, &one)) {
-            pin.release([tid]);
+        if set(tracer, &one) && set(0, &one) {
+            starting.restore = Some(mine);
+        } else {
+            set(0, &mine);
+            set(tracer, &c.wide);
+            let mut pins = c.pins.lock().unwrap_or_else(|e| e.into_inner());
+            pins[slot] -= 1;
+            pin.slot = None;
         }
-        pin
+        (pin, starting)
     }
 
     /// Whether the tree has been pinned for longer than the limit.
@@ -113,13 +165,13 @@ impl Pin {
         self.slot.is_some() && self.since.elapsed() > Duration::from_millis(PIN_DURATION_MAX_MS)
     }
 
-    /// Unpins the tracer and every task in `tids` (all of the tree that is
-    /// still traced). Idempotent.
+    /// Unpins the tracer (the calling thread) and every task in `tids`
+    /// (all of the tree that is still traced). Idempotent.
     pub(crate) fn release(&mut self, tids: impl IntoIterator<Item = i32>) {
         let Some(slot) = self.slot.take() else { return };
         let c = cpus().expect("pinned, so the CPUs were read");
         for tid in tids {
-            set(tid, &c.wide);
+            set(tid, &self.unpinned);
         }
         set(0, &c.wide);
         let mut pins = c.pins.lock().unwrap_or_else(|e| e.into_inner());

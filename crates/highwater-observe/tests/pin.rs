@@ -101,3 +101,61 @@ fn a_young_lone_command_is_pinned_where_there_are_cpus_to_spare() {
         assert_eq!(observed, plain, "one CPU: nothing to pin");
     }
 }
+
+/// The calling thread is pinned with the command while it starts it (the
+/// child takes its mask at the clone), then given its own mask back, even
+/// one narrower than the process's.
+#[test]
+fn the_starting_thread_gets_its_own_cpus_back() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    // SAFETY: cpu_set_t is plain data; the affinity calls fill or read it.
+    let mask = || unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        assert_eq!(
+            libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set),
+            0
+        );
+        set
+    };
+    let same = |a: &libc::cpu_set_t, b: &libc::cpu_set_t| {
+        (0..libc::CPU_SETSIZE as usize)
+            .all(|c| unsafe { libc::CPU_ISSET(c, a) == libc::CPU_ISSET(c, b) })
+    };
+    let argv = ["true"];
+    std::thread::spawn(move || {
+        let before = mask();
+        run(&argv, true);
+        assert!(same(&mask(), &before), "the whole mask, back");
+        // A thread of its own narrower mask (the highest CPU alone).
+        let high = (0..libc::CPU_SETSIZE as usize)
+            .rev()
+            .find(|&c| unsafe { libc::CPU_ISSET(c, &before) })
+            .unwrap();
+        let narrow = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(high, &mut set);
+            assert_eq!(
+                libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set),
+                0
+            );
+            set
+        };
+        run(&argv, true);
+        assert!(same(&mask(), &narrow), "the narrow mask, back");
+        // Pinned, the command stays inside that mask.
+        let out = run(&["grep", "Cpus_allowed_list", "/proc/self/status"], true);
+        assert!(out.trim().ends_with(&format!("\t{high}")), "pinned: {out}");
+        // And the command it starts inherits that narrow mask once unpinned
+        // (here at its fork: `sh` runs `grep` as a child).
+        let out = run(
+            &["sh", "-c", "grep Cpus_allowed_list /proc/self/status; true"],
+            true,
+        );
+        assert!(
+            out.trim().ends_with(&format!("\t{high}")),
+            "the command's mask: {out}"
+        );
+    })
+    .join()
+    .unwrap();
+}
