@@ -10,8 +10,12 @@
 //! unpinned, 1.9-2.0 ms pinned, 1.1-1.3 ms unobserved.
 //!
 //! The policy, so that pinning never costs a command its parallelism:
-//! - Items are spread: each pin takes the allowed CPU with the fewest pins
-//!   held now (`--jobs 2` on two CPUs puts one item on each).
+//! - Items are spread: each pin takes a CPU of the starting thread's mask
+//!   with the fewest pins held now, the one that thread runs on if it is
+//!   among them (`--jobs 2` on two CPUs puts one item on each). The pin is
+//!   taken before the command starts, so its first wakeup of the tracer is
+//!   a local one; the starting thread gets its own mask back once the
+//!   command has exec'd.
 //! - A fork, vfork or thread clone in the tree unpins the whole tree at that
 //!   event, the new task included, before it runs: a pool of workers or a
 //!   `make -j` spreads as if it were never observed.
