@@ -136,14 +136,14 @@ impl Pin {
         let allowed = |s: &usize| unsafe { libc::CPU_ISSET(c.ids[*s], &mine) };
         let slot = {
             let mut pins = c.pins.lock().unwrap_or_else(|e| e.into_inner());
-            let Some(least) = (0..c.ids.len()).filter(allowed).map(|s| pins[s]).min() else {
+            // Fewest pins first; among those, the CPU this thread is on.
+            let elsewhere = |s: usize| here < 0 || c.ids[s] != here as usize;
+            let Some(slot) = (0..c.ids.len())
+                .filter(allowed)
+                .min_by_key(|&s| (pins[s], elsewhere(s)))
+            else {
                 return (pin, starting);
             };
-            let slot = (0..c.ids.len())
-                .filter(allowed)
-                .find(|&s| here >= 0 && c.ids[s] == here as usize && pins[s] == least)
-                .or_else(|| (0..c.ids.len()).filter(allowed).find(|&s| pins[s] == least))
-                .expect("a least used CPU");
             pins[slot] += 1;
             slot
         };
