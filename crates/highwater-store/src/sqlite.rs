@@ -99,6 +99,10 @@ pub const MMAP_SIZE_BYTES: i64 = 1 << 30;
 /// while creating or migrating it (20 ms apart): bounds the wait to seconds.
 pub const OPEN_BUSY_RETRIES_MAX: u32 = 250;
 
+/// The most entries a load reserves room for up front on its last run's
+/// word: a summary that claims more only grows the list as rows arrive.
+const ENTRIES_HINT_MAX: i64 = 100_000_000;
+
 /// The schema version this highwater writes.
 pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
 
@@ -359,18 +363,32 @@ impl StateStore for SqliteStore {
         // pass straight into the two sorted lists: no stage column, no list
         // of rows in between. The lists are sized first: a large stage's is
         // tens of megabytes, and growing it by doubling copies it and
-        // touches fresh pages each time. (The count is a separate snapshot;
-        // a commit between the two only misjudges the capacity.)
-        let (n_items, n_members): (i64, i64) = self
+        // touches fresh pages each time. The size is what the stage's last
+        // run discovered, one indexed row, not a count of its entries,
+        // which reads them all once more (a tenth of a no-change plan). It
+        // is only a hint: a wrong one (a later commit, a summary that is
+        // not ours) costs only the lists' growth, never an error.
+        let hint: i64 = self
             .conn
             .prepare_cached(
-                "SELECT count(*) FILTER (WHERE kind = 'item'), count(*) FILTER (WHERE kind = 'member')
-                 FROM entries WHERE stage = ?1",
+                "SELECT CASE WHEN json_valid(summary)
+                    THEN json_extract(summary, '$.discovered') END
+                 FROM runs WHERE stage = ?1 ORDER BY id DESC LIMIT 1",
             )
-            .and_then(|mut s| s.query_row([stage], |r| Ok((r.get(0)?, r.get(1)?))))
-            .map_err(|e| self.err(e))?;
-        let mut items = Vec::with_capacity(n_items.max(0) as usize);
-        let mut members = Vec::with_capacity(n_members.max(0) as usize);
+            .and_then(|mut s| {
+                s.query_row([stage], |r| {
+                    Ok(match r.get_ref(0)? {
+                        rusqlite::types::ValueRef::Integer(n) => n,
+                        _ => 0,
+                    })
+                })
+                .optional()
+            })
+            .map_err(|e| self.err(e))?
+            .unwrap_or(0);
+        let hint = hint.clamp(0, ENTRIES_HINT_MAX) as usize;
+        let mut items = Vec::with_capacity(hint);
+        let mut members = Vec::new();
         {
             let mut stmt = self
                 .conn
@@ -383,7 +401,14 @@ impl StateStore for SqliteStore {
                 let e = self.row_to_entry(stage, row)?;
                 match e.kind {
                     EntryKind::Item => items.push(e),
-                    EntryKind::Member => members.push(e),
+                    EntryKind::Member => {
+                        // Members come after the items (the key's order):
+                        // an aggregate's inputs are the rest of the hint.
+                        if members.capacity() == 0 {
+                            members.reserve(hint.saturating_sub(items.len()));
+                        }
+                        members.push(e)
+                    }
                 };
             }
         }
@@ -1041,6 +1066,54 @@ mod tests {
             s.dump().unwrap().dep_sets,
             vec![("set1".into(), "[1]".into())]
         );
+    }
+
+    /// Issue 22: a load sizes its lists by the last run's `discovered`, a
+    /// hint only. Whatever the last run's summary says (nothing, too few,
+    /// too many, not a number, not JSON), the load is the same.
+    #[test]
+    fn a_loads_size_hint_never_changes_what_it_loads() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = SqliteStore::open(&dir.path().join("s.db")).unwrap();
+        let mut b = Batch::default();
+        for item in ["a", "b", "c"] {
+            b.upserts.push(("st".into(), entry(item)));
+            let mut m = entry(&format!("m{item}"));
+            m.kind = EntryKind::Member;
+            b.upserts.push(("st".into(), m));
+        }
+        s.commit(&b).unwrap();
+        let loaded = s.load("st").unwrap();
+        assert_eq!((loaded.items.len(), loaded.members.len()), (3, 3));
+        // StageEntries has no equality of its own; its Debug shows it all.
+        let want = format!("{loaded:?}");
+        let summaries = [
+            Some(serde_json::json!({"discovered": 0})),
+            Some(serde_json::json!({"discovered": 1})),
+            Some(serde_json::json!({"discovered": 6})),
+            Some(serde_json::json!({"discovered": 1_000_000_000_000_i64})),
+            Some(serde_json::json!({"discovered": -5})),
+            Some(serde_json::json!({"discovered": "many"})),
+            Some(serde_json::json!({"discovered": 2.5})),
+            Some(serde_json::json!([1, 2])),
+            None, // begun, never finished: the summary is '{}'
+        ];
+        for summary in summaries {
+            let run = s.begin_run("st", 1).unwrap();
+            if let Some(summary) = &summary {
+                s.finish_run(run, 2, summary, 0).unwrap();
+            }
+            let got = format!("{:?}", s.load("st").unwrap());
+            assert_eq!(got, want, "after summary {summary:?}");
+        }
+        // Not JSON at all (written by hand, or by something else).
+        s.conn
+            .execute(
+                "UPDATE runs SET summary = 'not json {' WHERE stage = 'st'",
+                [],
+            )
+            .unwrap();
+        assert_eq!(format!("{:?}", s.load("st").unwrap()), want);
     }
 
     #[test]
