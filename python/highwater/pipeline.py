@@ -7,104 +7,104 @@ folder share one manifest.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 
 from highwater import _core, recipe as _recipe
+from highwater._records import Record
 
 # Imported where they are used, not here: a no-change plan starts a Python
-# process and imports this module, and the pool (multiprocessing,
-# concurrent.futures) is a third of that import (issue 22's plan benchmark
-# counts interpreter start). Nor `typing` (2-4 ms): with the annotations
+# process and imports this module (issue 22's plan benchmark counts the
+# interpreter's start). Not the pool (multiprocessing, concurrent.futures: a
+# third of that import), not `json` (its `re` pulls in `enum`: the engine
+# takes and returns Python objects), not `dataclasses` or `inspect` (the
+# records are plain classes), nor `typing` (2-4 ms): with the annotations
 # future, `Any`, `Callable` and `Iterable` in the hints are never evaluated.
 
 
 def _where(fn: Callable, root: str) -> str:
     """`file.py:function`, the file relative to the project root when inside it."""
-    import inspect
-
-    try:
-        f = inspect.getsourcefile(fn) or ""
-    except TypeError:
+    code = getattr(fn, "__code__", None)
+    f = code.co_filename if code is not None else ""
+    if f.startswith("<"):  # `<string>`, `<stdin>`: no file
         f = ""
     if f and os.path.abspath(f).startswith(root + os.sep):
         f = os.path.relpath(f, root)
     return f"{f or fn.__module__}:{fn.__qualname__}"
 
 
-@dataclasses.dataclass
-class Item:
-    input: str
-    output: str
-    reason: str
-    # For reason "recipe": the components that changed, e.g. "helpers.clean".
-    detail: str | None = None
+class Item(Record):
+    """One changed item of a plan."""
+
+    # `detail`, for reason "recipe": the components that changed, e.g.
+    # "helpers.clean".
+    __slots__ = _fields = ("input", "output", "reason", "detail")
+    _defaults = {"detail": None}
 
 
-@dataclasses.dataclass
-class StagePlan:
-    name: str
-    recipe: str
-    total: int
-    unchanged: int
-    counts: dict[str, int]
-    changed: list[Item]
-    # What the code recipe could not follow statically (getattr by a computed
-    # name, importlib, ...): changes there are not seen.
-    unresolved: list[str]
-    components: dict[str, str]
+class StagePlan(Record):
+    """One stage's plan. `unresolved`: what the code recipe could not follow
+    statically (getattr by a computed name, importlib, ...); changes there
+    are not seen."""
+
+    __slots__ = _fields = (
+        "name",
+        "recipe",
+        "total",
+        "unchanged",
+        "counts",
+        "changed",
+        "unresolved",
+        "components",
+    )
 
 
-@dataclasses.dataclass
-class Plan:
-    stages: dict[str, StagePlan]
+class Plan(Record):
+    __slots__ = _fields = ("stages",)
 
     def is_empty(self) -> bool:
         return all(not s.changed for s in self.stages.values())
 
 
-@dataclasses.dataclass
-class Failed:
-    input: str
-    error: str
+class Failed(Record):
+    __slots__ = _fields = ("input", "error")
 
 
-@dataclasses.dataclass
-class StageResult:
-    name: str
-    recipe: str
-    discovered: int
-    unchanged: int
-    changed: int
-    new: int
-    processed: int
-    deleted: int
-    failed: list[Failed]
-    blocked: str | None
-    reasons: dict[str, int]
+class StageResult(Record):
+    __slots__ = _fields = (
+        "name",
+        "recipe",
+        "discovered",
+        "unchanged",
+        "changed",
+        "new",
+        "processed",
+        "deleted",
+        "failed",
+        "blocked",
+        "reasons",
+    )
 
 
-@dataclasses.dataclass
-class Result:
-    stages: dict[str, StageResult]
+class Result(Record):
+    __slots__ = _fields = ("stages",)
 
     @property
     def ok(self) -> bool:
         return all(not s.failed and not s.blocked for s in self.stages.values())
 
 
-@dataclasses.dataclass
-class _Stage:
-    name: str
-    fn: Callable
-    inputs: list[str]
-    output: str
-    version: str | None
-    ignore: list[str]
-    guard: float | None
-    guard_items_min: int | None
-    on_delete: str
+class _Stage(Record):
+    __slots__ = _fields = (
+        "name",
+        "fn",
+        "inputs",
+        "output",
+        "version",
+        "ignore",
+        "guard",
+        "guard_items_min",
+        "on_delete",
+    )
 
 
 class Pipeline:
@@ -159,10 +159,10 @@ class Pipeline:
             if s.version is not None:
                 out[s.name] = _recipe.Recipe(components={"version": s.version}, unresolved=[])
             else:
-                out[s.name] = _recipe.compute(s.fn, self.root, s.ignore)
+                out[s.name] = _recipe.compute(s.fn, self.root, s.ignore, self._facts_path())
         return out
 
-    def _declarations(self, recipes: dict[str, _recipe.Recipe]) -> str:
+    def _declarations(self, recipes: dict[str, _recipe.Recipe]) -> list[dict[str, Any]]:
         decl = []
         for s in self._stages.values():
             d: dict[str, Any] = {
@@ -180,15 +180,24 @@ class Pipeline:
             if s.guard_items_min is not None:
                 d["guard_items_min"] = s.guard_items_min
             decl.append(d)
-        return json.dumps(decl)
+        return decl
+
+    def _state_dir(self) -> str:
+        state = self.state or ".highwater/state.db"
+        return os.path.dirname(os.path.join(self.root, state))
+
+    def _facts_path(self) -> str:
+        # What the code recipe's walk read from each module's source, by
+        # the file's stat (a cache: see recipe._Facts).
+        return os.path.join(self._state_dir(), "python-recipe-facts")
 
     # -- the file earlier versions kept the components in (read only) -------
     def _ledger_path(self) -> str:
-        state = self.state or ".highwater/state.db"
-        d = os.path.dirname(os.path.join(self.root, state))
-        return os.path.join(d, "python-recipes.json")
+        return os.path.join(self._state_dir(), "python-recipes.json")
 
     def _ledger(self) -> dict[str, Any]:
+        import json  # a state this old is rare
+
         try:
             with open(self._ledger_path()) as f:
                 return json.load(f)
@@ -201,25 +210,29 @@ class Pipeline:
     # -- plan and run -------------------------------------------------------
     def plan(self, stage: str | None = None) -> Plan:
         recipes = self.recipes()
-        raw = json.loads(_core.plan(self.root, self.state, self._declarations(recipes), stage))
+        raw = _core.plan(self.root, self.state, self._declarations(recipes), stage)
         stages = {}
         for s in raw["stages"]:
             name = s["name"]
             comps = recipes[name].components
-            # The recipe of the stage's last run, as the state store keeps
-            # it (shared with the CLI and the fleet; SQLite or PostgreSQL).
-            last = s.get("last_recipe") or {}
-            old = (last.get("config") or {}).get("components")
-            last_id = last.get("id")
-            if old is None:
-                # A state whose last run predates that record: the file
-                # earlier versions kept beside the state.
-                led = self._ledger().get(name, {})
-                last_id = led.get("last")
-                old = led.get("recipes", {}).get(last_id)
             detail = None
-            if old is not None and last_id != s["recipe"]:
-                detail = ", ".join(_recipe.changed(old, comps)) or None
+            # Only an item re-run for its recipe has a detail to name (and
+            # only then does the engine send the last run's recipe).
+            if any(c["reason"] == "recipe" for c in s["changed"]):
+                # The recipe of the stage's last run, as the state store
+                # keeps it (shared with the CLI and the fleet; SQLite or
+                # PostgreSQL).
+                last = s.get("last_recipe") or {}
+                old = (last.get("config") or {}).get("components")
+                last_id = last.get("id")
+                if old is None:
+                    # A state whose last run predates that record: the file
+                    # earlier versions kept beside the state.
+                    led = self._ledger().get(name, {})
+                    last_id = led.get("last")
+                    old = led.get("recipes", {}).get(last_id)
+                if old is not None and last_id != s["recipe"]:
+                    detail = ", ".join(_recipe.changed(old, comps)) or None
             items = [
                 Item(
                     c["input"],
@@ -258,16 +271,14 @@ class Pipeline:
         recipes = self.recipes()
         runner = Runner({n: s.fn for n, s in self._stages.items()}, jobs, in_process)
         try:
-            raw = json.loads(
-                _core.run(
-                    self.root,
-                    self.state,
-                    self._declarations(recipes),
-                    runner.dispatch,
-                    jobs,
-                    force,
-                    stage,
-                )
+            raw = _core.run(
+                self.root,
+                self.state,
+                self._declarations(recipes),
+                runner.dispatch,
+                jobs,
+                force,
+                stage,
             )
         finally:
             runner.close()
@@ -291,14 +302,14 @@ class Pipeline:
     def status(self) -> dict[str, Any]:
         """`highwater status --json` of these stages."""
         recipes = self.recipes()
-        return json.loads(_core.status(self.root, self.state, self._declarations(recipes)))
+        return _core.status(self.root, self.state, self._declarations(recipes))
 
     def recipe_ids(self) -> dict[str, str]:
         recipes = self.recipes()
-        return json.loads(_core.recipe_ids(self.root, self.state, self._declarations(recipes)))
+        return _core.recipe_ids(self.root, self.state, self._declarations(recipes))
 
     def entries(self, stage: str) -> list[dict[str, Any]]:
         """The manifest entries of one stage (as `highwater export --json`)."""
         recipes = self.recipes()
-        v = json.loads(_core.export(self.root, self.state, self._declarations(recipes)))
+        v = _core.export(self.root, self.state, self._declarations(recipes))
         return [e for e in v["entries"] if e["stage"] == stage]

@@ -25,13 +25,21 @@ What cannot be resolved statically (``getattr`` with a computed name,
 
 from __future__ import annotations
 
-import ast
 import builtins
-import dataclasses
-import inspect
+import marshal
 import os
 import sys
+import time
 import types
+
+from highwater._records import Record
+
+# Not imported here: `ast` and `inspect` (with `dis`, `enum` and `re`, most
+# of this package's import). They are needed only to read a module's source,
+# and a module whose file has not changed since a plan read it is not read
+# again: the facts the walk takes from its syntax tree are kept in the
+# state's folder, keyed by the file's stat (see `_Facts`). Names are still
+# resolved live, against the imported modules, every time.
 
 # BLAKE2 from its own module: `hashlib` would load OpenSSL (6 ms of every
 # plan's start) for a hash that does not need it.
@@ -55,10 +63,8 @@ _DYNAMIC_CALLS = {
 }
 
 
-@dataclasses.dataclass
-class Recipe:
-    components: dict[str, str]
-    unresolved: list[str]
+class Recipe(Record):
+    __slots__ = _fields = ("components", "unresolved")
 
     def config(self) -> dict[str, Any]:
         # What goes into the recipe id. Not `unresolved`: its messages hold
@@ -72,15 +78,6 @@ def _digest(text: str) -> str:
 
 
 _SKIP_FIELDS = {"lineno", "col_offset", "end_lineno", "end_col_offset", "type_comment", "kind"}
-_WITH_DOCSTRING = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Module)
-
-
-def _is_docstring(st: ast.AST) -> bool:
-    return (
-        isinstance(st, ast.Expr)
-        and isinstance(st.value, ast.Constant)
-        and isinstance(st.value.value, str)
-    )
 
 
 def _canon(node: Any, skip: frozenset = frozenset(), methods: bool = True) -> str:
@@ -89,13 +86,19 @@ def _canon(node: Any, skip: frozenset = frozenset(), methods: bool = True) -> st
     and decorators: the component's name stands for them); `methods=False`:
     a class's methods left out (each is a component of its own). The tree is
     never changed: it is shared by every function of its module."""
+    import ast
+
     if isinstance(node, ast.AST):
         parts = [type(node).__name__]
         for name in node._fields:
             if name in _SKIP_FIELDS or name in skip:
                 continue
             value = getattr(node, name, None)
-            if name == "body" and isinstance(node, _WITH_DOCSTRING) and isinstance(value, list):
+            if (
+                name == "body"
+                and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Module))
+                and isinstance(value, list)
+            ):
                 value = value[1:] if value and _is_docstring(value[0]) else value
                 if not methods:
                     value = [
@@ -106,6 +109,215 @@ def _canon(node: Any, skip: frozenset = frozenset(), methods: bool = True) -> st
     if isinstance(node, list):
         return "[" + ",".join(_canon(n) for n in node) + "]"
     return repr(node)
+
+
+def _is_docstring(st: Any) -> bool:
+    import ast
+
+    return (
+        isinstance(st, ast.Expr)
+        and isinstance(st.value, ast.Constant)
+        and isinstance(st.value.value, str)
+    )
+
+
+# -- what the walk takes from a syntax tree ----------------------------------
+#
+# A function's facts are its digest and its references, in the order
+# `ast.walk` meets them:
+#   ("d", name, computed, line)  a call of one of `_DYNAMIC_CALLS` by name;
+#                                `computed`: not getattr/setattr with a
+#                                constant name;
+#   ("a", base, chain, line)     an attribute load `base.a.b` (chain a, b);
+#   ("n", name)                  a name load.
+# What each name means is decided when the recipe is computed, never here.
+
+
+def _function_facts(node: Any) -> tuple[str, tuple]:
+    import ast
+
+    refs: list[tuple] = []
+    for n in ast.walk(node):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in _DYNAMIC_CALLS:
+            computed = n.func.id not in ("getattr", "setattr") or not (
+                len(n.args) >= 2 and isinstance(n.args[1], ast.Constant)
+            )
+            refs.append(("d", n.func.id, computed, n.lineno))
+        if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load):
+            chain = []
+            cur: Any = n
+            while isinstance(cur, ast.Attribute):
+                chain.append(cur.attr)
+                cur = cur.value
+            if isinstance(cur, ast.Name):
+                refs.append(("a", cur.id, tuple(reversed(chain)), n.lineno))
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
+            refs.append(("n", n.id))
+    # The name is the component's name; the body is its recipe.
+    return _digest(_canon(node, skip=frozenset({"name", "decorator_list"}))), tuple(refs)
+
+
+def _module_facts(src: str) -> tuple[dict, dict, dict] | None:
+    """The facts of one module's source, or None if it does not parse:
+    - defs: (name, first line) -> the facts of each function or lambda
+      there (first line: the first decorator's, as the code object counts);
+      a class there counts as None, so that two things on one line are
+      ambiguous, as they are to the walk;
+    - classes: name -> (first line, last line, digest) of each class
+      statement of that name, methods left out of the digest;
+    - assigns: name -> the digest of the module-level assignments to it."""
+    import ast
+
+    try:
+        tree = ast.parse(src)
+    except (SyntaxError, ValueError):
+        return None
+    defs: dict[tuple[str, int], list] = {}
+    classes: dict[str, list] = {}
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            first = min([n.lineno] + [d.lineno for d in n.decorator_list])
+            if isinstance(n, ast.ClassDef):
+                defs.setdefault((n.name, first), []).append(None)
+                digest = _digest(_canon(n, skip=frozenset({"name"}), methods=False))
+                classes.setdefault(n.name, []).append((n.lineno, n.end_lineno or n.lineno, digest))
+            else:
+                defs.setdefault((n.name, first), []).append(_function_facts(n))
+        elif isinstance(n, ast.Lambda):
+            defs.setdefault(("<lambda>", n.lineno), []).append(_function_facts(n))
+    texts: dict[str, list[str]] = {}
+    for st in tree.body:
+        targets = []
+        if isinstance(st, ast.Assign):
+            targets = st.targets
+        elif isinstance(st, (ast.AnnAssign, ast.AugAssign)):
+            targets = [st.target]
+        names = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        if names:
+            text = _canon(st)
+            for name in names:
+                texts.setdefault(name, []).append(text)
+    assigns = {name: _digest("\n".join(t)) for name, t in texts.items()}
+    return defs, classes, assigns
+
+
+# A file changed within this long of the stat that keys its facts is not
+# kept: its next change could land in the same timestamp tick with the same
+# size, and its stat would then vouch for old facts (git's "racy" rule, and
+# the engine's `mtime_margin_ms`).
+FACTS_MARGIN_NS = 2_000_000_000
+# Modules kept in one cache file; beyond it the oldest entries go.
+FACTS_MODULES_MAX = 10_000
+# Bumped whenever what `_module_facts` returns changes shape or meaning.
+FACTS_VERSION = 1
+# A facts file opens with this and the BLAKE2b digest (24 bytes) of the rest.
+_FACTS_MAGIC = b"highwater-recipe-facts\n"
+
+
+class _Facts:
+    """Module facts by file, kept in `path` between processes (marshal: no
+    import; behind a digest, since marshal trusts what it reads). An entry
+    is used only if the file's stat is the one it was read under; a cache
+    that cannot be read is ignored, one that cannot be written is not kept. Either way the recipe is the
+    same: the cache only spares reading and parsing unchanged modules."""
+
+    def __init__(self, path: str | None):
+        self.path = path
+        self.stamp = (FACTS_VERSION, tuple(sys.version_info[:2]), sys.implementation.name)
+        self.entries: dict[str, tuple] = {}
+        self.dirty = False
+        if path:
+            try:
+                with open(path, "rb") as f:
+                    raw = f.read()
+                # marshal trusts its input (a damaged file could crash the
+                # interpreter), so it reads only bytes whose digest says a
+                # plan wrote them.
+                head, body = raw[: len(_FACTS_MAGIC) + 24], raw[len(_FACTS_MAGIC) + 24 :]
+                if head != _FACTS_MAGIC + _blake2b(body, digest_size=24).digest():
+                    raise ValueError("not a facts file, or damaged")
+                data = marshal.loads(body)
+                if (
+                    isinstance(data, tuple)
+                    and len(data) == 2
+                    and data[0] == self.stamp
+                    and isinstance(data[1], dict)
+                ):
+                    self.entries = data[1]
+            except (OSError, EOFError, ValueError, TypeError):
+                pass
+
+    @staticmethod
+    def key(path: str) -> tuple | None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino, st.st_dev)
+
+    def get(self, module: types.ModuleType) -> tuple[dict, dict, dict] | None:
+        f = getattr(module, "__file__", None)
+        if isinstance(f, str) and f.endswith(".py"):
+            f = os.path.abspath(f)
+            key = self.key(f)
+        else:
+            key = None
+        if key is not None:
+            hit = self.entries.get(f)
+            if isinstance(hit, tuple) and len(hit) == 2 and hit[0] == key:
+                return hit[1]
+        try:
+            import inspect
+
+            facts = _module_facts(inspect.getsource(module))
+        except (OSError, TypeError):
+            facts = None
+        if key is not None and facts is not None and time.time_ns() - max(key[0], key[1]) > FACTS_MARGIN_NS:
+            self.entries[f] = (key, facts)
+            self.dirty = True
+        return facts
+
+    def save(self) -> None:
+        if not (self.path and self.dirty):
+            return
+        entries = self.entries
+        if len(entries) > FACTS_MODULES_MAX:
+            entries = dict(list(entries.items())[-FACTS_MODULES_MAX:])
+        tmp = f"{self.path}.{os.getpid()}.tmp"
+        try:
+            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+            body = marshal.dumps((self.stamp, entries))
+            with open(tmp, "wb") as f:
+                f.write(_FACTS_MAGIC + _blake2b(body, digest_size=24).digest() + body)
+            os.replace(tmp, self.path)
+            self.dirty = False
+        except (OSError, ValueError):
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
+_FACTS: dict[str | None, _Facts] = {}
+
+
+def _facts_at(path: str | None) -> _Facts:
+    """One cache per file per process: a pipeline computes its recipes at
+    every plan and run."""
+    if path not in _FACTS:
+        _FACTS[path] = _Facts(path)
+    return _FACTS[path]
+
+
+def _unwrap(fn: Any) -> Any:
+    """`inspect.unwrap`: through `__wrapped__`, as functools.wraps leaves it."""
+    seen = {id(fn)}
+    while hasattr(fn, "__wrapped__"):
+        fn = fn.__wrapped__
+        if id(fn) in seen:
+            raise ValueError(f"wrapper loop when unwrapping {fn!r}")
+        seen.add(id(fn))
+    return fn
 
 
 def _is_stdlib(modname: str) -> bool:
@@ -176,7 +388,7 @@ def _declared_top_level(top: str) -> list[str]:
 
 
 class _Walker:
-    def __init__(self, root: str, ignore: Iterable[str]):
+    def __init__(self, root: str, ignore: Iterable[str], facts: _Facts):
         self.root = os.path.realpath(root)
         # Installed code is a library even when the venv lies in the project.
         self.excluded = {
@@ -189,10 +401,9 @@ class _Walker:
         self.unresolved: list[str] = []
         self.seen: set[int] = set()
         self.queue: list[tuple[str, Any]] = []
-        self._module_trees: dict[str, ast.Module | None] = {}
-        self._index: dict[str, dict[tuple[str, int], list[ast.AST]]] = {}
+        self.facts = facts
+        self._module_facts: dict[str, tuple[dict, dict, dict] | None] = {}
         self._in_project: dict[str, bool] = {}
-        self._assigns: dict[str, dict[str, list[str]]] = {}
 
     # -- where things live ----------------------------------------------
     def in_project(self, modname: str | None) -> bool:
@@ -222,33 +433,20 @@ class _Walker:
         dists = _distributions(top)
         self.components[f"library {top}"] = ",".join(dists) if dists else "unversioned"
 
-    def module_tree(self, modname: str) -> ast.Module | None:
-        if modname not in self._module_trees:
-            tree = None
-            try:
-                src = inspect.getsource(sys.modules[modname])
-                tree = ast.parse(src)
-            except (OSError, TypeError, SyntaxError, KeyError):
-                pass
-            self._module_trees[modname] = tree
-            # Definitions by the line their code object starts on (the first
-            # decorator's), lambdas by their line: one parse per module, not
-            # one `inspect.getsource` per function.
-            index: dict[tuple[str, int], list[ast.AST]] = {}
-            for n in ast.walk(tree) if tree else []:
-                if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                    first = min([n.lineno] + [d.lineno for d in n.decorator_list])
-                    index.setdefault((n.name, first), []).append(n)
-                elif isinstance(n, ast.Lambda):
-                    index.setdefault(("<lambda>", n.lineno), []).append(n)
-            self._index[modname] = index
-        return self._module_trees[modname]
+    def module_facts(self, modname: str) -> tuple[dict, dict, dict] | None:
+        """What the walk needs of a module's source (see `_module_facts`):
+        one parse per module, not one `inspect.getsource` per function, and
+        none for a module whose file is unchanged since a plan read it."""
+        if modname not in self._module_facts:
+            mod = sys.modules.get(modname)
+            self._module_facts[modname] = self.facts.get(mod) if mod is not None else None
+        return self._module_facts[modname]
 
-    def node_of(self, modname: str | None, name: str, first_line: int | None) -> ast.AST | None:
+    def def_facts(self, modname: str | None, name: str, first_line: int | None) -> tuple | None:
         if modname not in sys.modules or first_line is None:
             return None
-        self.module_tree(modname)
-        found = self._index.get(modname, {}).get((name, first_line), [])
+        facts = self.module_facts(modname)
+        found = facts[0].get((name, first_line), []) if facts else []
         return found[0] if len(found) == 1 else None
 
     # -- components -------------------------------------------------------
@@ -274,14 +472,17 @@ class _Walker:
             else:
                 self.visit_function(name, obj)
 
-    def function_node(self, fn: types.FunctionType) -> ast.AST | None:
-        node = self.node_of(fn.__module__, fn.__name__, fn.__code__.co_firstlineno)
-        if node is not None:
-            return node
+    def function_facts(self, fn: types.FunctionType) -> tuple | None:
+        found = self.def_facts(fn.__module__, fn.__name__, fn.__code__.co_firstlineno)
+        if found is not None:
+            return found
         # Not found in its module's source (defined by exec, or the module
         # changed on disk since it was imported): its own source, if any.
+        # Rare, and not kept: no file stat vouches for it.
         try:
-            import textwrap  # only for this rare fallback
+            import ast
+            import inspect
+            import textwrap
 
             src = textwrap.dedent(inspect.getsource(fn))
             tree = ast.parse(src)
@@ -293,17 +494,17 @@ class _Walker:
             for n in ast.walk(tree)
             if isinstance(n, kinds) and getattr(n, "name", "<lambda>") == fn.__name__
         ]
-        return nodes[0] if len(nodes) == 1 else None
+        return _function_facts(nodes[0]) if len(nodes) == 1 else None
 
     def visit_function(self, name: str, fn: Any) -> None:
-        fn = inspect.unwrap(fn)
+        fn = _unwrap(fn)
         if isinstance(fn, (staticmethod, classmethod)):
             fn = fn.__func__
         if not isinstance(fn, types.FunctionType):
             self.components[name] = _digest(repr(type(fn)))
             return
-        node = self.function_node(fn)
-        if node is None:
+        found = self.function_facts(fn)
+        if found is None:
             code = fn.__code__
             self.components[name] = _digest(
                 repr((code.co_code, code.co_consts, code.co_names, code.co_varnames))
@@ -312,9 +513,9 @@ class _Walker:
                 f"{name}: its source could not be parsed alone; its bytecode stands for it"
             )
         else:
-            # The name is the component's name; the body is its recipe.
-            self.components[name] = _digest(_canon(node, skip=frozenset({"name", "decorator_list"})))
-            self.references(name, fn, node)
+            digest, refs = found
+            self.components[name] = digest
+            self.references(name, fn, refs)
 
     def visit_class(self, name: str, cls: type) -> None:
         # The class statement of its module whose lines hold its methods.
@@ -324,21 +525,18 @@ class _Walker:
             for f in [v.__func__ if isinstance(v, (staticmethod, classmethod)) else v]
             if isinstance(f, types.FunctionType)
         ]
-        node = None
-        tree = self.module_tree(cls.__module__) if cls.__module__ in sys.modules else None
-        candidates = [
-            n for n in (ast.walk(tree) if tree else []) if isinstance(n, ast.ClassDef) and n.name == cls.__name__
-        ]
-        for n in candidates:
-            end = n.end_lineno or n.lineno
-            if all(n.lineno <= ln <= end for ln in lines) and (lines or len(candidates) == 1):
-                node = n
+        digest = None
+        facts = self.module_facts(cls.__module__) if cls.__module__ in sys.modules else None
+        candidates = facts[1].get(cls.__name__, []) if facts else []
+        for first, end, d in candidates:
+            if all(first <= ln <= end for ln in lines) and (lines or len(candidates) == 1):
+                digest = d
                 break
-        if node is None:
+        if digest is None:
             self.components[name] = _digest(repr(sorted(vars(cls).keys())))
             self.unresolved.append(f"{name}: its source could not be read")
             return
-        self.components[name] = _digest(_canon(node, skip=frozenset({"name"}), methods=False))
+        self.components[name] = digest
         for base in cls.__mro__[1:]:
             self.value(name, base.__name__, base)
         for attr, v in vars(cls).items():
@@ -351,7 +549,7 @@ class _Walker:
                 self.add(f"{name}.{attr}", f)
 
     # -- what a function references ------------------------------------
-    def references(self, owner: str, fn: types.FunctionType, node: ast.AST) -> None:
+    def references(self, owner: str, fn: types.FunctionType, refs: tuple) -> None:
         g = fn.__globals__
         closure = {}
         if fn.__closure__:
@@ -361,36 +559,27 @@ class _Walker:
                 except ValueError:
                     pass
         local = set(fn.__code__.co_varnames) | set(fn.__code__.co_cellvars)
-        for n in ast.walk(node):
-            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name):
-                what = _DYNAMIC_CALLS.get(n.func.id)
-                if what and n.func.id not in local and n.func.id not in g:
-                    computed = n.func.id not in ("getattr", "setattr") or not (
-                        len(n.args) >= 2 and isinstance(n.args[1], ast.Constant)
-                    )
-                    if computed:
-                        self.unresolved.append(f"{owner}: {what} (line {n.lineno})")
-            if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load):
-                chain = []
-                cur: ast.AST = n
-                while isinstance(cur, ast.Attribute):
-                    chain.append(cur.attr)
-                    cur = cur.value
-                if isinstance(cur, ast.Name) and cur.id not in local:
-                    base = closure.get(cur.id, g.get(cur.id, _MISSING))
+        for r in refs:
+            kind, ident = r[0], r[1]
+            if kind == "d":
+                _, _, computed, line = r
+                if computed and ident not in local and ident not in g:
+                    self.unresolved.append(f"{owner}: {_DYNAMIC_CALLS[ident]} (line {line})")
+            elif kind == "a":
+                _, _, chain, line = r
+                if ident not in local:
+                    base = closure.get(ident, g.get(ident, _MISSING))
                     if isinstance(base, types.ModuleType):
                         if base.__name__.split(".")[0] == "importlib" and "import_module" in chain:
-                            self.unresolved.append(
-                                f"{owner}: importlib.import_module (line {n.lineno})"
-                            )
-                        self.attribute(owner, base, list(reversed(chain)))
-            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in local:
-                if n.id in closure:
-                    self.value(owner, f"{owner}.<closure {n.id}>", closure[n.id], closure=True)
-                elif n.id in g:
-                    self.global_value(owner, fn.__module__, n.id, g[n.id])
-                elif not hasattr(builtins, n.id):
-                    self.unresolved.append(f"{owner}: name {n.id!r} is not defined")
+                            self.unresolved.append(f"{owner}: importlib.import_module (line {line})")
+                        self.attribute(owner, base, list(chain))
+            elif ident not in local:
+                if ident in closure:
+                    self.value(owner, f"{owner}.<closure {ident}>", closure[ident], closure=True)
+                elif ident in g:
+                    self.global_value(owner, fn.__module__, ident, g[ident])
+                elif not hasattr(builtins, ident):
+                    self.unresolved.append(f"{owner}: name {ident!r} is not defined")
 
     def attribute(self, owner: str, module: types.ModuleType, chain: list[str]) -> None:
         """`helpers.clean`, `pkg.sub.CONST`: resolved through the module."""
@@ -430,34 +619,15 @@ class _Walker:
         cname = f"{modname}.{name}"
         if cname in self.components or cname in self.ignore:
             return
-        assigns = self.assignments(modname).get(name, [])
-        if assigns:
-            self.components[cname] = _digest("\n".join(assigns))
+        facts = self.module_facts(modname)
+        assigned = facts[2].get(name) if facts else None
+        if assigned is not None:
+            self.components[cname] = assigned
         else:
             try:
                 self.components[cname] = _digest(repr(value))
             except Exception:  # noqa: BLE001 - a repr may raise anything
                 self.unresolved.append(f"{owner}: {cname} has neither an assignment nor a repr")
-
-    def assignments(self, modname: str) -> dict[str, list[str]]:
-        """Module-level assignments by the names they bind, each as its
-        canonical text; built once per module."""
-        if modname not in self._assigns:
-            out: dict[str, list[str]] = {}
-            tree = self.module_tree(modname)
-            for st in tree.body if tree else []:
-                targets = []
-                if isinstance(st, ast.Assign):
-                    targets = st.targets
-                elif isinstance(st, (ast.AnnAssign, ast.AugAssign)):
-                    targets = [st.target]
-                names = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
-                if names:
-                    text = _canon(st)
-                    for n in names:
-                        out.setdefault(n, []).append(text)
-            self._assigns[modname] = out
-        return self._assigns[modname]
 
     def value(self, owner: str, name: str, value: Any, closure: bool = False) -> None:
         if isinstance(value, (types.FunctionType, type)):
@@ -486,11 +656,15 @@ class _Walker:
 _MISSING = object()
 
 
-def compute(fn: Any, root: str, ignore: Iterable[str] = ()) -> Recipe:
-    """The recipe of stage function `fn`, with the project at `root`."""
-    w = _Walker(root, ignore)
-    fn = inspect.unwrap(fn)
+def compute(fn: Any, root: str, ignore: Iterable[str] = (), cache: str | None = None) -> Recipe:
+    """The recipe of stage function `fn`, with the project at `root`.
+    `cache`: the file that keeps module facts between processes (None: no
+    file; modules are still read once per process and cache)."""
+    facts = _facts_at(cache)
+    w = _Walker(root, ignore, facts)
+    fn = _unwrap(fn)
     w.run(fn, f"{fn.__module__}.{fn.__qualname__}")
+    facts.save()
     w.components["python"] = f"{sys.version_info.major}.{sys.version_info.minor}"
     return Recipe(
         components=dict(sorted(w.components.items())),

@@ -16,7 +16,7 @@ import pytest
 # What each project's `run.py` does: plan or run its pipeline and print the
 # outcome as JSON on stdout.
 DRIVER = '''
-import dataclasses, json, sys
+import json, sys
 from pipeline import p
 
 def main():
@@ -27,7 +27,7 @@ def main():
         out = p.run(jobs=int(sys.argv[2]) if len(sys.argv) > 2 else 2)
     else:
         raise SystemExit(f"unknown {what}")
-    print(json.dumps(dataclasses.asdict(out)))
+    print(json.dumps(out.as_dict()))
 
 if __name__ == "__main__":
     main()

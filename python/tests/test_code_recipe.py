@@ -2,6 +2,8 @@
 reason and which named component. One `check` helper; the cases are the
 edit and what it must re-run."""
 
+import time
+
 import pytest
 
 PIPELINE = '''
@@ -146,3 +148,39 @@ def test_ignore_and_libraries(project):
     assert project.run()["tidy"]["processed"] == 1
     project.write("helpers.py", "def log(t):\n    return t * 2\n")
     assert project.plan()["tidy"]["changed"] == []
+
+
+def test_kept_module_facts_never_vouch_for_an_edited_file(project):
+    # A plan keeps what it read of each module's syntax tree in the state
+    # folder, keyed by the file's stat, so that an unchanged module is not
+    # parsed again. An edit of the same size, and a cache file that is not
+    # ours, must still give the recipe a fresh parse gives.
+    project.write("pipeline.py", PIPELINE)
+    project.write("helpers.py", HELPERS)
+    project.write("data/a.txt", " a  text \n")
+    # Files changed within 2 s of a plan are not kept (the racy margin):
+    # wait it out, so that this plan keeps helpers.py's facts.
+    time.sleep(2.2)
+    assert project.run()["tidy"]["processed"] == 1
+    cache = project.root / ".highwater" / "python-recipe-facts"
+    assert cache.exists()
+    assert str(project.root / "helpers.py").encode() in cache.read_bytes()
+    assert project.plan()["tidy"]["changed"] == []
+
+    # Same size, one character: only the stat tells the file changed.
+    edited = HELPERS.replace('MARK = "*"', 'MARK = "+"')
+    assert len(edited) == len(HELPERS)
+    project.write("helpers.py", edited)
+    got = [(c["input"], c["reason"], c["detail"]) for c in project.plan()["tidy"]["changed"]]
+    assert got == [("data/a.txt", "recipe", "helpers.MARK")]
+    assert project.run()["tidy"]["processed"] == 1
+
+    # A cache that is not what a plan wrote is ignored, not trusted.
+    real = cache.read_bytes()
+    damaged = real[:-1] + bytes([real[-1] ^ 1])
+    for junk in (b"", b"\x00garbage", b"\xe3" + b"\xff" * 64, damaged):
+        cache.write_bytes(junk)
+        assert project.plan()["tidy"]["changed"] == []
+    project.write("helpers.py", HELPERS)
+    got = [(c["input"], c["detail"]) for c in project.plan()["tidy"]["changed"]]
+    assert got == [("data/a.txt", "helpers.MARK")]

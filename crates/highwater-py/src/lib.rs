@@ -9,10 +9,14 @@
 //! commit) and taken only to hand an item to the Python dispatcher, which
 //! itself waits for the pool without holding it.
 
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+use highwater_core::plan::Reason;
 use highwater_files::{OnDelete, Pipeline, PipelineSpec, RunOptions, StageSpec, Transform};
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
-use pyo3::types::PyList;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -41,6 +45,119 @@ fn err(e: highwater_files::FilesError) -> PyErr {
 
 fn bad(msg: String) -> PyErr {
     HighwaterError::new_err(msg)
+}
+
+/// Nesting of a declaration, whatever the caller passes: a deeper (or
+/// cyclic) value is refused, not followed until the stack runs out.
+const DEPTH_MAX: usize = 64;
+
+/// A declaration from Python (dicts, lists, tuples, strings, numbers,
+/// booleans, None) as a JSON value: the same value `json.loads(json.dumps(x))`
+/// gives, so a recipe id does not depend on the way it crossed. Taken as
+/// objects, not as JSON text, so that a plan does not import `json` (issue
+/// 22: a no-change plan counts the interpreter's start).
+fn to_json(v: &Bound<'_, PyAny>, depth: usize) -> PyResult<serde_json::Value> {
+    use serde_json::Value;
+    if depth > DEPTH_MAX {
+        return Err(bad(format!(
+            "a stage declaration is nested deeper than {DEPTH_MAX} levels (or refers to itself)"
+        )));
+    }
+    if v.is_none() {
+        return Ok(Value::Null);
+    }
+    // `bool` before `int`: in Python a bool is an int.
+    if let Ok(b) = v.cast::<PyBool>() {
+        return Ok(Value::Bool(b.is_true()));
+    }
+    if let Ok(i) = v.cast::<PyInt>() {
+        if let Ok(n) = i.extract::<i64>() {
+            return Ok(Value::from(n));
+        }
+        if let Ok(n) = i.extract::<u64>() {
+            return Ok(Value::from(n));
+        }
+        return Err(bad(format!(
+            "a stage declaration holds the integer {i}, which is out of range"
+        )));
+    }
+    if let Ok(f) = v.cast::<PyFloat>() {
+        let x = f.value();
+        return serde_json::Number::from_f64(x)
+            .map(Value::Number)
+            .ok_or_else(|| {
+                bad(format!(
+                    "a stage declaration holds {x}, which JSON cannot hold"
+                ))
+            });
+    }
+    if let Ok(s) = v.cast::<PyString>() {
+        return Ok(Value::String(s.to_str()?.to_string()));
+    }
+    if let Ok(d) = v.cast::<PyDict>() {
+        let mut m = serde_json::Map::new();
+        for (k, x) in d.iter() {
+            let k = k.cast::<PyString>().map_err(|_| {
+                bad(format!(
+                    "a stage declaration has the key {k:?}; keys must be strings"
+                ))
+            })?;
+            m.insert(k.to_str()?.to_string(), to_json(&x, depth + 1)?);
+        }
+        return Ok(Value::Object(m));
+    }
+    if let Ok(l) = v.cast::<PyList>() {
+        return l
+            .iter()
+            .map(|x| to_json(&x, depth + 1))
+            .collect::<PyResult<_>>()
+            .map(Value::Array);
+    }
+    if let Ok(t) = v.cast::<PyTuple>() {
+        return t
+            .iter()
+            .map(|x| to_json(&x, depth + 1))
+            .collect::<PyResult<_>>()
+            .map(Value::Array);
+    }
+    Err(bad(format!(
+        "a stage declaration holds a {}, which is not a dict, list, string, number, boolean or None",
+        v.get_type().name()?
+    )))
+}
+
+/// A JSON value as Python objects (what `json.loads` would give).
+fn to_py<'py>(py: Python<'py>, v: &serde_json::Value) -> PyResult<Bound<'py, PyAny>> {
+    use serde_json::Value;
+    Ok(match v {
+        Value::Null => py.None().into_bound(py),
+        Value::Bool(b) => PyBool::new(py, *b).to_owned().into_any(),
+        Value::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
+            (Some(i), _, _) => i.into_pyobject(py)?.into_any(),
+            (_, Some(u), _) => u.into_pyobject(py)?.into_any(),
+            (_, _, Some(f)) => PyFloat::new(py, f).into_any(),
+            _ => {
+                return Err(bad(format!(
+                    "the engine returned the number {n}, which Python cannot hold"
+                )))
+            }
+        },
+        Value::String(s) => PyString::new(py, s).into_any(),
+        Value::Array(a) => {
+            let l = PyList::empty(py);
+            for x in a {
+                l.append(to_py(py, x)?)?;
+            }
+            l.into_any()
+        }
+        Value::Object(m) => {
+            let d = PyDict::new(py);
+            for (k, x) in m {
+                d.set_item(k, to_py(py, x)?)?;
+            }
+            d.into_any()
+        }
+    })
 }
 
 /// One stage as the Python package declares it, in JSON.
@@ -101,11 +218,10 @@ fn stage_from_json(v: &serde_json::Value, transform: Transform) -> PyResult<Stag
 fn spec(
     root: &str,
     state: Option<&str>,
-    stages_json: &str,
+    stages: &Bound<'_, PyAny>,
     make: &dyn Fn(&str) -> Transform,
 ) -> PyResult<Pipeline> {
-    let stages: serde_json::Value = serde_json::from_str(stages_json)
-        .map_err(|e| bad(format!("stage declarations are not JSON: {e}")))?;
+    let stages = to_json(stages, 0)?;
     let mut p = PipelineSpec::new(PathBuf::from(root));
     if let Some(s) = state {
         p.state = PathBuf::from(s);
@@ -134,31 +250,38 @@ fn recipes(p: &Pipeline) -> serde_json::Value {
         .into()
 }
 
-/// The plan of every (or one) stage, as JSON: per stage its recipe id,
+/// The plan of every (or one) stage: per stage its recipe id,
 /// counts and changed items with their reasons.
 #[pyfunction]
-#[pyo3(signature = (root, state, stages_json, only=None, rehash=false))]
-fn plan(
-    py: Python<'_>,
+#[pyo3(signature = (root, state, stages, only=None, rehash=false))]
+fn plan<'py>(
+    py: Python<'py>,
     root: &str,
     state: Option<&str>,
-    stages_json: &str,
+    stages: &Bound<'_, PyAny>,
     only: Option<&str>,
     rehash: bool,
-) -> PyResult<String> {
-    let p = spec(root, state, stages_json, &plan_only)?;
+) -> PyResult<Bound<'py, PyAny>> {
+    let p = spec(root, state, stages, &plan_only)?;
     let (plans, last) = py
         .detach(|| -> Result<_, highwater_files::FilesError> {
             let plans = p.plan(only, rehash)?;
             // The recipe each stage's last run recorded (id and config),
             // from the state store, so that a changed code recipe is named
-            // by its parts.
-            let last: std::collections::BTreeMap<String, serde_json::Value> = p
-                .open_store()?
-                .last_runs()?
-                .into_iter()
-                .map(|r| (r.stage, r.summary["recipe"].clone()))
-                .collect();
+            // by its parts. Read only when some item re-runs for its
+            // recipe: a no-change plan does not open the store again.
+            let last: std::collections::BTreeMap<String, serde_json::Value> = if plans
+                .iter()
+                .any(|s| s.changed.iter().any(|c| c.reason == Reason::Recipe))
+            {
+                p.open_store()?
+                    .last_runs()?
+                    .into_iter()
+                    .map(|r| (r.stage, r.summary["recipe"].clone()))
+                    .collect()
+            } else {
+                Default::default()
+            };
             Ok((plans, last))
         })
         .map_err(err)?;
@@ -179,25 +302,25 @@ fn plan(
             })
         })
         .collect();
-    Ok(serde_json::json!({ "stages": stages }).to_string())
+    to_py(py, &serde_json::json!({ "stages": stages }))
 }
 
 /// Runs every (or one) stage. `dispatch(stage, input, inputs, output,
 /// relpath)` runs one item and returns None, or the error (the traceback)
-/// as a string. Returns the run report as JSON.
+/// as a string. Returns the run report.
 #[pyfunction]
-#[pyo3(signature = (root, state, stages_json, dispatch, jobs, force=false, only=None))]
+#[pyo3(signature = (root, state, stages, dispatch, jobs, force=false, only=None))]
 #[allow(clippy::too_many_arguments)]
-fn run(
-    py: Python<'_>,
+fn run<'py>(
+    py: Python<'py>,
     root: &str,
     state: Option<&str>,
-    stages_json: &str,
+    stages: &Bound<'_, PyAny>,
     dispatch: Py<PyAny>,
     jobs: usize,
     force: bool,
     only: Option<String>,
-) -> PyResult<String> {
+) -> PyResult<Bound<'py, PyAny>> {
     let dispatch = Arc::new(dispatch);
     let make = |stage: &str| -> Transform {
         let d = dispatch.clone();
@@ -231,7 +354,7 @@ fn run(
             })
         }))
     };
-    let p = spec(root, state, stages_json, &make)?;
+    let p = spec(root, state, stages, &make)?;
     let opts = RunOptions {
         stage: only,
         jobs: jobs.clamp(1, JOBS_MAX),
@@ -243,33 +366,48 @@ fn run(
         .map_err(err)?;
     let mut v = serde_json::to_value(&report).map_err(|e| bad(e.to_string()))?;
     v["recipes"] = recipes(&p);
-    Ok(v.to_string())
+    to_py(py, &v)
 }
 
-/// The recipe id of each stage, as JSON.
+/// The recipe id of each stage.
 #[pyfunction]
-#[pyo3(signature = (root, state, stages_json))]
-fn recipe_ids(root: &str, state: Option<&str>, stages_json: &str) -> PyResult<String> {
-    let p = spec(root, state, stages_json, &plan_only)?;
-    Ok(recipes(&p).to_string())
+#[pyo3(signature = (root, state, stages))]
+fn recipe_ids<'py>(
+    py: Python<'py>,
+    root: &str,
+    state: Option<&str>,
+    stages: &Bound<'_, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let p = spec(root, state, stages, &plan_only)?;
+    to_py(py, &recipes(&p))
 }
 
-/// `highwater status --json` of these stages.
+/// `highwater status --json` of these stages, as Python objects.
 #[pyfunction]
-#[pyo3(signature = (root, state, stages_json))]
-fn status(py: Python<'_>, root: &str, state: Option<&str>, stages_json: &str) -> PyResult<String> {
-    let p = spec(root, state, stages_json, &plan_only)?;
+#[pyo3(signature = (root, state, stages))]
+fn status<'py>(
+    py: Python<'py>,
+    root: &str,
+    state: Option<&str>,
+    stages: &Bound<'_, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let p = spec(root, state, stages, &plan_only)?;
     let v = py.detach(|| p.status()).map_err(err)?;
-    Ok(v.to_string())
+    to_py(py, &v)
 }
 
-/// `highwater export --json`: every entry of the state, as JSON.
+/// `highwater export --json`: every entry of the state, as Python objects.
 #[pyfunction]
-#[pyo3(signature = (root, state, stages_json))]
-fn export(py: Python<'_>, root: &str, state: Option<&str>, stages_json: &str) -> PyResult<String> {
-    let p = spec(root, state, stages_json, &plan_only)?;
+#[pyo3(signature = (root, state, stages))]
+fn export<'py>(
+    py: Python<'py>,
+    root: &str,
+    state: Option<&str>,
+    stages: &Bound<'_, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let p = spec(root, state, stages, &plan_only)?;
     let v = py.detach(|| p.export()).map_err(err)?;
-    Ok(v.to_string())
+    to_py(py, &v)
 }
 
 /// The `highwater` command line, in this process; argv[0] is the program.
