@@ -38,6 +38,12 @@ CREATE INDEX IF NOT EXISTS agg_contrib_area ON agg_contrib(dataset, area_kind, a
 CREATE TABLE IF NOT EXISTS agg_areas(dataset TEXT NOT NULL, kind INTEGER NOT NULL, id INTEGER NOT NULL, name TEXT, level INTEGER NOT NULL, minx REAL NOT NULL, miny REAL NOT NULL, maxx REAL NOT NULL, maxy REAL NOT NULL, rings BLOB NOT NULL, PRIMARY KEY(dataset, kind, id)) WITHOUT ROWID;
 ";
 
+/// The kind, for the registry.
+pub const KIND: crate::dataset::Kind = crate::dataset::Kind {
+    name: "aggregates",
+    tables: TABLES,
+};
+
 /// One declared class: features with `key`, or with `key` split by value
 /// (`key=*`, giving classes like `highway=residential`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -678,11 +684,25 @@ pub fn verify(store: &Store, d: &AggDataset) -> Result<(usize, Vec<String>), Sto
 
 // ---- the aggregates' tables in the OSM store ----
 
-impl Store {
+/// This dataset's tables, read and written through the store (an extension
+/// trait: the store crate knows no dataset).
+pub trait AggStore {
     /// The admin areas as the dataset last saw them.
-    pub fn agg_areas(&self, dataset: &str) -> Result<Vec<Area>, StoreError> {
+    fn agg_areas(&self, dataset: &str) -> Result<Vec<Area>, StoreError>;
+    /// The features that contributed to an area (the reverse index).
+    fn agg_contributors(
+        &self,
+        dataset: &str,
+        area: (MemberKind, i64),
+    ) -> Result<Vec<(MemberKind, i64)>, StoreError>;
+    /// Every stored contribution of a dataset, by feature.
+    fn agg_all(&self, dataset: &str) -> Result<Vec<Contributed>, StoreError>;
+}
+
+impl AggStore for Store {
+    fn agg_areas(&self, dataset: &str) -> Result<Vec<Area>, StoreError> {
         let mut st = self
-            .conn
+            .conn()
             .prepare_cached("SELECT kind, id, name, level, minx, miny, maxx, maxy, rings FROM agg_areas WHERE dataset = ?1 ORDER BY kind, id")
             .map_err(|e| self.err(e))?;
         let rows = st
@@ -700,7 +720,7 @@ impl Store {
         for row in rows {
             let (key, name, level, bbox, rings) = row.map_err(|e| self.err(e))?;
             let rings = rings_from_blob(&rings).ok_or_else(|| StoreError::Corrupt {
-                path: self.path.clone(),
+                path: self.path().to_path_buf(),
                 what: format!("agg_areas rings of {key:?} do not decode"),
             })?;
             out.push(Area {
@@ -713,8 +733,7 @@ impl Store {
         }
         Ok(out)
     }
-    /// The features that contributed to an area (the reverse index).
-    pub fn agg_contributors(
+    fn agg_contributors(
         &self,
         dataset: &str,
         area: (MemberKind, i64),
@@ -725,10 +744,9 @@ impl Store {
             area,
         )
     }
-    /// Every stored contribution of a dataset, by feature.
-    pub fn agg_all(&self, dataset: &str) -> Result<Vec<Contributed>, StoreError> {
+    fn agg_all(&self, dataset: &str) -> Result<Vec<Contributed>, StoreError> {
         let mut st = self
-            .conn
+            .conn()
             .prepare_cached("SELECT kind, id, area_kind, area_id, class, count, length_mm, area_dm2 FROM agg_contrib WHERE dataset = ?1 ORDER BY kind, id")
             .map_err(|e| self.err(e))?;
         let rows = st
@@ -753,17 +771,37 @@ impl Store {
     }
 }
 
-impl Writer<'_> {
-    pub fn agg_clear(&mut self, dataset: &str) -> Result<(), StoreError> {
-        self.clear_dataset(&["agg_contrib"], dataset)
-    }
-    pub fn agg_get(
-        &self,
+/// This dataset's tables, written in a write transaction (an extension
+/// trait: the store crate knows no dataset).
+pub trait AggWriter {
+    fn agg_clear(&mut self, dataset: &str) -> Result<(), StoreError>;
+    fn agg_get(&self, dataset: &str, key: (MemberKind, i64)) -> Result<Contribution, StoreError>;
+    fn agg_del(&mut self, dataset: &str, key: (MemberKind, i64)) -> Result<(), StoreError>;
+    fn agg_put(
+        &mut self,
         dataset: &str,
         key: (MemberKind, i64),
-    ) -> Result<Contribution, StoreError> {
+        c: &Contribution,
+    ) -> Result<(), StoreError>;
+    /// Writes only the areas that differ between `old` (as stored) and
+    /// `new`: a drain's write costs the areas that changed.
+    fn agg_update_areas(
+        &mut self,
+        dataset: &str,
+        old: &[Area],
+        new: &[Area],
+    ) -> Result<(), StoreError>;
+    fn agg_insert_area(&mut self, dataset: &str, a: &Area) -> Result<(), StoreError>;
+    fn agg_set_areas(&mut self, dataset: &str, areas: &[Area]) -> Result<(), StoreError>;
+}
+
+impl AggWriter for Writer<'_> {
+    fn agg_clear(&mut self, dataset: &str) -> Result<(), StoreError> {
+        self.clear_dataset(&["agg_contrib"], dataset)
+    }
+    fn agg_get(&self, dataset: &str, key: (MemberKind, i64)) -> Result<Contribution, StoreError> {
         let mut st = self
-            .tx
+            .tx()
             .prepare_cached("SELECT area_kind, area_id, class, count, length_mm, area_dm2 FROM agg_contrib WHERE dataset = ?1 AND kind = ?2 AND id = ?3")
             .map_err(|e| self.err(e))?;
         let rows = st
@@ -779,8 +817,8 @@ impl Writer<'_> {
             .map_err(|e| self.err(e))?;
         rows.collect::<Result<_, _>>().map_err(|e| self.err(e))
     }
-    pub fn agg_del(&mut self, dataset: &str, key: (MemberKind, i64)) -> Result<(), StoreError> {
-        self.tx
+    fn agg_del(&mut self, dataset: &str, key: (MemberKind, i64)) -> Result<(), StoreError> {
+        self.tx()
             .execute(
                 "DELETE FROM agg_contrib WHERE dataset = ?1 AND kind = ?2 AND id = ?3",
                 params![dataset, kind_code(key.0), key.1],
@@ -788,14 +826,14 @@ impl Writer<'_> {
             .map_err(|e| self.err(e))?;
         Ok(())
     }
-    pub fn agg_put(
+    fn agg_put(
         &mut self,
         dataset: &str,
         key: (MemberKind, i64),
         c: &Contribution,
     ) -> Result<(), StoreError> {
         let mut st = self
-            .tx
+            .tx()
             .prepare_cached("INSERT INTO agg_contrib(dataset, kind, id, area_kind, area_id, class, count, length_mm, area_dm2) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)")
             .map_err(|e| self.err(e))?;
         for ((area, class), (n, mm, dm2)) in c {
@@ -814,9 +852,7 @@ impl Writer<'_> {
         }
         Ok(())
     }
-    /// Writes only the areas that differ between `old` (as stored) and
-    /// `new`: a drain's write costs the areas that changed.
-    pub fn agg_update_areas(
+    fn agg_update_areas(
         &mut self,
         dataset: &str,
         old: &[Area],
@@ -826,7 +862,7 @@ impl Writer<'_> {
         let new_by: BTreeMap<ElementKey, &Area> = new.iter().map(|a| (a.key, a)).collect();
         for (k, o) in &old_by {
             if new_by.get(k) != Some(o) {
-                self.tx
+                self.tx()
                     .prepare_cached(
                         "DELETE FROM agg_areas WHERE dataset = ?1 AND kind = ?2 AND id = ?3",
                     )
@@ -843,7 +879,7 @@ impl Writer<'_> {
     }
 
     fn agg_insert_area(&mut self, dataset: &str, a: &Area) -> Result<(), StoreError> {
-        self.tx
+        self.tx()
             .prepare_cached("INSERT INTO agg_areas(dataset, kind, id, name, level, minx, miny, maxx, maxy, rings) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)")
             .and_then(|mut st| {
                 st.execute(params![
@@ -863,7 +899,7 @@ impl Writer<'_> {
         Ok(())
     }
 
-    pub fn agg_set_areas(&mut self, dataset: &str, areas: &[Area]) -> Result<(), StoreError> {
+    fn agg_set_areas(&mut self, dataset: &str, areas: &[Area]) -> Result<(), StoreError> {
         self.clear_dataset(&["agg_areas"], dataset)?;
         for a in areas {
             self.agg_insert_area(dataset, a)?;
@@ -878,7 +914,7 @@ impl crate::dataset::Dataset for AggDataset {
     }
 
     fn kind(&self) -> &'static str {
-        "aggregates"
+        KIND.name
     }
 
     fn recipe(&self) -> &str {

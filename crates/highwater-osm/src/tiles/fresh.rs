@@ -195,7 +195,7 @@ impl FreshView {
     }
 
     fn open_with(store_dir: &Path, map_header: bool) -> Result<FreshView, TilesError> {
-        let store = Store::open(store_dir)?;
+        let store = crate::open_store(store_dir)?;
         let path = store.path().to_path_buf();
         let err = |err| StoreError::Sqlite {
             path: path.clone(),
