@@ -34,9 +34,10 @@ use std::time::{Duration, Instant};
 pub struct Kind {
     /// What [`Dataset::kind`] says: `tiles`, `search`, `aggregates`.
     pub name: &'static str,
-    /// Its tables in the store (`CREATE TABLE IF NOT EXISTS ...`),
-    /// created with the store's own.
-    pub tables: &'static str,
+    /// The tables it keeps in the store (`CREATE TABLE IF NOT EXISTS
+    /// ...`), created with the store's own: its own, and any shared one it
+    /// uses (kinds may list one twice; it is created once).
+    pub tables: &'static [&'static str],
 }
 
 /// What one apply did, per dataset.

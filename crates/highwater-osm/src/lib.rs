@@ -18,6 +18,8 @@
 //!      along its bounds (the import records them).
 //!    - [`features`]: what a layer sees of an element, and per-tile content
 //!      signatures; expiry and the cutter both read features from here.
+//!    - [`areas`]: admin and place areas, shared by search and
+//!      aggregates.
 //!    - [`derive`](mod@derive): derive-before-apply (affected tiles from old
 //!      and new state), the touched set, and the shapes index's upkeep.
 //! 2. [`dataset`]: the one trait every derived dataset implements, with
@@ -42,6 +44,7 @@
 pub use highwater_osm_store::{cells, flatnodes, import, model, nodeblocks, spill, store, xml};
 
 pub mod aggregates;
+pub mod areas;
 pub mod coast;
 pub mod dataset;
 pub mod derive;

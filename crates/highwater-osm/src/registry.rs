@@ -20,12 +20,20 @@ pub const KINDS: [Kind; 3] = [
     crate::aggregates::KIND,
 ];
 
-/// What highwater-osm adds to every store: each kind's tables, and the
+/// What highwater-osm adds to every store: each kind's tables (each
+/// once, in the order of the list), and the
 /// shapes index rebuilt from the features (every key; no low-zoom layer)
 /// when a migration dropped it.
 pub fn store_extension() -> Extension {
     Extension {
-        tables: KINDS.iter().map(|k| k.tables).collect(),
+        tables: KINDS.iter().fold(Vec::new(), |mut all, k| {
+            for t in k.tables {
+                if !all.contains(t) {
+                    all.push(*t);
+                }
+            }
+            all
+        }),
         rebuild_shapes: |store| {
             crate::derive::rebuild_shapes(store, &crate::features::LowZoom::none())
         },

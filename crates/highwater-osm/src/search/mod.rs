@@ -18,9 +18,9 @@
 //! leaves the dirty keys, and the next drain writes the same documents
 //! again. A rebuild writes a new index beside the old one and swaps them.
 
-use crate::aggregates::{
-    areas_after, changed_box, place_areas, place_areas_after, surface_point, AggStore, AggWriter,
-    Area, Areas,
+use crate::areas::{
+    areas_after, changed_box, place_areas, place_areas_after, surface_point, Area, Areas,
+    AreasStore, AreasWriter,
 };
 use crate::features::{feature, Current, ElementKey, TileLayer, View};
 use crate::model::MemberKind;
@@ -45,7 +45,7 @@ CREATE INDEX IF NOT EXISTS search_context_doc ON search_context(dataset, kind, i
 /// The kind, for the registry.
 pub const KIND: crate::dataset::Kind = crate::dataset::Kind {
     name: "search",
-    tables: TABLES,
+    tables: &[TABLES, crate::areas::TABLES],
 };
 
 /// Memory the tantivy writer may buffer before it flushes a segment, in
@@ -124,7 +124,7 @@ pub struct Context {
 pub fn context(store: &Store, d: &SearchDataset) -> Result<Context, StoreError> {
     store.snapshot(|s| {
         Ok(Context {
-            admin: crate::aggregates::areas(s, &d.admin_levels)?,
+            admin: crate::areas::areas(s, &d.admin_levels)?,
             places: place_areas(s, &d.places)?,
         })
     })

@@ -51,7 +51,7 @@ pub const TABLES: &str = ocean::TABLES;
 /// The kind, for the registry.
 pub const KIND: crate::dataset::Kind = crate::dataset::Kind {
     name: "tiles",
-    tables: TABLES,
+    tables: &[TABLES],
 };
 
 /// One tile dataset.
