@@ -1038,7 +1038,11 @@ impl highwater_serve::Project for ServedProject {
             let mut v = slot.lock().expect("not poisoned");
             let before = v.as_ref().map(|v| v.version());
             if v.is_none() {
-                *v = highwater_osm::tiles::fresh::FreshView::open(&self.cfg.store).ok();
+                *v = highwater_osm::tiles::fresh::FreshView::open(
+                    &self.cfg.store,
+                    &highwater_osm::store_extension(),
+                )
+                .ok();
             }
             if let Some(view) = v.as_mut() {
                 match view.state(dataset, t) {

@@ -379,7 +379,9 @@ fn the_fresh_view_answers_from_the_wal_index_until_a_commit() {
     twin.check(&["osm", "replicate", "--from", "updates"], 0);
     let will = dirty(&twin);
     let t = will[0];
-    let mut v = highwater_osm::tiles::fresh::FreshView::open(&dir).unwrap();
+    let mut v =
+        highwater_osm::tiles::fresh::FreshView::open(&dir, &highwater_osm::store_extension())
+            .unwrap();
     let (g0, d0) = v.state("base", t).unwrap();
     assert!(!d0, "{t:?} is dirty before the diffs");
     for _ in 0..3 {
@@ -407,8 +409,11 @@ fn the_fresh_view_answers_from_the_wal_index_until_a_commit() {
 
     // The fallback: no header, the probe every time, the same answers.
     let q = project(3048..=3076);
-    let mut w =
-        highwater_osm::tiles::fresh::FreshView::open_probe_only(&q.path(".highwater/osm")).unwrap();
+    let mut w = highwater_osm::tiles::fresh::FreshView::open_probe_only(
+        &q.path(".highwater/osm"),
+        &highwater_osm::store_extension(),
+    )
+    .unwrap();
     let (h0, _) = w.state("base", t).unwrap();
     assert!(!w.header_unmoved(), "the header answers with no map");
     assert_eq!(w.state_now("base", t).unwrap(), Some((h0, false)));
