@@ -7,15 +7,16 @@
 //! storage) is the crate `highwater_osm_store`, re-exported here under its
 //! own module names ([`model`], [`xml`], [`import`], [`store`],
 //! [`nodeblocks`], [`flatnodes`], [`spill`], [`cells`]); it knows no
-//! dataset. Layers of this crate, each importing only those below it:
+//! dataset. Layers of this crate, each importing only those below it
+//! (`tests/layers.rs` checks it):
 //!
 //! 1. Features and expiry, which know no dataset:
 //!    - [`mvt`]: the MVT encoding and a decoder.
 //!    - [`geom`]: points, shapes, features, and the views they are read
 //!      from.
-//!    - [`schema`]: tile schemas as data, Shortbread 1.0 bundled.
 //!    - [`coast`]: the sea of an extract from its coastline ways, closed
 //!      along its bounds (the import records them).
+//!    - [`schema`]: tile schemas as data, Shortbread 1.0 bundled.
 //!    - [`features`]: what a layer sees of an element, and per-tile content
 //!      signatures; expiry and the cutter both read features from here.
 //!    - [`areas`]: admin and place areas, shared by search and
