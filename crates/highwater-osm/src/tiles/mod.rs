@@ -14,12 +14,14 @@
 //! instead, and says so, so that new logic never mixes with old tiles.
 //!
 //! Layout: this file is the dataset (its config, [`Dataset`] impl, build,
-//! drain, verify); [`cut`]: one tile cut from features; [`ocean`]: the
+//! drain, verify); [`cut`](mod@cut): one tile cut from features; [`ocean`]: the
 //! kept sea; [`fresh`] and [`wal_index`]: serve's fresh tiles. Tile
 //! schemas ([`crate::schema`], Shortbread 1.0 bundled) and the MVT
 //! encoding ([`crate::mvt`]) are below the datasets, beside the
 //! features. Expiry (which tiles a diff affects) reads the same schema
 //! through [`crate::features`] and [`crate::derive`].
+//!
+//! [`Dataset`]: crate::dataset::Dataset
 
 pub mod cut;
 pub mod fresh;
