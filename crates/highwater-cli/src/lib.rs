@@ -878,7 +878,7 @@ impl ServedProject {
         let check = self.server_check.lock().expect("not poisoned").clone();
         // The check used, if it was of the server the store follows now.
         let used = std::cell::RefCell::new(None);
-        let r = highwater_osm::store::Store::open(&self.cfg.store)
+        let r = highwater_osm::open_store(&self.cfg.store)
             .map_err(anyhow::Error::from)
             .and_then(|st| {
                 osm_status_with(&st, &self.cfg, &|base| {
@@ -997,7 +997,7 @@ impl highwater_serve::Project for ServedProject {
         if !self.cfg.store.exists() {
             return Ok(Vec::new());
         }
-        let st = highwater_osm::store::Store::open(&self.cfg.store).map_err(|e| e.to_string())?;
+        let st = highwater_osm::open_store(&self.cfg.store).map_err(|e| e.to_string())?;
         let tiles = st
             .dirty_tiles(
                 dataset,
@@ -1038,7 +1038,11 @@ impl highwater_serve::Project for ServedProject {
             let mut v = slot.lock().expect("not poisoned");
             let before = v.as_ref().map(|v| v.version());
             if v.is_none() {
-                *v = highwater_osm::tiles::fresh::FreshView::open(&self.cfg.store).ok();
+                *v = highwater_osm::tiles::fresh::FreshView::open(
+                    &self.cfg.store,
+                    &highwater_osm::store_extension(),
+                )
+                .ok();
             }
             if let Some(view) = v.as_mut() {
                 match view.state(dataset, t) {
@@ -1100,7 +1104,7 @@ impl highwater_serve::Project for ServedProject {
             .iter()
             .find(|d| d.name == dataset)
             .ok_or_else(|| format!("no tile dataset named {dataset:?}"))?;
-        let st = highwater_osm::store::Store::open(&self.cfg.store).map_err(|e| e.to_string())?;
+        let st = highwater_osm::open_store(&self.cfg.store).map_err(|e| e.to_string())?;
         let f =
             highwater_osm::tiles::fresh::cut_fresh(&st, d, highwater_core::tile::Tile { z, x, y })
                 .map_err(|e| highwater_osm::dataset::error_text(&e))?;
@@ -1138,7 +1142,7 @@ impl highwater_serve::Project for ServedProject {
         if !self.cfg.store.exists() {
             return;
         }
-        let Some(base) = highwater_osm::store::Store::open(&self.cfg.store)
+        let Some(base) = highwater_osm::open_store(&self.cfg.store)
             .ok()
             .and_then(|st| followed_base(&st, &self.cfg).ok().flatten())
         else {
@@ -1212,7 +1216,7 @@ fn osm(
     // Every open checks the store's flat node file against the config's
     // `flat_nodes` (exit 2 when they differ).
     let open = |s: &Option<PathBuf>| -> Result<Store> {
-        let st = Store::open(&store_dir(s))?;
+        let st = highwater_osm::open_store(&store_dir(s))?;
         ops::check_flat_nodes(&cfg, &st)?;
         Ok(st)
     };
@@ -1295,6 +1299,7 @@ fn osm(
                 *wait,
                 used,
                 &cfg.import,
+                &highwater_osm::store_extension(),
             )?;
             let (warn, note) =
                 highwater_osm::import::node_storage_note(&s, cfg.import.flat_nodes.as_deref());

@@ -27,27 +27,25 @@
 //!    islands, if there are islands.
 //!
 //! The result is one even-odd polygon (the representation
-//! [`crate::features::Shape::Polygon`] uses). No coastline in the extract:
+//! [`crate::geom::Shape::Polygon`] uses). No coastline in the extract:
 //! no sea, whatever the extract is (the documented limit: an extract far
 //! out at sea with no coast in it shows land).
 //!
 //! Pure geometry: it reads no store, so that the same function serves a
 //! rebuild and both sides of a diff's expiry. [`ocean_feature`] reads the
 //! ways through a [`View`] (the store before a diff, or with the diff laid
-//! over it); the tiles dataset keeps the result ([`crate::tiles::ocean`]).
+//! over it); the tiles dataset keeps the result (`tiles::ocean`).
 //!
 //! The bounds are the extract's, recorded by the import (meta
 //! [`BOUNDS_META`]: the PBF header's box, else the nodes' extent); a store
 //! imported before they were recorded has none, and no sea.
 
-use crate::features::{inside, Feature, Shape, View, P};
+use crate::geom::{inside, Feature, Shape, View, P};
 use crate::model::{MemberKind, Tags};
 use crate::store::StoreError;
 use std::collections::HashMap;
 
-/// The meta row holding the extract's bounds: `west,south,east,north` in
-/// 1e-7 degrees.
-pub const BOUNDS_META: &str = "bounds";
+pub use highwater_osm_store::import::{bounds_text, BOUNDS_META};
 
 /// The sea's key among the features: relation 0, an id OSM never gives
 /// (ids start at 1), so it meets no element. Its tile feature id is 2.
@@ -55,14 +53,9 @@ pub const OCEAN_KEY: (MemberKind, i64) = (MemberKind::Relation, 0);
 
 /// The one tag of the sea's feature, which a schema's `ocean` layer
 /// matches (`shortbread.toml`). Reserved: an element's own tag with this
-/// key is dropped by [`crate::features::feature`], so that no element
+/// key is dropped by `features::feature`, so that no element
 /// lands in the ocean layer.
 pub const OCEAN_TAG: (&str, &str) = ("highwater:ocean", "yes");
-
-/// `bounds` as [`BOUNDS_META`] holds them.
-pub fn bounds_text(b: [i64; 4]) -> String {
-    format!("{},{},{},{}", b[0], b[1], b[2], b[3])
-}
 
 /// The bounds [`BOUNDS_META`] holds, in world coordinates; `None` for a
 /// missing or unreadable row, or an empty box.

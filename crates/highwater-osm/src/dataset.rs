@@ -1,10 +1,11 @@
-//! One trait for every derived dataset. Tiles ([`crate::tiles`]), search
-//! ([`crate::search`]) and aggregates ([`crate::aggregates`]) each
-//! implement it in their own module, which owns its tables (its `TABLES`,
-//! created with the store: [`tables`]). `ops::apply` and the CLI's drain,
-//! rebuild and verify reach datasets only through this trait, so a fourth
-//! kind is its own module, a line in [`tables`], and its config
-//! (`OsmConfig`'s parsing and `OsmConfig::datasets`).
+//! One trait for every derived dataset. Each kind implements it in its
+//! own folder, which owns its tables and describes itself as a [`Kind`];
+//! the registry (`crate::registry`, the one list of kinds) gives their
+//! tables to the store. This module names no dataset: it is below them,
+//! and they import it. `ops::apply` and the CLI's drain, rebuild and verify
+//! reach datasets only through this trait, so a fourth kind is its own
+//! folder, a line in the registry, and its config (`OsmConfig`'s parsing
+//! and `OsmConfig::datasets`).
 //!
 //! Ordering contract, for a batch of diffs applied in one transaction:
 //!
@@ -23,9 +24,50 @@
 
 use crate::derive::Touched;
 use crate::model::Change;
-use crate::ops::{DatasetReport, OpsError};
 use crate::store::{DrainOrder, Store, StoreError, Writer};
+use highwater_core::tile::Tile;
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
+
+/// One kind of dataset, as the registry (`crate::registry`) lists it.
+#[derive(Clone, Copy, Debug)]
+pub struct Kind {
+    /// What [`Dataset::kind`] says: `tiles`, `search`, `aggregates`.
+    pub name: &'static str,
+    /// The tables it keeps in the store (`CREATE TABLE IF NOT EXISTS
+    /// ...`), created with the store's own: its own, and any shared one it
+    /// uses (kinds may list one twice; it is created once).
+    pub tables: &'static [&'static str],
+}
+
+/// What one apply did, per dataset.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct DatasetReport {
+    pub name: String,
+    pub tiles: usize,
+    /// The tiles the batch dirtied (tile datasets), gathered diff by diff
+    /// and written once by `Dataset::commit`.
+    #[serde(skip)]
+    pub dirty: BTreeSet<Tile>,
+    pub changes: usize,
+    pub filtered: usize,
+    /// Set when a diff dirtied more than `tiles_affected_max` tiles and
+    /// expiry zoomed out to this zoom for it.
+    pub zoomed_out_to: Option<u8>,
+    /// The size of the current diff's affected set (before any zooming
+    /// out), for the guard; set by `derive` (tiles) or from the touched
+    /// set (keyed datasets).
+    #[serde(skip)]
+    pub last_affected: Option<usize>,
+    /// The current diff's features whose read tags changed.
+    #[serde(skip)]
+    pub last_read: usize,
+    /// Set when the guard holds the dataset (issue 23).
+    pub held: Option<Held>,
+    /// Said on stderr: a diff that changed what the dataset reads yet
+    /// derived nothing, a hold.
+    pub warnings: Vec<String>,
+}
 
 /// What a drain, rebuild or verify did: a line for people, a JSON value
 /// for machines (under `key`), and the differences a verify found.
@@ -90,7 +132,7 @@ impl Outcome {
 
 pub trait Dataset: Sync {
     fn name(&self) -> &str;
-    /// `tiles`, `search` or `aggregates`.
+    /// Its [`Kind::name`] (`tiles`, `search`, `aggregates`).
     fn kind(&self) -> &'static str;
     fn recipe(&self) -> &str;
     /// What the dirty set holds, for messages (`dirty tiles`).
@@ -104,7 +146,7 @@ pub trait Dataset: Sync {
         _w: &mut Writer<'_>,
         _changes: &[Change],
         _report: &mut DatasetReport,
-    ) -> Result<(), OpsError> {
+    ) -> Result<(), StoreError> {
         Ok(())
     }
 
@@ -120,9 +162,15 @@ pub trait Dataset: Sync {
         w: &mut Writer<'_>,
         sequence: Option<i64>,
         _report: &mut DatasetReport,
-    ) -> Result<(), OpsError> {
+    ) -> Result<(), StoreError> {
         w.set_marker(self.name(), sequence, self.recipe())?;
         Ok(())
+    }
+
+    /// The units its drain clears: its dirty keys (a kind whose dirty set
+    /// is elsewhere says so).
+    fn dirty_units(&self, store: &Store) -> Result<u64, StoreError> {
+        Ok(store.dirty_keys(self.name())?.len() as u64)
     }
 
     /// Whether `osm apply` drains it right after the commit.
@@ -135,15 +183,6 @@ pub trait Dataset: Sync {
     /// Compares with a rebuild: all of it, or a spread sample where the
     /// kind can sample.
     fn verify(&self, store: &Store, sample: Option<usize>) -> Result<Outcome, DatasetError>;
-}
-
-/// Every kind's tables, for the store to create.
-pub fn tables() -> [&'static str; 3] {
-    [
-        crate::tiles::TABLES,
-        crate::search::TABLES,
-        crate::aggregates::TABLES,
-    ]
 }
 
 /// The outcome of comparing a dataset with its rebuild, given what was
@@ -483,13 +522,9 @@ pub fn crossover(c: &Costs, backlog: u64) -> Crossover {
     out
 }
 
-/// The units a dataset's drain clears: its dirty tiles or dirty keys.
+/// The units a dataset's drain clears ([`Dataset::dirty_units`]).
 pub fn dirty_units(store: &Store, d: &dyn Dataset) -> Result<u64, StoreError> {
-    Ok(if d.kind() == "tiles" {
-        store.dirty_count(d.name())? as u64
-    } else {
-        store.dirty_keys(d.name())?.len() as u64
-    })
+    d.dirty_units(store)
 }
 
 /// A drain, measured and recorded for the crossover. A drain that

@@ -17,10 +17,11 @@
 //! Everything else has no feature. Nodes and ways missing from the store
 //! (outside an extract) are skipped, the way osm2pgsql skips them.
 
+pub use crate::geom::{inside, nesting, ElementKey, Feature, Shape, View, P};
 use crate::model::{Action, Change, Element, MemberKind, Relation, Tags, Way};
+use crate::mvt::Value;
+use crate::schema::{Placement, Schema};
 use crate::store::{OsmRead, StoreError};
-use crate::tiles::mvt::Value;
-use crate::tiles::schema::{Placement, Schema};
 use highwater_core::tile;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -77,7 +78,7 @@ impl TileLayer {
     }
 
     /// Where a feature goes in the tiles: its placements (see
-    /// [`crate::tiles::schema`]); without a schema, one placement in layer 0 with
+    /// [`crate::schema`]); without a schema, one placement in layer 0 with
     /// its tags as string attributes.
     pub fn place(&self, f: &Feature) -> Vec<Placement> {
         match &self.schema {
@@ -157,49 +158,6 @@ impl TileLayer {
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect()
     }
-}
-
-/// An element's type and id.
-pub type ElementKey = (MemberKind, i64);
-
-/// A point in world coordinates ([0, 1) × [0, 1), y down).
-pub type P = (f64, f64);
-
-#[derive(Clone, Debug, PartialEq)]
-pub enum Shape {
-    Point(P),
-    /// One or more polylines, each of at least two points.
-    Lines(Vec<Vec<P>>),
-    /// Closed rings, even-odd (inner rings are holes).
-    Polygon(Vec<Vec<P>>),
-}
-
-impl Shape {
-    /// (min x, min y, max x, max y) in world coordinates.
-    pub fn bbox(&self) -> (f64, f64, f64, f64) {
-        let pts: Box<dyn Iterator<Item = &P>> = match self {
-            Shape::Point(p) => Box::new(std::iter::once(p)),
-            Shape::Lines(v) | Shape::Polygon(v) => Box::new(v.iter().flatten()),
-        };
-        pts.fold((f64::MAX, f64::MAX, f64::MIN, f64::MIN), |b, p| {
-            (b.0.min(p.0), b.1.min(p.1), b.2.max(p.0), b.3.max(p.1))
-        })
-    }
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub struct Feature {
-    /// The tags the layer reads.
-    pub tags: BTreeMap<String, String>,
-    pub shape: Shape,
-}
-
-/// Where features read elements from.
-pub trait View {
-    fn loc(&self, node: i64) -> Result<Option<P>, StoreError>;
-    fn node_tags(&self, node: i64) -> Result<Option<Tags>, StoreError>;
-    fn way(&self, id: i64) -> Result<Option<Way>, StoreError>;
-    fn relation(&self, id: i64) -> Result<Option<Relation>, StoreError>;
 }
 
 /// The store as it is, with the nodes it has read kept: deriving reads the
@@ -332,6 +290,16 @@ const AREA_VALUES: [(&str, &[&str]); 3] = [
     ("aeroway", &["aerodrome", "apron", "helipad"]),
 ];
 
+/// The sea of the store as `s` reads it, from every coastline way.
+pub fn assemble_sea(s: &(impl OsmRead + ?Sized)) -> Result<Option<Feature>, StoreError> {
+    let bounds = crate::coast::bounds_of(s.meta(crate::coast::BOUNDS_META)?.as_deref());
+    if bounds.is_none() {
+        return Ok(None);
+    }
+    let view = Current::uncached(s);
+    crate::coast::ocean_feature(&view, s.coastline_ways()?, bounds)
+}
+
 /// Whether a closed way is an area, judged on all its tags (not only the
 /// ones a layer reads, so that every layer sees the same shape).
 pub fn is_area(w: &Way) -> bool {
@@ -454,7 +422,7 @@ pub fn all(
         // The sea, for a schema with an ocean layer: assembled from every
         // coastline way, as the drain's kept copy must equal.
         if layer.shows_ocean() {
-            if let Some(f) = crate::tiles::ocean::assemble_all(store)? {
+            if let Some(f) = assemble_sea(store)? {
                 out.push((crate::coast::OCEAN_KEY, f));
             }
         }
@@ -539,56 +507,6 @@ fn mix(state: u64, values: &[u64]) -> u64 {
         h ^= h >> 31;
     }
     h
-}
-
-/// Whether `p` is inside `ring` (even-odd crossing test).
-pub fn inside(p: P, ring: &[P]) -> bool {
-    let mut odd = false;
-    for e in ring.windows(2) {
-        let (a, b) = (e[0], e[1]);
-        if (a.1 <= p.1) != (b.1 <= p.1) && p.0 < a.0 + (p.1 - a.1) / (b.1 - a.1) * (b.0 - a.0) {
-            odd = !odd;
-        }
-    }
-    odd
-}
-
-/// Per ring: how many other rings contain its first point (even: an outer
-/// ring, odd: a hole), and its parent, the deepest ring containing it. The
-/// tile cutter orients and groups rings by this; signatures include it, so
-/// a ring whose nesting changes re-cuts every tile it shows in.
-pub fn nesting(rings: &[Vec<P>]) -> Vec<(usize, Option<usize>)> {
-    let bbox = |r: &[P]| {
-        r.iter()
-            .fold((f64::MAX, f64::MAX, f64::MIN, f64::MIN), |b, p| {
-                (b.0.min(p.0), b.1.min(p.1), b.2.max(p.0), b.3.max(p.1))
-            })
-    };
-    let boxes: Vec<_> = rings.iter().map(|r| bbox(r)).collect();
-    let containers: Vec<Vec<usize>> = rings
-        .iter()
-        .enumerate()
-        .map(|(i, r)| {
-            let p = r[0];
-            (0..rings.len())
-                .filter(|&j| {
-                    let b = boxes[j];
-                    j != i
-                        && p.0 >= b.0
-                        && p.0 <= b.2
-                        && p.1 >= b.1
-                        && p.1 <= b.3
-                        && inside(p, &rings[j])
-                })
-                .collect()
-        })
-        .collect();
-    let depth: Vec<usize> = containers.iter().map(Vec::len).collect();
-    containers
-        .iter()
-        .enumerate()
-        .map(|(i, c)| (depth[i], c.iter().copied().max_by_key(|&j| (depth[j], j))))
-        .collect()
 }
 
 /// What one tile of one zoom shows of a feature, as a hash: the feature's

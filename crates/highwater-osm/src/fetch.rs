@@ -35,6 +35,8 @@
 //! reports or hands out says `***` in their place ([`redact_url`]).
 
 use crate::import::{sequence_path, State};
+use highwater_osm_store::redact::split_userinfo;
+pub use highwater_osm_store::redact::{redact_url, REDACTED};
 use sha2::{Digest, Sha256};
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -183,37 +185,6 @@ pub fn check_url(url: &str) -> Result<String, FetchError> {
         });
     }
     Ok(u.to_string())
-}
-
-/// What a redacted URL says in place of its credentials.
-pub const REDACTED: &str = "***";
-
-/// Splits `scheme://userinfo@rest` into the scheme with `://`, the
-/// userinfo (if any) and the rest. A password may hold an unescaped `/`:
-/// the userinfo ends at the last `@` before the first `/`, `?` or `#` that
-/// follows the first `@`.
-fn split_userinfo(url: &str) -> (&str, Option<&str>, &str) {
-    let Some(i) = url.find("://") else {
-        return ("", None, url);
-    };
-    let (scheme, rest) = url.split_at(i + 3);
-    let Some(first) = rest.find('@') else {
-        return (scheme, None, rest);
-    };
-    let end = rest[first..]
-        .find(['/', '?', '#'])
-        .map_or(rest.len(), |j| first + j);
-    let at = rest[..end].rfind('@').expect("the first @ is before end");
-    (scheme, Some(&rest[..at]), &rest[at + 1..])
-}
-
-/// The URL with its credentials (userinfo) replaced by `***`: what is
-/// shown and stored of any replication URL.
-pub fn redact_url(url: &str) -> String {
-    match split_userinfo(url) {
-        (scheme, Some(_), rest) => format!("{scheme}{REDACTED}@{rest}"),
-        _ => url.to_string(),
-    }
 }
 
 /// `%XX` escapes of a URL's userinfo, decoded.

@@ -1,61 +1,64 @@
-//! OpenStreetMap for highwater: the primary store kept current from
-//! replication diffs, the affected set of each diff derived before it is
-//! applied, and the derived datasets (vector tiles, a search index,
-//! aggregates) kept equal to their rebuilds.
+//! OpenStreetMap for highwater, above the store: the affected set of each
+//! diff derived before it is applied, the derived datasets (vector tiles,
+//! a search index, aggregates) kept equal to their rebuilds, replication
+//! over HTTP and the operations on top.
 //!
-//! This crate is where OSM formats are parsed and nowhere else. Layout:
+//! The store below (elements, readers, import, the primary store, node
+//! storage) is the crate `highwater_osm_store`, re-exported here under its
+//! own module names ([`model`], [`xml`], [`import`], [`store`],
+//! [`nodeblocks`], [`flatnodes`], [`spill`], [`cells`]); it knows no
+//! dataset. Layers of this crate, each importing only those below it
+//! (`tests/layers.rs` checks it):
 //!
-//! - [`model`]: nodes, ways, relations and the actions of a change file.
-//! - [`xml`]: a streaming reader for `.osm` and `.osc` (optionally gzipped)
-//!   whose errors name the file, line and element.
-//! - [`import`]: extracts (PBF in parallel, or XML) gathered in memory and
-//!   written in bulk into an unseen file, published whole; replication
-//!   state files.
-//! - [`store`]: the primary store (SQLite): elements, the member→relations
-//!   index, the shapes index, dirty sets, markers. It knows no dataset:
-//!   each kind creates its own tables ([`dataset::tables`]).
-//! - [`nodeblocks`]: nodes and the ways through them, in blocks of
-//!   consecutive ids.
-//! - [`cells`]: the shapes index's spatial key (a flattened loose quadtree).
-//! - [`coast`]: the sea of an extract from its coastline ways, closed along
-//!   its bounds (the import records them); the tiles' `ocean` layer
-//!   ([`tiles::ocean`]).
-//! - [`features`]: what a layer sees of an element, and per-tile content
-//!   signatures; expiry and the cutter both read features from here.
-//! - [`derive`](mod@derive): derive-before-apply (affected tiles from old
-//!   and new state), the touched set, and the shapes index's upkeep.
-//! - [`dataset`]: the one trait every derived dataset implements, with
-//!   the order `ops::apply` calls it in.
-//! - [`tiles`]: the MBTiles dataset (build, drain, verify), with
-//!   [`tiles::schema`] (Shortbread 1.0 bundled), [`tiles::cut`] and
-//!   [`tiles::mvt`].
-//! - [`search`]: the tantivy dataset with denormalised context.
-//! - [`aggregates`]: counts, lengths and areas per admin area and class.
-//! - [`flatnodes`]: untagged nodes' locations in a flat file indexed by id
-//!   (`[osm] flat_nodes`), behind the store's node reads.
-//! - [`fetch`]: replication over HTTP (the pyosmium/osmosis protocol), each
-//!   failure classed: retried, refused, or needing an operator.
-//! - [`ops`]: config, apply (dry run, dirty sets, markers), replicate, status.
+//! 1. Features and expiry, which know no dataset:
+//!    - [`mvt`]: the MVT encoding and a decoder.
+//!    - [`geom`]: points, shapes, features, and the views they are read
+//!      from.
+//!    - [`coast`]: the sea of an extract from its coastline ways, closed
+//!      along its bounds (the import records them).
+//!    - [`schema`]: tile schemas as data, Shortbread 1.0 bundled.
+//!    - [`features`]: what a layer sees of an element, and per-tile content
+//!      signatures; expiry and the cutter both read features from here.
+//!    - [`areas`]: admin and place areas, shared by search and
+//!      aggregates.
+//!    - [`derive`](mod@derive): derive-before-apply (affected tiles from old
+//!      and new state), the touched set, and the shapes index's upkeep.
+//! 2. [`dataset`]: the one trait every derived dataset implements, with
+//!    the order `ops::apply` calls it in, and what it returns. It names no
+//!    dataset.
+//! 3. The datasets, each in its own folder, each importing the trait and
+//!    the layers below, never another dataset:
+//!    - [`tiles`]: the MBTiles dataset (build, drain, verify), with
+//!      [`tiles::cut`], [`tiles::ocean`] (the sea's layer), [`tiles::fresh`]
+//!      and [`tiles::wal_index`] (serve's fresh tiles).
+//!    - [`search`]: the tantivy dataset with denormalised context.
+//!    - [`aggregates`]: counts, lengths and areas per admin area and class.
+//! 4. [`registry`]: the one list of dataset kinds; the store's
+//!    [`store::Extension`] built from it ([`open_store`], [`create_store`]).
+//! 5. On top: [`fetch`] (replication over HTTP, the pyosmium/osmosis
+//!    protocol, each failure classed: retried, refused, or needing an
+//!    operator) and [`ops`] (config, apply with dry run, dirty sets and
+//!    markers, replicate, status).
 //!
 //! Tile math lives in `highwater_core::tile`, since it is pure.
 
+pub use highwater_osm_store::{cells, flatnodes, import, model, nodeblocks, spill, store, xml};
+
 pub mod aggregates;
-pub mod cells;
+pub mod areas;
 pub mod coast;
 pub mod dataset;
 pub mod derive;
 pub mod features;
 pub mod fetch;
-pub mod flatnodes;
-pub mod import;
-pub mod model;
-pub mod nodeblocks;
+pub mod geom;
+pub mod mvt;
 pub mod ops;
+pub mod registry;
+pub mod schema;
 pub mod search;
-pub mod spill;
-pub mod store;
 pub mod tiles;
-pub mod xml;
 
 pub use model::{Action, Change, Element, Member, MemberKind, Node, Relation, Tags, Way};
+pub use registry::{create_store, open_store, store_extension};
 pub use xml::{read_changes, read_osm, OsmError};

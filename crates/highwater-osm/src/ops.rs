@@ -222,10 +222,10 @@ fn load_schema(
     root: &Path,
     dataset: &str,
     s: &str,
-) -> Result<(crate::tiles::schema::Schema, String), String> {
+) -> Result<(crate::schema::Schema, String), String> {
     if s == "shortbread" {
-        let text = crate::tiles::schema::SHORTBREAD.to_string();
-        let schema = crate::tiles::schema::Schema::parse(&text, "shortbread (bundled)")
+        let text = crate::schema::SHORTBREAD.to_string();
+        let schema = crate::schema::Schema::parse(&text, "shortbread (bundled)")
             .expect("the bundled schema parses (a unit test checks it)");
         return Ok((schema, text));
     }
@@ -241,7 +241,7 @@ fn load_schema(
             path.display()
         ))
     })?;
-    let schema = crate::tiles::schema::Schema::parse(&text, &path.display().to_string())
+    let schema = crate::schema::Schema::parse(&text, &path.display().to_string())
         .map_err(|e| bad(format!("[osm.tiles.{dataset}] {e}")))?;
     Ok((schema, text))
 }
@@ -630,34 +630,7 @@ impl OsmConfig {
     }
 }
 
-/// What one apply did, per dataset.
-#[derive(Clone, Debug, Default, serde::Serialize)]
-pub struct DatasetReport {
-    pub name: String,
-    pub tiles: usize,
-    /// The tiles the batch dirtied (tile datasets), gathered diff by diff
-    /// and written once by `Dataset::commit`.
-    #[serde(skip)]
-    pub dirty: BTreeSet<Tile>,
-    pub changes: usize,
-    pub filtered: usize,
-    /// Set when a diff dirtied more than `tiles_affected_max` tiles and
-    /// expiry zoomed out to this zoom for it.
-    pub zoomed_out_to: Option<u8>,
-    /// The size of the current diff's affected set (before any zooming
-    /// out), for the guard; set by `derive` (tiles) or from the touched
-    /// set (keyed datasets).
-    #[serde(skip)]
-    pub last_affected: Option<usize>,
-    /// The current diff's features whose read tags changed.
-    #[serde(skip)]
-    pub last_read: usize,
-    /// Set when the guard holds the dataset (issue 23).
-    pub held: Option<crate::dataset::Held>,
-    /// Said on stderr: a diff that changed what the dataset reads yet
-    /// derived nothing, a hold.
-    pub warnings: Vec<String>,
-}
+pub use crate::dataset::DatasetReport;
 
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct ApplyReport {
@@ -669,32 +642,6 @@ pub struct ApplyReport {
     pub tiles: BTreeSet<Tile>,
     /// Every dataset's warnings (the guard's holds, empty derivations).
     pub warnings: Vec<String>,
-}
-
-/// Keeps at most `max` tiles at the top zoom by taking parents; returns the
-/// zoom it stopped at when it had to.
-pub(crate) fn bound(
-    tiles: BTreeSet<Tile>,
-    layer: &TileLayer,
-    max: usize,
-) -> (BTreeSet<Tile>, Option<u8>) {
-    let mut top: BTreeSet<(u32, u32)> = tiles
-        .iter()
-        .filter(|t| t.z == layer.zoom_max)
-        .map(|t| (t.x, t.y))
-        .collect();
-    if top.len() <= max {
-        return (tiles, None);
-    }
-    let mut z = layer.zoom_max;
-    while top.len() > max && z > layer.zoom_min {
-        top = top.iter().map(|&(x, y)| (x / 2, y / 2)).collect();
-        z -= 1;
-    }
-    (
-        highwater_core::tile::with_parents(&top, z, layer.zoom_min),
-        Some(z),
-    )
 }
 
 /// Whether a diff may follow the store: a diff with a sequence applies only
@@ -1295,7 +1242,7 @@ pub fn status(store: &Store, cfg: &OsmConfig) -> Result<serde_json::Value, OpsEr
             "dirty": dirty,
             "held": held,
             "crossover": crossover,
-            "documents": if kind == "search" { Some(store.search_count(name)?) } else { None },
+            "documents": if kind == "search" { Some(crate::search::SearchStore::search_count(store, name)?) } else { None },
             "recipe": recipe,
             "recorded_recipe": built,
             "rebuild": rebuild,

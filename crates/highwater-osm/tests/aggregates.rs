@@ -130,7 +130,7 @@ fn monaco_timelines_equal_rebuilds_and_the_final_snapshot() {
     check(&store, d);
     // 2787 -> 2947 -> 3047 through the derived diffs, against a rebuild
     // from the real 3047 snapshot.
-    let mut inc = Store::create(&tmp.path().join("inc")).unwrap();
+    let mut inc = highwater_osm::create_store(&tmp.path().join("inc")).unwrap();
     highwater_osm::import::import(&mut inc, &data("monaco-2787-20201109.osm.pbf")).unwrap();
     aggregates::rebuild(&mut inc, d).unwrap();
     for name in [

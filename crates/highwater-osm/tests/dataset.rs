@@ -3,10 +3,11 @@
 //! `ops::apply_to` beside nothing else, it sees the store before each diff
 //! in `derive`, after it in `touched`, and `commit` once per batch.
 
+use highwater_osm::dataset::DatasetReport;
 use highwater_osm::dataset::{Dataset, DatasetError, DrainLimits, Outcome};
 use highwater_osm::derive::Touched;
 use highwater_osm::model::{Action, Change, Element, MemberKind, Node, Tags};
-use highwater_osm::ops::{self, DatasetReport, OpsError, OsmConfig};
+use highwater_osm::ops::{self, OsmConfig};
 use highwater_osm::store::{Store, StoreError, Writer};
 use std::sync::Mutex;
 
@@ -44,7 +45,7 @@ impl Dataset for Probe {
         w: &mut Writer<'_>,
         changes: &[Change],
         _r: &mut DatasetReport,
-    ) -> Result<(), OpsError> {
+    ) -> Result<(), StoreError> {
         self.say(format!("derive {} {:?}", changes.len(), self.lat(w)));
         Ok(())
     }
@@ -58,7 +59,7 @@ impl Dataset for Probe {
         w: &mut Writer<'_>,
         sequence: Option<i64>,
         _r: &mut DatasetReport,
-    ) -> Result<(), OpsError> {
+    ) -> Result<(), StoreError> {
         w.set_marker(self.name(), sequence, self.recipe())?;
         self.say(format!("commit {sequence:?} {:?}", self.lat(w)));
         Ok(())

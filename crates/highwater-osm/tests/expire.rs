@@ -17,7 +17,7 @@ fn base(osm: &str) -> World {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("base.osm");
     std::fs::write(&path, osm).unwrap();
-    let mut store = Store::create(&dir.path().join("store")).unwrap();
+    let mut store = highwater_osm::create_store(&dir.path().join("store")).unwrap();
     let mut elements = Vec::new();
     read_osm(&path, |e| {
         elements.push(e);

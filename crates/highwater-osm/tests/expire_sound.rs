@@ -127,7 +127,7 @@ proptest! {
 #[test]
 fn a_route_relations_untagged_member_moving_expires_the_route() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut store = Store::create(&tmp.path().join("s")).unwrap();
+    let mut store = highwater_osm::create_store(&tmp.path().join("s")).unwrap();
     let node = |id, lat: f64, lon: f64| {
         Element::Node(Node {
             id,

@@ -38,9 +38,17 @@ fn config(dir: &Path, flat: bool) -> OsmConfig {
 }
 
 fn import(cfg: &OsmConfig, extract: &Path) -> Store {
-    highwater_osm::import::import_into_with(&cfg.store, extract, false, false, 0, &cfg.import)
-        .unwrap();
-    let st = Store::open(&cfg.store).unwrap();
+    highwater_osm::import::import_into_with(
+        &cfg.store,
+        extract,
+        false,
+        false,
+        0,
+        &cfg.import,
+        &highwater_osm::store_extension(),
+    )
+    .unwrap();
+    let st = highwater_osm::open_store(&cfg.store).unwrap();
     ops::check_flat_nodes(cfg, &st).unwrap();
     st
 }
@@ -173,9 +181,17 @@ fn refusals_name_the_file_and_what_to_do() {
         ),
     )
     .unwrap();
-    let e = highwater_osm::import::import_into_with(&cfg.store, &big, false, false, 0, &cfg.import)
-        .unwrap_err()
-        .to_string();
+    let e = highwater_osm::import::import_into_with(
+        &cfg.store,
+        &big,
+        false,
+        false,
+        0,
+        &cfg.import,
+        &highwater_osm::store_extension(),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(
         e.contains("nodes.flat") && e.contains("node_id_max") && e.contains("without `flat_nodes`"),
         "{e}"
@@ -219,7 +235,10 @@ fn refusals_name_the_file_and_what_to_do() {
             .unwrap();
         f.write_all_at(&12345u64.to_le_bytes(), 0).unwrap();
     }
-    let e = Store::open(&cfg.store).err().unwrap().to_string();
+    let e = highwater_osm::open_store(&cfg.store)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(
         e.contains("nodes.flat") && e.contains("belongs to another store"),
         "{e}"
@@ -284,14 +303,14 @@ fn a_flat_write_the_store_did_not_commit_is_rolled_back_by_the_next_writer() {
     };
     file.write_all_at(&[7u8; 8], at).unwrap();
     std::fs::write(&undo, log(epoch + 1)).unwrap();
-    let mut st = Store::open(&cfg.store).unwrap();
+    let mut st = highwater_osm::open_store(&cfg.store).unwrap();
     st.lease_writer(false).unwrap();
     assert!(!undo.exists(), "the log settled when the lease was taken");
     assert_eq!(st.node(n.id).unwrap().unwrap(), moved, "rolled back");
     drop(st);
     // A log whose epoch the store committed: dropped, the slot kept.
     std::fs::write(&undo, log(epoch)).unwrap();
-    let mut st = Store::open(&cfg.store).unwrap();
+    let mut st = highwater_osm::open_store(&cfg.store).unwrap();
     st.lease_writer(false).unwrap();
     assert!(!undo.exists());
     assert_eq!(st.node(n.id).unwrap().unwrap(), moved);

@@ -171,7 +171,13 @@ fn fuzz_pbf() {
         std::fs::write(&file, &bytes).unwrap();
         let dir = tmp.path().join(format!("store{case}"));
         let what = format!("case {case} ({how}, seed {})", seed());
-        match highwater_osm::import::import_into(&dir, &file, false, false) {
+        match highwater_osm::import::import_into(
+            &dir,
+            &file,
+            false,
+            false,
+            &highwater_osm::store_extension(),
+        ) {
             Err(e) => {
                 let msg = e.to_string();
                 assert!(
@@ -180,13 +186,13 @@ fn fuzz_pbf() {
                 );
                 // Untouched: whatever exists holds no element.
                 if dir.join("store.db").exists() {
-                    let s = Store::open(&dir).unwrap();
+                    let s = highwater_osm::open_store(&dir).unwrap();
                     assert!(s.is_empty().unwrap(), "{what}: refused, yet data landed");
                 }
                 refused += 1;
             }
             Ok(stats) => {
-                let s = Store::open(&dir).unwrap();
+                let s = highwater_osm::open_store(&dir).unwrap();
                 let mut count = 0u64;
                 s.export(|_| count += 1).unwrap();
                 assert_eq!(count, stats.nodes + stats.ways + stats.relations, "{what}");

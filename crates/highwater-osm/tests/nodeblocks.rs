@@ -147,7 +147,7 @@ fn import(dir: &Path, m: &Model) -> Store {
     std::fs::create_dir_all(dir).unwrap();
     let osm = dir.join("state.osm");
     std::fs::write(&osm, m.xml()).unwrap();
-    let mut store = Store::create(&dir.join("store")).unwrap();
+    let mut store = highwater_osm::create_store(&dir.join("store")).unwrap();
     highwater_osm::import::import(&mut store, &osm).unwrap();
     store
 }
@@ -285,7 +285,7 @@ fn a_store_with_a_row_per_node_is_migrated_on_open() {
             }
         }
     }
-    let store = Store::open(&dir).unwrap();
+    let store = highwater_osm::open_store(&dir).unwrap();
     assert_eq!(observe(&store), expected(&base));
     drop(store);
     let c = rusqlite::Connection::open(dir.join("store.db")).unwrap();
@@ -310,7 +310,8 @@ fn issue10_a_fresh_import_has_every_column_before_its_first_open() {
     let osm = tmp.path().join("a.osm");
     std::fs::write(&osm, base_model(3).xml()).unwrap();
     let dir = tmp.path().join("store");
-    highwater_osm::import::import_into(&dir, &osm, false, false).unwrap();
+    highwater_osm::import::import_into(&dir, &osm, false, false, &highwater_osm::store_extension())
+        .unwrap();
     let c = rusqlite::Connection::open(dir.join("store.db")).unwrap();
     for (table, column) in [("dirty", "hits"), ("dirty", "gen"), ("dirty_keys", "gen")] {
         let n: i64 = c

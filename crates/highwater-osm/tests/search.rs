@@ -78,7 +78,7 @@ fn monaco_timelines_equal_rebuilds_and_the_final_snapshot() {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = config(&tmp.path().join("inc"));
     let d = &cfg.search[0];
-    let mut store = Store::create(&tmp.path().join("inc/store")).unwrap();
+    let mut store = highwater_osm::create_store(&tmp.path().join("inc/store")).unwrap();
     highwater_osm::import::import(&mut store, &data("monaco-2787-20201109.osm.pbf")).unwrap();
     search::rebuild(&mut store, d).unwrap();
     for name in [
@@ -125,7 +125,7 @@ fn city() -> (tempfile::TempDir, OsmConfig, Store) {
     let cfg = config(tmp.path());
     let osm = tmp.path().join("city.osm");
     std::fs::write(&osm, CITY).unwrap();
-    let mut store = Store::create(&tmp.path().join("store")).unwrap();
+    let mut store = highwater_osm::create_store(&tmp.path().join("store")).unwrap();
     highwater_osm::import::import(&mut store, &osm).unwrap();
     search::rebuild(&mut store, &cfg.search[0]).unwrap();
     (tmp, cfg, store)

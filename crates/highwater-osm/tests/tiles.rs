@@ -124,7 +124,7 @@ fn monaco_2787_to_3047_via_derived_diffs_equals_the_final_snapshot() {
     let tmp = tempfile::tempdir().unwrap();
     let inc = tmp.path().join("inc");
     let cfg = config(&inc, DATASETS);
-    let mut store = Store::create(&inc.join("store")).unwrap();
+    let mut store = highwater_osm::create_store(&inc.join("store")).unwrap();
     highwater_osm::import::import(&mut store, &data("monaco-2787-20201109.osm.pbf")).unwrap();
     for d in &cfg.tiles {
         tiles::build(&mut store, d).unwrap();
@@ -138,7 +138,7 @@ fn monaco_2787_to_3047_via_derived_diffs_equals_the_final_snapshot() {
     }
     let snap = tmp.path().join("snap");
     let snap_cfg = config(&snap, DATASETS);
-    let mut fresh = Store::create(&snap.join("store")).unwrap();
+    let mut fresh = highwater_osm::create_store(&snap.join("store")).unwrap();
     highwater_osm::import::import(&mut fresh, &data("monaco-3047-20210801.osm.pbf")).unwrap();
     for (d, s) in cfg.tiles.iter().zip(&snap_cfg.tiles) {
         check(&store, d);
@@ -237,7 +237,7 @@ fn a_tile_that_becomes_empty_is_deleted() {
         tmp.path(),
         "[osm.tiles.e]\nzooms = \"14-15\"\nkeys = [\"*\"]\nmbtiles = \"e.mbtiles\"\ndrain_rebuild_share = 1000\n",
     );
-    let mut store = Store::create(&tmp.path().join("store")).unwrap();
+    let mut store = highwater_osm::create_store(&tmp.path().join("store")).unwrap();
     let osm = tmp.path().join("one.osm");
     std::fs::write(
         &osm,

@@ -4,7 +4,7 @@
 //! written after a rebuild's read survives the rebuild's clearing.
 
 use highwater_core::tile::Tile;
-use highwater_osm::store::{Store, StoreError, WRITER_LEASE};
+use highwater_osm::store::{StoreError, WRITER_LEASE};
 use std::collections::BTreeSet;
 
 mod common;
@@ -27,7 +27,7 @@ fn a_second_writer_is_refused_naming_the_holder() {
     let tmp = tempfile::tempdir().unwrap();
     let mut a = monaco(&tmp.path().join("s"));
     a.lease_writer(false).unwrap();
-    let mut b = Store::open(&tmp.path().join("s")).unwrap();
+    let mut b = highwater_osm::open_store(&tmp.path().join("s")).unwrap();
     match b.write(|w| w.set_meta("x", "1")) {
         Err(StoreError::Held { pid, .. }) => assert_eq!(pid, std::process::id() as i64),
         other => panic!("{other:?}"),
@@ -48,7 +48,7 @@ fn a_holder_whose_lease_was_taken_over_writes_nothing() {
     a.write(|w| w.set_meta("x", "a")).unwrap();
     let token_a = a.writer_lease().unwrap().unwrap().token;
     pause_past_expiry(&dir);
-    let mut b = Store::open(&dir).unwrap();
+    let mut b = highwater_osm::open_store(&dir).unwrap();
     b.write(|w| w.set_meta("x", "b")).unwrap();
     // A wakes up: fenced, and nothing it writes lands.
     match a.write(|w| w.set_meta("x", "late")) {
@@ -108,7 +108,7 @@ fn a_holder_that_lost_its_lease_writes_no_tile() {
     let mut a = monaco(&dir);
     tiles::build(&mut a, d).unwrap();
     pause_past_expiry(&dir);
-    let mut b = Store::open(&dir).unwrap();
+    let mut b = highwater_osm::open_store(&dir).unwrap();
     tiles::build(&mut b, d).unwrap();
     let file = d.mbtiles.as_ref().unwrap();
     let before: Vec<_> = Mbtiles::open(file).unwrap().unwrap().tiles().unwrap();

@@ -15,7 +15,6 @@
 mod common;
 use common::osm::{data, monaco_updates};
 use common::*;
-use highwater_osm::store::Store;
 use std::fmt::Write as _;
 
 const CONFIG: &str = r#"
@@ -63,7 +62,7 @@ fn xml_escape(s: &str) -> String {
 /// (degrees x 10^7) east, tags kept, as sequence `seq` (state file beside
 /// it), written into the project's `updates/` folder.
 fn move_every_building(p: &Project, seq: i64, d_e7: i32) -> String {
-    let st = Store::open(&p.path(".highwater/osm")).unwrap();
+    let st = highwater_osm::open_store(&p.path(".highwater/osm")).unwrap();
     let mut nodes = std::collections::BTreeSet::new();
     for (kind, id) in st.tagged_like("\"building\"").unwrap() {
         if kind != highwater_osm::MemberKind::Way {
@@ -271,7 +270,7 @@ fn a_first_diff_with_no_history_is_never_held() {
 /// a tag the tile dataset reads; nodes kept), as sequence `seq` (state
 /// file beside it).
 fn retag_one_building(p: &Project, seq: i64) -> String {
-    let st = Store::open(&p.path(".highwater/osm")).unwrap();
+    let st = highwater_osm::open_store(&p.path(".highwater/osm")).unwrap();
     let w = st
         .tagged_like("\"building\"")
         .unwrap()
@@ -325,7 +324,7 @@ fn a_diff_that_changes_read_tags_yet_derives_no_tile_warns_naming_it() {
             && stderr.contains("048.osc.gz (sequence 3048)")
             && stderr.contains("yet derived nothing");
         assert_eq!(says, warned, "{failpoint:?}: {stderr}");
-        let st = Store::open(&p.path(".highwater/osm")).unwrap();
+        let st = highwater_osm::open_store(&p.path(".highwater/osm")).unwrap();
         let n = st.dirty_count("base").unwrap();
         assert_eq!(n > 0, dirtied, "{failpoint:?}: {n} dirty tiles; {stderr}");
     };

@@ -14,7 +14,7 @@ use common::osm::{data, monaco_updates};
 use common::serve::{http, serve, serve_cmd};
 use common::*;
 use highwater_core::tile::Tile;
-use highwater_osm::store::{DrainOrder, Store};
+use highwater_osm::store::DrainOrder;
 use highwater_osm::tiles::{mvt, Mbtiles};
 use std::collections::BTreeMap;
 
@@ -65,7 +65,7 @@ fn served(addr: &str, t: Tile) -> (Option<Vec<u8>>, BTreeMap<String, String>) {
 }
 
 fn dirty(p: &Project) -> Vec<Tile> {
-    let st = Store::open(&p.path(".highwater/osm")).unwrap();
+    let st = highwater_osm::open_store(&p.path(".highwater/osm")).unwrap();
     st.dirty_tiles("base", DrainOrder::LowZoomFirst, usize::MAX)
         .unwrap()
 }
@@ -281,7 +281,7 @@ fn serving_fresh_equals_a_rebuild_at_every_generation() {
         args.extend(files.iter().map(String::as_str));
         p.check(&args, 0);
         at = upto;
-        let st = Store::open(&p.path(".highwater/osm")).unwrap();
+        let st = highwater_osm::open_store(&p.path(".highwater/osm")).unwrap();
         let view = highwater_osm::tiles::rebuild_view(&st, &d.layer).unwrap();
         let dirty = st
             .dirty_tiles("base", DrainOrder::LowZoomFirst, usize::MAX)
@@ -337,7 +337,7 @@ fn clean_then_fresh_then_drained(failpoint: Option<&str>) {
     }
     p.check(&["osm", "replicate", "--from", "updates"], 0);
     assert_eq!(dirty(&p), will, "the twin dirtied other tiles");
-    let st = Store::open(&p.path(".highwater/osm")).unwrap();
+    let st = highwater_osm::open_store(&p.path(".highwater/osm")).unwrap();
     let view = highwater_osm::tiles::rebuild_view(&st, &c.tiles[0].layer).unwrap();
     let before: Vec<Option<Vec<u8>>> = will.iter().map(|t| stored(&p, *t)).collect();
     for t in &will {
@@ -379,7 +379,9 @@ fn the_fresh_view_answers_from_the_wal_index_until_a_commit() {
     twin.check(&["osm", "replicate", "--from", "updates"], 0);
     let will = dirty(&twin);
     let t = will[0];
-    let mut v = highwater_osm::tiles::fresh::FreshView::open(&dir).unwrap();
+    let mut v =
+        highwater_osm::tiles::fresh::FreshView::open(&dir, &highwater_osm::store_extension())
+            .unwrap();
     let (g0, d0) = v.state("base", t).unwrap();
     assert!(!d0, "{t:?} is dirty before the diffs");
     for _ in 0..3 {
@@ -407,8 +409,11 @@ fn the_fresh_view_answers_from_the_wal_index_until_a_commit() {
 
     // The fallback: no header, the probe every time, the same answers.
     let q = project(3048..=3076);
-    let mut w =
-        highwater_osm::tiles::fresh::FreshView::open_probe_only(&q.path(".highwater/osm")).unwrap();
+    let mut w = highwater_osm::tiles::fresh::FreshView::open_probe_only(
+        &q.path(".highwater/osm"),
+        &highwater_osm::store_extension(),
+    )
+    .unwrap();
     let (h0, _) = w.state("base", t).unwrap();
     assert!(!w.header_unmoved(), "the header answers with no map");
     assert_eq!(w.state_now("base", t).unwrap(), Some((h0, false)));

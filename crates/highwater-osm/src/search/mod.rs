@@ -18,8 +18,9 @@
 //! leaves the dirty keys, and the next drain writes the same documents
 //! again. A rebuild writes a new index beside the old one and swaps them.
 
-use crate::aggregates::{
+use crate::areas::{
     areas_after, changed_box, place_areas, place_areas_after, surface_point, Area, Areas,
+    AreasStore, AreasWriter,
 };
 use crate::features::{feature, Current, ElementKey, TileLayer, View};
 use crate::model::MemberKind;
@@ -40,6 +41,12 @@ CREATE TABLE IF NOT EXISTS search_docs(dataset TEXT NOT NULL, kind INTEGER NOT N
 CREATE TABLE IF NOT EXISTS search_context(dataset TEXT NOT NULL, area_kind INTEGER NOT NULL, area_id INTEGER NOT NULL, kind INTEGER NOT NULL, id INTEGER NOT NULL, PRIMARY KEY(dataset, area_kind, area_id, kind, id)) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS search_context_doc ON search_context(dataset, kind, id);
 ";
+
+/// The kind, for the registry.
+pub const KIND: crate::dataset::Kind = crate::dataset::Kind {
+    name: "search",
+    tables: &[TABLES, crate::areas::TABLES],
+};
 
 /// Memory the tantivy writer may buffer before it flushes a segment, in
 /// bytes: bounds a drain's or a rebuild's memory.
@@ -117,7 +124,7 @@ pub struct Context {
 pub fn context(store: &Store, d: &SearchDataset) -> Result<Context, StoreError> {
     store.snapshot(|s| {
         Ok(Context {
-            admin: crate::aggregates::areas(s, &d.admin_levels)?,
+            admin: crate::areas::areas(s, &d.admin_levels)?,
             places: place_areas(s, &d.places)?,
         })
     })
@@ -543,15 +550,32 @@ pub fn verify(store: &Store, d: &SearchDataset) -> Result<(usize, Vec<DocDiff>),
 
 // ---- the search tables in the OSM store ----
 
-impl Store {
+/// This dataset's tables, read and written through the store (an extension
+/// trait: the store crate knows no dataset).
+pub trait SearchStore {
     /// A search document as last indexed, with the areas it embeds.
-    pub fn search_doc(
+    fn search_doc(
+        &self,
+        dataset: &str,
+        key: (MemberKind, i64),
+    ) -> Result<Option<Embedded>, StoreError>;
+    /// The documents that embed an area's name (the reverse index).
+    fn search_embedders(
+        &self,
+        dataset: &str,
+        area: (MemberKind, i64),
+    ) -> Result<Vec<(MemberKind, i64)>, StoreError>;
+    fn search_count(&self, dataset: &str) -> Result<usize, StoreError>;
+}
+
+impl SearchStore for Store {
+    fn search_doc(
         &self,
         dataset: &str,
         key: (MemberKind, i64),
     ) -> Result<Option<Embedded>, StoreError> {
         let doc: Option<String> = self
-            .conn
+            .conn()
             .prepare_cached(
                 "SELECT doc FROM search_docs WHERE dataset = ?1 AND kind = ?2 AND id = ?3",
             )
@@ -562,11 +586,11 @@ impl Store {
             .map_err(|e| self.err(e))?;
         let Some(doc) = doc else { return Ok(None) };
         let doc = serde_json::from_str(&doc).map_err(|e| StoreError::Corrupt {
-            path: self.path.clone(),
+            path: self.path().to_path_buf(),
             what: format!("search_docs {key:?}: {e}"),
         })?;
         let mut st = self
-            .conn
+            .conn()
             .prepare_cached("SELECT area_kind, area_id FROM search_context WHERE dataset = ?1 AND kind = ?2 AND id = ?3 ORDER BY area_kind, area_id")
             .map_err(|e| self.err(e))?;
         let embeds = st
@@ -578,8 +602,7 @@ impl Store {
             .map_err(|e| self.err(e))?;
         Ok(Some((doc, embeds)))
     }
-    /// The documents that embed an area's name (the reverse index).
-    pub fn search_embedders(
+    fn search_embedders(
         &self,
         dataset: &str,
         area: (MemberKind, i64),
@@ -590,8 +613,8 @@ impl Store {
             area,
         )
     }
-    pub fn search_count(&self, dataset: &str) -> Result<usize, StoreError> {
-        self.conn
+    fn search_count(&self, dataset: &str) -> Result<usize, StoreError> {
+        self.conn()
             .query_row(
                 "SELECT count(*) FROM search_docs WHERE dataset = ?1",
                 [dataset],
@@ -602,23 +625,37 @@ impl Store {
     }
 }
 
-impl Writer<'_> {
-    pub fn search_clear(&mut self, dataset: &str) -> Result<(), StoreError> {
+/// This dataset's tables, written in a write transaction (an extension
+/// trait: the store crate knows no dataset).
+pub trait SearchWriter {
+    fn search_clear(&mut self, dataset: &str) -> Result<(), StoreError>;
+    fn search_del(&mut self, dataset: &str, key: (MemberKind, i64)) -> Result<(), StoreError>;
+    fn search_put(
+        &mut self,
+        dataset: &str,
+        key: (MemberKind, i64),
+        doc: &Doc,
+        embeds: &[(MemberKind, i64)],
+    ) -> Result<(), StoreError>;
+}
+
+impl SearchWriter for Writer<'_> {
+    fn search_clear(&mut self, dataset: &str) -> Result<(), StoreError> {
         self.clear_dataset(&["search_docs", "search_context"], dataset)
     }
-    pub fn search_del(&mut self, dataset: &str, key: (MemberKind, i64)) -> Result<(), StoreError> {
+    fn search_del(&mut self, dataset: &str, key: (MemberKind, i64)) -> Result<(), StoreError> {
         for sql in [
             "DELETE FROM search_docs WHERE dataset = ?1 AND kind = ?2 AND id = ?3",
             "DELETE FROM search_context WHERE dataset = ?1 AND kind = ?2 AND id = ?3",
         ] {
-            self.tx
+            self.tx()
                 .prepare_cached(sql)
                 .and_then(|mut st| st.execute(params![dataset, kind_code(key.0), key.1]))
                 .map_err(|e| self.err(e))?;
         }
         Ok(())
     }
-    pub fn search_put(
+    fn search_put(
         &mut self,
         dataset: &str,
         key: (MemberKind, i64),
@@ -626,14 +663,14 @@ impl Writer<'_> {
         embeds: &[(MemberKind, i64)],
     ) -> Result<(), StoreError> {
         let text = serde_json::to_string(doc).expect("documents serialize");
-        self.tx
+        self.tx()
             .prepare_cached(
                 "INSERT INTO search_docs(dataset, kind, id, doc) VALUES(?1, ?2, ?3, ?4)",
             )
             .and_then(|mut st| st.execute(params![dataset, kind_code(key.0), key.1, text]))
             .map_err(|e| self.err(e))?;
         for a in embeds {
-            self.tx
+            self.tx()
                 .prepare_cached("INSERT OR IGNORE INTO search_context(dataset, area_kind, area_id, kind, id) VALUES(?1, ?2, ?3, ?4, ?5)")
                 .and_then(|mut st| {
                     st.execute(params![dataset, kind_code(a.0), a.1, kind_code(key.0), key.1])
@@ -650,7 +687,7 @@ impl crate::dataset::Dataset for SearchDataset {
     }
 
     fn kind(&self) -> &'static str {
-        "search"
+        KIND.name
     }
 
     fn recipe(&self) -> &str {

@@ -11,8 +11,8 @@
 
 use crate::features::{nesting, ElementKey, Shape, TileLayer, P};
 use crate::model::MemberKind;
-use crate::tiles::mvt::{self, GeomType, TileFeature, Value, EXTENT};
-use crate::tiles::schema::Placement;
+use crate::mvt::{self, GeomType, TileFeature, Value, EXTENT};
+use crate::schema::Placement;
 use highwater_core::tile::{self, Tile};
 use std::collections::BTreeMap;
 

@@ -18,7 +18,7 @@
 //!   for its counts. It is not the store: serve stays a reader of that.
 
 use super::{cut_batch, gzip, TileDataset, TilesError};
-use crate::store::{DrainOrder, Store, StoreError};
+use crate::store::{DrainOrder, Extension, Store, StoreError};
 use highwater_core::tile::Tile;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -181,21 +181,27 @@ pub struct FreshView {
 }
 
 impl FreshView {
-    pub fn open(store_dir: &Path) -> Result<FreshView, TilesError> {
+    /// Opens the store in `store_dir` with `ext` (the registry's,
+    /// `highwater_osm::store_extension`: the datasets are below it).
+    pub fn open(store_dir: &Path, ext: &Extension) -> Result<FreshView, TilesError> {
         // For the tests of the fallback through serve.
         let no_map = std::env::var_os("HIGHWATER_FAILPOINT").is_some_and(|v| v == "no-wal-index");
-        Self::open_with(store_dir, !no_map)
+        Self::open_with(store_dir, ext, !no_map)
     }
 
     /// A view that asks the probe on every request, never the WAL-index
     /// header: what [`FreshView::open`] falls back to when the header
     /// cannot be mapped (for the tests of that fallback).
-    pub fn open_probe_only(store_dir: &Path) -> Result<FreshView, TilesError> {
-        Self::open_with(store_dir, false)
+    pub fn open_probe_only(store_dir: &Path, ext: &Extension) -> Result<FreshView, TilesError> {
+        Self::open_with(store_dir, ext, false)
     }
 
-    fn open_with(store_dir: &Path, map_header: bool) -> Result<FreshView, TilesError> {
-        let store = Store::open(store_dir)?;
+    fn open_with(
+        store_dir: &Path,
+        ext: &Extension,
+        map_header: bool,
+    ) -> Result<FreshView, TilesError> {
+        let store = Store::open(store_dir, ext)?;
         let path = store.path().to_path_buf();
         let err = |err| StoreError::Sqlite {
             path: path.clone(),

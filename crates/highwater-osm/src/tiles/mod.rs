@@ -14,24 +14,29 @@
 //! instead, and says so, so that new logic never mixes with old tiles.
 //!
 //! Layout: this file is the dataset (its config, [`Dataset`] impl, build,
-//! drain, verify); [`schema`]: tile schemas as data, Shortbread 1.0
-//! bundled (`shortbread.toml`); [`cut`]: one tile cut from features;
-//! [`mvt`]: the MVT encoding and a decoder. Expiry (which tiles a diff
-//! affects) reads the same schema through [`crate::features`] and
-//! [`crate::derive`].
+//! drain, verify); [`cut`](mod@cut): one tile cut from features; [`ocean`]: the
+//! kept sea; [`fresh`] and [`wal_index`]: serve's fresh tiles. Tile
+//! schemas ([`crate::schema`], Shortbread 1.0 bundled) and the MVT
+//! encoding ([`crate::mvt`]) are below the datasets, beside the
+//! features. Expiry (which tiles a diff affects) reads the same schema
+//! through [`crate::features`] and [`crate::derive`].
+//!
+//! [`Dataset`]: crate::dataset::Dataset
 
 pub mod cut;
 pub mod fresh;
-pub mod mvt;
 pub mod ocean;
-pub mod schema;
 pub mod wal_index;
+
+/// The schemas and the MVT encoding sit below the datasets (features read
+/// them too); re-exported here under their former paths.
+pub use crate::{mvt, schema};
 
 use crate::derive::{rebuild_shapes, TileLayer};
 use crate::features::{self, ElementKey, Feature};
+use crate::schema::Placement;
 use crate::store::{DrainOrder, Store, StoreError};
 use crate::tiles::cut::cut;
-use crate::tiles::schema::Placement;
 use highwater_core::tile::Tile;
 use rayon::prelude::*;
 use rusqlite::{params, Connection, OptionalExtension};
@@ -44,6 +49,12 @@ use thiserror::Error;
 /// ([`ocean`]); their tiles are in the MBTiles file, their dirty set and
 /// marker in the store's own tables.
 pub const TABLES: &str = ocean::TABLES;
+
+/// The kind, for the registry.
+pub const KIND: crate::dataset::Kind = crate::dataset::Kind {
+    name: "tiles",
+    tables: &[TABLES],
+};
 
 /// One tile dataset.
 #[derive(Clone, Debug)]
@@ -71,6 +82,28 @@ pub struct TileDataset {
     /// three-year diff, old and new tiles) took 1.0x. The default, 1,
     /// rebuilds a little early, on the side that is always correct.
     pub drain_rebuild_share: f64,
+}
+
+/// Keeps at most `max` tiles at the top zoom by taking parents; returns the
+/// zoom it stopped at when it had to.
+fn bound(tiles: BTreeSet<Tile>, layer: &TileLayer, max: usize) -> (BTreeSet<Tile>, Option<u8>) {
+    let mut top: BTreeSet<(u32, u32)> = tiles
+        .iter()
+        .filter(|t| t.z == layer.zoom_max)
+        .map(|t| (t.x, t.y))
+        .collect();
+    if top.len() <= max {
+        return (tiles, None);
+    }
+    let mut z = layer.zoom_max;
+    while top.len() > max && z > layer.zoom_min {
+        top = top.iter().map(|&(x, y)| (x / 2, y / 2)).collect();
+        z -= 1;
+    }
+    (
+        highwater_core::tile::with_parents(&top, z, layer.zoom_min),
+        Some(z),
+    )
 }
 
 /// Tiles cut and written per MBTiles transaction: bounds the memory of a
@@ -877,7 +910,7 @@ impl crate::dataset::Dataset for TileDataset {
     }
 
     fn kind(&self) -> &'static str {
-        "tiles"
+        KIND.name
     }
 
     fn recipe(&self) -> &str {
@@ -894,8 +927,8 @@ impl crate::dataset::Dataset for TileDataset {
         &self,
         w: &mut crate::store::Writer<'_>,
         changes: &[crate::model::Change],
-        r: &mut crate::ops::DatasetReport,
-    ) -> Result<(), crate::ops::OpsError> {
+        r: &mut crate::dataset::DatasetReport,
+    ) -> Result<(), StoreError> {
         let (mut t, s, sea) = crate::derive::affected_tiles_and_sea(&*w, changes, &self.layer)?;
         // The sea after the diff, when the diff touched a coastline: kept
         // for the drain in this (the apply's) transaction.
@@ -911,7 +944,7 @@ impl crate::dataset::Dataset for TileDataset {
         }
         r.last_affected = Some(t.len());
         r.last_read = s.read_tags_changed;
-        let (t, z) = crate::ops::bound(t, &self.layer, self.tiles_affected_max);
+        let (t, z) = bound(t, &self.layer, self.tiles_affected_max);
         r.changes += s.changes;
         r.filtered += s.filtered;
         if z.is_some() {
@@ -930,12 +963,17 @@ impl crate::dataset::Dataset for TileDataset {
         &self,
         w: &mut crate::store::Writer<'_>,
         sequence: Option<i64>,
-        r: &mut crate::ops::DatasetReport,
-    ) -> Result<(), crate::ops::OpsError> {
+        r: &mut crate::dataset::DatasetReport,
+    ) -> Result<(), StoreError> {
         w.add_dirty(&self.name, &r.dirty)?;
         w.set_marker(&self.name, sequence, &self.recipe)?;
         r.tiles = r.dirty.len();
         Ok(())
+    }
+
+    /// Its dirty tiles.
+    fn dirty_units(&self, store: &Store) -> Result<u64, StoreError> {
+        Ok(store.dirty_count(&self.name)? as u64)
     }
 
     fn drains_on_apply(&self) -> bool {

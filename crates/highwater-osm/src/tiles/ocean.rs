@@ -18,24 +18,14 @@
 //! planet's water polygons (osmdata.openstreetmap.de) would be the input,
 //! which this does not do.
 
-use crate::features::{self, Current, Feature};
-use crate::store::{OsmRead, Store, StoreError, Writer};
+use crate::features::{self, Feature};
+use crate::store::{Store, StoreError, Writer};
 use rusqlite::OptionalExtension;
 
 /// The kept sea: one row (id 0) once assembled; `data` NULL when the
 /// extract has no sea.
 pub const TABLES: &str =
     "CREATE TABLE IF NOT EXISTS tiles_ocean(id INTEGER PRIMARY KEY CHECK (id = 0), data BLOB);";
-
-/// The sea of the store as `s` reads it, from every coastline way.
-pub fn assemble_all(s: &(impl OsmRead + ?Sized)) -> Result<Option<Feature>, StoreError> {
-    let bounds = crate::coast::bounds_of(s.meta(crate::coast::BOUNDS_META)?.as_deref());
-    if bounds.is_none() {
-        return Ok(None);
-    }
-    let view = Current::uncached(s);
-    crate::coast::ocean_feature(&view, s.coastline_ways()?, bounds)
-}
 
 fn corrupt(path: &std::path::Path) -> StoreError {
     StoreError::Corrupt {
@@ -48,7 +38,7 @@ fn corrupt(path: &std::path::Path) -> StoreError {
 /// extract has none.
 pub fn kept(s: &Store) -> Result<Option<Option<Feature>>, StoreError> {
     let row: Option<Option<Vec<u8>>> = s
-        .conn
+        .conn()
         .query_row("SELECT data FROM tiles_ocean WHERE id = 0", [], |r| {
             r.get(0)
         })
@@ -64,19 +54,20 @@ pub fn kept(s: &Store) -> Result<Option<Option<Feature>>, StoreError> {
 /// Keeps `f` as the sea, in the writer's transaction.
 pub fn keep(w: &mut Writer<'_>, f: Option<&Feature>) -> Result<(), StoreError> {
     let data = f.map(features::encode);
-    w.tx.execute(
-        "INSERT OR REPLACE INTO tiles_ocean(id, data) VALUES(0, ?1)",
-        [data],
-    )
-    .map(|_| ())
-    .map_err(|e| w.err(e))
+    w.tx()
+        .execute(
+            "INSERT OR REPLACE INTO tiles_ocean(id, data) VALUES(0, ?1)",
+            [data],
+        )
+        .map(|_| ())
+        .map_err(|e| w.err(e))
 }
 
 /// Assembles and keeps the sea if none is kept (a store imported, never
 /// built): the drain's first step.
 pub fn ensure(store: &mut Store) -> Result<(), StoreError> {
     if kept(store)?.is_none() {
-        let f = store.snapshot(assemble_all)?;
+        let f = store.snapshot(features::assemble_sea)?;
         store.write(|w| keep(w, f.as_ref()))?;
     }
     Ok(())
@@ -87,6 +78,6 @@ pub fn ensure(store: &mut Store) -> Result<(), StoreError> {
 pub(crate) fn for_cut(s: &Store) -> Result<Option<Feature>, StoreError> {
     match kept(s)? {
         Some(f) => Ok(f),
-        None => assemble_all(s),
+        None => features::assemble_sea(s),
     }
 }

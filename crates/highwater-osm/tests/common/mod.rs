@@ -221,7 +221,7 @@ pub fn monaco(dir: &Path) -> Store {
         let pbf =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/monaco-3047-20210801.osm.pbf");
         let t = tempfile::tempdir().unwrap();
-        let mut store = Store::create(t.path()).unwrap();
+        let mut store = highwater_osm::create_store(t.path()).unwrap();
         highwater_osm::import::import(&mut store, &pbf).unwrap();
         // Closing checkpoints the write-ahead log into store.db.
         drop(store);
@@ -229,7 +229,7 @@ pub fn monaco(dir: &Path) -> Store {
     });
     std::fs::create_dir_all(dir).unwrap();
     std::fs::copy(template.path().join("store.db"), dir.join("store.db")).unwrap();
-    Store::open(dir).unwrap()
+    highwater_osm::open_store(dir).unwrap()
 }
 
 /// The path of a test data file.

@@ -142,7 +142,7 @@ pub fn osmium_applied(work: &Path, seqs: std::ops::RangeInclusive<i64>) -> Vec<C
 
 /// The store's elements in canonical form.
 pub fn store_canon(store: &Path) -> Vec<Canon> {
-    let store = highwater_osm::store::Store::open(store).unwrap();
+    let store = highwater_osm::open_store(store).unwrap();
     let mut ours: Vec<Canon> = Vec::new();
     store.export(|e| ours.push(canon_from_store(&e))).unwrap();
     ours

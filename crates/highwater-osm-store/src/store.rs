@@ -28,6 +28,20 @@ pub const FLAT_TOKEN_META: &str = "flat_nodes_token";
 /// undo log in [`crate::flatnodes`]).
 pub const FLAT_EPOCH_META: &str = "flat_nodes_epoch";
 
+/// What the crates above the store add to every store it opens or
+/// creates. The store knows no dataset and no feature: the derived
+/// datasets' tables are created with its own (so a published store never
+/// lacks one), and the shapes index, derived from features, is rebuilt by
+/// code above it when a migration dropped it. `highwater_osm` gives the one
+/// it uses (`highwater_osm::store_extension`, from its registry of kinds).
+#[derive(Clone, Debug)]
+pub struct Extension {
+    /// Every dataset kind's tables (`CREATE TABLE IF NOT EXISTS ...`).
+    pub tables: Vec<&'static str>,
+    /// Rebuilds the shapes index from every feature in the store.
+    pub rebuild_shapes: fn(&mut Store) -> Result<usize, StoreError>,
+}
+
 /// The undo log beside a flat node file.
 pub(crate) fn undo_path(flat: &Path) -> PathBuf {
     let mut n = flat.file_name().unwrap_or_default().to_os_string();
@@ -148,7 +162,7 @@ fn shape_id(kind: MemberKind, id: i64) -> i64 {
 /// Rings as bytes, exactly: per ring its point count (u32), then each
 /// point's x and y (f64), little-endian. Text would round the floats, and an
 /// area whose stored shape differs from its real one looks changed.
-pub(crate) fn rings_blob(rings: &[Vec<(f64, f64)>]) -> Vec<u8> {
+pub fn rings_blob(rings: &[Vec<(f64, f64)>]) -> Vec<u8> {
     let mut out = Vec::new();
     for r in rings {
         out.extend_from_slice(&(r.len() as u32).to_le_bytes());
@@ -160,7 +174,7 @@ pub(crate) fn rings_blob(rings: &[Vec<(f64, f64)>]) -> Vec<u8> {
     out
 }
 
-pub(crate) fn rings_from_blob(b: &[u8]) -> Option<Vec<Vec<(f64, f64)>>> {
+pub fn rings_from_blob(b: &[u8]) -> Option<Vec<Vec<(f64, f64)>>> {
     let mut out = Vec::new();
     let mut i = 0;
     let f =
@@ -178,7 +192,7 @@ pub(crate) fn rings_from_blob(b: &[u8]) -> Option<Vec<Vec<(f64, f64)>>> {
     Some(out)
 }
 
-pub(crate) fn kind_of(code: i64) -> MemberKind {
+pub fn kind_of(code: i64) -> MemberKind {
     match code {
         0 => MemberKind::Node,
         1 => MemberKind::Way,
@@ -227,7 +241,7 @@ pub(crate) fn tags_text(t: &Tags) -> Option<String> {
     (!t.is_empty()).then(|| serde_json::to_string(t).expect("tags serialize"))
 }
 
-pub(crate) fn kind_code(k: MemberKind) -> i64 {
+pub fn kind_code(k: MemberKind) -> i64 {
     match k {
         MemberKind::Node => 0,
         MemberKind::Way => 1,
@@ -243,8 +257,8 @@ impl Store {
     /// Opens the store in `dir`. A missing or empty store is an error: only
     /// [`Store::create`] (`osm import`) makes one, so a typo in a path never
     /// turns into a fresh, empty store that looks current.
-    pub fn open(dir: &Path) -> Result<Store, StoreError> {
-        Self::open_path(Self::published(dir)?)
+    pub fn open(dir: &Path, ext: &Extension) -> Result<Store, StoreError> {
+        Self::open_path(Self::published(dir)?, ext)
     }
 
     /// The published store file in `dir`: there, and not empty.
@@ -262,7 +276,7 @@ impl Store {
     /// Opens the store in `dir`, creating the folder and an empty store
     /// when there is none: for `import::import` into a store of its own
     /// (tests, library users); `osm import` builds unseen instead.
-    pub fn create(dir: &Path) -> Result<Store, StoreError> {
+    pub fn create(dir: &Path, ext: &Extension) -> Result<Store, StoreError> {
         let path = dir.join("store.db");
         if std::fs::metadata(&path).is_ok_and(|m| m.len() == 0) {
             return Err(StoreError::Empty { path });
@@ -271,14 +285,14 @@ impl Store {
             path: dir.to_path_buf(),
             what: format!("cannot create the store folder: {e}"),
         })?;
-        Self::open_path(path)
+        Self::open_path(path, ext)
     }
 
     /// Opens a new store file that nobody else can see yet, for an import
     /// to fill: no journal and no fsync while it is written, since a crash
     /// leaves only a hidden file that the next import sweeps away.
     /// [`Store::seal`] makes it durable; it is published by renaming.
-    pub(crate) fn create_unpublished(path: &Path) -> Result<Store, StoreError> {
+    pub(crate) fn create_unpublished(path: &Path, ext: &Extension) -> Result<Store, StoreError> {
         let err = |err| StoreError::Sqlite {
             path: path.to_path_buf(),
             err,
@@ -290,7 +304,7 @@ impl Store {
             .map_err(err)?;
         conn.pragma_update(None, "cache_size", -STORE_CACHE_KIB)
             .map_err(err)?;
-        init_schema(&conn).map_err(err)?;
+        init_schema(&conn, ext).map_err(err)?;
         Ok(Store {
             conn,
             path: path.to_path_buf(),
@@ -341,15 +355,15 @@ impl Store {
     /// replace killed after putting its new flat file in place leaves an
     /// old store whose file is no longer its own; `open` refuses that
     /// store (rightly), and the next replace must not.
-    pub(crate) fn open_to_replace(dir: &Path) -> Result<Store, StoreError> {
-        Self::open_with(Self::published(dir)?, false)
+    pub(crate) fn open_to_replace(dir: &Path, ext: &Extension) -> Result<Store, StoreError> {
+        Self::open_with(Self::published(dir)?, false, ext)
     }
 
-    fn open_path(path: PathBuf) -> Result<Store, StoreError> {
-        Self::open_with(path, true)
+    fn open_path(path: PathBuf, ext: &Extension) -> Result<Store, StoreError> {
+        Self::open_with(path, true, ext)
     }
 
-    fn open_with(path: PathBuf, nodes: bool) -> Result<Store, StoreError> {
+    fn open_with(path: PathBuf, nodes: bool, ext: &Extension) -> Result<Store, StoreError> {
         let err = |err| StoreError::Sqlite {
             path: path.clone(),
             err,
@@ -366,7 +380,7 @@ impl Store {
         // cache turns most of those reads from system calls into lookups.
         conn.pragma_update(None, "cache_size", -STORE_CACHE_KIB)
             .map_err(err)?;
-        let rtree_shapes = init_schema(&conn).map_err(err)?;
+        let rtree_shapes = init_schema(&conn, ext).map_err(err)?;
         let flat = if nodes {
             open_flat(&conn, &path)?
         } else {
@@ -381,7 +395,7 @@ impl Store {
             opened_as,
         };
         if rtree_shapes && nodes {
-            crate::derive::rebuild_shapes(&mut store, &crate::features::LowZoom::none())?;
+            (ext.rebuild_shapes)(&mut store)?;
         }
         Ok(store)
     }
@@ -631,11 +645,18 @@ impl Store {
         Ok(n == 0)
     }
 
-    pub(crate) fn err(&self, err: rusqlite::Error) -> StoreError {
+    /// An SQLite error of this store, naming its file.
+    pub fn err(&self, err: rusqlite::Error) -> StoreError {
         StoreError::Sqlite {
             path: self.path.clone(),
             err,
         }
+    }
+
+    /// The connection, for the datasets' own tables (created with the
+    /// store, [`Extension::tables`]): they read them through it.
+    pub fn conn(&self) -> &Connection {
+        &self.conn
     }
 
     /// Runs `f` in one write transaction and rolls it back: a dry run.
@@ -732,7 +753,7 @@ impl Store {
 
     /// The elements a reverse index (`sql`: a SELECT of kind and id,
     /// bound to dataset, area kind and area id) lists for an area.
-    pub(crate) fn keys_of_area(
+    pub fn keys_of_area(
         &self,
         sql: &str,
         dataset: &str,
@@ -1203,10 +1224,10 @@ fn open_flat(conn: &Connection, store: &Path) -> Result<Option<Arc<FlatNodes>>, 
 /// versions. Every store, new or opened, goes through here, so a published
 /// store never lacks a column that the next opener would race to add. True
 /// when the shapes index was dropped and must be rebuilt.
-fn init_schema(conn: &Connection) -> rusqlite::Result<bool> {
+fn init_schema(conn: &Connection, ext: &Extension) -> rusqlite::Result<bool> {
     let rtree_shapes = drop_rtree_shapes(conn)?;
     conn.execute_batch(SCHEMA)?;
-    for tables in crate::dataset::tables() {
+    for tables in &ext.tables {
         conn.execute_batch(tables)?;
     }
     migrate_node_rows(conn)?;
@@ -1241,7 +1262,7 @@ fn scrub_credentials(c: &Connection) -> rusqlite::Result<()> {
     c.pragma_update(None, "secure_delete", "ON")?;
     let tx = rusqlite::Transaction::new_unchecked(c, rusqlite::TransactionBehavior::Immediate)?;
     for url in found(&tx)? {
-        let clean = crate::fetch::redact_url(&url);
+        let clean = crate::redact::redact_url(&url);
         tx.execute(
             "UPDATE replication_log SET url = ?2 WHERE url = ?1",
             params![url, clean],
@@ -1511,7 +1532,7 @@ pub trait OsmRead {
     fn relations_of(&self, kind: MemberKind, id: i64) -> Result<Vec<i64>, StoreError>;
     fn meta(&self, key: &str) -> Result<Option<String>, StoreError>;
     /// The ways tagged `natural=coastline` (the sea is assembled from
-    /// them, [`crate::coast`]): a scan of the ways' tags, paid only by a
+    /// them, `highwater_osm::coast`): a scan of the ways' tags, paid only by a
     /// rebuild and by a diff that touches a coastline.
     fn coastline_ways(&self) -> Result<Vec<i64>, StoreError>;
 }
@@ -1593,12 +1614,24 @@ pub struct Writer<'s> {
     pending: BTreeMap<i64, (i32, i32)>,
 }
 
-impl Writer<'_> {
-    pub(crate) fn err(&self, err: rusqlite::Error) -> StoreError {
+impl<'s> Writer<'s> {
+    /// An SQLite error of this store, naming its file.
+    pub fn err(&self, err: rusqlite::Error) -> StoreError {
         StoreError::Sqlite {
             path: self.path.clone(),
             err,
         }
+    }
+
+    /// The write transaction, for the datasets' own tables (created with
+    /// the store, [`Extension::tables`]): they write them through it.
+    pub fn tx(&self) -> &Transaction<'s> {
+        &self.tx
+    }
+
+    /// The store's file.
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 
     pub fn meta(&self, key: &str) -> Result<Option<String>, StoreError> {
@@ -1630,7 +1663,7 @@ impl Writer<'_> {
                 // Redacted here too: no credential is ever stored.
                 params![
                     sequence,
-                    crate::fetch::redact_url(url),
+                    crate::redact::redact_url(url),
                     sha256,
                     timestamp,
                     highwater_store::lease::now_ns()
@@ -1795,7 +1828,7 @@ impl Writer<'_> {
     /// its box, its encoded feature and whether it shows below the low
     /// zoom. Inserts only, each table in its own key order (appends), many
     /// rows per statement.
-    pub(crate) fn insert_shapes<'d>(
+    pub fn insert_shapes<'d>(
         &mut self,
         rows: impl Iterator<Item = ShapeInsert<'d>>,
     ) -> Result<(), StoreError> {
@@ -1893,7 +1926,7 @@ impl Writer<'_> {
 
     /// Deletes a dataset's rows from our own tables (names are constants
     /// of this file, never input).
-    pub(crate) fn clear_dataset(
+    pub fn clear_dataset(
         &mut self,
         tables: &[&'static str],
         dataset: &str,

@@ -39,8 +39,8 @@
 //! set = { intermittent = false }                   # typed defaults for attributes left unset
 //! ```
 
-use crate::features::{inside, nesting, Feature, Shape, P};
-use crate::tiles::mvt::Value;
+use crate::geom::{inside, nesting, Feature, Shape, P};
+use crate::mvt::Value;
 use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -3,7 +3,7 @@
 
 use crate::model::{Element, Member, MemberKind, Node, Relation, Tags, Way};
 use crate::nodeblocks::Entry;
-use crate::store::{Store, StoreError};
+use crate::store::{Extension, Store, StoreError};
 use crate::xml::{read_osm, OsmError};
 use rayon::prelude::*;
 use std::path::{Path, PathBuf};
@@ -24,7 +24,7 @@ pub enum ImportError {
 }
 
 /// The folder `path` lies in (`.` for a bare name).
-pub(crate) fn parent_dir(path: &Path) -> &Path {
+pub fn parent_dir(path: &Path) -> &Path {
     match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
@@ -32,7 +32,7 @@ pub(crate) fn parent_dir(path: &Path) -> &Path {
 }
 
 /// Fsyncs the folder `path` lies in, so a rename into it is durable.
-pub(crate) fn sync_parent(path: &Path) -> std::io::Result<()> {
+pub fn sync_parent(path: &Path) -> std::io::Result<()> {
     std::fs::File::open(parent_dir(path))?.sync_all()
 }
 
@@ -76,8 +76,19 @@ pub fn import_into(
     extract: &Path,
     replace: bool,
     wait: bool,
+    ext: &Extension,
 ) -> Result<ImportStats, ImportError> {
-    import_into_after(dir, extract, replace, wait, 0)
+    import_into_after(dir, extract, replace, wait, 0, ext)
+}
+
+/// The meta row holding the extract's bounds: `west,south,east,north` in
+/// 1e-7 degrees. The import records them; the sea
+/// (`highwater_osm::coast`) is closed along them.
+pub const BOUNDS_META: &str = "bounds";
+
+/// `bounds` as [`BOUNDS_META`] holds them.
+pub fn bounds_text(b: [i64; 4]) -> String {
+    format!("{},{},{},{}", b[0], b[1], b[2], b[3])
 }
 
 /// `[osm] cache_mb`'s default: what an import may hold in memory.
@@ -191,6 +202,7 @@ pub fn import_into_after(
     replace: bool,
     wait: bool,
     tokens_used: i64,
+    ext: &Extension,
 ) -> Result<ImportStats, ImportError> {
     import_into_with(
         dir,
@@ -199,6 +211,7 @@ pub fn import_into_after(
         wait,
         tokens_used,
         &ImportOptions::default(),
+        ext,
     )
 }
 
@@ -210,6 +223,7 @@ pub fn import_into_with(
     wait: bool,
     tokens_used: i64,
     opts: &ImportOptions,
+    ext: &Extension,
 ) -> Result<ImportStats, ImportError> {
     check_extract(extract)?;
     let io = |path: &Path| {
@@ -227,7 +241,7 @@ pub fn import_into_with(
         })?;
         sweep_dead_builds(dir);
         let tmp = dir.join(format!(".store.db.hw-new-{}", std::process::id()));
-        let built = build(&tmp, extract, tokens_used, opts);
+        let built = build(&tmp, extract, tokens_used, opts, ext);
         let stats = match built {
             Ok(stats) => stats,
             Err(e) => {
@@ -258,9 +272,9 @@ pub fn import_into_with(
     // Without `--replace` the store is opened as any writer opens it, so a
     // store whose flat node file is not its own is refused, naming it.
     let mut old = if replace {
-        Store::open_to_replace(dir)?
+        Store::open_to_replace(dir, ext)?
     } else {
-        Store::open(dir)?
+        Store::open(dir, ext)?
     };
     old.lease_writer(wait)?;
     if !replace && !old.is_empty()? {
@@ -279,7 +293,7 @@ pub fn import_into_with(
     // token) would otherwise refuse every writer of the new store until
     // its tokens caught up.
     let continued = old.writer_token().unwrap_or(0).max(tokens_used);
-    let stats = match build(&new_dir.join("store.db"), extract, continued, opts) {
+    let stats = match build(&new_dir.join("store.db"), extract, continued, opts, ext) {
         Ok(stats) => stats,
         Err(e) => {
             let _ = std::fs::remove_dir_all(&new_dir);
@@ -346,8 +360,9 @@ fn build(
     extract: &Path,
     tokens_used: i64,
     opts: &ImportOptions,
+    ext: &Extension,
 ) -> Result<ImportStats, ImportError> {
-    let mut store = Store::create_unpublished(file)?;
+    let mut store = Store::create_unpublished(file, ext)?;
     let mut flat = new_flat(&mut store, opts)?;
     let result = match import_streaming(&mut store, extract, opts) {
         Ok(stats) => Ok(stats),
@@ -359,7 +374,7 @@ fn build(
                 path: file.to_path_buf(),
                 message: format!("cannot remove the unfinished store: {e}"),
             })?;
-            store = Store::create_unpublished(file)?;
+            store = Store::create_unpublished(file, ext)?;
             flat = new_flat(&mut store, opts)?;
             import_in_memory(&mut store, extract, opts)
         }
@@ -524,7 +539,7 @@ pub struct ImportStats {
     pub replication_url: Option<String>,
     /// The extract's bounds, in 1e-7 degrees (west, south, east, north):
     /// the PBF header's bounding box when it has one, else the extent of
-    /// its nodes. The sea ([`crate::coast`]) is closed along them.
+    /// its nodes. The sea (`highwater_osm::coast`) is closed along them.
     pub bounds: Option<[i64; 4]>,
     /// The extent of the extract's nodes, as `bounds`.
     pub extent: Option<[i64; 4]>,
@@ -957,10 +972,10 @@ fn write_meta(
     }
     if let Some(u) = &stats.replication_url {
         // An extract's header may carry credentials: never stored.
-        w.set_meta("replication_url", &crate::fetch::redact_url(u))?;
+        w.set_meta("replication_url", &crate::redact::redact_url(u))?;
     }
     if let Some(b) = stats.bounds.or(stats.extent) {
-        w.set_meta(crate::coast::BOUNDS_META, &crate::coast::bounds_text(b))?;
+        w.set_meta(BOUNDS_META, &bounds_text(b))?;
     }
     Ok(())
 }
