@@ -661,15 +661,46 @@ def compute(fn: Any, root: str, ignore: Iterable[str] = (), cache: str | None = 
     `cache`: the file that keeps module facts between processes (None: no
     file; modules are still read once per process and cache)."""
     facts = _facts_at(cache)
+    main = _main_name()
+    # `ignore=` may name the script's components either way.
+    ignore = [_as_main(i, main) for i in ignore]
     w = _Walker(root, ignore, facts)
     fn = _unwrap(fn)
     w.run(fn, f"{fn.__module__}.{fn.__qualname__}")
     facts.save()
     w.components["python"] = f"{sys.version_info.major}.{sys.version_info.minor}"
     return Recipe(
-        components=dict(sorted(w.components.items())),
+        components=dict(sorted((_from_main(k, main), v) for k, v in w.components.items())),
         unresolved=sorted(set(w.unresolved)),
     )
+
+
+def _main_name() -> str | None:
+    """The name the running script has when it is imported: `pipeline` for
+    `python pipeline.py` and `python -m pipeline` alike. A component of the
+    script is named by it, not by `__main__`, so that the same stage run as
+    a script, with `-m`, or imported by a driver (Dagster, Airflow, a test)
+    has one recipe, and switching between them re-runs nothing."""
+    mod = sys.modules.get("__main__")
+    spec = getattr(mod, "__spec__", None)
+    if spec is not None and getattr(spec, "name", None):
+        return spec.name
+    f = getattr(mod, "__file__", None)
+    if isinstance(f, str) and f.endswith(".py"):
+        return os.path.basename(f)[:-3]
+    return None  # an interactive session, `python -c`: `__main__` it stays
+
+
+def _from_main(name: str, main: str | None) -> str:
+    if main and name.startswith("__main__."):
+        return main + name[len("__main__") :]
+    return name
+
+
+def _as_main(name: str, main: str | None) -> str:
+    if main and name.startswith(main + "."):
+        return "__main__" + name[len(main) :]
+    return name
 
 
 def changed(old: dict[str, str], new: dict[str, str]) -> list[str]:

@@ -2,6 +2,9 @@
 reason and which named component. One `check` helper; the cases are the
 edit and what it must re-run."""
 
+import json
+import subprocess
+import sys
 import time
 
 import pytest
@@ -184,3 +187,41 @@ def test_kept_module_facts_never_vouch_for_an_edited_file(project):
     project.write("helpers.py", HELPERS)
     got = [(c["input"], c["detail"]) for c in project.plan()["tidy"]["changed"]]
     assert got == [("data/a.txt", "helpers.MARK")]
+
+
+MAIN = '''
+
+if __name__ == "__main__":
+    import json
+    print(json.dumps(p.plan().as_dict()))
+'''
+
+
+@pytest.mark.parametrize("how", [["pipeline.py"], ["-m", "pipeline"]], ids=["script", "module"])
+def test_a_script_and_its_import_are_one_recipe(project, how):
+    # Run as a script (`__main__`) or imported by a driver (run.py here;
+    # Dagster and Airflow likewise), a stage is the same stage: its
+    # components are named by the module, never `__main__`, so switching
+    # between the two re-runs nothing. And an edit is named the same way.
+    project.write("pipeline.py", PIPELINE + MAIN)
+    project.write("helpers.py", HELPERS)
+    project.write("data/a.txt", " a  text \n")
+    assert project.run()["tidy"]["processed"] == 1  # run.py: `from pipeline import p`
+
+    def plan_as_main():
+        r = subprocess.run(
+            [sys.executable, *how], cwd=project.root, capture_output=True, text=True, timeout=300
+        )
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)["stages"]["tidy"]
+
+    got = plan_as_main()
+    assert got["changed"] == [], got
+    assert "pipeline.tidy" in got["components"] and not any(
+        k.startswith("__main__") for k in got["components"]
+    ), got["components"]
+    project.write("pipeline.py", (PIPELINE + MAIN).replace('"""Tidies one text."""', "x = 1"))
+    got = plan_as_main()
+    assert [(c["input"], c["reason"], c["detail"]) for c in got["changed"]] == [
+        ("data/a.txt", "recipe", "pipeline.tidy")
+    ]
