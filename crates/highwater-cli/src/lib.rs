@@ -19,6 +19,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 use highwater_files::{Pipeline, RunOptions};
 use highwater_osm::dataset::{Dataset, DrainLimits};
+use highwater_osm::tiles::TileDataset;
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -979,8 +980,8 @@ impl highwater_serve::Project for ServedProject {
 
     fn tilesets(&self) -> Vec<highwater_serve::Tileset> {
         self.cfg
-            .tiles
-            .iter()
+            .of::<TileDataset>()
+            .into_iter()
             .filter_map(|d| {
                 let mb = d.mbtiles.clone()?;
                 mb.exists().then(|| highwater_serve::Tileset {
@@ -1013,7 +1014,7 @@ impl highwater_serve::Project for ServedProject {
         if self.spec.osm.is_some() && !self.cfg.store.exists() {
             out.push(self.missing_store());
         }
-        for d in &self.cfg.tiles {
+        for d in self.cfg.of::<TileDataset>() {
             if let Some(mb) = d.mbtiles.as_ref().filter(|m| !m.exists()) {
                 out.push(format!(
                     "[osm.tiles.{}] mbtiles {} does not exist: build it with `highwater osm tiles build`",
@@ -1100,8 +1101,8 @@ impl highwater_serve::Project for ServedProject {
     ) -> Result<(i64, Option<Vec<u8>>), String> {
         let d = self
             .cfg
-            .tiles
-            .iter()
+            .of::<TileDataset>()
+            .into_iter()
             .find(|d| d.name == dataset)
             .ok_or_else(|| format!("no tile dataset named {dataset:?}"))?;
         let st = highwater_osm::open_store(&self.cfg.store).map_err(|e| e.to_string())?;
@@ -1289,7 +1290,7 @@ fn osm(
             // project's MBTiles files recorded (issue 20): a store made
             // again beside them must not be fenced out by them.
             let mut used = 0;
-            for d in &cfg.tiles {
+            for d in cfg.of::<TileDataset>() {
                 used = used.max(highwater_osm::tiles::recorded_writer_token(d)?.unwrap_or(0));
             }
             let s = highwater_osm::import::import_into_with(
@@ -1618,8 +1619,8 @@ fn osm(
             json,
         } => {
             let q = cfg
-                .search
-                .iter()
+                .of::<highwater_osm::search::SearchDataset>()
+                .into_iter()
                 .find(|q| dataset.as_ref().is_none_or(|n| *n == q.name))
                 .ok_or_else(|| {
                     anyhow::anyhow!(
@@ -1644,8 +1645,8 @@ fn osm(
         } => {
             let st = open(store)?;
             let sets: Vec<_> = cfg
-                .aggregates
-                .iter()
+                .of::<highwater_osm::aggregates::AggDataset>()
+                .into_iter()
                 .filter(|a| dataset.as_ref().is_none_or(|n| *n == a.name))
                 .collect();
             anyhow::ensure!(
@@ -1699,7 +1700,7 @@ fn osm(
 /// A dataset of any kind, by name (a tile dataset must have a file).
 fn named<'c>(cfg: &'c highwater_osm::ops::OsmConfig, name: &str) -> Result<&'c dyn Dataset> {
     match cfg.dataset(name) {
-        Some(d) if d.kind() != "tiles" => Ok(d),
+        Some(d) if d.as_any().downcast_ref::<TileDataset>().is_none() => Ok(d),
         _ => Ok(tile_datasets(cfg, Some(name))?[0]),
     }
 }
@@ -1708,24 +1709,23 @@ fn named<'c>(cfg: &'c highwater_osm::ops::OsmConfig, name: &str) -> Result<&'c d
 fn tile_datasets<'c>(
     cfg: &'c highwater_osm::ops::OsmConfig,
     name: Option<&str>,
-) -> Result<Vec<&'c highwater_osm::ops::TileDataset>> {
-    let with_file: Vec<_> = cfg.tiles.iter().filter(|d| d.mbtiles.is_some()).collect();
+) -> Result<Vec<&'c TileDataset>> {
+    let tiles = cfg.of::<TileDataset>();
+    let with_file: Vec<_> = tiles
+        .iter()
+        .copied()
+        .filter(|d| d.mbtiles.is_some())
+        .collect();
     match name {
         None => Ok(with_file),
-        Some(n) => match cfg.tiles.iter().find(|d| d.name == n) {
+        Some(n) => match tiles.iter().copied().find(|d| d.name == n) {
             Some(d) if d.mbtiles.is_some() => Ok(vec![d]),
             Some(_) => Err(highwater_osm::tiles::TilesError::NoFile {
                 dataset: n.to_string(),
             }
             .into()),
             None => {
-                let names: Vec<&str> = cfg
-                    .tiles
-                    .iter()
-                    .map(|d| d.name.as_str())
-                    .chain(cfg.aggregates.iter().map(|a| a.name.as_str()))
-                    .chain(cfg.search.iter().map(|q| q.name.as_str()))
-                    .collect();
+                let names: Vec<&str> = cfg.all.iter().map(|d| d.name()).collect();
                 anyhow::bail!(
                     "no dataset {n:?}: the config declares {}",
                     if names.is_empty() {

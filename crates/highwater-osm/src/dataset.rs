@@ -3,9 +3,9 @@
 //! the registry (`crate::registry`, the one list of kinds) gives their
 //! tables to the store. This module names no dataset: it is below them,
 //! and they import it. `ops::apply` and the CLI's drain, rebuild and verify
-//! reach datasets only through this trait, so a fourth kind is its own
-//! folder, a line in the registry, and its config (`OsmConfig`'s parsing
-//! and `OsmConfig::datasets`).
+//! reach datasets only through this trait, and the config reaches a
+//! kind's section (`[osm.KIND.NAME]`) only through its [`Kind::configure`],
+//! so a fourth kind is its own folder and a line in the registry.
 //!
 //! Ordering contract, for a batch of diffs applied in one transaction:
 //!
@@ -26,18 +26,90 @@ use crate::derive::Touched;
 use crate::model::Change;
 use crate::store::{DrainOrder, Store, StoreError, Writer};
 use highwater_core::tile::Tile;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// One kind of dataset, as the registry (`crate::registry`) lists it.
 #[derive(Clone, Copy, Debug)]
 pub struct Kind {
-    /// What [`Dataset::kind`] says: `tiles`, `search`, `aggregates`.
+    /// What [`Dataset::kind`] says, and its config section: the datasets
+    /// of the kind are `[osm.NAME_OF_KIND.NAME]`.
     pub name: &'static str,
     /// The tables it keeps in the store (`CREATE TABLE IF NOT EXISTS
     /// ...`), created with the store's own: its own, and any shared one it
     /// uses (kinds may list one twice; it is created once).
     pub tables: &'static [&'static str],
+    /// Where apply and the drains visit its datasets: lower first, then
+    /// in the registry's order (cheap keyed datasets before a tile drain
+    /// that `--max` may bound).
+    pub order: u8,
+    /// Reads its section of the config: every `[osm.KIND.NAME]`, by name,
+    /// with the project root (files it names are inside it). An error is
+    /// the message after `[osm] `; the section's own keys are refused by
+    /// the kind (`#[serde(deny_unknown_fields)]`, through [`section`]).
+    pub configure: Configure,
+}
+
+/// A kind's [`Kind::configure`]: the project root and every
+/// `[osm.KIND.NAME]` section of the config, by name.
+pub type Configure = fn(&Path, Sections) -> Result<Vec<Configured>, String>;
+
+/// A kind's config sections, `[osm.KIND.NAME]` by `NAME`.
+pub type Sections = BTreeMap<String, toml::Value>;
+
+/// One dataset as its kind read it from the config, with the guard
+/// settings every kind takes (`affected_guard`, `affected_guard_min`),
+/// which the config checks alike for all.
+pub struct Configured {
+    pub dataset: Arc<dyn Dataset>,
+    pub affected_guard: Option<f64>,
+    pub affected_guard_min: Option<usize>,
+}
+
+/// A dataset's section (`[osm.KIND.NAME]`) as the kind's own struct: an
+/// unknown key is refused, named, with the keys it knows.
+pub fn section<T: serde::de::DeserializeOwned>(v: toml::Value) -> Result<T, String> {
+    v.try_into()
+        .map_err(|e: toml::de::Error| e.message().to_string())
+}
+
+/// A relative path without `..`, joined to the project root: the files
+/// and folders a dataset's section names.
+pub fn safe_file(root: &Path, f: &str) -> Option<PathBuf> {
+    let p = Path::new(f);
+    let ok = !f.is_empty()
+        && p.components().all(|c| {
+            matches!(
+                c,
+                std::path::Component::Normal(_) | std::path::Component::CurDir
+            )
+        });
+    ok.then(|| root.join(p))
+}
+
+/// Any dataset as [`std::any::Any`], so a caller that knows a kind (its
+/// own commands: `osm tiles`, `osm search`) finds its datasets by type,
+/// never by name.
+pub trait AsAny {
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+impl<T: std::any::Any> AsAny for T {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// What `osm status` shows of every dataset alike.
+pub struct StatusContext {
+    /// The store's sequence.
+    pub sequence: Option<i64>,
+    /// Per dataset: its marker, recorded recipe and dirty count.
+    pub markers: BTreeMap<String, (Option<i64>, String, i64)>,
+    /// `[osm] rebuild_gap_max`.
+    pub rebuild_gap_max: i64,
 }
 
 /// What one apply did, per dataset.
@@ -130,14 +202,47 @@ impl Outcome {
     }
 }
 
-pub trait Dataset: Sync {
+pub trait Dataset: Send + Sync + AsAny {
     fn name(&self) -> &str;
-    /// Its [`Kind::name`] (`tiles`, `search`, `aggregates`).
+    /// Its [`Kind::name`].
     fn kind(&self) -> &'static str;
     fn recipe(&self) -> &str;
     /// What the dirty set holds, for messages (`dirty tiles`).
     fn dirty_what(&self) -> &'static str {
         "dirty keys"
+    }
+
+    /// Whether its dirty set is tiles: its `derive` measures the affected
+    /// set itself (else it is the elements a diff touched), and the apply
+    /// report lists it. Default: no.
+    fn dirties_tiles(&self) -> bool {
+        false
+    }
+
+    /// The key of its outcome JSON (or of the JSON's `rebuilt`) that
+    /// counts the units a rebuild made, for the crossover. Default: none
+    /// (its rebuilds record 0 units).
+    fn unit_key(&self) -> Option<&'static str> {
+        None
+    }
+
+    /// The low-zoom predicate of the shapes index it needs, if any (all
+    /// tile datasets of a config share one). Default: none.
+    fn low_zoom(&self) -> Option<Arc<crate::features::LowZoom>> {
+        None
+    }
+
+    /// The files and folders it names, each with what it is
+    /// (`[osm.KIND.NAME] key`), for the collision check at config load.
+    /// Default: none.
+    fn paths(&self) -> Vec<(String, PathBuf)> {
+        Vec::new()
+    }
+
+    /// Its entry in `osm status`. Default: a keyed dataset's
+    /// ([`keyed_status`]).
+    fn status(&self, store: &Store, cx: &StatusContext) -> Result<serde_json::Value, StoreError> {
+        keyed_status(store, cx, (self.kind(), self.name(), self.recipe()), None)
     }
 
     /// Step 1: before a diff is applied, what it affects. Default: nothing.
@@ -539,7 +644,7 @@ pub fn drain_recorded(
     let after = dirty_units(store, d).map_err(|e| error_text(&e))?;
     let rebuilt = !o.json["rebuilt"].is_null() && o.json["rebuilt"] != false;
     let units = if rebuilt {
-        built_units(&o.json)
+        built_units(d, &o.json)
     } else {
         before.saturating_sub(after)
     };
@@ -556,23 +661,68 @@ pub fn rebuild_recorded(d: &dyn Dataset, store: &mut Store) -> Result<Outcome, D
         d.name(),
         true,
         o.took.as_secs_f64(),
-        built_units(&o.json),
+        built_units(d, &o.json),
     )
     .and_then(|_| release(store, d.name()))
     .map_err(|e| error_text(&e))?;
     Ok(o)
 }
 
-fn built_units(j: &serde_json::Value) -> u64 {
+/// The units a rebuild made, under the dataset's [`Dataset::unit_key`].
+fn built_units(d: &dyn Dataset, j: &serde_json::Value) -> u64 {
     let b = if j["rebuilt"].is_object() {
         &j["rebuilt"]
     } else {
         j
     };
-    ["tiles", "documents", "groups", "keys"]
-        .iter()
-        .find_map(|k| b[*k].as_u64())
-        .unwrap_or(0)
+    d.unit_key().and_then(|k| b[k].as_u64()).unwrap_or(0)
+}
+
+/// The status of a dataset kept current from dirty keys: its marker, its
+/// dirty keys, whether it was built with its recipe, its hold and
+/// crossover; `documents` when the kind counts them.
+pub fn keyed_status(
+    store: &Store,
+    cx: &StatusContext,
+    (kind, name, recipe): (&str, &str, &str),
+    documents: Option<usize>,
+) -> Result<serde_json::Value, StoreError> {
+    let marker = cx.markers.get(name).and_then(|m| m.0);
+    let built = store.meta(&crate::store::built_recipe_key(name))?;
+    let held = held(store, name)?;
+    let dirty = store.dirty_keys(name)?.len();
+    let crossover = crossover(&costs(store, name)?, dirty as u64);
+    let rebuild = match &built {
+        None => Some(format!(
+            "it was never built: run `highwater osm rebuild {name}`"
+        )),
+        Some(r) if r != recipe => {
+            Some("its recipe changed (config or code): the next apply rebuilds it".to_string())
+        }
+        Some(_) => match (&held, crossover.advice.as_deref()) {
+            (Some(h), _) => Some(h.message(name)),
+            (None, Some("rebuild")) => Some(format!(
+                "draining its {dirty} dirty keys is predicted to take {:.2} s (measured), more than its last rebuild's {:.2} s",
+                crossover.backlog_predicted_s.unwrap_or(0.0),
+                crossover.last_rebuild_s.unwrap_or(0.0)
+            )),
+            _ => None,
+        },
+    };
+    Ok(serde_json::json!({
+        "name": name,
+        "kind": kind,
+        "marker": marker,
+        "gap": match (cx.sequence, marker) { (Some(x), Some(y)) => Some(x - y), _ => None },
+        "dirty": dirty,
+        "held": held,
+        "crossover": crossover,
+        "documents": documents,
+        "recipe": recipe,
+        "recorded_recipe": built,
+        "rebuild": rebuild,
+        "last_drain": store.meta(&format!("drained_at:{name}"))?,
+    }))
 }
 
 #[cfg(test)]

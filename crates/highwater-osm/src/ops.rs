@@ -1,7 +1,8 @@
 //! The OSM operations the CLI offers: config, apply (with dry run and
 //! expire output), replicate from a local replication directory, status.
 
-use crate::derive::{apply_indexed, TileLayer};
+use crate::dataset::{Dataset, Kind};
+use crate::derive::apply_indexed;
 use crate::fetch::{check_forward, FetchError, Fetched, Server};
 use crate::import::{read_state, sequence_path, ImportError, State};
 use crate::model::Change;
@@ -33,16 +34,12 @@ pub enum OpsError {
     Fetch(#[from] FetchError),
 }
 
+/// `[osm]` without its dataset sections (`[osm.KIND.NAME]`, read by
+/// each kind: [`crate::dataset::Kind::configure`]).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawOsm {
     store: Option<String>,
-    #[serde(default)]
-    tiles: BTreeMap<String, RawTiles>,
-    #[serde(default)]
-    aggregates: BTreeMap<String, RawAggregates>,
-    #[serde(default)]
-    search: BTreeMap<String, RawSearch>,
     rebuild_gap_max: Option<i64>,
     lease_duration_s: Option<i64>,
     replication_url: Option<String>,
@@ -54,55 +51,38 @@ struct RawOsm {
     flat_nodes: Option<String>,
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawSearch {
-    index: String,
-    admin_levels: Option<Vec<u8>>,
-    places: Option<Vec<String>>,
-    affected_guard: Option<f64>,
-    affected_guard_min: Option<usize>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawAggregates {
-    classes: Vec<String>,
-    admin_levels: Option<Vec<u8>>,
-    affected_guard: Option<f64>,
-    affected_guard_min: Option<usize>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawTiles {
-    zooms: Option<String>,
-    /// A bundled schema's name ("shortbread") or a schema file in the
-    /// project.
-    schema: Option<String>,
-    #[serde(default)]
-    keys: Vec<String>,
-    buffer: Option<f64>,
-    diff_expire: Option<bool>,
-    tiles_affected_max: Option<usize>,
-    mbtiles: Option<String>,
-    drain: Option<String>,
-    drain_rebuild_share: Option<f64>,
-    affected_guard: Option<f64>,
-    affected_guard_min: Option<usize>,
-}
-
 /// A parsed diff and the replication state beside it, if any.
 pub type Diff = (Vec<Change>, Option<State>);
 
-pub use crate::tiles::TileDataset;
+/// The config's datasets, every kind, in the order of the kinds given to
+/// [`OsmConfig::parse_with`] (the registry's) and each kind's by name;
+/// with each its kind's [`Kind::order`].
+#[derive(Clone, Default)]
+pub struct Datasets(Vec<(u8, std::sync::Arc<dyn Dataset>)>);
+
+impl Datasets {
+    /// In the order of the kinds, each kind's by name.
+    pub fn iter(&self) -> impl Iterator<Item = &dyn Dataset> {
+        self.0.iter().map(|(_, d)| &**d)
+    }
+}
+
+impl std::fmt::Debug for Datasets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(
+                self.iter()
+                    .map(|d| format!("[osm.{}.{}]", d.kind(), d.name())),
+            )
+            .finish()
+    }
+}
 
 #[derive(Clone, Debug)]
 pub struct OsmConfig {
     pub store: PathBuf,
-    pub tiles: Vec<TileDataset>,
-    pub aggregates: Vec<crate::aggregates::AggDataset>,
-    pub search: Vec<crate::search::SearchDataset>,
+    /// Every dataset, as its kind read it from `[osm.KIND.NAME]`.
+    pub all: Datasets,
     /// A dataset this many sequences behind is better rebuilt.
     pub rebuild_gap_max: i64,
     /// How long the store's writer lease lasts without renewal.
@@ -167,19 +147,6 @@ pub fn check_flat_nodes(cfg: &OsmConfig, store: &Store) -> Result<(), OpsError> 
     }))
 }
 
-/// The version of the code that decides what a tile shows (features,
-/// expiry, cutting): part of every tile dataset's recipe, so a change to it
-/// forces a rebuild instead of mixing old tiles with new.
-pub const TILES_CODE_VERSION: &str = "tiles-5";
-
-/// The version of the aggregates code (features, areas, contributions):
-/// part of every aggregates dataset's recipe.
-pub const AGGREGATES_CODE_VERSION: &str = "aggregates-1";
-
-/// The version of the search code (documents, context): part of every
-/// search dataset's recipe.
-pub const SEARCH_CODE_VERSION: &str = "search-1";
-
 impl OsmConfig {
     /// The server the config names: `replication_url`, or the URL in the
     /// variable `replication_url_env` names, read now. It may hold
@@ -203,120 +170,85 @@ impl OsmConfig {
     }
 }
 
-/// A relative path without `..`, joined to the project root.
-fn safe_file(root: &Path, f: &str) -> Option<PathBuf> {
-    let p = Path::new(f);
-    let ok = !f.is_empty()
-        && p.components().all(|c| {
-            matches!(
-                c,
-                std::path::Component::Normal(_) | std::path::Component::CurDir
-            )
-        });
-    ok.then(|| root.join(p))
-}
-
-/// A tile schema by name (bundled) or project file, with its text (which
-/// goes into the recipe: an edited schema rebuilds the tiles).
-fn load_schema(
-    root: &Path,
-    dataset: &str,
-    s: &str,
-) -> Result<(crate::schema::Schema, String), String> {
-    if s == "shortbread" {
-        let text = crate::schema::SHORTBREAD.to_string();
-        let schema = crate::schema::Schema::parse(&text, "shortbread (bundled)")
-            .expect("the bundled schema parses (a unit test checks it)");
-        return Ok((schema, text));
-    }
-    let bad = |msg: String| msg;
-    let path = safe_file(root, s).ok_or_else(|| {
-        bad(format!(
-            "[osm.tiles.{dataset}] schema = {s:?}: give \"shortbread\" or a schema file inside the project (no `..`, not absolute)"
-        ))
-    })?;
-    let text = std::fs::read_to_string(&path).map_err(|e| {
-        bad(format!(
-            "[osm.tiles.{dataset}] schema = {s:?}: cannot read {}: {e}; bundled schemas: \"shortbread\"",
-            path.display()
-        ))
-    })?;
-    let schema = crate::schema::Schema::parse(&text, &path.display().to_string())
-        .map_err(|e| bad(format!("[osm.tiles.{dataset}] {e}")))?;
-    Ok((schema, text))
-}
-
-fn parse_zooms(s: &str) -> Option<(u8, u8)> {
-    let (a, b) = s.split_once('-').unwrap_or((s, s));
-    let (a, b): (u8, u8) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
-    (a <= b && b <= highwater_core::tile::ZOOM_MAX).then_some((a, b))
-}
-
 impl OsmConfig {
-    /// The low-zoom predicate of the config's tile datasets.
+    /// The low-zoom predicate of the shapes index: the one the config's
+    /// datasets share (the tile datasets'), else none.
     pub fn low(&self) -> std::sync::Arc<crate::features::LowZoom> {
-        self.tiles
-            .first()
-            .map(|d| d.low.clone())
+        self.all
+            .iter()
+            .find_map(|d| d.low_zoom())
             .unwrap_or_else(|| std::sync::Arc::new(crate::features::LowZoom::none()))
     }
 
-    /// Every dataset, in the order apply and drains visit them: search,
-    /// aggregates, tiles (the keyed datasets drain first: they are cheap,
-    /// and a tile drain may be bounded by --max).
-    pub fn datasets(&self) -> Vec<&dyn crate::dataset::Dataset> {
-        let mut out: Vec<&dyn crate::dataset::Dataset> = Vec::new();
-        out.extend(
-            self.search
-                .iter()
-                .map(|d| d as &dyn crate::dataset::Dataset),
-        );
-        out.extend(
-            self.aggregates
-                .iter()
-                .map(|d| d as &dyn crate::dataset::Dataset),
-        );
-        out.extend(self.tiles.iter().map(|d| d as &dyn crate::dataset::Dataset));
-        out
+    /// Every dataset, in the order apply and drains visit them: by their
+    /// kind's [`crate::dataset::Kind::order`] (the keyed datasets drain
+    /// first: they are cheap, and a tile drain may be bounded by --max),
+    /// then as the registry lists the kinds.
+    pub fn datasets(&self) -> Vec<&dyn Dataset> {
+        let mut out: Vec<&(u8, std::sync::Arc<dyn Dataset>)> = self.all.0.iter().collect();
+        out.sort_by_key(|(order, _)| *order);
+        out.into_iter().map(|(_, d)| &**d).collect()
     }
 
     /// A dataset by name.
-    pub fn dataset(&self, name: &str) -> Option<&dyn crate::dataset::Dataset> {
+    pub fn dataset(&self, name: &str) -> Option<&dyn Dataset> {
         self.datasets().into_iter().find(|d| d.name() == name)
     }
 
-    /// The datasets kept current from dirty keys (search, aggregates), as
-    /// (kind, name, recipe).
-    pub fn keyed(&self) -> impl Iterator<Item = (&'static str, &str, &str)> {
-        self.search
+    /// The datasets of one kind, by its type (`cfg.of::<TileDataset>()`),
+    /// for the commands about that kind.
+    pub fn of<T: Dataset + 'static>(&self) -> Vec<&T> {
+        self.all
             .iter()
-            .map(|q| ("search", q.name.as_str(), q.recipe.as_str()))
-            .chain(
-                self.aggregates
-                    .iter()
-                    .map(|a| ("aggregates", a.name.as_str(), a.recipe.as_str())),
-            )
+            .filter_map(|d| d.as_any().downcast_ref::<T>())
+            .collect()
     }
 
+    /// Reads `[osm]` with the registry's kinds.
     pub fn parse(
         value: Option<&toml::Value>,
         config_path: &Path,
         root: &Path,
     ) -> Result<OsmConfig, OpsError> {
+        Self::parse_with(value, config_path, root, &crate::registry::KINDS)
+    }
+
+    /// Reads `[osm]` with the kinds given: each `[osm.KIND.NAME]` is read
+    /// by its kind; any other key is `[osm]`'s own.
+    pub fn parse_with(
+        value: Option<&toml::Value>,
+        config_path: &Path,
+        root: &Path,
+        kinds: &[Kind],
+    ) -> Result<OsmConfig, OpsError> {
         let bad = |message: String| OpsError::Config {
             path: config_path.to_path_buf(),
             message,
         };
+        let mut value = value.cloned();
+        // Each kind's section, taken out before `[osm]`'s own keys are read.
+        let mut sections: Vec<(&Kind, toml::Value)> = Vec::new();
+        if let Some(toml::Value::Table(t)) = &mut value {
+            for k in kinds {
+                if let Some(v) = t.remove(k.name) {
+                    sections.push((k, v));
+                }
+            }
+        }
         let raw: RawOsm = match value {
-            Some(v) => v
-                .clone()
-                .try_into()
-                .map_err(|e: toml::de::Error| bad(e.message().to_string()))?,
+            Some(v) => v.try_into().map_err(|e: toml::de::Error| {
+                let m = e.message().to_string();
+                // An unknown key: the dataset kinds are known too.
+                bad(if m.starts_with("unknown field") {
+                    let names: Vec<String> =
+                        kinds.iter().map(|k| format!("`{}`", k.name)).collect();
+                    format!("{m}, or a kind of dataset: {}", names.join(", "))
+                } else {
+                    m
+                })
+            })?,
             None => RawOsm {
                 store: None,
-                tiles: BTreeMap::new(),
-                aggregates: BTreeMap::new(),
-                search: BTreeMap::new(),
                 rebuild_gap_max: None,
                 lease_duration_s: None,
                 replication_url: None,
@@ -328,207 +260,49 @@ impl OsmConfig {
                 flat_nodes: None,
             },
         };
-        let mut affected_guard = BTreeMap::new();
-        let guards = raw
-            .search
-            .iter()
-            .map(|(n, s)| ("search", n, s.affected_guard, s.affected_guard_min))
-            .chain(
-                raw.aggregates
-                    .iter()
-                    .map(|(n, a)| ("aggregates", n, a.affected_guard, a.affected_guard_min)),
-            )
-            .chain(
-                raw.tiles
-                    .iter()
-                    .map(|(n, t)| ("tiles", n, t.affected_guard, t.affected_guard_min)),
-            );
-        for (kind, name, g, min) in guards {
-            let g = g.unwrap_or(crate::dataset::AFFECTED_GUARD_DEFAULT);
-            if !(g == 0.0 || (g >= 1.0 && g.is_finite())) {
-                return Err(bad(format!(
-                    "[osm.{kind}.{name}] affected_guard = {g}: give a factor of 1 or more (50: hold the dataset when a diff affects more than 50 times the median of its recent diffs), or 0 for no guard"
-                )));
-            }
-            let min = min.unwrap_or(crate::dataset::AFFECTED_GUARD_MIN_DEFAULT);
-            affected_guard.insert(name.clone(), (g, min));
+        let mut named: Vec<(&Kind, BTreeMap<String, toml::Value>)> = Vec::new();
+        for (k, v) in sections {
+            let by_name: BTreeMap<String, toml::Value> = v
+                .try_into()
+                .map_err(|e: toml::de::Error| bad(e.message().to_string()))?;
+            named.push((k, by_name));
         }
-        let mut search = Vec::new();
-        for (name, s) in &raw.search {
-            if raw.tiles.contains_key(name) || raw.aggregates.contains_key(name) {
-                return Err(bad(format!(
-                    "[osm.search.{name}]: another dataset has that name; dataset names must be unique"
-                )));
-            }
-            let index = safe_file(root, &s.index).ok_or_else(|| {
-                bad(format!(
-                    "[osm.search.{name}] index = {:?}: give a folder inside the project (no `..`, not absolute)",
-                    s.index
-                ))
-            })?;
-            let admin_levels = s.admin_levels.clone().unwrap_or_else(|| vec![2, 4, 6, 8]);
-            let places = s
-                .places
-                .clone()
-                .unwrap_or_else(|| vec!["city".into(), "town".into(), "village".into()]);
-            let recipe = format!(
-                "r1:{}",
-                &highwater_core::recipe::recipe_id(&highwater_core::recipe::RecipeParts {
-                    version: SEARCH_CODE_VERSION.into(),
-                    config: serde_json::json!({"admin_levels": admin_levels, "places": places}),
-                    ..Default::default()
-                })[3..]
-            );
-            search.push(crate::search::SearchDataset {
-                name: name.clone(),
-                index,
-                admin_levels,
-                places,
-                recipe,
-            });
-        }
-        let mut aggregates = Vec::new();
-        for (name, a) in &raw.aggregates {
-            if raw.tiles.contains_key(name) {
-                return Err(bad(format!(
-                    "[osm.aggregates.{name}]: a tile dataset has that name too; dataset names must be unique"
-                )));
-            }
-            let mut classes = Vec::new();
-            for c in &a.classes {
-                classes.push(crate::aggregates::ClassSpec::parse(c).ok_or_else(|| {
-                    bad(format!(
-                        "[osm.aggregates.{name}] classes: {c:?} is not a key or key=*"
-                    ))
-                })?);
-            }
-            let admin_levels = a.admin_levels.clone().unwrap_or_else(|| vec![2, 4, 6, 8]);
-            let recipe = format!(
-                "r1:{}",
-                &highwater_core::recipe::recipe_id(&highwater_core::recipe::RecipeParts {
-                    version: AGGREGATES_CODE_VERSION.into(),
-                    config: serde_json::json!({"classes": a.classes, "admin_levels": admin_levels}),
-                    ..Default::default()
-                })[3..]
-            );
-            aggregates.push(crate::aggregates::AggDataset {
-                name: name.clone(),
-                classes,
-                admin_levels,
-                recipe,
-            });
-        }
-        let mut tiles = Vec::new();
-        for (name, t) in raw.tiles {
-            let schema = match t.schema.as_deref() {
-                None => None,
-                Some(s) => Some(load_schema(root, &name, s).map_err(bad)?),
-            };
-            if schema.is_some() && !t.keys.is_empty() {
-                return Err(bad(format!(
-                    "[osm.tiles.{name}] gives both schema and keys: the schema says what its layers read; drop keys"
-                )));
-            }
-            let zooms = match (&t.zooms, &schema) {
-                (Some(z), _) => z.clone(),
-                (None, Some((s, _))) => format!("0-{}", s.zoom_max),
-                (None, None) => {
+        // Dataset names are unique across kinds: they key the markers,
+        // dirty sets and the commands.
+        for (i, (k, by_name)) in named.iter().enumerate() {
+            for name in by_name.keys() {
+                if let Some((other, _)) = named[..i].iter().find(|(_, o)| o.contains_key(name)) {
                     return Err(bad(format!(
-                        "[osm.tiles.{name}] has no zooms: give zooms = \"10-16\" (or a schema = \"shortbread\")"
-                    )))
-                }
-            };
-            let (zoom_min, zoom_max) = parse_zooms(&zooms).ok_or_else(|| {
-                bad(format!(
-                    "[osm.tiles.{name}] zooms = {zooms:?}: write e.g. \"10-16\" within 0-20"
-                ))
-            })?;
-            if let Some((s, _)) = &schema {
-                if zoom_max > s.zoom_max {
-                    return Err(bad(format!(
-                        "[osm.tiles.{name}] zooms = {zooms:?} go above the schema {:?}'s top zoom {}: clients overzoom its z{} tiles; give zooms up to {}",
-                        s.name, s.zoom_max, s.zoom_max, s.zoom_max
+                        "[osm.{}.{name}]: another dataset has that name ([osm.{}.{name}]); dataset names must be unique",
+                        k.name, other.name
                     )));
                 }
             }
-            let keys = match &schema {
-                Some((s, _)) => Some(s.keys.clone()),
-                None => (!(t.keys.is_empty() || t.keys.iter().any(|k| k == "*")))
-                    .then(|| t.keys.iter().cloned().collect::<BTreeSet<_>>()),
-            };
-            let buffer = t
-                .buffer
-                .or(schema.as_ref().map(|(s, _)| s.buffer))
-                .unwrap_or(0.0);
-            if !(0.0..=4.0).contains(&buffer) {
-                return Err(bad(format!(
-                    "[osm.tiles.{name}] buffer = {buffer}: use 0 to 4 tile widths"
-                )));
-            }
-            // A schema's signatures are exact whatever changed, so its
-            // expiry compares them unless told not to.
-            let diff_expire = t.diff_expire.unwrap_or(schema.is_some());
-            let drain_on_apply = match t.drain.as_deref() {
-                None | Some("apply") => true,
-                Some("deferred") => false,
-                Some(other) => {
-                    return Err(bad(format!(
-                        "[osm.tiles.{name}] drain = {other:?}: use \"apply\" (re-cut dirty tiles after each apply) or \"deferred\" (leave them for `osm tiles drain`)"
-                    )))
-                }
-            };
-            let drain_rebuild_share = t.drain_rebuild_share.unwrap_or(1.0);
-            if !(drain_rebuild_share > 0.0 && drain_rebuild_share.is_finite()) {
-                return Err(bad(format!(
-                    "[osm.tiles.{name}] drain_rebuild_share = {drain_rebuild_share}: give a share above 0 (1: rebuild when more tiles are dirty than the file holds)"
-                )));
-            }
-            let mbtiles = match t.mbtiles.as_deref() {
-                None => None,
-                Some(f) => Some(safe_file(root, f).ok_or_else(|| {
-                    bad(format!(
-                        "[osm.tiles.{name}] mbtiles = {f:?}: give a file name inside the project (no `..`, not absolute)"
-                    ))
-                })?),
-            };
-            let recipe = format!(
-                "r1:{}",
-                &highwater_core::recipe::recipe_id(&highwater_core::recipe::RecipeParts {
-                    version: TILES_CODE_VERSION.into(),
-                    config: serde_json::json!({"zooms": [zoom_min, zoom_max], "keys": keys, "buffer": buffer, "diff_expire": diff_expire, "schema": schema.as_ref().map(|(_, text)| highwater_core::recipe::recipe_id(&highwater_core::recipe::RecipeParts { config: serde_json::json!(text), ..Default::default() }))}),
-                    ..Default::default()
-                })[3..]
-            );
-            tiles.push(TileDataset {
-                layer: TileLayer {
-                    zoom_min,
-                    zoom_max,
-                    keys,
-                    buffer,
-                    diff_expire,
-                    schema: schema.map(|(s, _)| std::sync::Arc::new(s)),
-                },
-                low: std::sync::Arc::new(crate::features::LowZoom::none()),
-                tiles_affected_max: t.tiles_affected_max.unwrap_or(1_000_000).max(1),
-                recipe,
-                name,
-                mbtiles,
-                drain_on_apply,
-                drain_rebuild_share,
-            });
         }
-        let low = std::sync::Arc::new(crate::features::LowZoom::new(
-            tiles.iter().map(|d| d.layer.clone()).collect(),
-            &tiles.iter().map(|d| d.recipe.as_str()).collect::<Vec<_>>(),
-        ));
-        for d in &mut tiles {
-            d.low = low.clone();
+        let mut all = Vec::new();
+        let mut affected_guard = BTreeMap::new();
+        for (k, by_name) in named {
+            for c in (k.configure)(root, by_name).map_err(bad)? {
+                let name = c.dataset.name().to_string();
+                let g = c
+                    .affected_guard
+                    .unwrap_or(crate::dataset::AFFECTED_GUARD_DEFAULT);
+                if !(g == 0.0 || (g >= 1.0 && g.is_finite())) {
+                    return Err(bad(format!(
+                        "[osm.{}.{name}] affected_guard = {g}: give a factor of 1 or more (50: hold the dataset when a diff affects more than 50 times the median of its recent diffs), or 0 for no guard",
+                        k.name
+                    )));
+                }
+                let min = c
+                    .affected_guard_min
+                    .unwrap_or(crate::dataset::AFFECTED_GUARD_MIN_DEFAULT);
+                affected_guard.insert(name, (g, min));
+                all.push((k.order, c.dataset));
+            }
         }
         Ok(OsmConfig {
             store: root.join(raw.store.unwrap_or_else(|| ".highwater/osm".into())),
-            tiles,
-            aggregates,
-            search,
+            all: Datasets(all),
             rebuild_gap_max: raw.rebuild_gap_max.unwrap_or(1000),
             lease_duration_s: match raw.lease_duration_s {
                 None => crate::store::WRITER_LEASE_DURATION_S,
@@ -618,13 +392,8 @@ impl OsmConfig {
             "the OSM store ([osm] store)".to_string(),
             self.store.clone(),
         )];
-        for d in &self.tiles {
-            if let Some(m) = &d.mbtiles {
-                out.push((format!("[osm.tiles.{}] mbtiles", d.name), m.clone()));
-            }
-        }
-        for q in &self.search {
-            out.push((format!("[osm.search.{}] index", q.name), q.index.clone()));
+        for d in self.all.iter() {
+            out.extend(d.paths());
         }
         out
     }
@@ -760,7 +529,7 @@ pub fn apply_to(
             let touched = apply_indexed(w, changes, &cfg.low())?;
             for (d, r) in sets.iter().zip(per.iter_mut()) {
                 d.touched(w, &touched)?;
-                if r.last_affected.is_none() && d.kind() != "tiles" {
+                if r.last_affected.is_none() && !d.dirties_tiles() {
                     r.last_affected = Some(touched.all.len());
                 }
             }
@@ -833,7 +602,7 @@ pub fn apply_to(
         report.datasets = sets
             .iter()
             .zip(per)
-            .filter(|(d, _)| d.kind() == "tiles")
+            .filter(|(d, _)| d.dirties_tiles())
             .map(|(_, r)| r)
             .collect();
         before_commit(w, &report)?;
@@ -1135,119 +904,15 @@ pub fn status(store: &Store, cfg: &OsmConfig) -> Result<serde_json::Value, OpsEr
         .into_iter()
         .map(|(n, s, r, d)| (n, (s, r, d)))
         .collect();
+    let cx = crate::dataset::StatusContext {
+        sequence: seq,
+        markers,
+        rebuild_gap_max: cfg.rebuild_gap_max,
+    };
+    // As the registry lists the kinds (tiles first), each kind's by name.
     let mut datasets = Vec::new();
-    for d in &cfg.tiles {
-        let (marker, recipe, dirty) =
-            markers
-                .get(&d.name)
-                .cloned()
-                .unwrap_or((None, String::new(), 0));
-        let gap = match (seq, marker) {
-            (Some(a), Some(b)) => Some(a - b),
-            _ => None,
-        };
-        let mut rebuild = Vec::new();
-        if !recipe.is_empty() && recipe != d.recipe {
-            rebuild.push(
-                "its recipe changed (zooms, keys, buffer or code): new logic must not mix with old"
-                    .to_string(),
-            );
-        }
-        if gap.is_some_and(|g| g > cfg.rebuild_gap_max) {
-            rebuild.push(format!(
-                "it is {} sequences behind, more than rebuild_gap_max = {}",
-                gap.unwrap_or(0),
-                cfg.rebuild_gap_max
-            ));
-        }
-        let crossover =
-            crate::dataset::crossover(&crate::dataset::costs(store, &d.name)?, dirty.max(0) as u64);
-        if let (Some("rebuild"), Some(p), Some(r)) = (
-            crossover.advice.as_deref(),
-            crossover.backlog_predicted_s,
-            crossover.last_rebuild_s,
-        ) {
-            rebuild.push(format!(
-                "draining its {dirty} dirty tiles is predicted to take {p:.2} s (measured), more than its last rebuild's {r:.2} s"
-            ));
-        }
-        let held = crate::dataset::held(store, &d.name)?;
-        if let Some(h) = &held {
-            rebuild.push(h.message(&d.name));
-        }
-        // What serve recorded (issue 23): the dirty tiles asked for, and
-        // how many dirty tiles it served fresh and stale.
-        let requests = if d.mbtiles.is_some() {
-            match crate::tiles::fresh::load_requests(
-                store.path().parent().unwrap_or(std::path::Path::new(".")),
-                &d.name,
-            )
-            .and_then(|r| Ok((r, crate::tiles::fresh::requested_dirty(store, d)?)))
-            {
-                Ok((r, req)) => serde_json::json!({
-                    "dirty_requested": req.len(),
-                    "dirty_requests": req.iter().map(|(_, n)| n).sum::<u64>(),
-                    "served_fresh": r.as_ref().map_or(0, |r| r.fresh),
-                    "served_stale": r.as_ref().map_or(0, |r| r.stale),
-                    "counted_tiles": r.as_ref().map_or(0, |r| r.tiles.len()),
-                }),
-                Err(e) => serde_json::json!({"error": crate::dataset::error_text(&e)}),
-            }
-        } else {
-            serde_json::Value::Null
-        };
-        datasets.push(serde_json::json!({
-            "name": d.name,
-            "marker": marker,
-            "gap": gap,
-            "dirty": dirty,
-            "held": held,
-            "crossover": crossover,
-            "requests": requests,
-            "recipe": d.recipe,
-            "recorded_recipe": recipe,
-            "rebuild": if rebuild.is_empty() { serde_json::Value::Null } else { serde_json::json!(rebuild.join("; ")) },
-            "last_drain": store.meta(&format!("drained_at:{}", d.name))?,
-        }));
-    }
-    for (kind, name, recipe) in cfg.keyed() {
-        let marker = markers.get(name).and_then(|m| m.0);
-        let built = store.meta(&crate::store::built_recipe_key(name))?;
-        let held = crate::dataset::held(store, name)?;
-        let dirty = store.dirty_keys(name)?.len();
-        let crossover =
-            crate::dataset::crossover(&crate::dataset::costs(store, name)?, dirty as u64);
-        let rebuild = match &built {
-            None => Some(format!(
-                "it was never built: run `highwater osm rebuild {name}`"
-            )),
-            Some(r) if r != recipe => {
-                Some("its recipe changed (config or code): the next apply rebuilds it".to_string())
-            }
-            Some(_) => match (&held, crossover.advice.as_deref()) {
-                (Some(h), _) => Some(h.message(name)),
-                (None, Some("rebuild")) => Some(format!(
-                    "draining its {dirty} dirty keys is predicted to take {:.2} s (measured), more than its last rebuild's {:.2} s",
-                    crossover.backlog_predicted_s.unwrap_or(0.0),
-                    crossover.last_rebuild_s.unwrap_or(0.0)
-                )),
-                _ => None,
-            },
-        };
-        datasets.push(serde_json::json!({
-            "name": name,
-            "kind": kind,
-            "marker": marker,
-            "gap": match (seq, marker) { (Some(x), Some(y)) => Some(x - y), _ => None },
-            "dirty": dirty,
-            "held": held,
-            "crossover": crossover,
-            "documents": if kind == "search" { Some(crate::search::SearchStore::search_count(store, name)?) } else { None },
-            "recipe": recipe,
-            "recorded_recipe": built,
-            "rebuild": rebuild,
-            "last_drain": store.meta(&format!("drained_at:{name}"))?,
-        }));
+    for d in cfg.all.iter() {
+        datasets.push(d.status(store, &cx)?);
     }
     let writer = store
         .writer_lease()?

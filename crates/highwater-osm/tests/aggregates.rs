@@ -40,7 +40,7 @@ fn check(store: &Store, d: &AggDataset) -> Vec<Row> {
 
 fn apply(store: &mut Store, cfg: &OsmConfig, diff: Vec<Change>) -> aggregates::AggReport {
     ops::apply(store, cfg, &[(diff, None)], false).unwrap();
-    aggregates::drain(store, &cfg.aggregates[0]).unwrap()
+    aggregates::drain(store, cfg.of::<highwater_osm::aggregates::AggDataset>()[0]).unwrap()
 }
 
 /// The nodes of the admin boundaries' member ways, for edits that move a
@@ -84,7 +84,7 @@ proptest! {
     fn aggregates_after_random_edits_equal_a_rebuild(steps in prop::collection::vec(prop::collection::vec(step(), 1..4), 1..4)) {
         let tmp = tempfile::tempdir().unwrap();
         let cfg = config(tmp.path());
-        let d = &cfg.aggregates[0];
+        let d = cfg.of::<highwater_osm::aggregates::AggDataset>()[0];
         let mut store = monaco(&tmp.path().join("store"));
         aggregates::rebuild(&mut store, d).unwrap();
         let ids = ids(&store);
@@ -119,7 +119,7 @@ proptest! {
 fn monaco_timelines_equal_rebuilds_and_the_final_snapshot() {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = config(tmp.path());
-    let d = &cfg.aggregates[0];
+    let d = cfg.of::<highwater_osm::aggregates::AggDataset>()[0];
     // Daily diffs 3048..3076, one at a time.
     let mut store = monaco(&tmp.path().join("daily"));
     aggregates::rebuild(&mut store, d).unwrap();
@@ -152,7 +152,7 @@ fn monaco_timelines_equal_rebuilds_and_the_final_snapshot() {
 fn a_boundary_move_recounts_only_the_features_near_it() {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = config(tmp.path());
-    let d = &cfg.aggregates[0];
+    let d = cfg.of::<highwater_osm::aggregates::AggDataset>()[0];
     let mut store = monaco(&tmp.path().join("store"));
     let full = aggregates::rebuild(&mut store, d).unwrap();
     // A node shared by Fontvieille's boundary and another quarter's.
@@ -182,7 +182,7 @@ fn a_boundary_move_recounts_only_the_features_near_it() {
 fn renaming_an_admin_area_recomputes_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = config(tmp.path());
-    let d = &cfg.aggregates[0];
+    let d = cfg.of::<highwater_osm::aggregates::AggDataset>()[0];
     let mut store = monaco(&tmp.path().join("store"));
     aggregates::rebuild(&mut store, d).unwrap();
     let mut r = store.relation(2220206).unwrap().unwrap();
@@ -207,8 +207,12 @@ fn a_recipe_change_rebuilds_and_says_why() {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = config(tmp.path());
     let mut store = monaco(&tmp.path().join("store"));
-    aggregates::rebuild(&mut store, &cfg.aggregates[0]).unwrap();
-    let mut other = cfg.aggregates[0].clone();
+    aggregates::rebuild(
+        &mut store,
+        cfg.of::<highwater_osm::aggregates::AggDataset>()[0],
+    )
+    .unwrap();
+    let mut other = cfg.of::<highwater_osm::aggregates::AggDataset>()[0].clone();
     other
         .classes
         .push(aggregates::ClassSpec::parse("shop").unwrap());

@@ -64,7 +64,7 @@ type Layers = Vec<(String, Vec<tiles::mvt::TileFeature>)>;
 
 /// Every tile of the dataset's file, decoded.
 fn tiles_of(cfg: &OsmConfig) -> Vec<(String, Layers)> {
-    let d = &cfg.tiles[0];
+    let d = cfg.of::<highwater_osm::tiles::TileDataset>()[0];
     let mb = tiles::Mbtiles::open(d.mbtiles.as_ref().unwrap())
         .unwrap()
         .unwrap();
@@ -79,8 +79,8 @@ fn tiles_of(cfg: &OsmConfig) -> Vec<(String, Layers)> {
 }
 
 fn build_all(st: &mut Store, cfg: &OsmConfig) {
-    tiles::build(st, &cfg.tiles[0]).unwrap();
-    search::rebuild(st, &cfg.search[0]).unwrap();
+    tiles::build(st, cfg.of::<highwater_osm::tiles::TileDataset>()[0]).unwrap();
+    search::rebuild(st, cfg.of::<highwater_osm::search::SearchDataset>()[0]).unwrap();
 }
 
 fn store_bytes(cfg: &OsmConfig) -> u64 {
@@ -115,17 +115,23 @@ fn monaco_with_flat_nodes_and_without_holds_and_cuts_the_same() {
     build_all(&mut sb, &cb);
     assert!(tiles_of(&ca) == tiles_of(&cb), "the same tiles");
     assert_eq!(
-        search::all(&ca.search[0]).unwrap(),
-        search::all(&cb.search[0]).unwrap(),
+        search::all(ca.of::<highwater_osm::search::SearchDataset>()[0]).unwrap(),
+        search::all(cb.of::<highwater_osm::search::SearchDataset>()[0]).unwrap(),
         "the same search documents"
     );
 }
 
 fn apply_and_drain(st: &mut Store, cfg: &OsmConfig, diff: ops::Diff) {
     ops::apply(st, cfg, &[diff], false).unwrap();
-    let r = tiles::drain(st, &cfg.tiles[0], usize::MAX, DrainOrder::LowZoomFirst).unwrap();
+    let r = tiles::drain(
+        st,
+        cfg.of::<highwater_osm::tiles::TileDataset>()[0],
+        usize::MAX,
+        DrainOrder::LowZoomFirst,
+    )
+    .unwrap();
     assert_eq!(r.backlog, 0);
-    search::drain(st, &cfg.search[0]).unwrap();
+    search::drain(st, cfg.of::<highwater_osm::search::SearchDataset>()[0]).unwrap();
 }
 
 #[test]
@@ -152,9 +158,10 @@ fn monacos_real_diffs_with_flat_nodes_equal_a_rebuild_and_the_store_without() {
         elements(&sa) == elements(&sb),
         "the same store with flat nodes and without"
     );
-    let v = tiles::verify(&sa, &ca.tiles[0], None).unwrap();
+    let v = tiles::verify(&sa, ca.of::<highwater_osm::tiles::TileDataset>()[0], None).unwrap();
     assert!(v.checked > 0 && v.differences.is_empty(), "{v:?}");
-    let (checked, diffs) = search::verify(&sa, &ca.search[0]).unwrap();
+    let (checked, diffs) =
+        search::verify(&sa, ca.of::<highwater_osm::search::SearchDataset>()[0]).unwrap();
     assert!(checked > 0 && diffs.is_empty(), "{diffs:?}");
     assert!(tiles_of(&ca) == tiles_of(&cb), "the same tiles");
 }

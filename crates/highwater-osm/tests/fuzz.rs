@@ -90,7 +90,7 @@ fn check_diff(store: &mut Store, cfg: &OsmConfig, file: &Path, what: &str) -> bo
             false
         }
         Ok(_) => {
-            let d = &cfg.tiles[0];
+            let d = cfg.of::<highwater_osm::tiles::TileDataset>()[0];
             tiles::drain(store, d, usize::MAX, DrainOrder::LowZoomFirst).unwrap();
             let v = tiles::verify(store, d, None).unwrap();
             assert!(
@@ -107,7 +107,7 @@ fn fuzz_diffs(gz: bool) {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = config(tmp.path());
     let mut store = monaco(&tmp.path().join("store"));
-    tiles::build(&mut store, &cfg.tiles[0]).unwrap();
+    tiles::build(&mut store, cfg.of::<highwater_osm::tiles::TileDataset>()[0]).unwrap();
     let bases: Vec<Vec<u8>> = (48..56)
         .map(|s| std::fs::read(data(&format!("monaco-updates/000/003/0{s}.osc.gz"))).unwrap())
         .collect();

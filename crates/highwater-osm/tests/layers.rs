@@ -182,3 +182,50 @@ fn the_trait_names_no_dataset_kind() {
         }
     }
 }
+
+/// Issue 25: "adding a fourth touches only its own folder and one
+/// registration line." Nothing but the registry names a kind: `dataset`
+/// (the trait), `ops` (config, apply, status) and `fetch` name no
+/// dataset module and no kind's name, and the registry's list has one
+/// line per kind. (`tests/fourth_kind.rs` runs a fourth kind through
+/// `ops`.)
+#[test]
+fn only_the_registry_names_the_kinds() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let kinds = ["tiles", "search", "aggregates"];
+    for file in ["dataset.rs", "ops.rs", "fetch.rs"] {
+        let text = std::fs::read_to_string(src.join(file)).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            if line.trim_start().starts_with("//") {
+                continue;
+            }
+            for m in named(line) {
+                assert!(!kinds.contains(&m.as_str()), "{file}:{}: {line}", n + 1);
+            }
+            for k in kinds {
+                assert!(
+                    !line.contains(&format!("\"{k}\"")) && !line.contains(&format!("osm.{k}")),
+                    "{file}:{}: {line}",
+                    n + 1
+                );
+            }
+        }
+    }
+    let registry = std::fs::read_to_string(src.join("registry.rs")).unwrap();
+    let list = registry
+        .split("pub const KINDS")
+        .nth(1)
+        .and_then(|r| r.split("];").next())
+        .expect("registry.rs has `pub const KINDS: [Kind; N] = [...];`");
+    for k in kinds {
+        let lines: Vec<&str> = list
+            .lines()
+            .filter(|l| l.contains(&format!("crate::{k}::")))
+            .collect();
+        assert_eq!(
+            lines,
+            [format!("    crate::{k}::KIND,")],
+            "one registration line for {k}"
+        );
+    }
+}

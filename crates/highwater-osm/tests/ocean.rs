@@ -6,8 +6,9 @@
 
 use highwater_core::tile::{tile_of, Tile};
 use highwater_osm::model::{Action, Change, Element};
-use highwater_osm::ops::{self, OsmConfig, TileDataset};
+use highwater_osm::ops::{self, OsmConfig};
 use highwater_osm::store::{DrainOrder, OsmRead, Store};
+use highwater_osm::tiles::TileDataset;
 use highwater_osm::tiles::{self, mvt, Mbtiles};
 use std::path::Path;
 
@@ -43,7 +44,7 @@ fn the_ocean_layer_is_in_a_sea_tile_at_every_zoom_and_not_in_a_land_tile() {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = config(tmp.path());
     let mut store = monaco(&tmp.path().join("store"));
-    let d = &cfg.tiles[0];
+    let d = cfg.of::<highwater_osm::tiles::TileDataset>()[0];
     tiles::build(&mut store, d).unwrap();
     // The layer is placed from z0, as the spec gives it; below some zoom
     // Monaco's sea (about 0.1 degrees across) is smaller than a tile's
@@ -132,7 +133,7 @@ fn a_moved_coastline_node_recuts_the_sea_and_the_file_equals_a_rebuild() {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = config(tmp.path());
     let mut store = monaco(&tmp.path().join("store"));
-    let d = &cfg.tiles[0];
+    let d = cfg.of::<highwater_osm::tiles::TileDataset>()[0];
     tiles::build(&mut store, d).unwrap();
     let (_, mut n) = coast_node(&store);
     let (lon, lat) = n.lonlat().unwrap();

@@ -29,7 +29,7 @@ fn check(store: &Store, d: &SearchDataset) {
 
 fn apply(store: &mut Store, cfg: &OsmConfig, diff: Vec<Change>) -> search::SearchReport {
     ops::apply(store, cfg, &[(diff, None)], false).unwrap();
-    search::drain(store, &cfg.search[0]).unwrap()
+    search::drain(store, cfg.of::<highwater_osm::search::SearchDataset>()[0]).unwrap()
 }
 
 proptest! {
@@ -42,7 +42,7 @@ proptest! {
     ) {
         let tmp = tempfile::tempdir().unwrap();
         let cfg = config(tmp.path());
-        let d = &cfg.search[0];
+        let d = cfg.of::<highwater_osm::search::SearchDataset>()[0];
         let mut store = monaco(&tmp.path().join("store"));
         search::rebuild(&mut store, d).unwrap();
         let ids = ids(&store);
@@ -77,7 +77,7 @@ proptest! {
 fn monaco_timelines_equal_rebuilds_and_the_final_snapshot() {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = config(&tmp.path().join("inc"));
-    let d = &cfg.search[0];
+    let d = cfg.of::<highwater_osm::search::SearchDataset>()[0];
     let mut store = highwater_osm::create_store(&tmp.path().join("inc/store")).unwrap();
     highwater_osm::import::import(&mut store, &data("monaco-2787-20201109.osm.pbf")).unwrap();
     search::rebuild(&mut store, d).unwrap();
@@ -96,10 +96,14 @@ fn monaco_timelines_equal_rebuilds_and_the_final_snapshot() {
     // The real 3047 snapshot, rebuilt on its own, has the same documents.
     let snap_cfg = config(&tmp.path().join("snap"));
     let mut snap = monaco(&tmp.path().join("snap/store"));
-    search::rebuild(&mut snap, &snap_cfg.search[0]).unwrap();
+    search::rebuild(
+        &mut snap,
+        snap_cfg.of::<highwater_osm::search::SearchDataset>()[0],
+    )
+    .unwrap();
     assert_eq!(
         search::all(d).unwrap(),
-        search::all(&snap_cfg.search[0]).unwrap()
+        search::all(snap_cfg.of::<highwater_osm::search::SearchDataset>()[0]).unwrap()
     );
     // Then the daily diffs 3048..3076, one at a time.
     for f in ops::pending(&store, &data("monaco-updates")).unwrap() {
@@ -127,7 +131,11 @@ fn city() -> (tempfile::TempDir, OsmConfig, Store) {
     std::fs::write(&osm, CITY).unwrap();
     let mut store = highwater_osm::create_store(&tmp.path().join("store")).unwrap();
     highwater_osm::import::import(&mut store, &osm).unwrap();
-    search::rebuild(&mut store, &cfg.search[0]).unwrap();
+    search::rebuild(
+        &mut store,
+        cfg.of::<highwater_osm::search::SearchDataset>()[0],
+    )
+    .unwrap();
     (tmp, cfg, store)
 }
 
@@ -142,7 +150,7 @@ fn osc(tmp: &tempfile::TempDir, text: &str) -> Vec<Change> {
 #[test]
 fn renaming_a_city_reindexes_exactly_the_documents_that_embedded_it() {
     let (tmp, cfg, mut store) = city();
-    let d = &cfg.search[0];
+    let d = cfg.of::<highwater_osm::search::SearchDataset>()[0];
     let cafe = &search::search(d, "Café", 5).unwrap()[0];
     assert_eq!(cafe.place.as_deref(), Some("Alpha"));
     assert_eq!(cafe.street.as_deref(), Some("Rue Haute"));
@@ -175,7 +183,7 @@ fn renaming_a_city_reindexes_exactly_the_documents_that_embedded_it() {
 #[test]
 fn a_city_boundary_moving_updates_the_documents_that_crossed_it() {
     let (tmp, cfg, mut store) = city();
-    let d = &cfg.search[0];
+    let d = cfg.of::<highwater_osm::search::SearchDataset>()[0];
     apply(
         &mut store,
         &cfg,
@@ -195,7 +203,7 @@ fn a_city_boundary_moving_updates_the_documents_that_crossed_it() {
 #[test]
 fn a_recipe_change_rebuilds_the_index_and_says_why() {
     let (_tmp, cfg, mut store) = city();
-    let mut other = cfg.search[0].clone();
+    let mut other = cfg.of::<highwater_osm::search::SearchDataset>()[0].clone();
     other.admin_levels = vec![2, 4];
     other.recipe.push_str("-levels");
     let r = search::drain(&mut store, &other).unwrap();

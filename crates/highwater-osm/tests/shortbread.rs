@@ -322,7 +322,7 @@ fn monaco_tiles() -> &'static BTreeMap<String, BTreeMap<u8, Vec<mvt::TileFeature
         let v: toml::Value = toml::from_str(text).unwrap();
         let cfg = OsmConfig::parse(v.get("osm"), &tmp.path().join("highwater.toml"), tmp.path()).unwrap();
         let mut store = monaco(&tmp.path().join("store"));
-        let d = &cfg.tiles[0];
+        let d = cfg.of::<highwater_osm::tiles::TileDataset>()[0];
         tiles::build(&mut store, d).unwrap();
         let mb = Mbtiles::open(d.mbtiles.as_ref().unwrap()).unwrap().unwrap();
         let mut out: BTreeMap<String, BTreeMap<u8, Vec<mvt::TileFeature>>> = BTreeMap::new();

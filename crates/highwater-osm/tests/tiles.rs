@@ -4,9 +4,10 @@
 //! they are and for the bundled Shortbread schema at z0-14.
 
 use highwater_core::tile::Tile;
-use highwater_osm::ops::{self, OsmConfig, TileDataset};
+use highwater_osm::ops::{self, OsmConfig};
 use highwater_osm::store::{DrainOrder, Store};
 use highwater_osm::tiles::mvt;
+use highwater_osm::tiles::TileDataset;
 use highwater_osm::tiles::{self, Mbtiles};
 use proptest::prelude::*;
 use std::collections::BTreeSet;
@@ -62,7 +63,7 @@ fn check(store: &Store, d: &TileDataset) {
 
 fn apply_and_drain(store: &mut Store, cfg: &OsmConfig, diff: ops::Diff) {
     ops::apply(store, cfg, &[diff], false).unwrap();
-    for d in &cfg.tiles {
+    for d in cfg.of::<TileDataset>() {
         let r = tiles::drain(store, d, usize::MAX, DrainOrder::LowZoomFirst).unwrap();
         assert_eq!(r.backlog, 0);
     }
@@ -76,7 +77,7 @@ proptest! {
         let tmp = tempfile::tempdir().unwrap();
         let cfg = config(tmp.path(), DATASETS);
         let mut store = monaco(&tmp.path().join("store"));
-        for d in &cfg.tiles {
+        for d in cfg.of::<TileDataset>() {
             tiles::build(&mut store, d).unwrap();
         }
         let ids = ids(&store);
@@ -87,7 +88,7 @@ proptest! {
                 diff.extend(changes(&store, &ids, e, &mut fresh));
             }
             apply_and_drain(&mut store, &cfg, (diff, None));
-            for d in &cfg.tiles {
+            for d in cfg.of::<TileDataset>() {
                 check(&store, d);
             }
         }
@@ -99,7 +100,7 @@ fn monaco_3047_to_3076_one_diff_at_a_time_equals_a_rebuild() {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = config(tmp.path(), DATASETS);
     let mut store = monaco(&tmp.path().join("store"));
-    for d in &cfg.tiles {
+    for d in cfg.of::<TileDataset>() {
         tiles::build(&mut store, d).unwrap();
     }
     let files = ops::pending(&store, &data("monaco-updates")).unwrap();
@@ -109,7 +110,7 @@ fn monaco_3047_to_3076_one_diff_at_a_time_equals_a_rebuild() {
         apply_and_drain(&mut store, &cfg, d.remove(0));
     }
     assert_eq!(store.meta("sequence").unwrap().as_deref(), Some("3076"));
-    for d in &cfg.tiles {
+    for d in cfg.of::<TileDataset>() {
         check(&store, d);
         let v = tiles::verify(&store, d, None).unwrap();
         assert!(v.checked > 0 && v.differences.is_empty(), "{v:?}");
@@ -126,7 +127,7 @@ fn monaco_2787_to_3047_via_derived_diffs_equals_the_final_snapshot() {
     let cfg = config(&inc, DATASETS);
     let mut store = highwater_osm::create_store(&inc.join("store")).unwrap();
     highwater_osm::import::import(&mut store, &data("monaco-2787-20201109.osm.pbf")).unwrap();
-    for d in &cfg.tiles {
+    for d in cfg.of::<TileDataset>() {
         tiles::build(&mut store, d).unwrap();
     }
     for name in [
@@ -140,7 +141,11 @@ fn monaco_2787_to_3047_via_derived_diffs_equals_the_final_snapshot() {
     let snap_cfg = config(&snap, DATASETS);
     let mut fresh = highwater_osm::create_store(&snap.join("store")).unwrap();
     highwater_osm::import::import(&mut fresh, &data("monaco-3047-20210801.osm.pbf")).unwrap();
-    for (d, s) in cfg.tiles.iter().zip(&snap_cfg.tiles) {
+    for (d, s) in cfg
+        .of::<TileDataset>()
+        .into_iter()
+        .zip(snap_cfg.of::<TileDataset>())
+    {
         check(&store, d);
         tiles::build(&mut fresh, s).unwrap();
         let (a, b) = (
@@ -168,7 +173,7 @@ drain = "deferred"
 drain_rebuild_share = 1000
 "#,
     );
-    let d = &cfg.tiles[0];
+    let d = cfg.of::<TileDataset>()[0];
     assert!(!d.drain_on_apply);
     let mut store = monaco(&tmp.path().join("store"));
     tiles::build(&mut store, d).unwrap();
@@ -202,11 +207,11 @@ fn a_recipe_change_rebuilds_the_file_and_says_why() {
     };
     let old = config(tmp.path(), &tiles_cfg("12-14"));
     let mut store = monaco(&tmp.path().join("store"));
-    tiles::build(&mut store, &old.tiles[0]).unwrap();
+    tiles::build(&mut store, old.of::<TileDataset>()[0]).unwrap();
     let new = config(tmp.path(), &tiles_cfg("12-15"));
     let r = tiles::drain(
         &mut store,
-        &new.tiles[0],
+        new.of::<TileDataset>()[0],
         usize::MAX,
         DrainOrder::LowZoomFirst,
     )
@@ -217,15 +222,15 @@ fn a_recipe_change_rebuilds_the_file_and_says_why() {
         .and_then(|b| b.reason.clone())
         .unwrap_or_default();
     assert!(why.contains("recipe changed"), "{r:?}");
-    let mb = Mbtiles::open(new.tiles[0].mbtiles.as_ref().unwrap())
+    let mb = Mbtiles::open(new.of::<TileDataset>()[0].mbtiles.as_ref().unwrap())
         .unwrap()
         .unwrap();
     assert!(mb.tiles().unwrap().iter().any(|t| t.z == 15));
     assert_eq!(
         mb.metadata("highwater_recipe").unwrap(),
-        Some(new.tiles[0].recipe.clone())
+        Some(new.of::<TileDataset>()[0].recipe.clone())
     );
-    check(&store, &new.tiles[0]);
+    check(&store, new.of::<TileDataset>()[0]);
 }
 
 /// A tile whose only feature goes away is deleted from the file, not left
@@ -245,7 +250,7 @@ fn a_tile_that_becomes_empty_is_deleted() {
     )
     .unwrap();
     highwater_osm::import::import(&mut store, &osm).unwrap();
-    let d = &cfg.tiles[0];
+    let d = cfg.of::<TileDataset>()[0];
     tiles::build(&mut store, d).unwrap();
     let mb = Mbtiles::open(d.mbtiles.as_ref().unwrap()).unwrap().unwrap();
     assert_eq!(mb.tiles().unwrap().len(), 2);
@@ -269,7 +274,7 @@ fn the_file_is_standard_mbtiles() {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = config(tmp.path(), DATASETS);
     let mut store = monaco(&tmp.path().join("store"));
-    let d = &cfg.tiles[1];
+    let d = cfg.of::<TileDataset>()[1];
     tiles::build(&mut store, d).unwrap();
     let conn = rusqlite::Connection::open(d.mbtiles.as_ref().unwrap()).unwrap();
     let meta = |k: &str| -> String {
@@ -319,7 +324,7 @@ fn too_many_affected_tiles_rebuild_the_file_and_say_why() {
         tmp.path(),
         "[osm.tiles.m]\nzooms = \"12-16\"\nkeys = [\"*\"]\nmbtiles = \"m.mbtiles\"\ntiles_affected_max = 2\n",
     );
-    let d = &cfg.tiles[0];
+    let d = cfg.of::<TileDataset>()[0];
     let mut store = monaco(&tmp.path().join("store"));
     tiles::build(&mut store, d).unwrap();
     let files = ops::pending(&store, &data("monaco-updates")).unwrap();
@@ -344,7 +349,7 @@ fn a_large_backlog_is_rebuilt_instead_of_drained() {
         tmp.path(),
         "[osm.tiles.s]\nzooms = \"12-16\"\nkeys = [\"*\"]\nmbtiles = \"s.mbtiles\"\ndrain = \"deferred\"\ndrain_rebuild_share = 0.1\n",
     );
-    let d = &cfg.tiles[0];
+    let d = cfg.of::<TileDataset>()[0];
     let mut store = monaco(&tmp.path().join("store"));
     tiles::build(&mut store, d).unwrap();
     let files = ops::pending(&store, &data("monaco-updates")).unwrap();
@@ -365,7 +370,11 @@ fn a_low_zoom_index_written_for_other_datasets_is_rebuilt_not_trusted() {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = config(tmp.path(), DATASETS);
     let mut store = monaco(&tmp.path().join("store"));
-    let sb = cfg.tiles.iter().find(|d| d.name == "sb").unwrap();
+    let sb = cfg
+        .of::<TileDataset>()
+        .into_iter()
+        .find(|d| d.name == "sb")
+        .unwrap();
     tiles::build(&mut store, sb).unwrap();
     let node = |id: i64, lat: f64, lon: f64| {
         modify(highwater_osm::Element::Node(highwater_osm::Node {

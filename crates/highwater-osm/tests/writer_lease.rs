@@ -104,7 +104,7 @@ fn a_holder_that_lost_its_lease_writes_no_tile() {
     let text = "[osm]\nstore = \"s\"\n[osm.tiles.t]\nzooms = \"13-14\"\nkeys = [\"building\"]\nmbtiles = \"t.mbtiles\"\ndrain_rebuild_share = 1000\n";
     let v: toml::Value = toml::from_str(text).unwrap();
     let cfg = OsmConfig::parse(v.get("osm"), &tmp.path().join("h.toml"), tmp.path()).unwrap();
-    let d = &cfg.tiles[0];
+    let d = cfg.of::<highwater_osm::tiles::TileDataset>()[0];
     let mut a = monaco(&dir);
     tiles::build(&mut a, d).unwrap();
     pause_past_expiry(&dir);

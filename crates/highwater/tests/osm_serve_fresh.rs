@@ -263,7 +263,7 @@ fn the_most_requested_dirty_tile_is_drained_first() {
 fn serving_fresh_equals_a_rebuild_at_every_generation() {
     let p = project(3048..=3076);
     let c = cfg(&p);
-    let d = &c.tiles[0];
+    let d = c.of::<highwater_osm::tiles::TileDataset>()[0];
     let s = serve(&p, &[]);
     // Batches of different sizes, each a new generation.
     let mut at = 3047;
@@ -338,12 +338,20 @@ fn clean_then_fresh_then_drained(failpoint: Option<&str>) {
     p.check(&["osm", "replicate", "--from", "updates"], 0);
     assert_eq!(dirty(&p), will, "the twin dirtied other tiles");
     let st = highwater_osm::open_store(&p.path(".highwater/osm")).unwrap();
-    let view = highwater_osm::tiles::rebuild_view(&st, &c.tiles[0].layer).unwrap();
+    let view = highwater_osm::tiles::rebuild_view(
+        &st,
+        &c.of::<highwater_osm::tiles::TileDataset>()[0].layer,
+    )
+    .unwrap();
     let before: Vec<Option<Vec<u8>>> = will.iter().map(|t| stored(&p, *t)).collect();
     for t in &will {
         let (b, h) = served(&s.addr, *t);
         assert!(h.contains_key("x-highwater-fresh"), "{t:?}: {h:?}");
-        assert_eq!(b, view.cut(*t, &c.tiles[0]), "{t:?}");
+        assert_eq!(
+            b,
+            view.cut(*t, c.of::<highwater_osm::tiles::TileDataset>()[0]),
+            "{t:?}"
+        );
     }
     // Drained, the tiles are clean again with new stored bytes: the bytes
     // serve kept in memory from before the diff are never served again

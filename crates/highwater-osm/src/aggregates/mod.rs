@@ -43,7 +43,59 @@ CREATE INDEX IF NOT EXISTS agg_contrib_area ON agg_contrib(dataset, area_kind, a
 pub const KIND: crate::dataset::Kind = crate::dataset::Kind {
     name: "aggregates",
     tables: &[TABLES, crate::areas::TABLES],
+    order: 0,
+    configure,
 };
+
+/// The version of the aggregates code (features, areas, contributions):
+/// part of every aggregates dataset's recipe.
+pub const AGGREGATES_CODE_VERSION: &str = "aggregates-1";
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAggregates {
+    classes: Vec<String>,
+    admin_levels: Option<Vec<u8>>,
+    affected_guard: Option<f64>,
+    affected_guard_min: Option<usize>,
+}
+
+/// Every `[osm.aggregates.NAME]`, by name.
+fn configure(
+    _root: &std::path::Path,
+    sections: BTreeMap<String, toml::Value>,
+) -> Result<Vec<crate::dataset::Configured>, String> {
+    let mut out = Vec::new();
+    for (name, v) in sections {
+        let a: RawAggregates = crate::dataset::section(v)?;
+        let mut classes = Vec::new();
+        for c in &a.classes {
+            classes.push(ClassSpec::parse(c).ok_or_else(|| {
+                format!("[osm.aggregates.{name}] classes: {c:?} is not a key or key=*")
+            })?);
+        }
+        let admin_levels = a.admin_levels.clone().unwrap_or_else(|| vec![2, 4, 6, 8]);
+        let recipe = format!(
+            "r1:{}",
+            &highwater_core::recipe::recipe_id(&highwater_core::recipe::RecipeParts {
+                version: AGGREGATES_CODE_VERSION.into(),
+                config: serde_json::json!({"classes": a.classes, "admin_levels": admin_levels}),
+                ..Default::default()
+            })[3..]
+        );
+        out.push(crate::dataset::Configured {
+            dataset: std::sync::Arc::new(AggDataset {
+                name,
+                classes,
+                admin_levels,
+                recipe,
+            }),
+            affected_guard: a.affected_guard,
+            affected_guard_min: a.affected_guard_min,
+        });
+    }
+    Ok(out)
+}
 
 /// One declared class: features with `key`, or with `key` split by value
 /// (`key=*`, giving classes like `highway=residential`).
@@ -564,6 +616,9 @@ impl crate::dataset::Dataset for AggDataset {
     fn recipe(&self) -> &str {
         &self.recipe
     }
+
+    // No unit key: its outcome counts features recomputed, not units
+    // built, so its rebuilds record 0 units (as they always did).
 
     fn touched(&self, w: &mut Writer<'_>, t: &crate::derive::Touched) -> Result<(), StoreError> {
         crate::dataset::record_touched(w, &self.name, t)

@@ -46,7 +46,65 @@ CREATE INDEX IF NOT EXISTS search_context_doc ON search_context(dataset, kind, i
 pub const KIND: crate::dataset::Kind = crate::dataset::Kind {
     name: "search",
     tables: &[TABLES, crate::areas::TABLES],
+    order: 0,
+    configure,
 };
+
+/// The version of the search code (documents, context): part of every
+/// search dataset's recipe.
+pub const SEARCH_CODE_VERSION: &str = "search-1";
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSearch {
+    index: String,
+    admin_levels: Option<Vec<u8>>,
+    places: Option<Vec<String>>,
+    affected_guard: Option<f64>,
+    affected_guard_min: Option<usize>,
+}
+
+/// Every `[osm.search.NAME]`, by name.
+fn configure(
+    root: &std::path::Path,
+    sections: BTreeMap<String, toml::Value>,
+) -> Result<Vec<crate::dataset::Configured>, String> {
+    let mut out = Vec::new();
+    for (name, v) in sections {
+        let s: RawSearch = crate::dataset::section(v)?;
+        let index = crate::dataset::safe_file(root, &s.index).ok_or_else(|| {
+            format!(
+                "[osm.search.{name}] index = {:?}: give a folder inside the project (no `..`, not absolute)",
+                s.index
+            )
+        })?;
+        let admin_levels = s.admin_levels.clone().unwrap_or_else(|| vec![2, 4, 6, 8]);
+        let places = s
+            .places
+            .clone()
+            .unwrap_or_else(|| vec!["city".into(), "town".into(), "village".into()]);
+        let recipe = format!(
+            "r1:{}",
+            &highwater_core::recipe::recipe_id(&highwater_core::recipe::RecipeParts {
+                version: SEARCH_CODE_VERSION.into(),
+                config: serde_json::json!({"admin_levels": admin_levels, "places": places}),
+                ..Default::default()
+            })[3..]
+        );
+        out.push(crate::dataset::Configured {
+            dataset: std::sync::Arc::new(SearchDataset {
+                name,
+                index,
+                admin_levels,
+                places,
+                recipe,
+            }),
+            affected_guard: s.affected_guard,
+            affected_guard_min: s.affected_guard_min,
+        });
+    }
+    Ok(out)
+}
 
 /// Memory the tantivy writer may buffer before it flushes a segment, in
 /// bytes: bounds a drain's or a rebuild's memory.
@@ -692,6 +750,31 @@ impl crate::dataset::Dataset for SearchDataset {
 
     fn recipe(&self) -> &str {
         &self.recipe
+    }
+
+    fn unit_key(&self) -> Option<&'static str> {
+        Some("documents")
+    }
+
+    fn paths(&self) -> Vec<(String, PathBuf)> {
+        vec![(
+            format!("[osm.search.{}] index", self.name),
+            self.index.clone(),
+        )]
+    }
+
+    fn status(
+        &self,
+        store: &Store,
+        cx: &crate::dataset::StatusContext,
+    ) -> Result<serde_json::Value, StoreError> {
+        let documents = store.search_count(&self.name)?;
+        crate::dataset::keyed_status(
+            store,
+            cx,
+            (KIND.name, &self.name, &self.recipe),
+            Some(documents),
+        )
     }
 
     fn touched(&self, w: &mut Writer<'_>, t: &crate::derive::Touched) -> Result<(), StoreError> {

@@ -13,8 +13,8 @@
 //! in its metadata); a drain that finds another recipe rebuilds the file
 //! instead, and says so, so that new logic never mixes with old tiles.
 //!
-//! Layout: this file is the dataset (its config, [`Dataset`] impl, build,
-//! drain, verify); [`cut`](mod@cut): one tile cut from features; [`ocean`]: the
+//! Layout: this file is the dataset (its [`Dataset`] impl, build, drain,
+//! verify); [`config`]: its config section and status; [`cut`](mod@cut): one tile cut from features; [`ocean`]: the
 //! kept sea; [`fresh`] and [`wal_index`]: serve's fresh tiles. Tile
 //! schemas ([`crate::schema`], Shortbread 1.0 bundled) and the MVT
 //! encoding ([`crate::mvt`]) are below the datasets, beside the
@@ -23,6 +23,7 @@
 //!
 //! [`Dataset`]: crate::dataset::Dataset
 
+pub mod config;
 pub mod cut;
 pub mod fresh;
 pub mod ocean;
@@ -54,7 +55,12 @@ pub const TABLES: &str = ocean::TABLES;
 pub const KIND: crate::dataset::Kind = crate::dataset::Kind {
     name: "tiles",
     tables: &[TABLES],
+    // After the keyed datasets: a tile drain may be bounded by --max.
+    order: 1,
+    configure: config::configure,
 };
+
+pub use config::TILES_CODE_VERSION;
 
 /// One tile dataset.
 #[derive(Clone, Debug)]
@@ -919,6 +925,33 @@ impl crate::dataset::Dataset for TileDataset {
 
     fn dirty_what(&self) -> &'static str {
         "dirty tiles"
+    }
+
+    fn dirties_tiles(&self) -> bool {
+        true
+    }
+
+    fn unit_key(&self) -> Option<&'static str> {
+        Some("tiles")
+    }
+
+    fn low_zoom(&self) -> Option<std::sync::Arc<crate::features::LowZoom>> {
+        Some(self.low.clone())
+    }
+
+    fn paths(&self) -> Vec<(String, PathBuf)> {
+        self.mbtiles
+            .iter()
+            .map(|m| (format!("[osm.tiles.{}] mbtiles", self.name), m.clone()))
+            .collect()
+    }
+
+    fn status(
+        &self,
+        store: &Store,
+        cx: &crate::dataset::StatusContext,
+    ) -> Result<serde_json::Value, StoreError> {
+        config::status(self, store, cx)
     }
 
     /// The tiles the diff affects, from the store before it (bounded by
