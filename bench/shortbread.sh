@@ -143,6 +143,9 @@ def part2():
         for label, _ in (stores if r % 2 == 0 else stores[::-1]):
             shutil.rmtree(W, ignore_errors=True)
             shutil.copytree(kept[label], W)
+            # Written out first: else the apply's fsync writes the copy.
+            os.sync()
+            time.sleep(1)
             runs[label].append(apply(diff))
     med = lambda xs: sorted(xs)[len(xs) // 2]
     res = {}
