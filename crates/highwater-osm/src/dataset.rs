@@ -69,10 +69,14 @@ pub struct Configured {
 }
 
 /// A dataset's section (`[osm.KIND.NAME]`) as the kind's own struct: an
-/// unknown key is refused, named, with the keys it knows.
-pub fn section<T: serde::de::DeserializeOwned>(v: toml::Value) -> Result<T, String> {
+/// unknown key is refused, named with its section, with the keys it knows.
+pub fn section<T: serde::de::DeserializeOwned>(
+    kind: &str,
+    name: &str,
+    v: toml::Value,
+) -> Result<T, String> {
     v.try_into()
-        .map_err(|e: toml::de::Error| e.message().to_string())
+        .map_err(|e: toml::de::Error| format!("[osm.{kind}.{name}]: {}", e.message()))
 }
 
 /// A relative path without `..`, joined to the project root: the files

@@ -48,7 +48,7 @@ fn configure(
 ) -> Result<Vec<Configured>, String> {
     let mut out = Vec::new();
     for (name, v) in sections {
-        let r: RawCounts = section(v)?;
+        let r: RawCounts = section("counts", &name, v)?;
         out.push(Configured {
             dataset: Arc::new(Counts {
                 recipe: format!("counts-1:{}", r.key),
@@ -233,14 +233,15 @@ fn a_fourth_kind_is_configured_applied_drained_rebuilt_and_shown_through_the_tra
 fn a_fourth_kinds_config_is_refused_as_clearly_as_the_others() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    // An unknown key in its section: named, with the keys it knows.
+    // An unknown key in its section: named, with its section and the
+    // keys it knows.
     let e = refused(
         dir,
         "[osm]\n[osm.counts.c]\nkey = \"name\"\nbogus = 1\n",
         &kinds(),
     );
     assert!(
-        e.contains("unknown field `bogus`") && e.contains("`key`"),
+        e.contains("[osm.counts.c]: unknown field `bogus`") && e.contains("`key`"),
         "{e}"
     );
     // An unknown section: named, with every kind among the known keys.

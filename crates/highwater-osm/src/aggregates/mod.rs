@@ -67,7 +67,7 @@ fn configure(
 ) -> Result<Vec<crate::dataset::Configured>, String> {
     let mut out = Vec::new();
     for (name, v) in sections {
-        let a: RawAggregates = crate::dataset::section(v)?;
+        let a: RawAggregates = crate::dataset::section(KIND.name, &name, v)?;
         let mut classes = Vec::new();
         for c in &a.classes {
             classes.push(ClassSpec::parse(c).ok_or_else(|| {

@@ -71,7 +71,7 @@ fn configure(
 ) -> Result<Vec<crate::dataset::Configured>, String> {
     let mut out = Vec::new();
     for (name, v) in sections {
-        let s: RawSearch = crate::dataset::section(v)?;
+        let s: RawSearch = crate::dataset::section(KIND.name, &name, v)?;
         let index = crate::dataset::safe_file(root, &s.index).ok_or_else(|| {
             format!(
                 "[osm.search.{name}] index = {:?}: give a folder inside the project (no `..`, not absolute)",

@@ -81,7 +81,7 @@ pub fn configure(
     let mut tiles = Vec::new();
     let mut guards = Vec::new();
     for (name, v) in sections {
-        let t: RawTiles = section(v)?;
+        let t: RawTiles = section(super::KIND.name, &name, v)?;
         guards.push((t.affected_guard, t.affected_guard_min));
         let schema = match t.schema.as_deref() {
             None => None,
