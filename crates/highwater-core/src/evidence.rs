@@ -133,6 +133,17 @@ impl Digest {
     pub fn algo(&self) -> Algo {
         self.algo
     }
+
+    /// The 256 bits, for a binary copy of the manifest (the SQLite store's
+    /// manifest snapshot), which keeps them without hex.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.bytes
+    }
+
+    /// The inverse of [`Digest::algo`] and [`Digest::as_bytes`].
+    pub fn from_bytes(algo: Algo, bytes: [u8; 32]) -> Digest {
+        Digest { algo, bytes }
+    }
 }
 
 /// Marks a byte that is not a lowercase hex digit in [`HEX_VALUE`].

@@ -8,6 +8,8 @@
 //! Layout:
 //! - this file: the trait, the batch and run types, the error type.
 //! - [`sqlite`]: the SQLite implementation and its forward-only migrations.
+//! - [`snapshot`]: one stage's manifest as one file, used by the SQLite
+//!   store while the stage's manifest token says it is current.
 //! - [`lease`]: leases with fencing tokens on any SQLite database, the
 //!   acquisition loop and the heartbeat (ingestion and the OSM writer).
 //!
@@ -48,6 +50,7 @@ macro_rules! work_sql {
 
 pub mod lease;
 pub mod pg;
+pub mod snapshot;
 pub mod sqlite;
 
 use highwater_core::{Entry, EntryKind};
@@ -56,6 +59,10 @@ use std::path::PathBuf;
 use thiserror::Error;
 
 pub use pg::PgStore;
+
+// One numbering of migrations for both stores, so that a dump of one
+// restores into the other.
+const _: () = assert!(sqlite::SCHEMA_VERSION == pg::SCHEMA_VERSION);
 pub use sqlite::SqliteStore;
 
 /// Where the state lives: the embedded SQLite file, or a PostgreSQL
@@ -149,7 +156,7 @@ pub enum StoreError {
 }
 
 /// Manifest entries of one stage, split by kind.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct StageEntries {
     pub items: highwater_core::Entries,
     pub members: highwater_core::Entries,

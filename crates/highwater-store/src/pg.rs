@@ -105,6 +105,11 @@ const MIGRATIONS: &[&str] = &[
     concat!(work_sql!(), "CREATE SEQUENCE work_token;"),
     // 5 -> 6: observed dependency sets (issue 24).
     crate::DEPS_SQL,
+    // 6 -> 7: nothing. SQLite's manifest tokens validate snapshots of a
+    // local file; a shared store is read by many machines, each its own
+    // way, and keeps none. The step keeps both stores' versions one
+    // numbering.
+    "SELECT 1;",
 ];
 
 /// The schema version this highwater writes; equal to SQLite's.

@@ -89,7 +89,62 @@ const MIGRATIONS: &[&str] = &[
     crate::WORK_SQL_SQLITE,
     // 5 -> 6: observed dependency sets (issue 24).
     crate::DEPS_SQL,
+    // 6 -> 7: manifest tokens, which validate manifest snapshots (issue 22).
+    MANIFEST_TOKENS_SQL,
 ];
+
+/// Each stage's manifest token: a random number replaced, by a trigger in
+/// the writing transaction, whenever any row a load of that stage returns
+/// is inserted, updated or deleted (a dependency set's body, shared by
+/// stages, renews them all). A snapshot is used only at its stage's token
+/// (see [`crate::snapshot`]), so no writer can leave one standing that the
+/// rows no longer match: the invariant lives in the schema, not in each
+/// writer. Stages with rows get a token now, so an upgraded store
+/// snapshots from its first plan.
+const MANIFEST_TOKENS_SQL: &str = "CREATE TABLE manifest_tokens(
+        stage TEXT PRIMARY KEY,
+        token INTEGER NOT NULL
+     ) WITHOUT ROWID;
+     INSERT INTO manifest_tokens(stage, token)
+        SELECT stage, random() FROM (SELECT stage FROM entries UNION SELECT stage FROM output_dirs
+                                     UNION SELECT stage FROM item_deps);
+     CREATE TRIGGER entries_token_ins AFTER INSERT ON entries BEGIN
+        INSERT INTO manifest_tokens(stage, token) VALUES(NEW.stage, random())
+        ON CONFLICT(stage) DO UPDATE SET token = excluded.token; END;
+     CREATE TRIGGER entries_token_upd AFTER UPDATE ON entries BEGIN
+        INSERT INTO manifest_tokens(stage, token) VALUES(OLD.stage, random())
+        ON CONFLICT(stage) DO UPDATE SET token = excluded.token;
+        INSERT INTO manifest_tokens(stage, token) VALUES(NEW.stage, random())
+        ON CONFLICT(stage) DO UPDATE SET token = excluded.token; END;
+     CREATE TRIGGER entries_token_del AFTER DELETE ON entries BEGIN
+        INSERT INTO manifest_tokens(stage, token) VALUES(OLD.stage, random())
+        ON CONFLICT(stage) DO UPDATE SET token = excluded.token; END;
+     CREATE TRIGGER output_dirs_token_ins AFTER INSERT ON output_dirs BEGIN
+        INSERT INTO manifest_tokens(stage, token) VALUES(NEW.stage, random())
+        ON CONFLICT(stage) DO UPDATE SET token = excluded.token; END;
+     CREATE TRIGGER output_dirs_token_upd AFTER UPDATE ON output_dirs BEGIN
+        INSERT INTO manifest_tokens(stage, token) VALUES(OLD.stage, random())
+        ON CONFLICT(stage) DO UPDATE SET token = excluded.token;
+        INSERT INTO manifest_tokens(stage, token) VALUES(NEW.stage, random())
+        ON CONFLICT(stage) DO UPDATE SET token = excluded.token; END;
+     CREATE TRIGGER output_dirs_token_del AFTER DELETE ON output_dirs BEGIN
+        INSERT INTO manifest_tokens(stage, token) VALUES(OLD.stage, random())
+        ON CONFLICT(stage) DO UPDATE SET token = excluded.token; END;
+     CREATE TRIGGER item_deps_token_ins AFTER INSERT ON item_deps BEGIN
+        INSERT INTO manifest_tokens(stage, token) VALUES(NEW.stage, random())
+        ON CONFLICT(stage) DO UPDATE SET token = excluded.token; END;
+     CREATE TRIGGER item_deps_token_upd AFTER UPDATE ON item_deps BEGIN
+        INSERT INTO manifest_tokens(stage, token) VALUES(OLD.stage, random())
+        ON CONFLICT(stage) DO UPDATE SET token = excluded.token;
+        INSERT INTO manifest_tokens(stage, token) VALUES(NEW.stage, random())
+        ON CONFLICT(stage) DO UPDATE SET token = excluded.token; END;
+     CREATE TRIGGER item_deps_token_del AFTER DELETE ON item_deps BEGIN
+        INSERT INTO manifest_tokens(stage, token) VALUES(OLD.stage, random())
+        ON CONFLICT(stage) DO UPDATE SET token = excluded.token; END;
+     CREATE TRIGGER dep_sets_token_upd AFTER UPDATE ON dep_sets BEGIN
+        UPDATE manifest_tokens SET token = random(); END;
+     CREATE TRIGGER dep_sets_token_del AFTER DELETE ON dep_sets BEGIN
+        UPDATE manifest_tokens SET token = random(); END;";
 
 /// How much of the database file SQLite may map into memory for reads.
 /// Bounds address space, not memory: pages are the page cache's.
@@ -356,8 +411,10 @@ impl SqliteStore {
     }
 }
 
-impl StateStore for SqliteStore {
-    fn load(&self, stage: &str) -> Result<StageEntries, StoreError> {
+impl SqliteStore {
+    /// Loads `stage` from its rows, never from a snapshot: what a snapshot
+    /// must equal.
+    pub fn load_rows(&self, stage: &str) -> Result<StageEntries, StoreError> {
         // A no-change plan of a large stage is mostly this load (issue 24).
         // Rows arrive sorted by (kind, item), the primary key, and go in one
         // pass straight into the two sorted lists: no stage column, no list
@@ -484,6 +541,34 @@ impl StateStore for SqliteStore {
             item_sets,
             dep_sets,
         })
+    }
+}
+
+impl StateStore for SqliteStore {
+    /// From the stage's snapshot when it is at the stage's manifest token,
+    /// else from the rows, leaving a snapshot at that token for the next
+    /// load (issue 22). The token and the rows are read in one transaction,
+    /// so a snapshot is never tagged with a token its rows are not of.
+    fn load(&self, stage: &str) -> Result<StageEntries, StoreError> {
+        let tx = self.conn.unchecked_transaction().map_err(|e| self.err(e))?;
+        let token: Option<i64> = tx
+            .prepare_cached("SELECT token FROM manifest_tokens WHERE stage = ?1")
+            .and_then(|mut s| s.query_row([stage], |r| r.get(0)).optional())
+            .map_err(|e| self.err(e))?;
+        let snap = crate::snapshot::path_for(&self.path, stage);
+        if let Some(t) = token {
+            if let Some(entries) = crate::snapshot::read(&snap, t, stage) {
+                return Ok(entries);
+            }
+        }
+        let entries = self.load_rows(stage)?;
+        tx.finish().map_err(|e| self.err(e))?;
+        if let Some(t) = token {
+            // A cache: a folder we may not write (a read-only mount for
+            // `serve`) costs the next load its speed, never its answer.
+            let _ = crate::snapshot::write(&snap, t, stage, &entries);
+        }
+        Ok(entries)
     }
 
     fn commit(&mut self, batch: &Batch) -> Result<(), StoreError> {

@@ -548,7 +548,10 @@ fn dependency_sets_migrate_to_postgres_and_round_trip_there() {
     );
 
     let mut pg = highwater_store::PgStore::open(&url, "HW_DEPS_PG").unwrap();
-    assert_eq!(pg.schema_version().unwrap(), 6);
+    assert_eq!(
+        pg.schema_version().unwrap(),
+        highwater_store::pg::SCHEMA_VERSION
+    );
     let loaded = pg.load("t").unwrap();
     let linked: Vec<(&str, &str)> = loaded
         .item_deps()
