@@ -66,6 +66,17 @@ pub fn read(path: &Path, token: i64, stage: &str) -> Option<StageEntries> {
     decode(&bytes, token, stage)
 }
 
+/// Whether the file at `path` claims to be `stage`'s snapshot at `token`:
+/// its head only, not its checksum (a damaged body is found, and replaced,
+/// by the load that reads it).
+pub fn is_current(path: &Path, token: i64, stage: &str) -> bool {
+    use std::io::Read;
+    let mut head = vec![0u8; 8 + 8 + 4 + stage.len()];
+    let read = std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut head));
+    let mut r = Reader { b: &head };
+    read.is_ok() && r.take(8) == Some(MAGIC) && r.i64() == Some(token) && r.str() == Some(stage)
+}
+
 pub fn encode(token: i64, stage: &str, e: &StageEntries) -> Vec<u8> {
     let mut w = Vec::with_capacity(
         64 + (e.items.len() + e.members.len()) * (ENTRY_BYTES_MIN + 96) + e.item_sets.len() * 4,

@@ -95,8 +95,8 @@ const MIGRATIONS: &[&str] = &[
 
 /// Each stage's manifest token: a random number replaced, by a trigger in
 /// the writing transaction, whenever any row a load of that stage returns
-/// is inserted, updated or deleted (a dependency set's body, shared by
-/// stages, renews them all). A snapshot is used only at its stage's token
+/// is inserted, updated or deleted (a dependency set's body renews the
+/// tokens of the stages whose items name it; an unnamed set is in no load). A snapshot is used only at its stage's token
 /// (see [`crate::snapshot`]), so no writer can leave one standing that the
 /// rows no longer match: the invariant lives in the schema, not in each
 /// writer. Stages with rows get a token now, so an upgraded store
@@ -142,9 +142,11 @@ const MANIFEST_TOKENS_SQL: &str = "CREATE TABLE manifest_tokens(
         INSERT INTO manifest_tokens(stage, token) VALUES(OLD.stage, random())
         ON CONFLICT(stage) DO UPDATE SET token = excluded.token; END;
      CREATE TRIGGER dep_sets_token_upd AFTER UPDATE ON dep_sets BEGIN
-        UPDATE manifest_tokens SET token = random(); END;
+        UPDATE manifest_tokens SET token = random() WHERE stage IN
+            (SELECT stage FROM item_deps WHERE set_id IN (OLD.id, NEW.id)); END;
      CREATE TRIGGER dep_sets_token_del AFTER DELETE ON dep_sets BEGIN
-        UPDATE manifest_tokens SET token = random(); END;";
+        UPDATE manifest_tokens SET token = random() WHERE stage IN
+            (SELECT stage FROM item_deps WHERE set_id = OLD.id); END;";
 
 /// How much of the database file SQLite may map into memory for reads.
 /// Bounds address space, not memory: pages are the page cache's.
@@ -544,6 +546,23 @@ impl SqliteStore {
     }
 }
 
+impl SqliteStore {
+    /// Leaves `stage`'s snapshot at its current token: only the file's head
+    /// is read when it is.
+    pub fn refresh_snapshot(&self, stage: &str) -> Result<(), StoreError> {
+        let token: Option<i64> = self
+            .conn
+            .prepare_cached("SELECT token FROM manifest_tokens WHERE stage = ?1")
+            .and_then(|mut s| s.query_row([stage], |r| r.get(0)).optional())
+            .map_err(|e| self.err(e))?;
+        let path = crate::snapshot::path_for(&self.path, stage);
+        match token {
+            Some(t) if !crate::snapshot::is_current(&path, t, stage) => self.load(stage).map(drop),
+            _ => Ok(()),
+        }
+    }
+}
+
 impl StateStore for SqliteStore {
     /// From the stage's snapshot when it is at the stage's manifest token,
     /// else from the rows, leaving a snapshot at that token for the next
@@ -707,6 +726,18 @@ impl StateStore for SqliteStore {
                 [],
             )
             .map_err(|e| self.err(e))?;
+        // The plan after a run reads the snapshot the run leaves: a run
+        // that changed the stage pays its reload here, not the next plan.
+        // Only a cache: a failure here is met again, and reported, by the
+        // next load.
+        let stage: Option<String> = self
+            .conn
+            .query_row("SELECT stage FROM runs WHERE id = ?1", [run], |r| r.get(0))
+            .optional()
+            .map_err(|e| self.err(e))?;
+        if let Some(stage) = stage {
+            let _ = self.refresh_snapshot(&stage);
+        }
         Ok(())
     }
 
