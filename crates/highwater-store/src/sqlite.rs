@@ -101,52 +101,65 @@ const MIGRATIONS: &[&str] = &[
 /// rows no longer match: the invariant lives in the schema, not in each
 /// writer. Stages with rows get a token now, so an upgraded store
 /// snapshots from its first plan.
-const MANIFEST_TOKENS_SQL: &str = "CREATE TABLE manifest_tokens(
+/// Renews the token of `$row`'s stage (`NEW` or `OLD`), creating it.
+macro_rules! renew_token {
+    ($row:literal) => {
+        concat!(
+            "INSERT INTO manifest_tokens(stage, token) VALUES(",
+            $row,
+            ".stage, random()) ON CONFLICT(stage) DO UPDATE SET token = excluded.token;"
+        )
+    };
+}
+
+/// The three triggers of a table with a `stage` column.
+macro_rules! token_triggers {
+    ($table:literal) => {
+        concat!(
+            "CREATE TRIGGER ",
+            $table,
+            "_token_ins AFTER INSERT ON ",
+            $table,
+            " BEGIN ",
+            renew_token!("NEW"),
+            " END;\n",
+            "CREATE TRIGGER ",
+            $table,
+            "_token_upd AFTER UPDATE ON ",
+            $table,
+            " BEGIN ",
+            renew_token!("OLD"),
+            renew_token!("NEW"),
+            " END;\n",
+            "CREATE TRIGGER ",
+            $table,
+            "_token_del AFTER DELETE ON ",
+            $table,
+            " BEGIN ",
+            renew_token!("OLD"),
+            " END;\n",
+        )
+    };
+}
+
+const MANIFEST_TOKENS_SQL: &str = concat!(
+    "CREATE TABLE manifest_tokens(
         stage TEXT PRIMARY KEY,
         token INTEGER NOT NULL
      ) WITHOUT ROWID;
      INSERT INTO manifest_tokens(stage, token)
         SELECT stage, random() FROM (SELECT stage FROM entries UNION SELECT stage FROM output_dirs
-                                     UNION SELECT stage FROM item_deps);
-     CREATE TRIGGER entries_token_ins AFTER INSERT ON entries BEGIN
-        INSERT INTO manifest_tokens(stage, token) VALUES(NEW.stage, random())
-        ON CONFLICT(stage) DO UPDATE SET token = excluded.token; END;
-     CREATE TRIGGER entries_token_upd AFTER UPDATE ON entries BEGIN
-        INSERT INTO manifest_tokens(stage, token) VALUES(OLD.stage, random())
-        ON CONFLICT(stage) DO UPDATE SET token = excluded.token;
-        INSERT INTO manifest_tokens(stage, token) VALUES(NEW.stage, random())
-        ON CONFLICT(stage) DO UPDATE SET token = excluded.token; END;
-     CREATE TRIGGER entries_token_del AFTER DELETE ON entries BEGIN
-        INSERT INTO manifest_tokens(stage, token) VALUES(OLD.stage, random())
-        ON CONFLICT(stage) DO UPDATE SET token = excluded.token; END;
-     CREATE TRIGGER output_dirs_token_ins AFTER INSERT ON output_dirs BEGIN
-        INSERT INTO manifest_tokens(stage, token) VALUES(NEW.stage, random())
-        ON CONFLICT(stage) DO UPDATE SET token = excluded.token; END;
-     CREATE TRIGGER output_dirs_token_upd AFTER UPDATE ON output_dirs BEGIN
-        INSERT INTO manifest_tokens(stage, token) VALUES(OLD.stage, random())
-        ON CONFLICT(stage) DO UPDATE SET token = excluded.token;
-        INSERT INTO manifest_tokens(stage, token) VALUES(NEW.stage, random())
-        ON CONFLICT(stage) DO UPDATE SET token = excluded.token; END;
-     CREATE TRIGGER output_dirs_token_del AFTER DELETE ON output_dirs BEGIN
-        INSERT INTO manifest_tokens(stage, token) VALUES(OLD.stage, random())
-        ON CONFLICT(stage) DO UPDATE SET token = excluded.token; END;
-     CREATE TRIGGER item_deps_token_ins AFTER INSERT ON item_deps BEGIN
-        INSERT INTO manifest_tokens(stage, token) VALUES(NEW.stage, random())
-        ON CONFLICT(stage) DO UPDATE SET token = excluded.token; END;
-     CREATE TRIGGER item_deps_token_upd AFTER UPDATE ON item_deps BEGIN
-        INSERT INTO manifest_tokens(stage, token) VALUES(OLD.stage, random())
-        ON CONFLICT(stage) DO UPDATE SET token = excluded.token;
-        INSERT INTO manifest_tokens(stage, token) VALUES(NEW.stage, random())
-        ON CONFLICT(stage) DO UPDATE SET token = excluded.token; END;
-     CREATE TRIGGER item_deps_token_del AFTER DELETE ON item_deps BEGIN
-        INSERT INTO manifest_tokens(stage, token) VALUES(OLD.stage, random())
-        ON CONFLICT(stage) DO UPDATE SET token = excluded.token; END;
-     CREATE TRIGGER dep_sets_token_upd AFTER UPDATE ON dep_sets BEGIN
+                                     UNION SELECT stage FROM item_deps);\n",
+    token_triggers!("entries"),
+    token_triggers!("output_dirs"),
+    token_triggers!("item_deps"),
+    "CREATE TRIGGER dep_sets_token_upd AFTER UPDATE ON dep_sets BEGIN
         UPDATE manifest_tokens SET token = random() WHERE stage IN
             (SELECT stage FROM item_deps WHERE set_id IN (OLD.id, NEW.id)); END;
      CREATE TRIGGER dep_sets_token_del AFTER DELETE ON dep_sets BEGIN
         UPDATE manifest_tokens SET token = random() WHERE stage IN
-            (SELECT stage FROM item_deps WHERE set_id = OLD.id); END;";
+            (SELECT stage FROM item_deps WHERE set_id = OLD.id); END;"
+);
 
 /// How much of the database file SQLite may map into memory for reads.
 /// Bounds address space, not memory: pages are the page cache's.
