@@ -167,10 +167,50 @@ pub fn decode(first: i64, b: &[u8]) -> Option<Vec<Entry>> {
     decode_until(first, b, |_| false)
 }
 
-/// The entry for `id` in a block, if it has one: decodes only up to it.
+/// The entry for `id` in a block, if it has one: reads only up to it, and
+/// keeps nothing of the entries before it (their ways are skipped, not
+/// collected: a lookup is most of what deriving a diff does). The same
+/// answer, and the same refusal of damaged bytes, as taking the last entry
+/// [`decode_until`] reads.
 pub fn find(first: i64, b: &[u8], id: i64) -> Option<Option<Entry>> {
-    let entries = decode_until(first, b, |e| e.id >= id)?;
-    Some(entries.into_iter().last().filter(|e| e.id == id))
+    let mut i = 0;
+    let n = get_varint(b, &mut i)? as usize;
+    let mut prev = first;
+    for _ in 0..n {
+        let here = prev.wrapping_add(get_varint(b, &mut i)? as i64);
+        prev = here;
+        let flags = *b.get(i)?;
+        i += 1;
+        let loc = if flags & 1 != 0 {
+            let lat = i32::from_le_bytes(b.get(i..i + 4)?.try_into().ok()?);
+            let lon = i32::from_le_bytes(b.get(i + 4..i + 8)?.try_into().ok()?);
+            i += 8;
+            Some((lat, lon))
+        } else {
+            None
+        };
+        let nw = get_varint(b, &mut i)? as usize;
+        if here < id {
+            for _ in 0..nw {
+                get_varint(b, &mut i)?;
+            }
+            continue;
+        }
+        let mut ways = Vec::with_capacity(nw.min(b.len()));
+        let mut pw = 0i64;
+        for _ in 0..nw {
+            pw = pw.wrapping_add(unzigzag(get_varint(b, &mut i)?));
+            ways.push(pw);
+        }
+        return Some((here == id).then_some(Entry {
+            id: here,
+            loc,
+            tagged: flags & 2 != 0,
+            ways,
+            flat: flags & 4 != 0,
+        }));
+    }
+    Some(None)
 }
 
 /// Cuts sorted entries into blocks of at most `per_block`, each keyed by
@@ -231,6 +271,37 @@ mod tests {
         assert_eq!(decode(0, &[0xff; 11]), None);
         // A huge count with no bytes behind it.
         assert_eq!(decode(0, &[0xff, 0xff, 0xff, 0xff, 0x0f]), None);
+    }
+
+    /// `find` reads without collecting; it must answer exactly as taking
+    /// the last entry `decode_until` reads would, on whole blocks and on
+    /// damaged ones (every truncation), for ids in, between and around
+    /// the block's.
+    #[test]
+    fn find_answers_as_decoding_up_to_the_id_does() {
+        let reference = |first: i64, b: &[u8], id: i64| {
+            decode_until(first, b, |e| e.id >= id)
+                .map(|v| v.into_iter().last().filter(|e| e.id == id))
+        };
+        let entries = vec![
+            e(-7, Some((1, -1)), false, &[3, -9, 1 << 40]),
+            e(-2, None, true, &[]),
+            e(4, Some((i32::MAX, i32::MIN)), true, &[5]),
+            e(5, None, false, &[6, 7]),
+            e(1 << 50, Some((0, 0)), false, &[]),
+        ];
+        let b = encode(&entries);
+        let ids = [-8, -7, -5, -2, 0, 4, 5, 6, 1 << 50, (1 << 50) + 1];
+        for n in 0..=b.len() {
+            for id in ids {
+                assert_eq!(
+                    find(-7, &b[..n], id),
+                    reference(-7, &b[..n], id),
+                    "{n} bytes, id {id}"
+                );
+            }
+        }
+        assert_eq!(find(-7, &b, 5).unwrap(), Some(entries[3].clone()));
     }
 
     #[test]

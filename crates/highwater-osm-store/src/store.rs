@@ -104,8 +104,8 @@ CREATE TABLE IF NOT EXISTS relations(id INTEGER PRIMARY KEY, members TEXT NOT NU
 CREATE TABLE IF NOT EXISTS markers(dataset TEXT PRIMARY KEY, sequence INTEGER, recipe TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS dirty(dataset TEXT NOT NULL, z INTEGER NOT NULL, x INTEGER NOT NULL, y INTEGER NOT NULL, PRIMARY KEY(dataset, z, x, y)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS member_rels(kind INTEGER NOT NULL, member INTEGER NOT NULL, rel INTEGER NOT NULL, PRIMARY KEY(kind, member, rel)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS shape_cells(cell INTEGER NOT NULL, id INTEGER NOT NULL, minx REAL NOT NULL, miny REAL NOT NULL, maxx REAL NOT NULL, maxy REAL NOT NULL, PRIMARY KEY(cell, id)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS shape_cells_low(cell INTEGER NOT NULL, id INTEGER NOT NULL, minx REAL NOT NULL, miny REAL NOT NULL, maxx REAL NOT NULL, maxy REAL NOT NULL, PRIMARY KEY(cell, id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS shape_cells(cell INTEGER NOT NULL, id INTEGER NOT NULL, minx REAL NOT NULL, miny REAL NOT NULL, maxx REAL NOT NULL, maxy REAL NOT NULL, zmin INTEGER NOT NULL DEFAULT 0, PRIMARY KEY(cell, id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS shape_cells_low(cell INTEGER NOT NULL, id INTEGER NOT NULL, minx REAL NOT NULL, miny REAL NOT NULL, maxx REAL NOT NULL, maxy REAL NOT NULL, zmin INTEGER NOT NULL DEFAULT 0, PRIMARY KEY(cell, id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS shape_data(id INTEGER PRIMARY KEY, cell INTEGER NOT NULL, data BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS dirty_keys(dataset TEXT NOT NULL, kind INTEGER NOT NULL, id INTEGER NOT NULL, PRIMARY KEY(dataset, kind, id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS replication_log(sequence INTEGER PRIMARY KEY, url TEXT NOT NULL, sha256 TEXT NOT NULL, timestamp TEXT NOT NULL, applied_at_ns INTEGER NOT NULL);
@@ -146,12 +146,23 @@ pub enum DrainOrder {
 }
 
 /// What the shapes index keeps of an element: its bounding box (min x, min
-/// y, max x, max y), opaque bytes (its feature), and whether it shows at
-/// low zooms.
-pub type ShapeRow<'a> = ((f64, f64, f64, f64), &'a [u8], bool);
+/// y, max x, max y), opaque bytes (its feature), and the lowest zoom any
+/// tile dataset shows it at ([`ZOOM_NONE`]: none does). Below
+/// [`LOW_ZOOM`] it is also in the low-zoom index.
+pub type ShapeRow<'a> = ((f64, f64, f64, f64), &'a [u8], u8);
 
 /// A row for [`Writer::insert_shapes`]: the element, then as [`ShapeRow`].
-pub type ShapeInsert<'a> = ((MemberKind, i64), (f64, f64, f64, f64), &'a [u8], bool);
+pub type ShapeInsert<'a> = ((MemberKind, i64), (f64, f64, f64, f64), &'a [u8], u8);
+
+/// Below this zoom a tile's candidates come from the low-zoom index (the
+/// features that show below it): at z10 a tile is about 40 km wide, and a
+/// base map shows only major roads, water, forests, boundaries and places
+/// there.
+pub const LOW_ZOOM: u8 = 10;
+
+/// A shape's lowest zoom when no tile dataset shows it at all: it is a
+/// candidate of no tile (search and aggregates still find it).
+pub const ZOOM_NONE: u8 = u8::MAX;
 
 /// An element's key in the shapes index: the id with its type in the low
 /// two bits.
@@ -709,25 +720,33 @@ impl Store {
     }
 
     /// The elements whose shape's bounding box meets the box (world
-    /// coordinates): a superset of the features that show in a tile. With
-    /// `low`, only those marked as showing at low zooms (a second, smaller
-    /// index: a low-zoom tile covers much, and shows little of it).
+    /// coordinates). With a zoom, only those some tile dataset shows at
+    /// that zoom or below it (their lowest zoom, [`ShapeRow`], is at most
+    /// `zoom`): a superset of the features that show in a tile of that
+    /// zoom; below [`LOW_ZOOM`] read from the low-zoom index (a second,
+    /// smaller one: a low-zoom tile covers much, and shows little of it).
+    /// Without, every element (search and aggregates).
     pub fn shapes_in(
         &self,
         bbox: (f64, f64, f64, f64),
-        low: bool,
+        zoom: Option<u8>,
     ) -> Result<Vec<(MemberKind, i64)>, StoreError> {
         let (minx, miny, maxx, maxy) = bbox;
-        let sql = if low {
-            "SELECT id, minx, miny, maxx, maxy FROM shape_cells_low WHERE cell BETWEEN ?1 AND ?2"
-        } else {
-            "SELECT id, minx, miny, maxx, maxy FROM shape_cells WHERE cell BETWEEN ?1 AND ?2"
+        let sql = match zoom {
+            Some(z) if z < LOW_ZOOM => {
+                "SELECT id, minx, miny, maxx, maxy FROM shape_cells_low WHERE cell BETWEEN ?1 AND ?2 AND zmin <= ?3"
+            }
+            _ => {
+                "SELECT id, minx, miny, maxx, maxy FROM shape_cells WHERE cell BETWEEN ?1 AND ?2 AND zmin <= ?3"
+            }
         };
+        // Every row's zmin is at most ZOOM_NONE.
+        let zmax = i64::from(zoom.unwrap_or(ZOOM_NONE));
         let mut st = self.conn.prepare_cached(sql).map_err(|e| self.err(e))?;
         let mut out = Vec::new();
         for (a, b) in crate::cells::ranges(bbox) {
             let rows = st
-                .query_map([a, b], |r| {
+                .query_map([a, b, zmax], |r| {
                     Ok((
                         r.get::<_, i64>(0)?,
                         (
@@ -1237,6 +1256,16 @@ fn init_schema(conn: &Connection, ext: &Extension) -> rusqlite::Result<bool> {
     // them.
     add_column(conn, "dirty", "gen", "INTEGER NOT NULL DEFAULT 0")?;
     add_column(conn, "dirty_keys", "gen", "INTEGER NOT NULL DEFAULT 0")?;
+    // Stores made before the shapes index kept each shape's lowest zoom:
+    // 0 (shows everywhere) keeps every old row a candidate of every tile
+    // until the index is rebuilt (its version in `shapes_low` changed).
+    add_column(conn, "shape_cells", "zmin", "INTEGER NOT NULL DEFAULT 0")?;
+    add_column(
+        conn,
+        "shape_cells_low",
+        "zmin",
+        "INTEGER NOT NULL DEFAULT 0",
+    )?;
     conn.execute_batch(highwater_store::lease::LEASES_SQL)?;
     scrub_credentials(conn)?;
     Ok(rtree_shapes)
@@ -1761,7 +1790,7 @@ impl<'s> Writer<'s> {
 
     /// Moves a dataset's marker.
     /// Records (or with `None`, removes) an element's shape: its bounding
-    /// box, the bytes to keep with it, and whether it shows at low zooms.
+    /// box, the bytes to keep with it, and its lowest zoom.
     pub fn set_shape(
         &mut self,
         kind: MemberKind,
@@ -1789,8 +1818,8 @@ impl<'s> Writer<'s> {
                 .and_then(|mut st| st.execute([key]))
                 .map_err(|e| self.err(e))?;
         }
-        if let Some((bbox, data, low)) = shape {
-            self.insert_shape(key, bbox, data, low)?;
+        if let Some((bbox, data, zmin)) = shape {
+            self.insert_shape(key, bbox, data, zmin)?;
         }
         Ok(())
     }
@@ -1800,11 +1829,11 @@ impl<'s> Writer<'s> {
         key: i64,
         bbox: (f64, f64, f64, f64),
         data: &[u8],
-        low: bool,
+        zmin: u8,
     ) -> Result<(), StoreError> {
         let cell = crate::cells::cell_of(bbox);
         let (minx, miny, maxx, maxy) = bbox;
-        let tables: &[&str] = if low {
+        let tables: &[&str] = if zmin < LOW_ZOOM {
             &["shape_cells", "shape_cells_low"]
         } else {
             &["shape_cells"]
@@ -1812,9 +1841,9 @@ impl<'s> Writer<'s> {
         for t in tables {
             self.tx
                 .prepare_cached(&format!(
-                    "INSERT INTO {t}(cell, id, minx, miny, maxx, maxy) VALUES(?1, ?2, ?3, ?4, ?5, ?6)"
+                    "INSERT INTO {t}(cell, id, minx, miny, maxx, maxy, zmin) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7)"
                 ))
-                .and_then(|mut st| st.execute(params![cell, key, minx, miny, maxx, maxy]))
+                .and_then(|mut st| st.execute(params![cell, key, minx, miny, maxx, maxy, zmin]))
                 .map_err(|e| self.err(e))?;
         }
         self.tx
@@ -1825,8 +1854,7 @@ impl<'s> Writer<'s> {
     }
 
     /// Fills an emptied shapes index (a rebuild's): each row an element,
-    /// its box, its encoded feature and whether it shows below the low
-    /// zoom. Inserts only, each table in its own key order (appends), many
+    /// its box, its encoded feature and its lowest zoom. Inserts only, each table in its own key order (appends), many
     /// rows per statement.
     pub fn insert_shapes<'d>(
         &mut self,
@@ -1834,9 +1862,9 @@ impl<'s> Writer<'s> {
     ) -> Result<(), StoreError> {
         let mut cells = Vec::new();
         let mut data: Vec<(i64, i64, &[u8])> = Vec::new();
-        for ((kind, id), bbox, d, low) in rows {
+        for ((kind, id), bbox, d, zmin) in rows {
             let (key, cell) = (shape_id(kind, id), crate::cells::cell_of(bbox));
-            cells.push((cell, key, bbox, low));
+            cells.push((cell, key, bbox, zmin));
             data.push((key, cell, d));
         }
         cells.sort_unstable_by_key(|c| (c.0, c.1));
@@ -1844,15 +1872,23 @@ impl<'s> Writer<'s> {
         for (table, low_only) in [("shape_cells", false), ("shape_cells_low", true)] {
             let values: Vec<&dyn rusqlite::ToSql> = cells
                 .iter()
-                .filter(|c| !low_only || c.3)
-                .flat_map(|(cell, key, (minx, miny, maxx, maxy), _)| {
-                    [cell as &dyn rusqlite::ToSql, key, minx, miny, maxx, maxy]
+                .filter(|c| !low_only || c.3 < LOW_ZOOM)
+                .flat_map(|(cell, key, (minx, miny, maxx, maxy), zmin)| {
+                    [
+                        cell as &dyn rusqlite::ToSql,
+                        key,
+                        minx,
+                        miny,
+                        maxx,
+                        maxy,
+                        zmin,
+                    ]
                 })
                 .collect();
             insert_rows(
                 &self.tx,
-                &format!("INSERT INTO {table}(cell, id, minx, miny, maxx, maxy)"),
-                6,
+                &format!("INSERT INTO {table}(cell, id, minx, miny, maxx, maxy, zmin)"),
+                7,
                 &values,
             )
             .map_err(|e| self.err(e))?;

@@ -104,7 +104,7 @@ pub fn touched(
 
 /// Brings the shapes index up to date for the touched elements, reading the
 /// store after the diff is applied: each one's bounding box, its feature
-/// (every key) and whether it shows at low zooms.
+/// (every key) and the lowest zoom it shows at.
 pub(crate) fn index_shapes(
     w: &mut Writer<'_>,
     keys: &BTreeSet<ElementKey>,
@@ -119,7 +119,7 @@ pub(crate) fn index_shapes(
             rows.push((
                 kind,
                 id,
-                f.map(|f| (f.shape.bbox(), features::encode(&f), low.shows_low(&f))),
+                f.map(|f| (f.shape.bbox(), features::encode(&f), low.min_zoom(&f))),
             ));
         }
     }
@@ -149,10 +149,10 @@ pub fn ensure_shapes(store: &mut Store) -> Result<(), StoreError> {
 
 pub fn rebuild_shapes(store: &mut Store, low: &LowZoom) -> Result<usize, StoreError> {
     let all = crate::features::all(store, &TileLayer::every_key())?;
-    let rows: Vec<(Vec<u8>, bool)> = {
+    let rows: Vec<(Vec<u8>, u8)> = {
         use rayon::prelude::*;
         all.par_iter()
-            .map(|(_, f)| (features::encode(f), low.shows_low(f)))
+            .map(|(_, f)| (features::encode(f), low.min_zoom(f)))
             .collect()
     };
     store.write(|w| {

@@ -575,14 +575,13 @@ pub fn signatures(shape: &Shape, z: u8, buffer: f64) -> HashMap<(u32, u32), u64>
 }
 
 /// Below this zoom a tile's candidates come from the low-zoom index: the
-/// features that some dataset shows below it. At z10 a tile is about 40 km
-/// wide, and Shortbread shows only major roads, water, forests, boundaries
-/// and places there.
-pub const LOW_ZOOM: u8 = 10;
+/// features that some dataset shows below it (the store's constant).
+pub use crate::store::{LOW_ZOOM, ZOOM_NONE};
 
-/// Which features show at low zooms, for the tile datasets of a config:
-/// the predicate of the low-zoom index. `id` names it, so that an index
-/// built for another set of datasets is seen as stale and rebuilt.
+/// From which zoom features show, for the tile datasets of a config: the
+/// predicate of the shapes index's zooms (each shape's lowest zoom, and the
+/// low-zoom index of those below [`LOW_ZOOM`]). `id` names it, so that an
+/// index built for another set of datasets is seen as stale and rebuilt.
 #[derive(Clone, Debug)]
 pub struct LowZoom {
     layers: Vec<TileLayer>,
@@ -591,13 +590,13 @@ pub struct LowZoom {
 
 /// The version of what the shapes index holds (bump when the feature
 /// encoding or the index's meaning changes: an old index is rebuilt).
-const SHAPES_VERSION: &str = "shapes-2";
+const SHAPES_VERSION: &str = "shapes-3";
 
 impl LowZoom {
     pub fn new(layers: Vec<TileLayer>, recipes: &[&str]) -> LowZoom {
         let layers: Vec<TileLayer> = layers
             .into_iter()
-            .filter(|l| l.zoom_min < LOW_ZOOM)
+            .filter(|l| l.zoom_min <= l.zoom_max)
             .collect();
         let mut h = std::hash::DefaultHasher::new();
         std::hash::Hash::hash(&recipes, &mut h);
@@ -612,16 +611,24 @@ impl LowZoom {
         LowZoom::new(Vec::new(), &[])
     }
 
-    /// Whether a feature (with every key) shows below [`LOW_ZOOM`] in some
-    /// dataset.
-    pub fn shows_low(&self, every: &Feature) -> bool {
-        self.layers.iter().any(|l| {
-            l.narrow(every).is_some_and(|f| {
+    /// The lowest zoom at which a feature (with every key) shows in some
+    /// dataset: its placements' zooms, each no lower than its layer's
+    /// range; [`ZOOM_NONE`] when no dataset shows it. No tile below it can
+    /// show the feature, so a tile's cut need not read it; sizes and
+    /// simplification are not looked at (they only ever hide more).
+    pub fn min_zoom(&self, every: &Feature) -> u8 {
+        self.layers
+            .iter()
+            .filter_map(|l| {
+                let f = l.narrow(every)?;
                 l.place(&f)
                     .iter()
-                    .any(|p| p.zoom.max(l.zoom_min) < LOW_ZOOM)
+                    .map(|p| p.zoom.max(l.zoom_min))
+                    .filter(|z| *z <= l.zoom_max)
+                    .min()
             })
-        })
+            .min()
+            .unwrap_or(ZOOM_NONE)
     }
 }
 
@@ -634,6 +641,16 @@ impl TileLayer {
         (!tags.is_empty()).then(|| Feature {
             tags,
             shape: every.shape.clone(),
+        })
+    }
+
+    /// [`TileLayer::narrow`], taking the feature: its shape is moved, not
+    /// copied.
+    pub fn narrow_owned(&self, every: Feature) -> Option<Feature> {
+        let tags = owned(self.relevant(&every.tags));
+        (!tags.is_empty()).then_some(Feature {
+            tags,
+            shape: every.shape,
         })
     }
 }

@@ -546,12 +546,25 @@ impl Schema {
             if !l.require_any.is_empty() && !l.require_any.iter().any(|k| f.tags.contains_key(k)) {
                 continue;
             }
-            let shape = match (&l.geometry, &f.shape) {
+            // Whether the layer takes this kind of shape, then its rule,
+            // before any shape is copied or a label point computed: most
+            // layers take most features nowhere.
+            let takes = matches!(
+                (&l.geometry, &f.shape),
                 (Geometry::Point, Shape::Point(_))
-                | (Geometry::Line, Shape::Lines(_))
-                | (Geometry::Outline, Shape::Lines(_))
-                | (Geometry::Polygon, Shape::Polygon(_))
-                | (Geometry::Label, Shape::Point(_)) => f.shape.clone(),
+                    | (Geometry::Line, Shape::Lines(_))
+                    | (Geometry::Outline, Shape::Lines(_) | Shape::Polygon(_))
+                    | (Geometry::Polygon, Shape::Polygon(_))
+                    | (Geometry::Label, Shape::Point(_) | Shape::Polygon(_))
+                    | (Geometry::PolygonLabel, Shape::Polygon(_))
+            );
+            if !takes {
+                continue;
+            }
+            let Some(rule) = l.rules.iter().find(|r| matches(&r.tags, &f.tags)) else {
+                continue;
+            };
+            let shape = match (&l.geometry, &f.shape) {
                 (Geometry::Outline, Shape::Polygon(r)) => Shape::Lines(r.clone()),
                 (Geometry::Label | Geometry::PolygonLabel, Shape::Polygon(r)) => {
                     match label_point(r) {
@@ -559,10 +572,7 @@ impl Schema {
                         None => continue,
                     }
                 }
-                _ => continue,
-            };
-            let Some(rule) = l.rules.iter().find(|r| matches(&r.tags, &f.tags)) else {
-                continue;
+                _ => f.shape.clone(),
             };
             let kind = match &rule.kind {
                 Some(Kind::Literal(k)) => Some(k.clone()),

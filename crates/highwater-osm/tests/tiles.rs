@@ -401,3 +401,152 @@ fn a_low_zoom_index_written_for_other_datasets_is_rebuilt_not_trusted() {
     assert!(r.rebuilt.is_none(), "{r:?}");
     check(&store, sb);
 }
+
+/// Issue 25: a tile's cut reads only the shapes some dataset shows at its
+/// zoom (each shape keeps its lowest zoom in the shapes index). So the
+/// index must follow every change of that zoom, or a re-cut tile loses a
+/// feature a rebuild shows. Each step is applied and drained, and every
+/// tile is compared with a rebuild: a building (z14 only) retagged as a
+/// forest (from z7), a node moved under a motorway (from z5), a forest
+/// retagged back to a building (gone from the low zooms), a deletion, and
+/// an untagged node tagged as a café (z14).
+#[test]
+fn issue25_a_shapes_lowest_zoom_follows_its_tags_and_nodes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = config(
+        tmp.path(),
+        "[osm.tiles.sb]\nschema = \"shortbread\"\nmbtiles = \"sb.mbtiles\"\ndrain_rebuild_share = 1000\n",
+    );
+    let mut store = highwater_osm::create_store(&tmp.path().join("store")).unwrap();
+    // A 5 km square (building, then forest), a motorway, a residential
+    // street, and a forest; all near Monaco.
+    let node =
+        |id: i64, lat: f64, lon: f64| format!(r#"<node id="{id}" lat="{lat}" lon="{lon}"/>"#);
+    let mut osm = String::from(r#"<osm version="0.6">"#);
+    for (id, lat, lon) in [
+        (1, 43.70, 7.40),
+        (2, 43.70, 7.46),
+        (3, 43.745, 7.46),
+        (4, 43.745, 7.40),
+        (6, 43.72, 7.30),
+        (7, 43.73, 7.50),
+        (8, 43.74, 7.70),
+        (11, 43.731, 7.421),
+        (12, 43.732, 7.424),
+        (13, 43.733, 7.428),
+        (21, 43.60, 7.10),
+        (22, 43.60, 7.25),
+        (23, 43.68, 7.25),
+        (24, 43.68, 7.10),
+        (30, 43.7355, 7.4251),
+    ] {
+        osm.push_str(&node(id, lat, lon));
+    }
+    osm.push_str(
+        r#"<way id="100"><nd ref="1"/><nd ref="2"/><nd ref="3"/><nd ref="4"/><nd ref="1"/><tag k="building" v="yes"/></way>
+<way id="200"><nd ref="6"/><nd ref="7"/><nd ref="8"/><tag k="highway" v="motorway"/></way>
+<way id="300"><nd ref="11"/><nd ref="12"/><nd ref="13"/><tag k="highway" v="residential"/></way>
+<way id="400"><nd ref="21"/><nd ref="22"/><nd ref="23"/><nd ref="24"/><nd ref="21"/><tag k="landuse" v="forest"/></way>
+</osm>"#,
+    );
+    let path = tmp.path().join("world.osm");
+    std::fs::write(&path, osm).unwrap();
+    highwater_osm::import::import(&mut store, &path).unwrap();
+    let d = cfg.of::<TileDataset>()[0];
+    tiles::build(&mut store, d).unwrap();
+    check(&store, d);
+    let mb = Mbtiles::open(d.mbtiles.as_ref().unwrap()).unwrap().unwrap();
+    // Whether the tile of zoom z over (lat, lon) shows the element.
+    let shows = |z: u8, lat: f64, lon: f64, id: u64| {
+        let (x, y) = highwater_core::tile::world(lon, lat);
+        let n = f64::from(1u32 << z);
+        let t = Tile {
+            z,
+            x: (x * n) as u32,
+            y: (y * n) as u32,
+        };
+        mb.get(t)
+            .unwrap()
+            .map(|b| mvt::decode(&b).unwrap())
+            .is_some_and(|layers| layers.iter().any(|(_, fs)| fs.iter().any(|f| f.id == id)))
+    };
+    let way = |id: u64| id << 2 | 1;
+    assert!(
+        !shows(8, 43.72, 7.43, way(100)),
+        "a building shows at z14 only"
+    );
+    assert!(shows(8, 43.64, 7.17, way(400)));
+    let steps = [
+        // The building becomes a forest: it shows from z7 on.
+        r#"<modify><way id="100" version="2"><nd ref="1"/><nd ref="2"/><nd ref="3"/><nd ref="4"/><nd ref="1"/><tag k="landuse" v="forest"/></way></modify>"#,
+        // The motorway's middle node moves far north.
+        r#"<modify><node id="7" version="2" lat="44.10" lon="7.50"/></modify>"#,
+        // The forest becomes a building again: gone below z14.
+        r#"<modify><way id="100" version="3"><nd ref="1"/><nd ref="2"/><nd ref="3"/><nd ref="4"/><nd ref="1"/><tag k="building" v="yes"/></way></modify>"#,
+        // The other forest is deleted; a street's node moves.
+        r#"<delete><way id="400" version="2"/></delete><modify><node id="12" version="2" lat="43.7325" lon="7.4245"/></modify>"#,
+        // An untagged node becomes a café.
+        r#"<modify><node id="13" version="2" lat="43.733" lon="7.428"><tag k="amenity" v="cafe"/></node></modify>"#,
+    ];
+    for (i, body) in steps.iter().enumerate() {
+        let osc = tmp.path().join(format!("{i}.osc"));
+        std::fs::write(&osc, format!("<osmChange>{body}</osmChange>")).unwrap();
+        let diffs = ops::read_diffs(&[osc]).unwrap();
+        ops::apply(&mut store, &cfg, &diffs, false).unwrap();
+        let r = tiles::drain(&mut store, d, usize::MAX, DrainOrder::LowZoomFirst).unwrap();
+        assert!(r.rebuilt.is_none(), "step {i}: drained, not rebuilt");
+        check(&store, d);
+        match i {
+            0 => assert!(shows(8, 43.72, 7.43, way(100)), "the new forest at z8"),
+            1 => assert!(shows(7, 44.10, 7.50, way(200)), "the moved motorway at z7"),
+            2 => {
+                assert!(!shows(8, 43.72, 7.43, way(100)), "no building at z8");
+                assert!(shows(14, 43.72, 7.43, way(100)), "the building at z14");
+            }
+            3 => assert!(!shows(8, 43.64, 7.17, way(400)), "the deleted forest"),
+            _ => assert!(shows(14, 43.733, 7.428, 13 << 2), "the café at z14"),
+        }
+    }
+}
+
+/// The shapes index answers a tile's zoom with only what shows there: a
+/// building (z14) is no candidate of a z13 tile, a forest is; without a
+/// zoom (search, aggregates) both are found.
+#[test]
+fn issue25_a_tiles_candidates_are_what_shows_at_its_zoom() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = config(
+        tmp.path(),
+        "[osm.tiles.sb]\nschema = \"shortbread\"\nmbtiles = \"sb.mbtiles\"\ndrain_rebuild_share = 1000\n",
+    );
+    let mut store = highwater_osm::create_store(&tmp.path().join("store")).unwrap();
+    let path = tmp.path().join("world.osm");
+    std::fs::write(
+        &path,
+        r#"<osm version="0.6">
+<node id="1" lat="43.73" lon="7.42"/><node id="2" lat="43.73" lon="7.43"/><node id="3" lat="43.74" lon="7.43"/><node id="4" lat="43.74" lon="7.42"/>
+<way id="100"><nd ref="1"/><nd ref="2"/><nd ref="3"/><nd ref="4"/><nd ref="1"/><tag k="building" v="yes"/></way>
+<way id="200"><nd ref="1"/><nd ref="2"/><nd ref="3"/><nd ref="4"/><nd ref="1"/><tag k="landuse" v="forest"/></way>
+<way id="300"><nd ref="1"/><nd ref="3"/><tag k="survey" v="yes"/></way>
+</osm>"#,
+    )
+    .unwrap();
+    highwater_osm::import::import(&mut store, &path).unwrap();
+    let d = cfg.of::<TileDataset>()[0];
+    tiles::build(&mut store, d).unwrap();
+    let b = (0.0, 0.0, 1.0, 1.0);
+    let found = |z: Option<u8>| -> Vec<i64> {
+        store
+            .shapes_in(b, z)
+            .unwrap()
+            .into_iter()
+            .map(|(_, id)| id)
+            .collect()
+    };
+    assert_eq!(found(Some(14)), vec![100, 200]);
+    assert_eq!(found(Some(13)), vec![200]);
+    assert_eq!(found(Some(7)), vec![200], "the low-zoom index");
+    assert_eq!(found(Some(6)), Vec::<i64>::new());
+    // The way no layer shows is still indexed, for search and aggregates.
+    assert_eq!(found(None), vec![100, 200, 300]);
+}

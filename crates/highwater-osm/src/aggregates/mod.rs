@@ -401,13 +401,13 @@ pub fn drain(store: &mut Store, d: &AggDataset) -> Result<AggReport, StoreError>
             (Some(o), Some(n)) if o.rings == n.rings => {}
             (Some(o), Some(n)) => {
                 if let Some(b) = changed_box(&o.rings, &n.rings) {
-                    candidates.extend(store.shapes_in(b, false)?);
+                    candidates.extend(store.shapes_in(b, None)?);
                 }
             }
             (Some(o), None) => {
                 candidates.extend(store.agg_contributors(&d.name, o.key)?);
             }
-            (None, Some(n)) => candidates.extend(store.shapes_in(n.bbox, false)?),
+            (None, Some(n)) => candidates.extend(store.shapes_in(n.bbox, None)?),
             (None, None) => unreachable!("k came from one of the maps"),
         }
     }

@@ -424,10 +424,10 @@ fn affected_by_areas(
         match (o, n) {
             (Some(o), Some(n)) if o.rings != n.rings => {
                 if let Some(b) = changed_box(&o.rings, &n.rings) {
-                    out.extend(store.shapes_in(b, false)?);
+                    out.extend(store.shapes_in(b, None)?);
                 }
             }
-            (None, Some(n)) => out.extend(store.shapes_in(n.bbox, false)?),
+            (None, Some(n)) => out.extend(store.shapes_in(n.bbox, None)?),
             _ => {}
         }
     }

@@ -368,6 +368,11 @@ impl Mbtiles {
             path: path.clone(),
             err,
         };
+        // Compressed in parallel, before the write lock is taken.
+        let zipped: Vec<Option<Vec<u8>>> = batch
+            .par_iter()
+            .map(|(_, data)| data.as_deref().map(gzip))
+            .collect();
         let tx = self
             .conn
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
@@ -393,21 +398,24 @@ impl Mbtiles {
                 .map_err(e)?;
             }
         }
-        for (t, data) in batch {
-            match data {
-                Some(d) => tx
-                    .execute(
-                        "INSERT OR REPLACE INTO tiles(zoom_level, tile_column, tile_row, tile_data) VALUES(?1, ?2, ?3, ?4)",
-                        params![t.z, t.x, tms_row(*t), gzip(d)],
-                    )
-                    .map_err(e)?,
-                None => tx
-                    .execute(
-                        "DELETE FROM tiles WHERE zoom_level = ?1 AND tile_column = ?2 AND tile_row = ?3",
-                        params![t.z, t.x, tms_row(*t)],
-                    )
-                    .map_err(e)?,
-            };
+        {
+            let mut put = tx
+                .prepare_cached(
+                    "INSERT OR REPLACE INTO tiles(zoom_level, tile_column, tile_row, tile_data) VALUES(?1, ?2, ?3, ?4)",
+                )
+                .map_err(e)?;
+            let mut del = tx
+                .prepare_cached(
+                    "DELETE FROM tiles WHERE zoom_level = ?1 AND tile_column = ?2 AND tile_row = ?3",
+                )
+                .map_err(e)?;
+            for ((t, _), data) in batch.iter().zip(&zipped) {
+                match data {
+                    Some(z) => put.execute(params![t.z, t.x, tms_row(*t), z]),
+                    None => del.execute(params![t.z, t.x, tms_row(*t)]),
+                }
+                .map_err(e)?;
+            }
         }
         tx.commit().map_err(e)
     }
@@ -747,10 +755,14 @@ pub(crate) fn cut_batch(
     if let Some((_, p)) = &sea {
         built.insert(crate::coast::OCEAN_KEY, p.clone());
     }
+    // Each candidate's stored feature read once (SQLite, in this thread),
+    // then decoded and placed in parallel.
+    let mut wanted: Vec<(ElementKey, Vec<u8>)> = Vec::new();
     for &t in tiles {
-        let low = t.z < crate::features::LOW_ZOOM;
         let tb = tile_box(t, d.layer.buffer);
-        let mut keys = s.shapes_in(tb, low)?;
+        // Only what some dataset shows at this zoom: a z13 tile holds the
+        // buildings of 16 z14 tiles, and shows none of them.
+        let mut keys = s.shapes_in(tb, Some(t.z))?;
         if let Some((b, _)) = &sea {
             if b.2 >= tb.0 && b.0 <= tb.2 && b.3 >= tb.1 && b.1 <= tb.3 {
                 keys.push(crate::coast::OCEAN_KEY);
@@ -759,19 +771,27 @@ pub(crate) fn cut_batch(
         }
         for &k in &keys {
             if let std::collections::hash_map::Entry::Vacant(e) = built.entry(k) {
-                let every = s.shape_data(k.0, k.1)?.and_then(|b| features::decode(&b));
-                let every = every.ok_or_else(|| StoreError::Corrupt {
-                        path: s.path().to_path_buf(),
-                        what: format!(
-                            "the shapes index has no readable feature for {k:?}; run `highwater osm rebuild {}`",
-                            d.name
-                        ),
-                    })?;
-                let f = d.layer.narrow(&every);
-                e.insert(f.map(|f| d.layer.place(&f)).unwrap_or_default());
+                let bytes = s.shape_data(k.0, k.1)?.ok_or_else(|| corrupt(s, d, k))?;
+                wanted.push((k, bytes));
+                e.insert(Vec::new());
             }
         }
         cands.push(keys);
+    }
+    let placed: Vec<(ElementKey, Option<Vec<Placement>>)> = wanted
+        .into_par_iter()
+        .map(|(k, bytes)| {
+            let placements = features::decode(&bytes).map(|every| {
+                d.layer
+                    .narrow_owned(every)
+                    .map(|f| d.layer.place(&f))
+                    .unwrap_or_default()
+            });
+            (k, placements)
+        })
+        .collect();
+    for (k, p) in placed {
+        built.insert(k, p.ok_or_else(|| corrupt(s, d, k))?);
     }
     let batch: Vec<(Tile, Option<Vec<u8>>)> = tiles
         .par_iter()
@@ -786,6 +806,17 @@ pub(crate) fn cut_batch(
         })
         .collect();
     Ok(batch)
+}
+
+/// The shapes index lacks a readable feature for a candidate it listed.
+fn corrupt(s: &Store, d: &TileDataset, k: ElementKey) -> StoreError {
+    StoreError::Corrupt {
+        path: s.path().to_path_buf(),
+        what: format!(
+            "the shapes index has no readable feature for {k:?}; run `highwater osm rebuild {}`",
+            d.name
+        ),
+    }
 }
 
 /// A tile's box grown by the buffer, in world coordinates.
