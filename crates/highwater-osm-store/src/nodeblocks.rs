@@ -112,6 +112,45 @@ pub fn encode(entries: &[Entry]) -> Vec<u8> {
     out
 }
 
+/// One entry's head at `*i`: its id (a delta on `prev`), flags, location
+/// and the count of its ways, which follow. `decode_until` and `find` read
+/// records through it, so they agree on the layout and on what is damaged.
+/// An entry's head: id, flags, location, and how many ways follow.
+type Head = (i64, u8, Option<(i32, i32)>, usize);
+
+fn head(b: &[u8], i: &mut usize, prev: i64) -> Option<Head> {
+    let id = prev.wrapping_add(get_varint(b, i)? as i64);
+    let flags = *b.get(*i)?;
+    *i += 1;
+    let loc = if flags & 1 != 0 {
+        let lat = i32::from_le_bytes(b.get(*i..*i + 4)?.try_into().ok()?);
+        let lon = i32::from_le_bytes(b.get(*i + 4..*i + 8)?.try_into().ok()?);
+        *i += 8;
+        Some((lat, lon))
+    } else {
+        None
+    };
+    let nw = get_varint(b, i)? as usize;
+    Some((id, flags, loc, nw))
+}
+
+/// The entry whose head is given, its `nw` ways read from `*i`.
+fn entry(b: &[u8], i: &mut usize, (id, flags, loc, nw): Head) -> Option<Entry> {
+    let mut ways = Vec::with_capacity(nw.min(b.len()));
+    let mut pw = 0i64;
+    for _ in 0..nw {
+        pw = pw.wrapping_add(unzigzag(get_varint(b, i)?));
+        ways.push(pw);
+    }
+    Some(Entry {
+        id,
+        loc,
+        tagged: flags & 2 != 0,
+        ways,
+        flat: flags & 4 != 0,
+    })
+}
+
 /// Reads entries from a block until `stop` says so (it sees each entry
 /// and returns true to stop after it). None when the bytes are not a
 /// block: the caller names the store.
@@ -127,32 +166,9 @@ pub fn decode_until(
     let mut out = Vec::with_capacity(n.min(b.len()));
     let mut prev = first;
     for _ in 0..n {
-        let id = prev.wrapping_add(get_varint(b, &mut i)? as i64);
-        prev = id;
-        let flags = *b.get(i)?;
-        i += 1;
-        let loc = if flags & 1 != 0 {
-            let lat = i32::from_le_bytes(b.get(i..i + 4)?.try_into().ok()?);
-            let lon = i32::from_le_bytes(b.get(i + 4..i + 8)?.try_into().ok()?);
-            i += 8;
-            Some((lat, lon))
-        } else {
-            None
-        };
-        let nw = get_varint(b, &mut i)? as usize;
-        let mut ways = Vec::with_capacity(nw.min(b.len()));
-        let mut pw = 0i64;
-        for _ in 0..nw {
-            pw = pw.wrapping_add(unzigzag(get_varint(b, &mut i)?));
-            ways.push(pw);
-        }
-        let e = Entry {
-            id,
-            loc,
-            tagged: flags & 2 != 0,
-            ways,
-            flat: flags & 4 != 0,
-        };
+        let h = head(b, &mut i, prev)?;
+        prev = h.0;
+        let e = entry(b, &mut i, h)?;
         let done = stop(&e);
         out.push(e);
         if done {
@@ -177,38 +193,16 @@ pub fn find(first: i64, b: &[u8], id: i64) -> Option<Option<Entry>> {
     let n = get_varint(b, &mut i)? as usize;
     let mut prev = first;
     for _ in 0..n {
-        let here = prev.wrapping_add(get_varint(b, &mut i)? as i64);
-        prev = here;
-        let flags = *b.get(i)?;
-        i += 1;
-        let loc = if flags & 1 != 0 {
-            let lat = i32::from_le_bytes(b.get(i..i + 4)?.try_into().ok()?);
-            let lon = i32::from_le_bytes(b.get(i + 4..i + 8)?.try_into().ok()?);
-            i += 8;
-            Some((lat, lon))
-        } else {
-            None
-        };
-        let nw = get_varint(b, &mut i)? as usize;
-        if here < id {
-            for _ in 0..nw {
+        let h = head(b, &mut i, prev)?;
+        prev = h.0;
+        if h.0 < id {
+            for _ in 0..h.3 {
                 get_varint(b, &mut i)?;
             }
             continue;
         }
-        let mut ways = Vec::with_capacity(nw.min(b.len()));
-        let mut pw = 0i64;
-        for _ in 0..nw {
-            pw = pw.wrapping_add(unzigzag(get_varint(b, &mut i)?));
-            ways.push(pw);
-        }
-        return Some((here == id).then_some(Entry {
-            id: here,
-            loc,
-            tagged: flags & 2 != 0,
-            ways,
-            flat: flags & 4 != 0,
-        }));
+        let e = entry(b, &mut i, h)?;
+        return Some((e.id == id).then_some(e));
     }
     Some(None)
 }
