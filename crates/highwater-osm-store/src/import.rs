@@ -726,7 +726,10 @@ impl Bulk {
                 ways: Vec::new(),
                 flat: false,
             });
-            w.put_node_blocks(crate::store::merge_refs(nodes, refs.iter().copied()))?;
+            w.put_node_blocks(crate::store::Entries(crate::store::merge_refs(
+                nodes,
+                refs.iter().copied(),
+            )))?;
             drop(refs);
             let rows = rows.join().expect("the encoding thread does not panic");
             w.put_rows(&rows)
@@ -935,7 +938,7 @@ impl Stream<'_> {
             what: format!("cannot read the import's scratch files: {e}; nothing was imported"),
         };
         let mut merged = self.spill.finish().map_err(scratch)?;
-        w.put_node_blocks(merged.entries())?;
+        w.put_node_blocks(&mut merged)?;
         if let Some(e) = merged.error.take() {
             return Err(scratch(e));
         }

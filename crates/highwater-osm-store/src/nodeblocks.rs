@@ -89,12 +89,21 @@ fn unzigzag(v: u64) -> i64 {
 
 /// Encodes entries (ascending ids, the first at `first`).
 pub fn encode(entries: &[Entry]) -> Vec<u8> {
-    debug_assert!(entries.windows(2).all(|w| w[0].id < w[1].id));
     let mut out = Vec::with_capacity(entries.len() * 12);
-    put_varint(&mut out, entries.len() as u64);
+    encode_into(entries, &mut out);
+    out
+}
+
+/// [`encode`] into `out` (cleared first), so that an import encoding
+/// millions of blocks reuses one buffer.
+pub fn encode_into(entries: &[Entry], out: &mut Vec<u8>) {
+    debug_assert!(entries.windows(2).all(|w| w[0].id < w[1].id));
+    out.clear();
+    let out = &mut *out;
+    put_varint(out, entries.len() as u64);
     let mut prev = entries.first().map_or(0, |e| e.id);
     for e in entries {
-        put_varint(&mut out, e.id.wrapping_sub(prev) as u64);
+        put_varint(out, e.id.wrapping_sub(prev) as u64);
         prev = e.id;
         let here = e.loc.filter(|_| !e.flat);
         out.push(u8::from(here.is_some()) | (u8::from(e.tagged) << 1) | (u8::from(e.flat) << 2));
@@ -102,14 +111,13 @@ pub fn encode(entries: &[Entry]) -> Vec<u8> {
             out.extend_from_slice(&lat.to_le_bytes());
             out.extend_from_slice(&lon.to_le_bytes());
         }
-        put_varint(&mut out, e.ways.len() as u64);
+        put_varint(out, e.ways.len() as u64);
         let mut pw = 0i64;
         for &w in &e.ways {
-            put_varint(&mut out, zigzag(w.wrapping_sub(pw)));
+            put_varint(out, zigzag(w.wrapping_sub(pw)));
             pw = w;
         }
     }
-    out
 }
 
 /// One entry's head at `*i`: its id (a delta on `prev`), flags, location

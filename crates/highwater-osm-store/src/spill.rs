@@ -17,7 +17,7 @@
 use crate::nodeblocks::Entry;
 use std::collections::BinaryHeap;
 use std::fs::File;
-use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::io::{self, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
 /// Bytes of a node record: id (i64), lat, lon (i32 each), tagged (u8).
@@ -101,8 +101,11 @@ impl Spill {
 
     /// Ends the writing: the node entries in id order, each with the ways
     /// through it, and a location-less entry for each referenced node the
-    /// extract lacks (see [`crate::store::merge_refs`]). A read error ends
-    /// the entries early and is kept in `error`, for the caller to check.
+    /// extract lacks (as [`crate::store::merge_refs`] gives them). The runs
+    /// are merged on a thread of their own, which hands the references
+    /// over in batches while the caller reads the node file and writes
+    /// blocks. A read error ends the entries early and is kept in `error`,
+    /// for the caller to check.
     pub fn finish(mut self) -> io::Result<Merged> {
         self.nodes.flush()?;
         if !self.runs.is_empty() && !self.refs.is_empty() {
@@ -111,149 +114,287 @@ impl Spill {
         self.refs.sort_unstable();
         self.refs.dedup();
         let per = (self.read_budget / (self.runs.len() + 1)).clamp(4096, READ_BUFFER_MAX);
-        let nodes = BufReader::with_capacity(per, File::open(self.dir.join("nodes"))?);
+        let nodes = Records::new(File::open(self.dir.join("nodes"))?, NODE_BUFFER);
         let mut runs = Vec::new();
         for p in &self.runs {
-            runs.push(BufReader::with_capacity(per, File::open(p)?));
+            runs.push(Records::new(File::open(p)?, per));
         }
         let memory = std::mem::take(&mut self.refs);
+        let (tx, rx) = std::sync::mpsc::sync_channel(REF_BATCHES_QUEUED);
+        let merger = std::thread::Builder::new()
+            .name("import-merge".into())
+            .spawn(move || merge_runs(runs, memory, tx))?;
         Ok(Merged {
             dir: self.dir,
             nodes,
-            refs: RefMerge::new(runs, memory)?,
+            node: None,
+            refs: Some(rx),
+            batch: Vec::new(),
+            at: 0,
+            merger: Some(merger),
             error: None,
         })
     }
 }
 
-/// Reads exactly `N` bytes, or none at the end of the file.
-fn read_record<const N: usize>(r: &mut impl Read) -> io::Result<Option<[u8; N]>> {
-    let mut b = [0u8; N];
-    let mut got = 0;
-    while got < N {
-        match r.read(&mut b[got..])? {
-            0 if got == 0 => return Ok(None),
-            0 => {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "a truncated scratch record",
-                ))
-            }
-            n => got += n,
+/// Read buffer of the node file during the merge.
+const NODE_BUFFER: usize = 1 << 20;
+/// References per batch the merging thread hands over.
+const REF_BATCH: usize = 1 << 13;
+/// Batches queued between the merging thread and the block writer.
+const REF_BATCHES_QUEUED: usize = 4;
+
+/// A batch of merged references, or the read error that ended them.
+type RefBatch = io::Result<Vec<(i64, i64)>>;
+
+/// Fixed-size records read from a scratch file through a buffer, parsed
+/// from it in place.
+struct Records<const N: usize> {
+    file: File,
+    buf: Vec<u8>,
+    at: usize,
+    end: usize,
+}
+
+impl<const N: usize> Records<N> {
+    fn new(file: File, capacity: usize) -> Self {
+        Records {
+            file,
+            buf: vec![0; capacity.max(N)],
+            at: 0,
+            end: 0,
         }
     }
-    Ok(Some(b))
+
+    /// The next record, or none at the end of the file.
+    #[inline]
+    fn next(&mut self) -> io::Result<Option<&[u8]>> {
+        if self.end - self.at < N && !self.refill()? {
+            return Ok(None);
+        }
+        let r = &self.buf[self.at..self.at + N];
+        self.at += N;
+        Ok(Some(r))
+    }
+
+    /// Moves the partial record left to the front and reads behind it
+    /// until a whole record is there; false at the end of the file.
+    #[cold]
+    fn refill(&mut self) -> io::Result<bool> {
+        self.buf.copy_within(self.at..self.end, 0);
+        self.end -= self.at;
+        self.at = 0;
+        while self.end < N {
+            match self.file.read(&mut self.buf[self.end..])? {
+                0 if self.end == 0 => return Ok(false),
+                0 => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "a truncated scratch record",
+                    ))
+                }
+                n => self.end += n,
+            }
+        }
+        Ok(true)
+    }
 }
 
 fn i64_at(b: &[u8], at: usize) -> i64 {
     i64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 
-/// The sorted runs merged (and the in-memory remainder): one ascending
-/// stream of (node, way) without repeats.
-pub struct RefMerge {
-    runs: Vec<BufReader<File>>,
-    /// (Reverse((node, way)), source): source `runs.len()` is `memory`.
-    heap: BinaryHeap<(std::cmp::Reverse<(i64, i64)>, usize)>,
-    memory: std::vec::IntoIter<(i64, i64)>,
-    last: Option<(i64, i64)>,
+fn i32_at(b: &[u8], at: usize) -> i32 {
+    i32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
 }
 
-impl RefMerge {
-    fn new(mut runs: Vec<BufReader<File>>, memory: Vec<(i64, i64)>) -> io::Result<RefMerge> {
-        let mut heap = BinaryHeap::new();
-        for (i, r) in runs.iter_mut().enumerate() {
-            if let Some(b) = read_record::<REF_RECORD>(r)? {
-                heap.push((std::cmp::Reverse((i64_at(&b, 0), i64_at(&b, 8))), i));
+/// Merges the sorted runs (and the sorted in-memory remainder) into one
+/// ascending stream of (node, way) without repeats (a closed way's node
+/// may be in two runs), sent in batches over `tx`. Stops at the first
+/// read error, which it sends, or when the receiver is gone.
+fn merge_runs(
+    mut runs: Vec<Records<REF_RECORD>>,
+    memory: Vec<(i64, i64)>,
+    tx: std::sync::mpsc::SyncSender<RefBatch>,
+) {
+    use std::cmp::Reverse;
+    use std::collections::binary_heap::PeekMut;
+    let mut memory = memory.into_iter();
+    let mem_src = runs.len();
+    let mut next_of = |src: usize| -> io::Result<Option<(i64, i64)>> {
+        if src == mem_src {
+            return Ok(memory.next());
+        }
+        Ok(runs[src].next()?.map(|b| (i64_at(b, 0), i64_at(b, 8))))
+    };
+    let mut heap = BinaryHeap::new();
+    let mut batch = Vec::with_capacity(REF_BATCH);
+    let mut last = None;
+    let result = (|| -> io::Result<()> {
+        for src in 0..=mem_src {
+            if let Some(p) = next_of(src)? {
+                heap.push(Reverse((p, src)));
             }
         }
-        let mut memory = memory.into_iter();
-        if let Some(p) = memory.next() {
-            heap.push((std::cmp::Reverse(p), runs.len()));
-        }
-        Ok(RefMerge {
-            runs,
-            heap,
-            memory,
-            last: None,
-        })
-    }
-
-    fn next_ref(&mut self) -> io::Result<Option<(i64, i64)>> {
-        loop {
-            let Some((std::cmp::Reverse(p), src)) = self.heap.pop() else {
-                return Ok(None);
-            };
-            let next = if src == self.runs.len() {
-                self.memory.next()
-            } else {
-                read_record::<REF_RECORD>(&mut self.runs[src])?
-                    .map(|b| (i64_at(&b, 0), i64_at(&b, 8)))
-            };
-            if let Some(n) = next {
-                self.heap.push((std::cmp::Reverse(n), src));
+        while let Some(mut top) = heap.peek_mut() {
+            let Reverse((p, src)) = *top;
+            // Replace the top with its source's next and sift once, rather
+            // than a pop and a push.
+            match next_of(src)? {
+                Some(n) => *top = Reverse((n, src)),
+                None => {
+                    PeekMut::pop(top);
+                }
             }
-            if self.last != Some(p) {
-                self.last = Some(p);
-                return Ok(Some(p));
+            if last != Some(p) {
+                last = Some(p);
+                batch.push(p);
+                if batch.len() == REF_BATCH {
+                    let full = std::mem::replace(&mut batch, Vec::with_capacity(REF_BATCH));
+                    if tx.send(Ok(full)).is_err() {
+                        return Ok(());
+                    }
+                }
             }
         }
-    }
+        Ok(())
+    })();
+    let _ = match result {
+        Ok(()) if batch.is_empty() => Ok(()),
+        Ok(()) => tx.send(Ok(batch)),
+        Err(e) => tx.send(Err(e)),
+    };
 }
 
-/// The merge's result, an iterator of node entries.
+/// The merge's result: the node entries, pulled through
+/// [`crate::store::EntrySource`].
 pub struct Merged {
     dir: PathBuf,
-    nodes: BufReader<File>,
-    refs: RefMerge,
+    nodes: Records<NODE_RECORD>,
+    /// The next node read from the file and not yet given.
+    node: Option<Entry>,
+    /// Batches from the merging thread; none once it ended.
+    refs: Option<std::sync::mpsc::Receiver<RefBatch>>,
+    batch: Vec<(i64, i64)>,
+    at: usize,
+    merger: Option<std::thread::JoinHandle<()>>,
     /// The first read error, which ended the entries.
     pub error: Option<io::Error>,
 }
 
 impl Merged {
-    /// The entries (see [`Spill::finish`]); check [`Merged::error`] after.
-    pub fn entries(&mut self) -> impl Iterator<Item = Entry> + '_ {
-        let Merged {
-            nodes, refs, error, ..
-        } = self;
-        let failed = std::cell::RefCell::new(None::<io::Error>);
-        let failed = std::rc::Rc::new(failed);
-        let (f1, f2, f3) = (failed.clone(), failed.clone(), failed);
-        let nodes = std::iter::from_fn(move || match read_record::<NODE_RECORD>(nodes) {
-            Ok(Some(b)) => Some(Entry {
-                id: i64_at(&b, 0),
-                loc: Some((
-                    i32::from_le_bytes(b[8..12].try_into().expect("4 bytes")),
-                    i32::from_le_bytes(b[12..16].try_into().expect("4 bytes")),
-                )),
-                tagged: b[16] != 0,
-                flat: false,
-                ways: Vec::new(),
-            }),
-            Ok(None) => None,
-            Err(e) => {
-                f1.borrow_mut().get_or_insert(e);
-                None
+    /// The next (node, way) without taking it.
+    #[inline]
+    fn peek_ref(&mut self) -> Option<(i64, i64)> {
+        if self.at == self.batch.len() && !self.next_batch() {
+            return None;
+        }
+        Some(self.batch[self.at])
+    }
+
+    #[cold]
+    fn next_batch(&mut self) -> bool {
+        let Some(rx) = &self.refs else {
+            return false;
+        };
+        match rx.recv() {
+            Ok(Ok(b)) => {
+                self.batch = b;
+                self.at = 0;
+                !self.batch.is_empty()
             }
-        });
-        let refs = std::iter::from_fn(move || match refs.next_ref() {
-            Ok(p) => p,
-            Err(e) => {
-                f2.borrow_mut().get_or_insert(e);
-                None
+            Ok(Err(e)) => {
+                self.error.get_or_insert(e);
+                self.refs = None;
+                false
             }
-        });
-        crate::store::merge_refs(nodes, refs).chain(std::iter::from_fn(move || {
-            if let Some(e) = f3.borrow_mut().take() {
-                error.get_or_insert(e);
+            Err(_) => {
+                self.refs = None;
+                false
             }
-            None
-        }))
+        }
+    }
+
+    /// The next node of the file (peeked, not taken), its ways empty.
+    #[inline]
+    fn peek_node(&mut self) -> Option<i64> {
+        if self.node.is_none() && self.error.is_none() {
+            match self.nodes.next() {
+                Ok(Some(b)) => {
+                    self.node = Some(Entry {
+                        id: i64_at(b, 0),
+                        loc: Some((i32_at(b, 8), i32_at(b, 12))),
+                        tagged: b[16] != 0,
+                        flat: false,
+                        ways: Vec::new(),
+                    })
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    self.error = Some(e);
+                }
+            }
+        }
+        self.node.as_ref().map(|n| n.id)
+    }
+}
+
+impl crate::store::EntrySource for Merged {
+    /// As [`crate::store::merge_refs`], over the node file and the merged
+    /// runs; ends early (with `error` set) on a read error.
+    fn next_into(&mut self, e: &mut Entry) -> bool {
+        let node = self.peek_node();
+        if self.error.is_some() {
+            return false;
+        }
+        let next_ref = self.peek_ref().map(|p| p.0);
+        if self.error.is_some() {
+            return false;
+        }
+        e.ways.clear();
+        match (node, next_ref) {
+            (None, None) => return false,
+            (Some(n), Some(f)) if f < n => {
+                e.id = f;
+                e.loc = None;
+                e.tagged = false;
+                e.flat = false;
+            }
+            (Some(_), _) => {
+                let n = self.node.take().expect("peeked");
+                e.id = n.id;
+                e.loc = n.loc;
+                e.tagged = n.tagged;
+                e.flat = false;
+            }
+            (None, Some(f)) => {
+                e.id = f;
+                e.loc = None;
+                e.tagged = false;
+                e.flat = false;
+            }
+        }
+        while let Some((node, way)) = self.peek_ref() {
+            if node != e.id {
+                break;
+            }
+            if e.ways.last() != Some(&way) {
+                e.ways.push(way);
+            }
+            self.at += 1;
+        }
+        self.error.is_none()
     }
 }
 
 impl Drop for Merged {
     fn drop(&mut self) {
+        // The merging thread stops at its next send once the receiver is
+        // gone.
+        self.refs = None;
+        if let Some(t) = self.merger.take() {
+            let _ = t.join();
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -282,7 +423,11 @@ mod tests {
         }
         assert!(s.runs() > 2, "the budget forced runs");
         let mut m = s.finish().unwrap();
-        let got: Vec<Entry> = m.entries().collect();
+        let mut got: Vec<Entry> = Vec::new();
+        let mut e = Entry::default();
+        while crate::store::EntrySource::next_into(&mut m, &mut e) {
+            got.push(e.clone());
+        }
         assert!(m.error.is_none());
         refs.sort_unstable();
         refs.dedup();

@@ -1409,7 +1409,7 @@ fn migrate_node_rows(c: &Connection) -> rusqlite::Result<()> {
         "INSERT INTO node_tags(id, tags) SELECT id, tags FROM nodes WHERE tags IS NOT NULL;
          DROP TABLE nodes; DROP TABLE node_ways;",
     )?;
-    insert_blocks(&tx, entries.into_iter())?;
+    insert_blocks(&tx, Entries(entries.into_iter()), |_| {})?;
     tx.commit()
 }
 
@@ -1489,23 +1489,63 @@ fn insert_rows(
 }
 
 /// Writes sorted entries as new blocks of [`nodeblocks::BLOCK_ENTRIES_IMPORT`].
-fn insert_blocks(c: &Connection, entries: impl Iterator<Item = Entry>) -> rusqlite::Result<()> {
+/// Node entries pulled one at a time into an entry the caller keeps, so
+/// that a stream of millions (an import's merge, [`crate::spill`]) reuses
+/// each entry's ways vector instead of allocating one per node.
+pub(crate) trait EntrySource {
+    /// Overwrites `e` with the next entry; false at the end.
+    fn next_into(&mut self, e: &mut Entry) -> bool;
+}
+
+impl<T: EntrySource + ?Sized> EntrySource for &mut T {
+    fn next_into(&mut self, e: &mut Entry) -> bool {
+        (**self).next_into(e)
+    }
+}
+
+/// An iterator of entries as an [`EntrySource`].
+pub(crate) struct Entries<I>(pub I);
+
+impl<I: Iterator<Item = Entry>> EntrySource for Entries<I> {
+    fn next_into(&mut self, e: &mut Entry) -> bool {
+        match self.0.next() {
+            Some(x) => {
+                *e = x;
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Writes sorted entries as blocks of [`nodeblocks::BLOCK_ENTRIES_IMPORT`],
+/// each entry passed through `map` first. The block's entries and its
+/// encoding buffer are reused from one block to the next.
+fn insert_blocks(
+    c: &Connection,
+    mut entries: impl EntrySource,
+    mut map: impl FnMut(&mut Entry),
+) -> rusqlite::Result<()> {
     let mut st = c.prepare_cached("INSERT INTO node_blocks(first, data) VALUES(?1, ?2)")?;
-    let mut block = Vec::with_capacity(nodeblocks::BLOCK_ENTRIES_IMPORT);
-    let mut flush = |block: &mut Vec<Entry>| -> rusqlite::Result<()> {
+    let mut block = vec![Entry::default(); nodeblocks::BLOCK_ENTRIES_IMPORT];
+    let mut bytes = Vec::new();
+    let mut flush = |block: &[Entry]| -> rusqlite::Result<()> {
         if let Some(first) = block.first().map(|e| e.id) {
-            st.execute(params![first, nodeblocks::encode(block)])?;
-            block.clear();
+            nodeblocks::encode_into(block, &mut bytes);
+            st.execute(params![first, bytes])?;
         }
         Ok(())
     };
-    for e in entries {
-        block.push(e);
-        if block.len() == nodeblocks::BLOCK_ENTRIES_IMPORT {
-            flush(&mut block)?;
+    let mut n = 0;
+    while entries.next_into(&mut block[n]) {
+        map(&mut block[n]);
+        n += 1;
+        if n == block.len() {
+            flush(&block)?;
+            n = 0;
         }
     }
-    flush(&mut block)
+    flush(&block[..n])
 }
 
 fn read_way(c: &Connection, id: i64) -> rusqlite::Result<Option<Way>> {
@@ -2248,16 +2288,13 @@ impl<'s> Writer<'s> {
     /// calls it, on a store it just created.
     /// With a flat node file (an import's new one, which nothing reads
     /// yet), untagged nodes' locations go there in id order instead.
-    pub(crate) fn put_node_blocks(
-        &mut self,
-        entries: impl Iterator<Item = Entry>,
-    ) -> Result<(), StoreError> {
+    pub(crate) fn put_node_blocks(&mut self, entries: impl EntrySource) -> Result<(), StoreError> {
         let Some(flat) = self.flat.clone() else {
-            return insert_blocks(&self.tx, entries).map_err(|e| self.err(e));
+            return insert_blocks(&self.tx, entries, |_| {}).map_err(|e| self.err(e));
         };
         let mut seq = flat.seq_writer();
         let mut failed = None;
-        let mapped = entries.map(|mut e| {
+        let r = insert_blocks(&self.tx, entries, |e| {
             if let (Some((lat, lon)), false, true) = (e.loc, e.tagged, failed.is_none()) {
                 match seq.set(e.id, lat, lon) {
                     Ok(()) => {
@@ -2267,9 +2304,7 @@ impl<'s> Writer<'s> {
                     Err(x) => failed = Some(x),
                 }
             }
-            e
         });
-        let r = insert_blocks(&self.tx, mapped);
         if let Some(e) = failed {
             return Err(e.into());
         }
