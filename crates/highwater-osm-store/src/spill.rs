@@ -36,16 +36,67 @@ pub struct Spill {
     runs: Vec<PathBuf>,
     /// Bytes the merge's read buffers may take.
     read_budget: usize,
+    /// The thread sorting and writing full buffers of references.
+    sorter: Option<Sorter>,
+}
+
+/// A thread that sorts a full buffer of references and writes it as a run
+/// while the import fills the next one: at most two buffers live, each
+/// half the budget.
+struct Sorter {
+    tx: std::sync::mpsc::SyncSender<(Vec<(i64, i64)>, PathBuf)>,
+    thread: std::thread::JoinHandle<io::Result<()>>,
+}
+
+impl Sorter {
+    fn start() -> io::Result<Sorter> {
+        // No queue: a send waits until the thread has written the previous
+        // run, so no third buffer is ever filled.
+        let (tx, rx) = std::sync::mpsc::sync_channel::<(Vec<(i64, i64)>, PathBuf)>(0);
+        let thread = std::thread::Builder::new()
+            .name("import-sort".into())
+            .spawn(move || -> io::Result<()> {
+                for (mut refs, path) in rx {
+                    write_run(&mut refs, &path)?;
+                }
+                Ok(())
+            })?;
+        Ok(Sorter { tx, thread })
+    }
+
+    /// Waits for the runs sent so far: the first error writing one.
+    fn end(self) -> io::Result<()> {
+        drop(self.tx);
+        self.thread
+            .join()
+            .unwrap_or_else(|_| Err(io::Error::other("the sorting thread panicked")))
+    }
+}
+
+/// Sorts references and writes them, without repeats, to a run file.
+fn write_run(refs: &mut Vec<(i64, i64)>, path: &Path) -> io::Result<()> {
+    refs.sort_unstable();
+    refs.dedup();
+    let mut w = BufWriter::with_capacity(1 << 16, File::create(path)?);
+    for &(n, way) in refs.iter() {
+        let mut b = [0u8; REF_RECORD];
+        b[..8].copy_from_slice(&n.to_le_bytes());
+        b[8..].copy_from_slice(&way.to_le_bytes());
+        w.write_all(&b)?;
+    }
+    w.flush()
 }
 
 impl Spill {
-    /// Creates the folder `dir` (emptied first): references are spilled
-    /// once `refs_budget_bytes` of them are held.
+    /// Creates the folder `dir` (emptied first): references are sorted
+    /// and spilled (on a thread of their own) once half of
+    /// `refs_budget_bytes` of them are held, the other half filling
+    /// meanwhile.
     pub fn create(dir: &Path, refs_budget_bytes: usize) -> io::Result<Spill> {
         let _ = std::fs::remove_dir_all(dir);
         std::fs::create_dir_all(dir)?;
         let nodes = BufWriter::with_capacity(1 << 16, File::create(dir.join("nodes"))?);
-        let refs_max = (refs_budget_bytes / REF_RECORD).max(1024);
+        let refs_max = (refs_budget_bytes / REF_RECORD / 2).max(1024);
         Ok(Spill {
             dir: dir.to_path_buf(),
             nodes,
@@ -53,6 +104,7 @@ impl Spill {
             refs_max,
             runs: Vec::new(),
             read_budget: refs_budget_bytes.max(1 << 20),
+            sorter: Some(Sorter::start()?),
         })
     }
 
@@ -67,11 +119,12 @@ impl Spill {
     }
 
     /// Records that way `way` passes node `node`.
+    #[inline]
     pub fn way_ref(&mut self, node: i64, way: i64) -> io::Result<()> {
         if self.refs.len() >= self.refs_max {
             self.spill_run()?;
         }
-        // Reserve the whole budget at once, never the doubling beyond it.
+        // Reserve the whole buffer at once, never the doubling beyond it.
         if self.refs.capacity() == 0 {
             self.refs.reserve_exact(self.refs_max);
         }
@@ -79,22 +132,24 @@ impl Spill {
         Ok(())
     }
 
-    /// Sorted runs written so far.
+    /// Sorted runs written (or being written) so far.
     pub fn runs(&self) -> usize {
         self.runs.len()
     }
 
+    /// Hands the full buffer to the sorting thread (waiting while it still
+    /// writes the previous one).
+    #[cold]
     fn spill_run(&mut self) -> io::Result<()> {
-        self.refs.sort_unstable();
-        self.refs.dedup();
         let path = self.dir.join(format!("refs-{}", self.runs.len()));
-        let mut w = BufWriter::with_capacity(1 << 16, File::create(&path)?);
-        for &(n, way) in &self.refs {
-            w.write_all(&n.to_le_bytes())?;
-            w.write_all(&way.to_le_bytes())?;
+        let full = std::mem::take(&mut self.refs);
+        let sorter = self.sorter.as_ref().expect("a sorter until finish");
+        if sorter.tx.send((full, path.clone())).is_err() {
+            // The thread stopped on an error: that error.
+            let sorter = self.sorter.take().expect("checked");
+            sorter.end()?;
+            return Err(io::Error::other("the sorting thread stopped"));
         }
-        w.flush()?;
-        self.refs.clear();
         self.runs.push(path);
         Ok(())
     }
@@ -108,9 +163,10 @@ impl Spill {
     /// for the caller to check.
     pub fn finish(mut self) -> io::Result<Merged> {
         self.nodes.flush()?;
-        if !self.runs.is_empty() && !self.refs.is_empty() {
-            self.spill_run()?;
+        if let Some(sorter) = self.sorter.take() {
+            sorter.end()?;
         }
+        // The last, partial buffer stays in memory and is merged as a run.
         self.refs.sort_unstable();
         self.refs.dedup();
         let per = (self.read_budget / (self.runs.len() + 1)).clamp(4096, READ_BUFFER_MAX);
@@ -125,7 +181,7 @@ impl Spill {
             .name("import-merge".into())
             .spawn(move || merge_runs(runs, memory, tx))?;
         Ok(Merged {
-            dir: self.dir,
+            dir: std::mem::take(&mut self.dir),
             nodes,
             node: None,
             refs: Some(rx),
@@ -134,6 +190,16 @@ impl Spill {
             merger: Some(merger),
             error: None,
         })
+    }
+}
+
+impl Drop for Spill {
+    /// An import stopped early: the sorting thread ends before the caller
+    /// removes the folder it writes in.
+    fn drop(&mut self) {
+        if let Some(sorter) = self.sorter.take() {
+            let _ = sorter.end();
+        }
     }
 }
 
