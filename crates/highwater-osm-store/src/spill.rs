@@ -41,10 +41,14 @@ pub struct Spill {
 }
 
 /// A thread that sorts a full buffer of references and writes it as a run
-/// while the import fills the next one: at most two buffers live, each
-/// half the budget.
+/// while the import fills the next one: at most three buffers live, each
+/// a third of the budget (the one filling, the one being sorted and the
+/// sort's scratch).
 struct Sorter {
     tx: std::sync::mpsc::SyncSender<(Vec<(i64, i64)>, PathBuf)>,
+    /// Buffers written out, emptied, for the import to fill again: the
+    /// same three serve the whole import.
+    back: std::sync::mpsc::Receiver<Vec<(i64, i64)>>,
     thread: std::thread::JoinHandle<io::Result<()>>,
 }
 
@@ -53,15 +57,20 @@ impl Sorter {
         // No queue: a send waits until the thread has written the previous
         // run, so no third buffer is ever filled.
         let (tx, rx) = std::sync::mpsc::sync_channel::<(Vec<(i64, i64)>, PathBuf)>(0);
+        let (give_back, back) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("import-sort".into())
             .spawn(move || -> io::Result<()> {
+                let mut scratch = Vec::new();
                 for (mut refs, path) in rx {
+                    sort_refs(&mut refs, &mut scratch);
                     write_run(&mut refs, &path)?;
+                    refs.clear();
+                    let _ = give_back.send(refs);
                 }
                 Ok(())
             })?;
-        Ok(Sorter { tx, thread })
+        Ok(Sorter { tx, back, thread })
     }
 
     /// Waits for the runs sent so far: the first error writing one.
@@ -73,9 +82,61 @@ impl Sorter {
     }
 }
 
-/// Sorts references and writes them, without repeats, to a run file.
+/// Bits of the node id a pass of [`sort_refs`] sorts on.
+const RADIX_BITS: u32 = 12;
+
+/// Sorts references by (node, way). An import pushes them way by way in
+/// ascending way order, so a stable sort on the node alone gives that
+/// order: a least-significant-digit radix sort of the node's offset from
+/// the smallest, [`RADIX_BITS`] per pass, through `scratch` (the two swap;
+/// the caller's budget counts both). Were the ways not pushed in order, a
+/// check finds it and a comparison sort settles it.
+fn sort_refs(refs: &mut Vec<(i64, i64)>, scratch: &mut Vec<(i64, i64)>) {
+    if refs.len() < 1 << 12 {
+        refs.sort_unstable();
+        return;
+    }
+    let (lo, hi) = refs.iter().fold((i64::MAX, i64::MIN), |(lo, hi), &(n, _)| {
+        (lo.min(n), hi.max(n))
+    });
+    let span = hi.wrapping_sub(lo) as u64;
+    let passes = (64 - span.leading_zeros()).div_ceil(RADIX_BITS) as usize;
+    let buckets = 1usize << RADIX_BITS;
+    let mask = (buckets - 1) as u64;
+    let digit = |n: i64, pass: usize| {
+        ((n.wrapping_sub(lo) as u64 >> (pass as u32 * RADIX_BITS)) & mask) as usize
+    };
+    // Every pass's counts in one read.
+    let mut counts = vec![0usize; passes * buckets];
+    for &(n, _) in refs.iter() {
+        for pass in 0..passes {
+            counts[pass * buckets + digit(n, pass)] += 1;
+        }
+    }
+    scratch.clear();
+    scratch.resize(refs.len(), (0, 0));
+    for pass in 0..passes {
+        let start = &mut counts[pass * buckets..(pass + 1) * buckets];
+        let mut sum = 0;
+        for c in start.iter_mut() {
+            let k = *c;
+            *c = sum;
+            sum += k;
+        }
+        for &p in refs.iter() {
+            let d = digit(p.0, pass);
+            scratch[start[d]] = p;
+            start[d] += 1;
+        }
+        std::mem::swap(refs, scratch);
+    }
+    if !refs.windows(2).all(|w| w[0] <= w[1]) {
+        refs.sort_unstable();
+    }
+}
+
+/// Writes sorted references, without repeats, to a run file.
 fn write_run(refs: &mut Vec<(i64, i64)>, path: &Path) -> io::Result<()> {
-    refs.sort_unstable();
     refs.dedup();
     let mut w = BufWriter::with_capacity(1 << 16, File::create(path)?);
     for &(n, way) in refs.iter() {
@@ -89,14 +150,14 @@ fn write_run(refs: &mut Vec<(i64, i64)>, path: &Path) -> io::Result<()> {
 
 impl Spill {
     /// Creates the folder `dir` (emptied first): references are sorted
-    /// and spilled (on a thread of their own) once half of
-    /// `refs_budget_bytes` of them are held, the other half filling
-    /// meanwhile.
+    /// and spilled (on a thread of their own) once a third of
+    /// `refs_budget_bytes` of them are held, the next third filling
+    /// meanwhile (the last is the sort's scratch).
     pub fn create(dir: &Path, refs_budget_bytes: usize) -> io::Result<Spill> {
         let _ = std::fs::remove_dir_all(dir);
         std::fs::create_dir_all(dir)?;
         let nodes = BufWriter::with_capacity(1 << 16, File::create(dir.join("nodes"))?);
-        let refs_max = (refs_budget_bytes / REF_RECORD / 2).max(1024);
+        let refs_max = (refs_budget_bytes / REF_RECORD / 3).max(1024);
         Ok(Spill {
             dir: dir.to_path_buf(),
             nodes,
@@ -151,6 +212,10 @@ impl Spill {
             return Err(io::Error::other("the sorting thread stopped"));
         }
         self.runs.push(path);
+        // The thread took this buffer, so it gave back the one before.
+        if let Ok(b) = sorter.back.try_recv() {
+            self.refs = b;
+        }
         Ok(())
     }
 
@@ -468,6 +533,40 @@ impl Drop for Merged {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The radix sort gives what a comparison sort gives: for references
+    /// pushed in ascending way order (an import's), across wide and
+    /// negative node ids, and for ways out of order (the fallback).
+    #[test]
+    fn radix_sorted_refs_equal_a_comparison_sort() {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut scratch = Vec::new();
+        for (span, ordered) in [
+            (1u64 << 34, true),
+            (1 << 61, true),
+            (3, true),
+            (1 << 20, false),
+        ] {
+            let mut refs = Vec::new();
+            for w in 0..3000i64 {
+                let way = if ordered { w } else { (rnd() % 5000) as i64 };
+                for _ in 0..(rnd() % 7) {
+                    let node = (rnd() % span) as i64 - (span / 2) as i64;
+                    refs.push((node, way));
+                }
+            }
+            let mut want = refs.clone();
+            want.sort_unstable();
+            sort_refs(&mut refs, &mut scratch);
+            assert_eq!(refs, want, "span {span}, ordered {ordered}");
+        }
+    }
 
     /// Runs spilled at a tiny budget merge to what sorting everything in
     /// memory gives, with location-less entries for missing nodes.
