@@ -104,8 +104,9 @@ pub const IMPORT_CACHE_MB_MAX: u64 = 1 << 20;
 pub struct ImportOptions {
     /// `[osm] cache_mb`: the memory an import of a sorted extract may use,
     /// whatever the extract's size. A quarter goes to SQLite's page cache,
-    /// a quarter to way references sorted before they spill to disk (see
-    /// [`crate::spill`]), about half to PBF blobs being decoded.
+    /// a quarter to way references sorted before they spill to disk (three
+    /// buffers of a twelfth, see [`crate::spill`]), about half to PBF
+    /// blobs being decoded.
     pub cache_mb: u64,
     /// `[osm] flat_nodes`: untagged nodes' locations go to this flat file
     /// by id ([`crate::flatnodes`]) instead of the node blocks.

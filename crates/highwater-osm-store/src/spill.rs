@@ -10,6 +10,14 @@
 //! blocks are written at the end by one pass merging the node file with
 //! the runs. Memory is then the budget, whatever the extract's size.
 //!
+//! Two threads take work off the import's own, which reads the extract
+//! and writes the store: one sorts each full buffer of references and
+//! writes its run while the next buffer fills (the budget is three
+//! buffers: filling, sorting, the sort's scratch), and one merges the runs
+//! at the end, handing references over in batches while the import reads
+//! the node file and writes blocks (into reused entries, see
+//! `crate::store::EntrySource`).
+//!
 //! The files live in a folder beside the store being built, named after it
 //! (`<store file>.spill`), so that a killed import's leftovers are swept
 //! with its unpublished store.
@@ -398,7 +406,7 @@ fn merge_runs(
 }
 
 /// The merge's result: the node entries, pulled through
-/// [`crate::store::EntrySource`].
+/// `crate::store::EntrySource`.
 pub struct Merged {
     dir: PathBuf,
     nodes: Records<NODE_RECORD>,
