@@ -164,6 +164,18 @@ pub const LOW_ZOOM: u8 = 10;
 /// candidate of no tile (search and aggregates still find it).
 pub const ZOOM_NONE: u8 = u8::MAX;
 
+/// A row of the shapes index as a build or a cut lists it: the element,
+/// its bounding box and its lowest zoom.
+pub type ShapeBox = ((MemberKind, i64), (f64, f64, f64, f64), u8);
+
+fn shape_box_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ShapeBox> {
+    Ok((
+        unshape_id(r.get(0)?),
+        (r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?),
+        r.get::<_, i64>(5)?.clamp(0, i64::from(ZOOM_NONE)) as u8,
+    ))
+}
+
 /// An element's key in the shapes index: the id with its type in the low
 /// two bits.
 fn shape_id(kind: MemberKind, id: i64) -> i64 {
@@ -731,13 +743,30 @@ impl Store {
         bbox: (f64, f64, f64, f64),
         zoom: Option<u8>,
     ) -> Result<Vec<(MemberKind, i64)>, StoreError> {
+        let mut out: Vec<(MemberKind, i64)> = self
+            .shape_rows_in(bbox, zoom)?
+            .into_iter()
+            .map(|(k, _, _)| k)
+            .collect();
+        out.sort();
+        out.dedup();
+        Ok(out)
+    }
+
+    /// [`Store::shapes_in`] with each element's bounding box and lowest
+    /// zoom, unordered.
+    pub fn shape_rows_in(
+        &self,
+        bbox: (f64, f64, f64, f64),
+        zoom: Option<u8>,
+    ) -> Result<Vec<ShapeBox>, StoreError> {
         let (minx, miny, maxx, maxy) = bbox;
         let sql = match zoom {
             Some(z) if z < LOW_ZOOM => {
-                "SELECT id, minx, miny, maxx, maxy FROM shape_cells_low WHERE cell BETWEEN ?1 AND ?2 AND zmin <= ?3"
+                "SELECT id, minx, miny, maxx, maxy, zmin FROM shape_cells_low WHERE cell BETWEEN ?1 AND ?2 AND zmin <= ?3"
             }
             _ => {
-                "SELECT id, minx, miny, maxx, maxy FROM shape_cells WHERE cell BETWEEN ?1 AND ?2 AND zmin <= ?3"
+                "SELECT id, minx, miny, maxx, maxy, zmin FROM shape_cells WHERE cell BETWEEN ?1 AND ?2 AND zmin <= ?3"
             }
         };
         // Every row's zmin is at most ZOOM_NONE.
@@ -746,28 +775,51 @@ impl Store {
         let mut out = Vec::new();
         for (a, b) in crate::cells::ranges(bbox) {
             let rows = st
-                .query_map([a, b, zmax], |r| {
-                    Ok((
-                        r.get::<_, i64>(0)?,
-                        (
-                            r.get::<_, f64>(1)?,
-                            r.get::<_, f64>(2)?,
-                            r.get::<_, f64>(3)?,
-                            r.get::<_, f64>(4)?,
-                        ),
-                    ))
-                })
+                .query_map([a, b, zmax], shape_box_row)
                 .map_err(|e| self.err(e))?;
             for r in rows {
-                let (id, (x0, y0, x1, y1)) = r.map_err(|e| self.err(e))?;
+                let (k, (x0, y0, x1, y1), zmin) = r.map_err(|e| self.err(e))?;
                 if x1 >= minx && x0 <= maxx && y1 >= miny && y0 <= maxy {
-                    out.push(unshape_id(id));
+                    out.push((k, (x0, y0, x1, y1), zmin));
                 }
             }
         }
-        out.sort();
-        out.dedup();
         Ok(out)
+    }
+
+    /// How many elements of the shapes index some tile dataset shows.
+    pub fn shapes_shown(&self) -> Result<usize, StoreError> {
+        self.conn
+            .query_row(
+                "SELECT count(*) FROM shape_cells WHERE zmin < ?1",
+                [i64::from(ZOOM_NONE)],
+                |r| r.get::<_, i64>(0),
+            )
+            .map(|n| n as usize)
+            .map_err(|e| self.err(e))
+    }
+
+    /// Every row of the shapes index shown at some zoom (its lowest zoom
+    /// below [`ZOOM_NONE`]; with `low_only`, below [`LOW_ZOOM`]), in the
+    /// index's order, handed to `f` one by one: a build lists its tiles
+    /// from them without holding them.
+    pub fn scan_shapes(
+        &self,
+        low_only: bool,
+        mut f: impl FnMut(ShapeBox),
+    ) -> Result<(), StoreError> {
+        let sql = match low_only {
+            true => "SELECT id, minx, miny, maxx, maxy, zmin FROM shape_cells_low WHERE zmin < ?1",
+            false => "SELECT id, minx, miny, maxx, maxy, zmin FROM shape_cells WHERE zmin < ?1",
+        };
+        let mut st = self.conn.prepare(sql).map_err(|e| self.err(e))?;
+        let rows = st
+            .query_map([i64::from(ZOOM_NONE)], shape_box_row)
+            .map_err(|e| self.err(e))?;
+        for r in rows {
+            f(r.map_err(|e| self.err(e))?);
+        }
+        Ok(())
     }
 
     /// The elements a reverse index (`sql`: a SELECT of kind and id,
@@ -1063,32 +1115,6 @@ impl Store {
     /// The relations that have an element as a member.
     pub fn relations_of(&self, kind: MemberKind, id: i64) -> Result<Vec<i64>, StoreError> {
         relations_of(&self.conn, kind, id).map_err(|e| self.err(e))
-    }
-
-    /// Every element with tags, ordered by type and id: the only elements
-    /// that can have a feature, so a full rebuild reads just these.
-    pub fn tagged(&self) -> Result<Vec<(MemberKind, i64)>, StoreError> {
-        let mut out = Vec::new();
-        for (kind, sql) in [
-            (MemberKind::Node, "SELECT id FROM node_tags ORDER BY id"),
-            (
-                MemberKind::Way,
-                "SELECT id FROM ways WHERE tags IS NOT NULL ORDER BY id",
-            ),
-            (
-                MemberKind::Relation,
-                "SELECT id FROM relations WHERE tags IS NOT NULL ORDER BY id",
-            ),
-        ] {
-            let mut st = self.conn.prepare(sql).map_err(|e| self.err(e))?;
-            let ids = st
-                .query_map([], |r| r.get::<_, i64>(0))
-                .map_err(|e| self.err(e))?;
-            for id in ids {
-                out.push((kind, id.map_err(|e| self.err(e))?));
-            }
-        }
-        Ok(out)
     }
 
     /// Every element, ordered by type and id: for exports and comparisons.
@@ -1604,6 +1630,36 @@ pub trait OsmRead {
     /// them, `highwater_osm::coast`): a scan of the ways' tags, paid only by a
     /// rebuild and by a diff that touches a coastline.
     fn coastline_ways(&self) -> Result<Vec<i64>, StoreError>;
+    /// Up to `limit` ids of tagged elements of one type, above `after`, in
+    /// id order: a full pass reads the store a page at a time, so that
+    /// what it holds does not grow with the store.
+    fn tagged_page(
+        &self,
+        kind: MemberKind,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<i64>, StoreError>;
+}
+
+fn tagged_page(
+    c: &Connection,
+    kind: MemberKind,
+    after: i64,
+    limit: usize,
+) -> rusqlite::Result<Vec<i64>> {
+    let sql = match kind {
+        MemberKind::Node => "SELECT id FROM node_tags WHERE id > ?1 ORDER BY id LIMIT ?2",
+        MemberKind::Way => {
+            "SELECT id FROM ways WHERE id > ?1 AND tags IS NOT NULL ORDER BY id LIMIT ?2"
+        }
+        MemberKind::Relation => {
+            "SELECT id FROM relations WHERE id > ?1 AND tags IS NOT NULL ORDER BY id LIMIT ?2"
+        }
+    };
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    c.prepare_cached(sql)?
+        .query_map(params![after, limit], |r| r.get(0))?
+        .collect()
 }
 
 fn coastline_ways(c: &Connection) -> rusqlite::Result<Vec<i64>> {
@@ -1646,6 +1702,14 @@ impl OsmRead for Store {
     fn coastline_ways(&self) -> Result<Vec<i64>, StoreError> {
         coastline_ways(&self.conn).map_err(|e| self.err(e))
     }
+    fn tagged_page(
+        &self,
+        kind: MemberKind,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<i64>, StoreError> {
+        tagged_page(&self.conn, kind, after, limit).map_err(|e| self.err(e))
+    }
 }
 
 impl OsmRead for Writer<'_> {
@@ -1669,6 +1733,14 @@ impl OsmRead for Writer<'_> {
     }
     fn coastline_ways(&self) -> Result<Vec<i64>, StoreError> {
         coastline_ways(&self.tx).map_err(|e| self.err(e))
+    }
+    fn tagged_page(
+        &self,
+        kind: MemberKind,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<i64>, StoreError> {
+        tagged_page(&self.tx, kind, after, limit).map_err(|e| self.err(e))
     }
 }
 
@@ -1893,9 +1965,10 @@ impl<'s> Writer<'s> {
         Ok(())
     }
 
-    /// Fills an emptied shapes index (a rebuild's): each row an element,
-    /// its box, its encoded feature and its lowest zoom. Inserts only, each table in its own key order (appends), many
-    /// rows per statement.
+    /// Fills an emptied shapes index (a rebuild's), a page of elements at
+    /// a time: each row an element, its box, its encoded feature and its
+    /// lowest zoom. Inserts only, each table's rows in its own key order,
+    /// many rows per statement.
     pub fn insert_shapes<'d>(
         &mut self,
         rows: impl Iterator<Item = ShapeInsert<'d>>,

@@ -148,23 +148,30 @@ pub fn ensure_shapes(store: &mut Store) -> Result<(), StoreError> {
 }
 
 pub fn rebuild_shapes(store: &mut Store, low: &LowZoom) -> Result<usize, StoreError> {
-    let all = crate::features::all(store, &TileLayer::every_key())?;
-    let rows: Vec<(Vec<u8>, u8)> = {
-        use rayon::prelude::*;
-        all.par_iter()
-            .map(|(_, f)| (features::encode(f), low.min_zoom(f)))
-            .collect()
-    };
+    use rayon::prelude::*;
+    let every = TileLayer::every_key();
+    // One transaction: the index is emptied and refilled at once, or not at
+    // all. The features are read through the writer, a page at a time, so
+    // the rebuild holds one page whatever the store's size.
     store.write(|w| {
         w.clear_shapes()?;
-        w.insert_shapes(
-            all.iter()
-                .zip(&rows)
-                .map(|((k, f), (data, l))| (*k, f.shape.bbox(), data.as_slice(), *l)),
-        )?;
+        let mut pass = features::Pass::new(&every);
+        let mut n = 0;
+        while let Some(page) = pass.next_page(&*w)? {
+            let rows: Vec<(Vec<u8>, u8)> = page
+                .par_iter()
+                .map(|(_, f)| (features::encode(f), low.min_zoom(f)))
+                .collect();
+            w.insert_shapes(
+                page.iter()
+                    .zip(&rows)
+                    .map(|((k, f), (data, l))| (*k, f.shape.bbox(), data.as_slice(), *l)),
+            )?;
+            n += page.len();
+        }
         w.set_meta("shapes", "1")?;
         w.set_meta("shapes_low", &low.id)?;
-        Ok(all.len())
+        Ok(n)
     })
 }
 

@@ -406,28 +406,82 @@ pub fn feature(
 }
 
 /// Every feature in the store for `layer`, ordered by type and id: the
-/// full rebuild that incremental work is compared against.
+/// full rebuild that incremental work is compared against. Holds them all:
+/// for what fits in memory (tests, verify); a rebuild at any size reads
+/// them through a [`Pass`].
 pub fn all(
     store: &crate::store::Store,
     layer: &TileLayer,
 ) -> Result<Vec<(ElementKey, Feature)>, StoreError> {
     store.snapshot(|store| {
-        let view = Current::uncached(store);
+        let mut pass = Pass::new(layer);
         let mut out = Vec::new();
-        for (kind, id) in store.tagged()? {
-            if let Some(f) = feature(&view, kind, id, layer)? {
-                out.push(((kind, id), f));
-            }
-        }
-        // The sea, for a schema with an ocean layer: assembled from every
-        // coastline way, as the drain's kept copy must equal.
-        if layer.shows_ocean() {
-            if let Some(f) = assemble_sea(store)? {
-                out.push((crate::coast::OCEAN_KEY, f));
-            }
+        while let Some(page) = pass.next_page(store)? {
+            out.extend(page);
         }
         Ok(out)
     })
+}
+
+/// Tagged elements a [`Pass`] reads at a time.
+pub const PASS_PAGE_LEN: usize = 8192;
+
+/// A full pass over the store's features for a layer, a page at a time,
+/// ordered by type and id, the sea last (for a schema with an ocean layer:
+/// assembled from every coastline way, as the drain's kept copy must
+/// equal). What it holds is one page, whatever the store's size. The
+/// caller keeps one transaction open across pages, so the pass reads one
+/// state of the store.
+pub struct Pass<'l> {
+    layer: &'l TileLayer,
+    kind: usize,
+    after: i64,
+    sea_done: bool,
+}
+
+impl<'l> Pass<'l> {
+    const KINDS: [MemberKind; 3] = [MemberKind::Node, MemberKind::Way, MemberKind::Relation];
+
+    pub fn new(layer: &'l TileLayer) -> Self {
+        Pass {
+            layer,
+            kind: 0,
+            after: i64::MIN,
+            sea_done: false,
+        }
+    }
+
+    /// The next features, at least one; `None` when the pass is done.
+    pub fn next_page<S: OsmRead + ?Sized>(
+        &mut self,
+        store: &S,
+    ) -> Result<Option<Vec<(ElementKey, Feature)>>, StoreError> {
+        let view = Current::uncached(store);
+        while let Some(&kind) = Self::KINDS.get(self.kind) {
+            let ids = store.tagged_page(kind, self.after, PASS_PAGE_LEN)?;
+            let Some(&last) = ids.last() else {
+                self.kind += 1;
+                self.after = i64::MIN;
+                continue;
+            };
+            self.after = last;
+            let mut out = Vec::with_capacity(ids.len());
+            for id in ids {
+                if let Some(f) = feature(&view, kind, id, self.layer)? {
+                    out.push(((kind, id), f));
+                }
+            }
+            if !out.is_empty() {
+                return Ok(Some(out));
+            }
+        }
+        if !std::mem::replace(&mut self.sea_done, true) && self.layer.shows_ocean() {
+            if let Some(f) = assemble_sea(store)? {
+                return Ok(Some(vec![(crate::coast::OCEAN_KEY, f)]));
+            }
+        }
+        Ok(None)
+    }
 }
 
 /// An element's tags as a feature holds them: the sea's reserved tag

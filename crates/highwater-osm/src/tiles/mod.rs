@@ -26,6 +26,7 @@
 pub mod config;
 pub mod cut;
 pub mod fresh;
+pub mod listing;
 pub mod ocean;
 pub mod wal_index;
 
@@ -497,6 +498,8 @@ impl Rebuild {
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct BuildReport {
     pub dataset: String,
+    /// The store's features that some zoom of a tile dataset shows (the
+    /// shapes index's; the sea counted).
     pub features: usize,
     pub tiles: usize,
     pub sequence: Option<i64>,
@@ -524,7 +527,12 @@ pub fn build(store: &mut Store, d: &TileDataset) -> Result<BuildReport, TilesErr
             s.generation()?,
         ))
     })?;
-    let view = rebuild_view(store, &d.layer)?;
+    // The sea, assembled from every coastline way: cut into the tiles and
+    // kept for the drains after this build.
+    let sea = match d.layer.shows_ocean() {
+        true => store.snapshot(features::assemble_sea)?,
+        false => None,
+    };
     let name = path.file_name().unwrap_or_default().to_string_lossy();
     let tmp = path.with_file_name(format!(".{name}.hw-tmp-{}", std::process::id()));
     let _ = std::fs::remove_file(&tmp);
@@ -536,28 +544,15 @@ pub fn build(store: &mut Store, d: &TileDataset) -> Result<BuildReport, TilesErr
             err: e,
         })?;
     }
-    let seen: BTreeSet<&str> = view
-        .features
-        .iter()
-        .flat_map(|(_, f)| f.tags.keys().map(String::as_str))
-        .collect();
+    let seen = seen_keys(store, d, sea.as_ref())?;
+    let seen: BTreeSet<&str> = seen.iter().map(String::as_str).collect();
     let mut mb = Mbtiles::create(&tmp, d, &seen)?;
     // Nobody reads the temporary file, and it is fsynced whole before the
     // rename that publishes it: no need to sync each batch.
     mb.conn
         .pragma_update(None, "synchronous", "OFF")
         .map_err(|e| mb.err(e))?;
-    let tiles: Vec<Tile> = view.by_tile.keys().copied().collect();
-    let mut written = 0;
-    for chunk in tiles.chunks(DRAIN_BATCH_TILES) {
-        let batch: Vec<(Tile, Option<Vec<u8>>)> = chunk
-            .par_iter()
-            .map(|t| (*t, view.cut(*t, d)))
-            .filter(|(_, b)| b.is_some())
-            .collect();
-        written += batch.len();
-        mb.write(&batch, token)?;
-    }
+    let (features, written) = cut_all(store, d, sea.as_ref(), &mut mb, token)?;
     drop(mb);
     std::fs::File::open(&tmp)
         .and_then(|f| f.sync_all())
@@ -582,14 +577,8 @@ pub fn build(store: &mut Store, d: &TileDataset) -> Result<BuildReport, TilesErr
         path: crate::import::parent_dir(&path).to_path_buf(),
         err,
     })?;
-    let sea = d.layer.shows_ocean().then(|| {
-        view.features
-            .iter()
-            .find(|(k, _)| *k == crate::coast::OCEAN_KEY)
-            .map(|(_, f)| f.clone())
-    });
     store.write(|w| {
-        if let Some(sea) = &sea {
+        if d.layer.shows_ocean() {
             ocean::keep(w, sea.as_ref())?;
         }
         w.clear_dirty(&d.name, generation)?;
@@ -598,11 +587,93 @@ pub fn build(store: &mut Store, d: &TileDataset) -> Result<BuildReport, TilesErr
     })?;
     Ok(BuildReport {
         dataset: d.name.clone(),
-        features: view.features.len(),
+        features,
         tiles: written,
         sequence,
         reason: None,
     })
+}
+
+/// The keys the layer's features carry, for a layer that lists them in
+/// the file's metadata (no schema, every key): a pass over the store for
+/// them alone, a page at a time, and the sea's. Empty for the others,
+/// which never read it.
+fn seen_keys(
+    store: &Store,
+    d: &TileDataset,
+    sea: Option<&Feature>,
+) -> Result<BTreeSet<String>, StoreError> {
+    let mut seen = BTreeSet::new();
+    if d.layer.schema.is_some() || d.layer.keys.is_some() {
+        return Ok(seen);
+    }
+    seen.extend(sea.iter().flat_map(|f| f.tags.keys().cloned()));
+    store.snapshot(|s| {
+        let mut pass = features::Pass::new(&d.layer);
+        while let Some(page) = pass.next_page(s)? {
+            for (_, f) in page {
+                seen.extend(f.tags.into_keys());
+            }
+        }
+        Ok(())
+    })?;
+    Ok(seen)
+}
+
+/// Cuts every tile of the dataset from the (just rebuilt) shapes index
+/// into `mb`, through the drain's own cut ([`cut_batch`]): the low zooms
+/// zoom by zoom, then block by block ([`listing`]), so that what is held is
+/// a block's index rows and a batch's features, whatever the store's size.
+/// Returns the features in the index that some zoom shows, and the tiles
+/// written.
+fn cut_all(
+    store: &Store,
+    d: &TileDataset,
+    sea: Option<&Feature>,
+    mb: &mut Mbtiles,
+    token: Option<i64>,
+) -> Result<(usize, usize), TilesError> {
+    let sea_box = sea.map(|f| f.shape.bbox());
+    let listing = store.snapshot(|s| listing::list(s, &d.layer, sea_box))?;
+    let mut pending: Vec<CutTile> = Vec::new();
+    let mut written = 0;
+    let mut flush = |pending: &mut Vec<CutTile>, mb: &mut Mbtiles| {
+        written += pending.len();
+        let r = mb.write(pending, token);
+        pending.clear();
+        r
+    };
+    let cut_into = |s: &Store, tiles: &[Tile], pending: &mut Vec<CutTile>| {
+        for chunk in tiles.chunks(DRAIN_BATCH_TILES) {
+            let batch = cut_batch(s, d, chunk, sea)?;
+            pending.extend(batch.into_iter().filter(|(_, b)| b.is_some()));
+        }
+        Ok::<_, StoreError>(())
+    };
+    for tiles in &listing.low {
+        store.snapshot(|s| cut_into(s, tiles, &mut pending))?;
+        if pending.len() >= DRAIN_BATCH_TILES {
+            flush(&mut pending, mb)?;
+        }
+    }
+    for &block in &listing.blocks {
+        store.snapshot(|s| {
+            let bbox = listing::block_box(block, d.layer.buffer);
+            let rows = s.shape_rows_in(bbox, Some(d.layer.zoom_max))?;
+            let extra = sea_box
+                .filter(|b| b.2 >= bbox.0 && b.0 <= bbox.2 && b.3 >= bbox.1 && b.1 <= bbox.3);
+            for tiles in listing::block_tiles(block, &d.layer, &rows, extra) {
+                cut_into(s, &tiles, &mut pending)?;
+            }
+            Ok(())
+        })?;
+        if pending.len() >= DRAIN_BATCH_TILES {
+            flush(&mut pending, mb)?;
+        }
+    }
+    flush(&mut pending, mb)?;
+    let features = store.shapes_shown()? + usize::from(sea.is_some());
+    Ok((features, written))
 }
 
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -714,7 +785,13 @@ pub fn drain_with(
         // apply with the same touched keys that expiry reads), never
         // re-assembled from nodes; a low-zoom tile's candidates come from
         // the low-zoom index, so its cost is what it shows.
-        let batch = store.snapshot(|s| cut_batch(s, d, &tiles))?;
+        let batch = store.snapshot(|s| {
+            let sea = match d.layer.shows_ocean() {
+                true => ocean::for_cut(s)?,
+                false => None,
+            };
+            cut_batch(s, d, &tiles, sea.as_ref())
+        })?;
         report.deleted += batch.iter().filter(|(_, b)| b.is_none()).count();
         mb.write(&batch, token)?;
         failpoint("kill-drain-after-write", &d.name)?;
@@ -743,13 +820,15 @@ pub(crate) fn cut_batch(
     s: &Store,
     d: &TileDataset,
     tiles: &[Tile],
+    sea: Option<&Feature>,
 ) -> Result<Vec<CutTile>, StoreError> {
     let mut built: HashMap<ElementKey, Vec<Placement>> = HashMap::new();
     let mut cands = Vec::with_capacity(tiles.len());
-    // The sea is not in the shapes index: it is one kept feature, a
-    // candidate of every tile its box meets.
+    // The sea is not in the shapes index: it is one feature (the kept one,
+    // [`ocean::for_cut`], or a build's), a candidate of every tile its box
+    // meets.
     let sea = match d.layer.shows_ocean() {
-        true => ocean::for_cut(s)?.map(|f| (f.shape.bbox(), d.layer.place(&f))),
+        true => sea.map(|f| (f.shape.bbox(), d.layer.place(f))),
         false => None,
     };
     if let Some((_, p)) = &sea {
