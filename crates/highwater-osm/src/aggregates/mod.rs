@@ -297,18 +297,24 @@ pub fn totals(areas: &[Area], contrib: &[(ElementKey, Contribution)]) -> Vec<Row
         .collect()
 }
 
-/// Every feature's contribution, from a full pass: the rebuild.
+/// Every feature's contribution, from a full pass: the rebuild. The pass
+/// reads a page of features at a time ([`features::Pass`]); what is held is
+/// the contributions, not the features.
 pub fn rebuild_contributions(
     store: &Store,
     d: &AggDataset,
 ) -> Result<(Areas, Vec<(ElementKey, Contribution)>), StoreError> {
     store.snapshot(|s| {
         let areas = areas(s, &d.admin_levels)?;
+        let layer = TileLayer::every_key();
+        let mut pass = features::Pass::new(&layer);
         let mut out = Vec::new();
-        for (key, f) in features::all(s, &TileLayer::every_key())? {
-            let c = contribution(&f, &d.classes, &areas);
-            if !c.is_empty() {
-                out.push((key, c));
+        while let Some(page) = pass.next_page(s)? {
+            for (key, f) in page {
+                let c = contribution(&f, &d.classes, &areas);
+                if !c.is_empty() {
+                    out.push((key, c));
+                }
             }
         }
         Ok((areas, out))
