@@ -152,10 +152,7 @@ pub fn cut_fresh(store: &Store, d: &TileDataset, t: Tile) -> Result<Fresh, Tiles
                 });
             }
             let generation = s.generation()?;
-            let sea = match d.layer.shows_ocean() {
-                true => super::ocean::for_cut(s)?,
-                false => None,
-            };
+            let sea = super::ocean::for_cut(s, &d.layer)?;
             let mut b = cut_batch(s, d, &[t], sea.as_ref())?;
             let gz = b.pop().and_then(|(_, b)| b).map(|b| gzip(&b));
             Ok(Fresh { generation, gz })

@@ -110,13 +110,14 @@ fn add_range(set: &mut BTreeSet<(u32, u32)>, b: BBox, z: u8, buffer: f64) {
 /// The box of a block, grown by the buffer of its own zoom: it meets
 /// every box that a tile under it, grown by that tile's (smaller) buffer,
 /// meets.
-pub fn block_box((bx, by): (u32, u32), buffer: f64) -> BBox {
-    let n = f64::from(1u32 << BLOCK_ZOOM);
-    (
-        (f64::from(bx) - buffer) / n,
-        (f64::from(by) - buffer) / n,
-        (f64::from(bx) + 1.0 + buffer) / n,
-        (f64::from(by) + 1.0 + buffer) / n,
+pub fn block_box((x, y): (u32, u32), buffer: f64) -> BBox {
+    super::tile_box(
+        Tile {
+            z: BLOCK_ZOOM,
+            x,
+            y,
+        },
+        buffer,
     )
 }
 
@@ -158,21 +159,8 @@ pub fn block_tiles(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The tile box as the cut's candidate query grows it.
-    fn grown(t: Tile, b: f64) -> BBox {
-        let n = (1u64 << t.z) as f64;
-        (
-            (t.x as f64 - b) / n,
-            (t.y as f64 - b) / n,
-            (t.x as f64 + 1.0 + b) / n,
-            (t.y as f64 + 1.0 + b) / n,
-        )
-    }
-
-    fn meets(a: BBox, b: BBox) -> bool {
-        a.2 >= b.0 && a.0 <= b.2 && a.3 >= b.1 && a.1 <= b.3
-    }
+    // The cut's own grown tile box and candidate test.
+    use crate::tiles::{meets, tile_box as grown};
 
     /// Every tile whose grown box meets the feature's box is in its range
     /// (the listing never misses a tile a cut would fill), and the range

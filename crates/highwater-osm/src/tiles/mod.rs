@@ -660,8 +660,7 @@ fn cut_all(
         store.snapshot(|s| {
             let bbox = listing::block_box(block, d.layer.buffer);
             let rows = s.shape_rows_in(bbox, Some(d.layer.zoom_max))?;
-            let extra = sea_box
-                .filter(|b| b.2 >= bbox.0 && b.0 <= bbox.2 && b.3 >= bbox.1 && b.1 <= bbox.3);
+            let extra = sea_box.filter(|b| meets(*b, bbox));
             for tiles in listing::block_tiles(block, &d.layer, &rows, extra) {
                 cut_into(s, &tiles, &mut pending)?;
             }
@@ -786,10 +785,7 @@ pub fn drain_with(
         // re-assembled from nodes; a low-zoom tile's candidates come from
         // the low-zoom index, so its cost is what it shows.
         let batch = store.snapshot(|s| {
-            let sea = match d.layer.shows_ocean() {
-                true => ocean::for_cut(s)?,
-                false => None,
-            };
+            let sea = ocean::for_cut(s, &d.layer)?;
             cut_batch(s, d, &tiles, sea.as_ref())
         })?;
         report.deleted += batch.iter().filter(|(_, b)| b.is_none()).count();
@@ -826,11 +822,9 @@ pub(crate) fn cut_batch(
     let mut cands = Vec::with_capacity(tiles.len());
     // The sea is not in the shapes index: it is one feature (the kept one,
     // [`ocean::for_cut`], or a build's), a candidate of every tile its box
-    // meets.
-    let sea = match d.layer.shows_ocean() {
-        true => sea.map(|f| (f.shape.bbox(), d.layer.place(f))),
-        false => None,
-    };
+    // meets. Callers pass none for a layer that does not show it.
+    debug_assert!(sea.is_none() || d.layer.shows_ocean());
+    let sea = sea.map(|f| (f.shape.bbox(), d.layer.place(f)));
     if let Some((_, p)) = &sea {
         built.insert(crate::coast::OCEAN_KEY, p.clone());
     }
@@ -843,7 +837,7 @@ pub(crate) fn cut_batch(
         // buildings of 16 z14 tiles, and shows none of them.
         let mut keys = s.shapes_in(tb, Some(t.z))?;
         if let Some((b, _)) = &sea {
-            if b.2 >= tb.0 && b.0 <= tb.2 && b.3 >= tb.1 && b.1 <= tb.3 {
+            if meets(*b, tb) {
                 keys.push(crate::coast::OCEAN_KEY);
                 keys.sort();
             }
@@ -898,8 +892,14 @@ fn corrupt(s: &Store, d: &TileDataset, k: ElementKey) -> StoreError {
     }
 }
 
+/// Whether two boxes (min x, min y, max x, max y) meet, edges included:
+/// the test the shapes index applies to a cut's candidates.
+pub(crate) fn meets(a: (f64, f64, f64, f64), b: (f64, f64, f64, f64)) -> bool {
+    a.2 >= b.0 && a.0 <= b.2 && a.3 >= b.1 && a.1 <= b.3
+}
+
 /// A tile's box grown by the buffer, in world coordinates.
-fn tile_box(t: Tile, b: f64) -> (f64, f64, f64, f64) {
+pub(crate) fn tile_box(t: Tile, b: f64) -> (f64, f64, f64, f64) {
     let n = (1u64 << t.z) as f64;
     (
         (t.x as f64 - b) / n,

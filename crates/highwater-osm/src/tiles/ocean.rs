@@ -2,7 +2,8 @@
 //! from the coastline ways, as the feature [`crate::coast::OCEAN_KEY`] of
 //! a schema's `ocean` layer ([`crate::features::TileLayer::shows_ocean`]).
 //!
-//! - A rebuild (`features::all`) assembles it from every coastline way.
+//! - A build (`tiles::build`) and the reference rebuild (`features::all`)
+//!   assemble it from every coastline way.
 //! - Expiry ([`crate::derive::affected_tiles`]): a diff that touches a
 //!   coastline way (its own, or one through a node it moves) assembles the
 //!   sea before and after, from the old store and the diff laid over it,
@@ -18,7 +19,7 @@
 //! planet's water polygons (osmdata.openstreetmap.de) would be the input,
 //! which this does not do.
 
-use crate::features::{self, Feature};
+use crate::features::{self, Feature, TileLayer};
 use crate::store::{Store, StoreError, Writer};
 use rusqlite::OptionalExtension;
 
@@ -73,9 +74,13 @@ pub fn ensure(store: &mut Store) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// The sea a cut reads: the kept copy, or (a reader finding none kept, as
-/// `serve` can before the first drain) one assembled now.
-pub(crate) fn for_cut(s: &Store) -> Result<Option<Feature>, StoreError> {
+/// The sea a cut for `layer` reads: none for a layer that does not show
+/// it; else the kept copy, or (a reader finding none kept, as `serve` can
+/// before the first drain) one assembled now.
+pub(crate) fn for_cut(s: &Store, layer: &TileLayer) -> Result<Option<Feature>, StoreError> {
+    if !layer.shows_ocean() {
+        return Ok(None);
+    }
     match kept(s)? {
         Some(f) => Ok(f),
         None => features::assemble_sea(s),
