@@ -215,6 +215,56 @@ pub fn find(first: i64, b: &[u8], id: i64) -> Option<Option<Entry>> {
     Some(None)
 }
 
+/// Decoded blocks a reader keeps while what it reads cannot change under
+/// it (a read or write transaction; a writer drops them when it edits a
+/// block). The nodes of a way are mostly consecutive ids in one block, and
+/// a diff's apply derives the same features once per dataset: without it,
+/// each node read was a B-tree seek, a blob copy and a decode of the block
+/// up to the node, the largest share of a minutely diff's apply and drain.
+#[derive(Debug, Default)]
+pub struct Cache {
+    /// By the block's first id: its entries, ascending.
+    blocks: std::collections::BTreeMap<i64, Vec<Entry>>,
+}
+
+/// Blocks a [`Cache`] keeps at most (about 64 entries each, a few KiB):
+/// past it the cache starts again empty, so a full pass over the store
+/// holds a bounded number of blocks.
+pub const BLOCKS_CACHED_MAX: usize = 4096;
+
+impl Cache {
+    /// The entry for `id` if a kept block covers it: `Some(None)` when the
+    /// block has no entry of that id, `None` when no kept block can say.
+    /// A block covers ids from its first to its last entry's for sure;
+    /// past its last entry, only the store knows where the next begins.
+    pub fn get(&self, id: i64) -> Option<Option<&Entry>> {
+        let (_, entries) = self.blocks.range(..=id).next_back()?;
+        if entries.last().is_none_or(|e| e.id < id) {
+            return None;
+        }
+        Some(
+            entries
+                .binary_search_by_key(&id, |e| e.id)
+                .ok()
+                .map(|p| &entries[p]),
+        )
+    }
+
+    /// Keeps a block's decoded entries.
+    pub fn put(&mut self, first: i64, entries: Vec<Entry>) {
+        debug_assert!(entries.windows(2).all(|w| w[0].id < w[1].id));
+        if self.blocks.len() >= BLOCKS_CACHED_MAX {
+            self.blocks.clear();
+        }
+        self.blocks.insert(first, entries);
+    }
+
+    /// Forgets every block: the store's blocks changed.
+    pub fn clear(&mut self) {
+        self.blocks.clear();
+    }
+}
+
 /// Cuts sorted entries into blocks of at most `per_block`, each keyed by
 /// its first id.
 pub fn blocks(entries: &[Entry], per_block: usize) -> impl Iterator<Item = (i64, Vec<u8>)> + '_ {
@@ -273,6 +323,43 @@ mod tests {
         assert_eq!(decode(0, &[0xff; 11]), None);
         // A huge count with no bytes behind it.
         assert_eq!(decode(0, &[0xff, 0xff, 0xff, 0xff, 0x0f]), None);
+    }
+
+    /// A cache answers only for ids its blocks surely cover, and then as
+    /// `find` on the block's bytes does; past a block's last entry it
+    /// defers to the store, which alone knows where the next block begins.
+    #[test]
+    fn cache_answers_as_find_or_not_at_all() {
+        let a = vec![
+            e(10, Some((1, 1)), false, &[7]),
+            e(12, None, false, &[8]),
+            e(15, Some((2, 2)), true, &[]),
+        ];
+        let b = vec![e(40, Some((3, 3)), false, &[]), e(41, None, false, &[9])];
+        let mut c = Cache::default();
+        c.put(10, a.clone());
+        c.put(40, b.clone());
+        let (ba, bb) = (encode(&a), encode(&b));
+        for id in [10, 11, 12, 14, 15, 40, 41] {
+            let bytes = if id < 40 { &ba } else { &bb };
+            let first = if id < 40 { 10 } else { 40 };
+            assert_eq!(
+                c.get(id).map(|e| e.cloned()),
+                Some(find(first, bytes, id).unwrap()),
+                "id {id}"
+            );
+        }
+        for id in [9, 16, 39, 42, 1 << 40] {
+            assert_eq!(c.get(id), None, "id {id}");
+        }
+        c.clear();
+        assert_eq!(c.get(10), None);
+        // Full: it starts again rather than grow.
+        for k in 0..=BLOCKS_CACHED_MAX as i64 {
+            c.put(k * 100, vec![e(k * 100, Some((0, 0)), false, &[])]);
+        }
+        assert!(c.blocks.len() <= BLOCKS_CACHED_MAX);
+        assert!(c.get(BLOCKS_CACHED_MAX as i64 * 100).is_some());
     }
 
     /// `find` reads without collecting; it must answer exactly as taking

@@ -14,6 +14,7 @@ use crate::flatnodes::FlatNodes;
 use crate::model::{Element, Member, MemberKind, Node, Relation, Tags, Way};
 use crate::nodeblocks::{self, Entry};
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
+use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -247,6 +248,10 @@ pub struct Store {
     /// The store file's (device, inode) when it was opened: a retired store
     /// still at its path was not replaced, its replace died before the swap.
     opened_as: Option<(u64, u64)>,
+    /// Decoded node blocks, kept only inside [`Store::snapshot`] (`cached`
+    /// set): outside one, another process may commit between two reads.
+    blocks: RefCell<nodeblocks::Cache>,
+    cached: Cell<bool>,
 }
 
 impl Drop for Store {
@@ -335,6 +340,8 @@ impl Store {
             lease_duration_s: WRITER_LEASE_DURATION_S,
             flat: None,
             opened_as: None,
+            blocks: Default::default(),
+            cached: Cell::new(false),
         })
     }
 
@@ -416,6 +423,8 @@ impl Store {
             lease_duration_s: WRITER_LEASE_DURATION_S,
             flat,
             opened_as,
+            blocks: Default::default(),
+            cached: Cell::new(false),
         };
         if rtree_shapes && nodes {
             (ext.rebuild_shapes)(&mut store)?;
@@ -708,6 +717,7 @@ impl Store {
             path,
             flat: self.flat.clone(),
             pending: BTreeMap::new(),
+            blocks: Default::default(),
         };
         // Dropping the transaction without commit rolls it back.
         f(&mut w)
@@ -944,7 +954,12 @@ impl Store {
         self.conn
             .execute_batch("BEGIN DEFERRED")
             .map_err(|e| self.err(e))?;
+        // Nothing commits under a read transaction: the blocks read
+        // during it stay true until it ends.
+        self.cached.set(true);
         let out = f(self);
+        self.cached.set(false);
+        self.blocks.borrow_mut().clear();
         let end = if out.is_ok() { "COMMIT" } else { "ROLLBACK" };
         self.conn.execute_batch(end).map_err(|e| self.err(e))?;
         out
@@ -1035,6 +1050,7 @@ impl Store {
             path: path.clone(),
             flat: self.flat.clone(),
             pending: BTreeMap::new(),
+            blocks: Default::default(),
         };
         let out = f(&mut w)?;
         let flushed = w.flush_flat()?;
@@ -1044,8 +1060,9 @@ impl Store {
                 flat,
                 pending,
                 path: wpath,
+                blocks,
             } = w;
-            drop((flat, pending, wpath));
+            drop((flat, pending, wpath, blocks));
             tx.commit()
         };
         if flushed {
@@ -1089,7 +1106,12 @@ impl Store {
     }
 
     pub fn node(&self, id: i64) -> Result<Option<Node>, StoreError> {
-        read_node(&self.conn, self.locs(), id).map_err(|e| self.err(e))
+        read_node(&self.conn, self.cache(), self.locs(), id).map_err(|e| self.err(e))
+    }
+
+    /// The block cache, inside a snapshot.
+    fn cache(&self) -> Option<&RefCell<nodeblocks::Cache>> {
+        self.cached.get().then_some(&self.blocks)
     }
 
     fn locs(&self) -> Locs<'_> {
@@ -1109,7 +1131,7 @@ impl Store {
 
     /// The ways that use a node.
     pub fn ways_of_node(&self, node: i64) -> Result<Vec<i64>, StoreError> {
-        ways_of_node(&self.conn, node).map_err(|e| self.err(e))
+        ways_of_node(&self.conn, self.cache(), node).map_err(|e| self.err(e))
     }
 
     /// The relations that have an element as a member.
@@ -1185,11 +1207,29 @@ fn block_of(c: &Connection, id: i64) -> rusqlite::Result<Option<(i64, Vec<u8>)>>
     .optional()
 }
 
-fn node_entry(c: &Connection, id: i64) -> rusqlite::Result<Option<Entry>> {
+/// The entry of node `id`, from `cache` when it holds the block, else
+/// from the store (and then the decoded block kept in `cache`).
+fn node_entry(
+    c: &Connection,
+    cache: Option<&RefCell<nodeblocks::Cache>>,
+    id: i64,
+) -> rusqlite::Result<Option<Entry>> {
+    if let Some(hit) = cache.and_then(|k| k.borrow().get(id).map(|e| e.cloned())) {
+        return Ok(hit);
+    }
     let Some((first, data)) = block_of(c, id)? else {
         return Ok(None);
     };
-    nodeblocks::find(first, &data, id).ok_or_else(|| corrupt_block(first))
+    let Some(cache) = cache else {
+        return nodeblocks::find(first, &data, id).ok_or_else(|| corrupt_block(first));
+    };
+    let entries = nodeblocks::decode(first, &data).ok_or_else(|| corrupt_block(first))?;
+    let e = entries
+        .binary_search_by_key(&id, |e| e.id)
+        .ok()
+        .map(|p| entries[p].clone());
+    cache.borrow_mut().put(first, entries);
+    Ok(e)
 }
 
 /// The node an entry describes, with its tags; none for an entry that only
@@ -1214,8 +1254,13 @@ fn node_of(c: &Connection, locs: Locs<'_>, e: Entry) -> rusqlite::Result<Option<
     }))
 }
 
-fn read_node(c: &Connection, locs: Locs<'_>, id: i64) -> rusqlite::Result<Option<Node>> {
-    match node_entry(c, id)? {
+fn read_node(
+    c: &Connection,
+    cache: Option<&RefCell<nodeblocks::Cache>>,
+    locs: Locs<'_>,
+    id: i64,
+) -> rusqlite::Result<Option<Node>> {
+    match node_entry(c, cache, id)? {
         Some(e) => node_of(c, locs, e),
         None => Ok(None),
     }
@@ -1676,8 +1721,14 @@ fn relations_of(c: &Connection, kind: MemberKind, id: i64) -> rusqlite::Result<V
         .collect()
 }
 
-fn ways_of_node(c: &Connection, node: i64) -> rusqlite::Result<Vec<i64>> {
-    Ok(node_entry(c, node)?.map(|e| e.ways).unwrap_or_default())
+fn ways_of_node(
+    c: &Connection,
+    cache: Option<&RefCell<nodeblocks::Cache>>,
+    node: i64,
+) -> rusqlite::Result<Vec<i64>> {
+    Ok(node_entry(c, cache, node)?
+        .map(|e| e.ways)
+        .unwrap_or_default())
 }
 
 impl OsmRead for Store {
@@ -1720,7 +1771,7 @@ impl OsmRead for Writer<'_> {
         Writer::way(self, id)
     }
     fn ways_of_node(&self, node: i64) -> Result<Vec<i64>, StoreError> {
-        ways_of_node(&self.tx, node).map_err(|e| self.err(e))
+        ways_of_node(&self.tx, Some(&self.blocks), node).map_err(|e| self.err(e))
     }
     fn relation(&self, id: i64) -> Result<Option<Relation>, StoreError> {
         Writer::relation(self, id)
@@ -1753,6 +1804,9 @@ pub struct Writer<'s> {
     /// Untagged nodes' locations for the flat file, written just before
     /// the transaction commits ([`Writer::flush_flat`]); reads see them.
     pending: BTreeMap<i64, (i32, i32)>,
+    /// Decoded node blocks read in this transaction; emptied whenever the
+    /// writer edits blocks, so they are always the transaction's own.
+    blocks: RefCell<nodeblocks::Cache>,
 }
 
 impl<'s> Writer<'s> {
@@ -1829,7 +1883,7 @@ impl<'s> Writer<'s> {
             flat: self.flat.as_deref(),
             pending: Some(&self.pending),
         };
-        read_node(&self.tx, locs, id).map_err(|e| self.err(e))
+        read_node(&self.tx, Some(&self.blocks), locs, id).map_err(|e| self.err(e))
     }
 
     /// Writes the pending flat-node locations, under the undo protocol of
@@ -2162,6 +2216,7 @@ impl<'s> Writer<'s> {
     /// past [`nodeblocks::BLOCK_ENTRIES_MAX`] split.
     fn edit_nodes(&mut self, ids: &[i64], mut f: impl FnMut(&mut Entry)) -> Result<(), StoreError> {
         debug_assert!(ids.windows(2).all(|w| w[0] < w[1]));
+        self.blocks.get_mut().clear();
         let mut i = 0;
         while i < ids.len() {
             // The block an id belongs in: the last starting at or before
@@ -2362,6 +2417,7 @@ impl<'s> Writer<'s> {
     /// With a flat node file (an import's new one, which nothing reads
     /// yet), untagged nodes' locations go there in id order instead.
     pub(crate) fn put_node_blocks(&mut self, entries: impl EntrySource) -> Result<(), StoreError> {
+        self.blocks.get_mut().clear();
         let Some(flat) = self.flat.clone() else {
             return insert_blocks(&self.tx, entries, |_| {}).map_err(|e| self.err(e));
         };

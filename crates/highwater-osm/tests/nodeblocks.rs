@@ -152,25 +152,72 @@ fn import(dir: &Path, m: &Model) -> Store {
     store
 }
 
+fn edit(
+    w: &mut highwater_osm::store::Writer<'_>,
+    model: &Model,
+    op: &Op,
+) -> Result<(), highwater_osm::store::StoreError> {
+    match op {
+        Op::PutNode { id, .. } => w.put(&Element::Node(node(*id, model.nodes[id]))),
+        Op::DeleteNode(id) => w.delete(MemberKind::Node, *id),
+        Op::PutWay { id, refs } => w.put(&Element::Way(Way {
+            id: *id,
+            refs: refs.clone(),
+            tags: Tags::new(),
+        })),
+        Op::DeleteWay(id) => w.delete(MemberKind::Way, *id),
+    }
+}
+
+/// The nodes an edit touches, and their neighbours in id order: what a
+/// reader that kept the blocks from before the edit would see stale.
+fn near(op: &Op) -> Vec<i64> {
+    let ids = match op {
+        Op::PutNode { id, .. } | Op::DeleteNode(id) => vec![*id],
+        Op::PutWay { refs, .. } => refs.clone(),
+        Op::DeleteWay(_) => vec![],
+    };
+    ids.into_iter().flat_map(|i| [i - 1, i, i + 1]).collect()
+}
+
 fn check(base: &Model, ops: &[Op]) {
+    use highwater_osm::store::OsmRead;
     let tmp = tempfile::tempdir().unwrap();
     let mut store = import(&tmp.path().join("a"), base);
     let mut model = base.clone();
-    for op in ops {
+    // The first half one transaction per edit, the rest in one, read back
+    // through the writer after each edit: its block cache must never
+    // answer with a block from before an edit.
+    let (each, together) = ops.split_at(ops.len() / 2);
+    for op in each {
         model.apply(op);
-        store
-            .write(|w| match op {
-                Op::PutNode { id, .. } => w.put(&Element::Node(node(*id, model.nodes[id]))),
-                Op::DeleteNode(id) => w.delete(MemberKind::Node, *id),
-                Op::PutWay { id, refs } => w.put(&Element::Way(Way {
-                    id: *id,
-                    refs: refs.clone(),
-                    tags: Tags::new(),
-                })),
-                Op::DeleteWay(id) => w.delete(MemberKind::Way, *id),
-            })
-            .unwrap();
+        store.write(|w| edit(w, &model, op)).unwrap();
     }
+    store
+        .write(|w| {
+            for op in together {
+                model.apply(op);
+                edit(w, &model, op)?;
+                for id in near(op) {
+                    let want = model.nodes.get(&id).map(|n| node(id, *n));
+                    assert_eq!(OsmRead::node(&*w, id)?, want, "node {id} after {op:?}");
+                    let mut ways = OsmRead::ways_of_node(&*w, id)?;
+                    ways.sort_unstable();
+                    let want: Vec<i64> = model
+                        .ways
+                        .iter()
+                        .filter(|(_, refs)| refs.contains(&id))
+                        .map(|(w, _)| *w)
+                        .collect();
+                    assert_eq!(ways, want, "ways of node {id} after {op:?}");
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
+    // A snapshot reads through its block cache: the same answers.
+    let cached = store.snapshot(|s| Ok(observe(s))).unwrap();
+    assert_eq!(cached, observe(&store), "inside a snapshot and outside");
     let got = observe(&store);
     assert_eq!(got, expected(&model), "edited store against the model");
     if !model.nodes.is_empty() || !model.ways.is_empty() {
