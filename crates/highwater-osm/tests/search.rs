@@ -113,6 +113,26 @@ fn monaco_timelines_equal_rebuilds_and_the_final_snapshot() {
     check(&store, d);
 }
 
+/// The rebuild reads a page of tagged elements at a time (issue 25: a
+/// planet's documents do not fit in memory): pages of any length give the
+/// same index, equal to the documents of a pass that holds them all.
+#[test]
+fn a_rebuild_page_by_page_equals_one_that_holds_every_document() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = config(tmp.path());
+    let d = cfg.of::<highwater_osm::search::SearchDataset>()[0];
+    let mut store = monaco(&tmp.path().join("store"));
+    let whole = search::rebuild(&mut store, d).unwrap();
+    let docs = search::all(d).unwrap();
+    check(&store, d);
+    for page_len in [1, 97, 4096] {
+        let r = search::rebuild_paged(&mut store, d, page_len).unwrap();
+        assert_eq!(r.documents, whole.documents, "pages of {page_len}");
+        assert_eq!(search::all(d).unwrap(), docs, "pages of {page_len}");
+        check(&store, d);
+    }
+}
+
 const CITY: &str = r#"<osm version="0.6">
   <node id="1" lat="43.70" lon="7.40"/><node id="2" lat="43.70" lon="7.46"/>
   <node id="3" lat="43.76" lon="7.46"/><node id="4" lat="43.76" lon="7.40"/>

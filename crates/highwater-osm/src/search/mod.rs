@@ -325,7 +325,8 @@ pub struct SearchReport {
     pub reason: Option<String>,
 }
 
-/// Every document from a full pass over the store: the rebuild.
+/// Every document from a full pass over the store, held at once: what
+/// `verify` compares the index with. The rebuild itself pages.
 pub fn rebuild_documents(
     store: &Store,
     d: &SearchDataset,
@@ -343,13 +344,33 @@ pub fn rebuild_documents(
     })
 }
 
+/// Tagged elements a rebuild reads, computes and writes at a time: what it
+/// holds besides the index writer's budget and the context areas.
+pub const REBUILD_PAGE_LEN: usize = 8192;
+
 /// Writes a new index from a full pass, swaps it in, and resets the
-/// store's documents, reverse index and areas for the dataset.
+/// store's documents, reverse index and areas for the dataset. The pass
+/// goes a page of tagged elements at a time, each page's documents into
+/// the index writer and the store's tables at once, inside the one write
+/// transaction that resets them: memory is a page, the index writer's
+/// [`SEARCH_WRITER_BYTES`] and the context, whatever the store's size.
 pub fn rebuild(store: &mut Store, d: &SearchDataset) -> Result<SearchReport, SearchError> {
+    rebuild_paged(store, d, REBUILD_PAGE_LEN)
+}
+
+/// [`rebuild`], `page_len` tagged elements at a time (tests cross page
+/// boundaries with small pages).
+pub fn rebuild_paged(
+    store: &mut Store,
+    d: &SearchDataset,
+    page_len: usize,
+) -> Result<SearchReport, SearchError> {
+    use crate::store::OsmRead;
+    assert!(page_len > 0, "a page holds at least one element");
     store.lease_writer(false)?;
     crate::import::sweep_leftovers(&d.index);
     let (sequence, generation) = store.snapshot(|s| Ok((s.meta("sequence")?, s.generation()?)))?;
-    let (ctx, docs) = rebuild_documents(store, d)?;
+    let ctx = context(store, d)?;
     let name = d.index.file_name().unwrap_or_default().to_string_lossy();
     let tmp = d
         .index
@@ -362,41 +383,61 @@ pub fn rebuild(store: &mut Store, d: &SearchDataset) -> Result<SearchReport, Sea
     std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
     let (schema, f) = schema();
     let index = Index::create_in_dir(&tmp, schema).map_err(ierr(&tmp))?;
-    let mut w: IndexWriter = index.writer(SEARCH_WRITER_BYTES).map_err(ierr(&tmp))?;
-    for (doc, _) in docs.values() {
-        w.add_document(to_tantivy(&f, doc)).map_err(ierr(&tmp))?;
-    }
-    w.commit().map_err(ierr(&tmp))?;
-    w.wait_merging_threads().map_err(ierr(&tmp))?;
-    drop(index);
-    // Swap: the old index (if any) moves aside, the new one into place.
-    let old = d
-        .index
-        .with_file_name(format!(".{name}.hw-old-{}", std::process::id()));
-    let had_old = d.index.exists();
-    if had_old {
-        std::fs::rename(&d.index, &old).map_err(io(&d.index))?;
-    }
-    std::fs::rename(&tmp, &d.index).map_err(io(&d.index))?;
-    if had_old {
-        std::fs::remove_dir_all(&old).map_err(io(&old))?;
-    }
-    store.write(|w| {
+    let mut iw: IndexWriter = index.writer(SEARCH_WRITER_BYTES).map_err(ierr(&tmp))?;
+    let count = store.write_then(|w| -> Result<usize, SearchError> {
         w.search_clear(&d.name)?;
-        for (key, (doc, embeds)) in &docs {
-            w.search_put(&d.name, *key, doc, embeds)?;
+        let mut count = 0;
+        for kind in [MemberKind::Node, MemberKind::Way, MemberKind::Relation] {
+            let mut after = i64::MIN;
+            loop {
+                let ids = w.tagged_page(kind, after, page_len)?;
+                let Some(&last) = ids.last() else { break };
+                after = last;
+                let docs = {
+                    let view = Current::uncached(&*w);
+                    let mut docs = Vec::new();
+                    for id in ids {
+                        if let Some(doc) = document(&view, (kind, id), d, &ctx)? {
+                            docs.push(((kind, id), doc));
+                        }
+                    }
+                    docs
+                };
+                for (key, (doc, embeds)) in &docs {
+                    iw.add_document(to_tantivy(&f, doc)).map_err(ierr(&tmp))?;
+                    w.search_put(&d.name, *key, doc, embeds)?;
+                }
+                count += docs.len();
+            }
+        }
+        iw.commit().map_err(ierr(&tmp))?;
+        iw.wait_merging_threads().map_err(ierr(&tmp))?;
+        drop(index);
+        // Swap: the old index (if any) moves aside, the new one into
+        // place; the store's tables commit just after, with the marker.
+        let old = d
+            .index
+            .with_file_name(format!(".{name}.hw-old-{}", std::process::id()));
+        let had_old = d.index.exists();
+        if had_old {
+            std::fs::rename(&d.index, &old).map_err(io(&d.index))?;
+        }
+        std::fs::rename(&tmp, &d.index).map_err(io(&d.index))?;
+        if had_old {
+            std::fs::remove_dir_all(&old).map_err(io(&old))?;
         }
         w.agg_set_areas(&d.name, &ctx.admin.list)?;
         w.agg_set_areas(&format!("{}#places", d.name), &ctx.places.list)?;
         w.clear_dirty_keys(&d.name, generation)?;
         w.set_meta(&built_recipe_key(&d.name), &d.recipe)?;
-        w.set_marker(&d.name, sequence.and_then(|s| s.parse().ok()), &d.recipe)
+        w.set_marker(&d.name, sequence.and_then(|s| s.parse().ok()), &d.recipe)?;
+        Ok(count)
     })?;
     Ok(SearchReport {
         dataset: d.name.clone(),
-        recomputed: docs.len(),
-        reindexed: docs.len(),
-        documents: docs.len(),
+        recomputed: count,
+        reindexed: count,
+        documents: count,
         rebuilt: true,
         ..Default::default()
     })
