@@ -858,6 +858,28 @@ impl Store {
             .map_err(|e| self.err(e))
     }
 
+    /// An element's row in the shapes index, as [`Store::shape_rows_in`]
+    /// would list it (its bounding box and lowest zoom), with its bytes:
+    /// what a tile patch needs to decide, exactly as a full cut's candidate
+    /// query would, whether the element is a candidate of a tile.
+    pub fn shape_entry(
+        &self,
+        kind: MemberKind,
+        id: i64,
+    ) -> Result<Option<(ShapeBox, Vec<u8>)>, StoreError> {
+        self.conn
+            .prepare_cached(
+                "SELECT c.id, c.minx, c.miny, c.maxx, c.maxy, c.zmin, d.data
+                 FROM shape_data d JOIN shape_cells c ON c.cell = d.cell AND c.id = d.id
+                 WHERE d.id = ?1",
+            )
+            .and_then(|mut st| {
+                st.query_row([shape_id(kind, id)], |r| Ok((shape_box_row(r)?, r.get(6)?)))
+                    .optional()
+            })
+            .map_err(|e| self.err(e))
+    }
+
     /// Up to `max` dirty tiles of a dataset, in the order a drain takes them.
     pub fn dirty_tiles(
         &self,

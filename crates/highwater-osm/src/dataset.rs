@@ -125,6 +125,11 @@ pub struct DatasetReport {
     /// and written once by `Dataset::commit`.
     #[serde(skip)]
     pub dirty: BTreeSet<Tile>,
+    /// Per dirty tile, the features whose cut in it the batch changed, or
+    /// `None` when the tile must be cut whole (tile datasets; see
+    /// `tiles::patch`).
+    #[serde(skip)]
+    pub touched: std::collections::BTreeMap<Tile, Option<BTreeSet<crate::features::ElementKey>>>,
     pub changes: usize,
     pub filtered: usize,
     /// Set when a diff dirtied more than `tiles_affected_max` tiles and

@@ -249,6 +249,27 @@ pub fn affected_tiles_and_sea(
     changes: &[Change],
     layer: &TileLayer,
 ) -> Result<(BTreeSet<Tile>, Stats, Option<Option<Feature>>), StoreError> {
+    affected_tiles_touched(store, changes, layer)
+        .map(|(t, s, sea)| (t.into_keys().collect(), s, sea))
+}
+
+/// The tiles a diff affects, each with the features whose cut in it the
+/// diff changes ([`crate::coast::OCEAN_KEY`] for the sea): every other
+/// feature shows in the tile as it did, which is what lets a drain patch a
+/// tile instead of re-cutting it ([`crate::tiles::patch`]).
+#[allow(clippy::type_complexity)]
+pub fn affected_tiles_touched(
+    store: &(impl OsmRead + ?Sized),
+    changes: &[Change],
+    layer: &TileLayer,
+) -> Result<
+    (
+        BTreeMap<Tile, BTreeSet<ElementKey>>,
+        Stats,
+        Option<Option<Feature>>,
+    ),
+    StoreError,
+> {
     let merged = merge(changes);
     let mut stats = Stats {
         changes: merged.len(),
@@ -260,7 +281,7 @@ pub fn affected_tiles_and_sea(
         changes: &merged,
     };
     let touched = touched(store, &merged)?;
-    let mut pairs: Vec<(Option<Feature>, Option<Feature>)> = Vec::new();
+    let mut pairs: Vec<(ElementKey, Option<Feature>, Option<Feature>)> = Vec::new();
     for &(kind, id) in &touched.all {
         let old = feature(&old_view, kind, id, layer)?;
         let new = feature(&new_view, kind, id, layer)?;
@@ -275,17 +296,17 @@ pub fn affected_tiles_and_sea(
             if old.as_ref().map(|f| &f.tags) != new.as_ref().map(|f| &f.tags) {
                 stats.read_tags_changed += 1;
             }
-            pairs.push((old, new));
+            pairs.push(((kind, id), old, new));
         }
     }
     let sea = sea_change(store, &old_view, &new_view, &touched, layer)?;
     if let Some((old, new)) = &sea {
         if old != new {
-            pairs.push((old.clone(), new.clone()));
+            pairs.push((crate::coast::OCEAN_KEY, old.clone(), new.clone()));
         }
     }
-    let mut tiles = BTreeSet::new();
-    for (old, new) in pairs.iter().filter(|(o, n)| o != n) {
+    let mut tiles: BTreeMap<Tile, BTreeSet<ElementKey>> = BTreeMap::new();
+    for (key, old, new) in pairs.iter().filter(|(_, o, n)| o != n) {
         // With a schema, the signatures hash each placement's layer and
         // attributes with its shape, so comparing them is exact whatever
         // changed; without one, only a geometry-only change may be compared.
@@ -300,7 +321,7 @@ pub fn affected_tiles_and_sea(
         for z in layer.zoom_min..=layer.zoom_max {
             let (a, b) = (layer.signatures(&po, z), layer.signatures(&pn, z));
             let mut add = |(x, y): (u32, u32)| {
-                tiles.insert(Tile { z, x, y });
+                tiles.entry(Tile { z, x, y }).or_default().insert(*key);
             };
             if compare {
                 for (c, h) in &a {

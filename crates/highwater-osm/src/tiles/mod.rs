@@ -28,6 +28,7 @@ pub mod cut;
 pub mod fresh;
 pub mod listing;
 pub mod ocean;
+pub mod patch;
 pub mod wal_index;
 
 /// The schemas and the MVT encoding sit below the datasets (features read
@@ -55,7 +56,7 @@ pub const TABLES: &str = ocean::TABLES;
 /// The kind, for the registry.
 pub const KIND: crate::dataset::Kind = crate::dataset::Kind {
     name: "tiles",
-    tables: &[TABLES],
+    tables: &[TABLES, patch::TABLES],
     // After the keyed datasets: a tile drain may be bounded by --max.
     order: 1,
     configure: config::configure,
@@ -317,6 +318,27 @@ impl Mbtiles {
             })
         })
         .transpose()
+    }
+
+    /// The stored (gzip'd) bytes of each of `tiles` the file has.
+    pub(crate) fn get_raw(&self, tiles: &[Tile]) -> Result<HashMap<Tile, Vec<u8>>, TilesError> {
+        let mut st = self
+            .conn
+            .prepare_cached(
+                "SELECT tile_data FROM tiles WHERE zoom_level = ?1 AND tile_column = ?2 AND tile_row = ?3",
+            )
+            .map_err(|e| self.err(e))?;
+        let mut out = HashMap::with_capacity(tiles.len());
+        for &t in tiles {
+            let data: Option<Vec<u8>> = st
+                .query_row(params![t.z, t.x, tms_row(t)], |r| r.get(0))
+                .optional()
+                .map_err(|e| self.err(e))?;
+            if let Some(d) = data {
+                out.insert(t, d);
+            }
+        }
+        Ok(out)
     }
 
     /// The number of tiles in the file.
@@ -582,6 +604,7 @@ pub fn build(store: &mut Store, d: &TileDataset) -> Result<BuildReport, TilesErr
             ocean::keep(w, sea.as_ref())?;
         }
         w.clear_dirty(&d.name, generation)?;
+        patch::forget_all(w, &d.name, generation)?;
         w.del_meta(&format!("tiles_rebuild:{}", d.name))?;
         w.set_marker(&d.name, sequence, &d.recipe)
     })?;
@@ -682,6 +705,9 @@ pub struct DrainReport {
     pub recut: usize,
     /// Of those, tiles deleted because nothing shows in them any more.
     pub deleted: usize,
+    /// Of those, tiles patched from the file's copy rather than cut whole
+    /// ([`patch`]).
+    pub patched: usize,
     /// Dirty tiles left.
     pub backlog: i64,
     /// The backlog after the previous drain, when it was smaller: the
@@ -784,15 +810,34 @@ pub fn drain_with(
         // apply with the same touched keys that expiry reads), never
         // re-assembled from nodes; a low-zoom tile's candidates come from
         // the low-zoom index, so its cost is what it shows.
-        let batch = store.snapshot(|s| {
+        // A tile whose touched features are known is patched from the
+        // file's copy ([`patch`]); the rest are cut whole.
+        let old = mb.get_raw(&tiles)?;
+        let (batch, patched) = store.snapshot(|s| {
             let sea = ocean::for_cut(s, &d.layer)?;
-            cut_batch(s, d, &tiles, sea.as_ref())
+            let mut jobs = Vec::new();
+            let mut whole = Vec::new();
+            for &t in &tiles {
+                match patch::touched_of(s, &d.name, t)? {
+                    Some(keys) => jobs.push((t, keys)),
+                    None => whole.push(t),
+                }
+            }
+            let (mut batch, not_ours) = patch::patch_batch(s, d, &jobs, &old, sea.as_ref())?;
+            let patched = batch.len();
+            whole.extend(not_ours);
+            batch.extend(cut_batch(s, d, &whole, sea.as_ref())?);
+            Ok((batch, patched))
         })?;
         report.deleted += batch.iter().filter(|(_, b)| b.is_none()).count();
         mb.write(&batch, token)?;
         failpoint("kill-drain-after-write", &d.name)?;
-        store.write(|w| w.clean(&d.name, &tiles, generation))?;
+        store.write(|w| {
+            w.clean(&d.name, &tiles, generation)?;
+            patch::forget(w, &d.name, &tiles, generation)
+        })?;
         report.recut += tiles.len();
+        report.patched += patched;
     }
     report.backlog = store.dirty_count(&d.name)?;
     let key = format!("backlog:{}", d.name);
@@ -1075,7 +1120,8 @@ impl crate::dataset::Dataset for TileDataset {
         changes: &[crate::model::Change],
         r: &mut crate::dataset::DatasetReport,
     ) -> Result<(), StoreError> {
-        let (mut t, s, sea) = crate::derive::affected_tiles_and_sea(&*w, changes, &self.layer)?;
+        let (touched, s, sea) = crate::derive::affected_tiles_touched(&*w, changes, &self.layer)?;
+        let mut t: BTreeSet<Tile> = touched.keys().copied().collect();
         // The sea after the diff, when the diff touched a coastline: kept
         // for the drain in this (the apply's) transaction.
         if let Some(sea) = sea {
@@ -1100,6 +1146,13 @@ impl crate::dataset::Dataset for TileDataset {
                 // a drain would not re-cut: the file is rebuilt.
                 w.set_meta(&format!("tiles_rebuild:{}", self.name), "1")?;
             }
+            // What changed in a coarse tile is not what the touched map
+            // says of it: each is cut whole.
+            for &tile in &t {
+                r.touched.insert(tile, None);
+            }
+        } else {
+            patch::gather(&mut r.touched, touched);
         }
         r.dirty.extend(t);
         Ok(())
@@ -1112,6 +1165,7 @@ impl crate::dataset::Dataset for TileDataset {
         r: &mut crate::dataset::DatasetReport,
     ) -> Result<(), StoreError> {
         w.add_dirty(&self.name, &r.dirty)?;
+        patch::record(w, &self.name, &r.dirty, &r.touched)?;
         w.set_marker(&self.name, sequence, &self.recipe)?;
         r.tiles = r.dirty.len();
         Ok(())
@@ -1147,8 +1201,8 @@ impl crate::dataset::Dataset for TileDataset {
             }
             None => crate::dataset::Outcome::new("drain", serde_json::json!(r), t0, |s| {
                 format!(
-                    "{}: re-cut {} tiles ({} now empty, deleted) in {s:.2} s; backlog {} dirty tiles",
-                    r.dataset, r.recut, r.deleted, r.backlog
+                    "{}: re-cut {} tiles ({} patched, {} now empty, deleted) in {s:.2} s; backlog {} dirty tiles",
+                    r.dataset, r.recut, r.patched, r.deleted, r.backlog
                 )
             }),
         };
