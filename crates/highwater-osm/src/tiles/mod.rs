@@ -15,7 +15,7 @@
 //!
 //! Layout: this file is the dataset (its [`Dataset`] impl, build, drain,
 //! verify); [`config`]: its config section and status; [`cut`](mod@cut): one tile cut from features; [`ocean`]: the
-//! kept sea; [`fresh`] and [`wal_index`]: serve's fresh tiles. Tile
+//! kept sea; [`patch`]: a dirty tile patched from the file's copy; [`fresh`] and [`wal_index`]: serve's fresh tiles. Tile
 //! schemas ([`crate::schema`], Shortbread 1.0 bundled) and the MVT
 //! encoding ([`crate::mvt`]) are below the datasets, beside the
 //! features. Expiry (which tiles a diff affects) reads the same schema
