@@ -896,21 +896,7 @@ pub(crate) fn cut_batch(
         }
         cands.push(keys);
     }
-    let placed: Vec<(ElementKey, Option<Vec<Placement>>)> = wanted
-        .into_par_iter()
-        .map(|(k, bytes)| {
-            let placements = features::decode(&bytes).map(|every| {
-                d.layer
-                    .narrow_owned(every)
-                    .map(|f| d.layer.place(&f))
-                    .unwrap_or_default()
-            });
-            (k, placements)
-        })
-        .collect();
-    for (k, p) in placed {
-        built.insert(k, p.ok_or_else(|| corrupt(s, d, k))?);
-    }
+    place_into(s, d, wanted, &mut built)?;
     let batch: Vec<(Tile, Option<Vec<u8>>)> = tiles
         .par_iter()
         .zip(&cands)
@@ -927,6 +913,33 @@ pub(crate) fn cut_batch(
     // freeing every placement of a batch costs more than cutting them.
     built.into_par_iter().for_each(drop);
     Ok(batch)
+}
+
+/// Decodes and places the shapes index's bytes of each wanted feature (in
+/// parallel) into `built`: the cut's and the patch's one way to read a
+/// feature.
+pub(crate) fn place_into(
+    s: &Store,
+    d: &TileDataset,
+    wanted: Vec<(ElementKey, Vec<u8>)>,
+    built: &mut HashMap<ElementKey, Vec<Placement>>,
+) -> Result<(), StoreError> {
+    let placed: Vec<(ElementKey, Option<Vec<Placement>>)> = wanted
+        .into_par_iter()
+        .map(|(k, bytes)| {
+            let placements = features::decode(&bytes).map(|every| {
+                d.layer
+                    .narrow_owned(every)
+                    .map(|f| d.layer.place(&f))
+                    .unwrap_or_default()
+            });
+            (k, placements)
+        })
+        .collect();
+    for (k, p) in placed {
+        built.insert(k, p.ok_or_else(|| corrupt(s, d, k))?);
+    }
+    Ok(())
 }
 
 /// The shapes index lacks a readable feature for a candidate it listed.

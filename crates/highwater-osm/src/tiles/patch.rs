@@ -30,7 +30,7 @@
 
 use super::cut::{self, PatchOutcome};
 use super::{meets, tile_box, CutTile, TileDataset};
-use crate::features::{self, ElementKey, Feature};
+use crate::features::{ElementKey, Feature};
 use crate::model::MemberKind;
 use crate::schema::Placement;
 use crate::store::{Store, StoreError, Writer};
@@ -229,21 +229,7 @@ pub(crate) fn patch_batch(
     if let Some((_, f)) = &sea {
         built.insert(crate::coast::OCEAN_KEY, d.layer.place(f));
     }
-    let placed: Vec<(ElementKey, Option<Vec<Placement>>)> = wanted
-        .into_par_iter()
-        .map(|(k, bytes)| {
-            let placements = features::decode(&bytes).map(|every| {
-                d.layer
-                    .narrow_owned(every)
-                    .map(|f| d.layer.place(&f))
-                    .unwrap_or_default()
-            });
-            (k, placements)
-        })
-        .collect();
-    for (k, p) in placed {
-        built.insert(k, p.ok_or_else(|| super::corrupt(s, d, k))?);
-    }
+    super::place_into(s, d, wanted, &mut built)?;
     let outcomes: Vec<(Tile, Option<Option<Vec<u8>>>)> = jobs
         .par_iter()
         .zip(&cands)
