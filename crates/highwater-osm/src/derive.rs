@@ -190,7 +190,7 @@ pub fn affected_tiles(
     changes: &[Change],
     layer: &TileLayer,
 ) -> Result<(BTreeSet<Tile>, Stats), StoreError> {
-    affected_tiles_and_sea(store, changes, layer).map(|(t, s, _)| (t, s))
+    affected_tiles_touched(store, changes, layer).map(|(t, s, _)| (t.into_keys().collect(), s))
 }
 
 /// The sea before and after a diff, when the layer shows it and the diff
@@ -241,20 +241,10 @@ fn sea_change<S: OsmRead + ?Sized>(
     Ok(Some((old, new)))
 }
 
-/// [`affected_tiles`], and the sea after the diff when the diff touched a
-/// coastline (`Some(None)`: no sea any more), for the tiles dataset to keep.
-#[allow(clippy::type_complexity)]
-pub fn affected_tiles_and_sea(
-    store: &(impl OsmRead + ?Sized),
-    changes: &[Change],
-    layer: &TileLayer,
-) -> Result<(BTreeSet<Tile>, Stats, Option<Option<Feature>>), StoreError> {
-    affected_tiles_touched(store, changes, layer)
-        .map(|(t, s, sea)| (t.into_keys().collect(), s, sea))
-}
-
 /// The tiles a diff affects, each with the features whose cut in it the
-/// diff changes ([`crate::coast::OCEAN_KEY`] for the sea): every other
+/// diff changes ([`crate::coast::OCEAN_KEY`] for the sea), and the sea
+/// after the diff when the diff touched a coastline (`Some(None)`: no sea
+/// any more), for the tiles dataset to keep. Every other
 /// feature shows in the tile as it did, which is what lets a drain patch a
 /// tile instead of re-cutting it ([`crate::tiles::patch`]).
 #[allow(clippy::type_complexity)]

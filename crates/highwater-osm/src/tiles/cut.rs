@@ -492,17 +492,17 @@ mod tests {
             }
             olds.sort_by_key(|(k, _)| *k);
             news.sort_by_key(|(k, _)| *k);
-            let refs = |fs: &[(ElementKey, Vec<Placement>)]| -> Vec<(ElementKey, Vec<Placement>)> { fs.to_vec() };
             let cut_of = |fs: &[(ElementKey, Vec<Placement>)]| {
                 let v: Vec<(ElementKey, &[Placement])> = fs.iter().map(|(k, p)| (*k, p.as_slice())).collect();
                 cut(t, &layer, "d", &v)
             };
             let before = cut_of(&olds);
             let after = cut_of(&news);
-            let changed: Vec<(ElementKey, Vec<Placement>)> =
-                refs(&news).into_iter().filter(|(k, _)| touched.contains(k)).collect();
-            let changed: Vec<(ElementKey, &[Placement])> =
-                changed.iter().map(|(k, p)| (*k, p.as_slice())).collect();
+            let changed: Vec<(ElementKey, &[Placement])> = news
+                .iter()
+                .filter(|(k, _)| touched.contains(k))
+                .map(|(k, p)| (*k, p.as_slice()))
+                .collect();
             let old = before.map(|b| mvt::decode(&b).unwrap()).unwrap_or_default();
             proptest::prop_assert_eq!(
                 patch(t, &layer, "d", old, &touched, &changed),

@@ -31,9 +31,8 @@
 use super::cut::{self, PatchOutcome};
 use super::{meets, tile_box, CutTile, TileDataset};
 use crate::features::{ElementKey, Feature};
-use crate::model::MemberKind;
 use crate::schema::Placement;
-use crate::store::{Store, StoreError, Writer};
+use crate::store::{kind_code, kind_of, Store, StoreError, Writer};
 use highwater_core::tile::Tile;
 use rayon::prelude::*;
 use rusqlite::params;
@@ -51,23 +50,6 @@ pub const TOUCHED_PER_TILE_MAX: usize = 64;
 
 /// The kind code of a row that says "cut this tile whole".
 const WHOLE: i64 = -1;
-
-fn kind_code(k: MemberKind) -> i64 {
-    match k {
-        MemberKind::Node => 0,
-        MemberKind::Way => 1,
-        MemberKind::Relation => 2,
-    }
-}
-
-fn kind_of(c: i64) -> Option<MemberKind> {
-    match c {
-        0 => Some(MemberKind::Node),
-        1 => Some(MemberKind::Way),
-        2 => Some(MemberKind::Relation),
-        _ => None,
-    }
-}
 
 /// Adds one diff's touched features per tile to a batch's (`None`, "cut
 /// whole", absorbs whatever else the tile gets).
@@ -143,10 +125,10 @@ pub(crate) fn touched_of(
     let mut keys = BTreeSet::new();
     for r in rows {
         let (code, id) = r.map_err(|e| s.err(e))?;
-        match kind_of(code) {
-            Some(kind) => keys.insert((kind, id)),
-            None => return Ok(None),
-        };
+        if code == WHOLE {
+            return Ok(None);
+        }
+        keys.insert((kind_of(code), id));
     }
     Ok((!keys.is_empty() && keys.len() <= TOUCHED_PER_TILE_MAX).then_some(keys))
 }
