@@ -369,6 +369,13 @@ impl Store {
                 err: e,
             })?,
         );
+        // Published in WAL mode (the mode lives in the file), so the first
+        // processes to open it then never race to switch it.
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(|err| StoreError::Sqlite {
+                path: path.clone(),
+                err,
+            })?;
         conn.close().map_err(|(_, err)| StoreError::Sqlite {
             path: path.clone(),
             err,
@@ -402,7 +409,9 @@ impl Store {
         let conn = Connection::open(&path).map_err(err)?;
         conn.busy_timeout(std::time::Duration::from_secs(30))
             .map_err(err)?;
-        conn.pragma_update(None, "journal_mode", "WAL")
+        // Stores published before `seal` set WAL switch on first open; two
+        // processes opening such a store at once must not fail.
+        highwater_store::sqlite::ensure_wal(&conn, std::time::Duration::from_secs(30))
             .map_err(err)?;
         conn.pragma_update(None, "synchronous", "FULL")
             .map_err(err)?;

@@ -143,3 +143,36 @@ fn a_holder_that_lost_its_lease_writes_no_tile() {
     assert_eq!(b.dirty_count("t").unwrap(), 0);
     assert!(tiles::verify(&b, d, None).unwrap().differences.is_empty());
 }
+
+/// A store just published by `osm import` is opened by several processes
+/// at once (a `replicate --loop` and a `status`, say): every open succeeds.
+/// The store is published in WAL mode, so none of them has to switch the
+/// file's journal mode, the one step SQLite refuses at once, without
+/// waiting, when another connection is doing the same (the
+/// `replication_http` loop test failed on it now and then).
+#[test]
+fn a_freshly_imported_store_opens_from_many_readers_at_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("s");
+    let pbf = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/monaco-3047-20210801.osm.pbf");
+    highwater_osm::import::import_into(&dir, &pbf, false, false, &highwater_osm::store_extension())
+        .unwrap();
+    let header = std::fs::read(dir.join("store.db")).unwrap();
+    // Bytes 18 and 19 of an SQLite file: 2 is WAL, 1 a rollback journal.
+    assert_eq!((header[18], header[19]), (2, 2));
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(6));
+    let opens: Vec<_> = (0..6)
+        .map(|_| {
+            let (dir, barrier) = (dir.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                let st = highwater_osm::open_store(&dir).map_err(|e| e.to_string())?;
+                st.meta("sequence").map_err(|e| e.to_string())
+            })
+        })
+        .collect();
+    for o in opens {
+        assert_eq!(o.join().unwrap().unwrap().as_deref(), Some("3047"));
+    }
+}

@@ -236,8 +236,7 @@ impl SqliteStore {
         let conn = Connection::open(path).map_err(err)?;
         conn.busy_timeout(std::time::Duration::from_secs(30))
             .map_err(err)?;
-        conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(err)?;
+        ensure_wal(&conn, std::time::Duration::from_secs(30)).map_err(err)?;
         // FULL: a commit is durable before we report it, as the outputs are.
         conn.pragma_update(None, "synchronous", "FULL")
             .map_err(err)?;
@@ -1031,6 +1030,43 @@ impl StateStore for SqliteStore {
     }
 }
 
+/// Puts the database file in write-ahead-log mode, waiting up to `wait`
+/// for other connections.
+///
+/// Switching a file from a rollback journal to WAL takes an exclusive lock
+/// that SQLite asks for inside the pragma's own read transaction, where the
+/// busy handler is not called: a second process opening the same file at
+/// that moment gets "database is locked" at once, whatever `busy_timeout`
+/// says. A file already in WAL is left alone (no lock asked); otherwise the
+/// switch is retried until `wait` has passed.
+pub fn ensure_wal(conn: &Connection, wait: std::time::Duration) -> rusqlite::Result<()> {
+    let started = std::time::Instant::now();
+    let mut pause = std::time::Duration::from_millis(1);
+    loop {
+        let r = conn
+            .query_row("PRAGMA journal_mode", [], |r| r.get::<_, String>(0))
+            .and_then(|mode| {
+                if mode.eq_ignore_ascii_case("wal") {
+                    Ok(mode)
+                } else {
+                    conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+                }
+            });
+        match r {
+            // In-memory and some VFS files keep their own mode: nothing to
+            // wait for.
+            Ok(_) => return Ok(()),
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if e.code == rusqlite::ErrorCode::DatabaseBusy && started.elapsed() < wait =>
+            {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(std::time::Duration::from_millis(100));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 fn put_window(tx: &rusqlite::Transaction<'_>, record: &WindowRecord) -> rusqlite::Result<usize> {
     tx.execute(
         "INSERT OR REPLACE INTO windows(source, start_us, end_us, status, rows, files,
@@ -1127,6 +1163,47 @@ impl SqliteStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Fresh rollback-journal files opened by several connections at once,
+    /// each switching to WAL while the others read: every switch succeeds.
+    /// A lone `PRAGMA journal_mode = WAL` gets "database is locked" at once
+    /// when another connection holds the reserved lock for the same switch
+    /// (SQLite calls no busy handler where waiting could deadlock): what
+    /// made two processes opening a fresh OSM store fail.
+    #[test]
+    fn switching_to_wal_at_once_from_many_connections_succeeds() {
+        let dir = tempfile::tempdir().unwrap();
+        for round in 0..20 {
+            let path = dir.path().join(format!("s{round}.db"));
+            Connection::open(&path)
+                .unwrap()
+                .execute_batch(
+                    "PRAGMA journal_mode = DELETE; CREATE TABLE t(x); INSERT INTO t VALUES (1);",
+                )
+                .unwrap();
+            let barrier = std::sync::Arc::new(std::sync::Barrier::new(6));
+            let threads: Vec<_> = (0..6)
+                .map(|_| {
+                    let (path, barrier) = (path.clone(), barrier.clone());
+                    std::thread::spawn(move || {
+                        let c = Connection::open(&path).unwrap();
+                        c.busy_timeout(std::time::Duration::from_secs(30)).unwrap();
+                        barrier.wait();
+                        ensure_wal(&c, std::time::Duration::from_secs(30))?;
+                        c.query_row("SELECT count(*) FROM t", [], |r| r.get::<_, i64>(0))
+                    })
+                })
+                .collect();
+            for t in threads {
+                assert_eq!(t.join().unwrap().unwrap(), 1, "round {round}");
+            }
+            let mode: String = Connection::open(&path)
+                .unwrap()
+                .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+                .unwrap();
+            assert_eq!(mode, "wal");
+        }
+    }
 
     fn entry(item: &str) -> Entry {
         Entry {
