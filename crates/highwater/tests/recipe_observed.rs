@@ -710,8 +710,27 @@ command = ["sh", "-c", "cat out/a/f0.txt.out \"$1\" > \"$2\"", "b", "{input}", "
     hw(&p, &["run"], 0);
     assert_eq!(p.read("out/a/f0.txt.out"), "Y\n");
     assert_eq!(p.read("out/b/f1.txt.b"), "Y\nx\n", "b's readers re-ran");
-    assert!(plan_of(&p, "a").is_empty());
-    assert!(plan_of(&p, "b").is_empty());
+    assert_eq!(plan_of(&p, "a"), BTreeMap::new());
+    // b's items that started within the filesystem's timestamp tick of
+    // a's write recorded out/a/f0.txt.out racy (git's rule: it may have
+    // been read before the change), so the plan may name it once more;
+    // nothing else may be named, and one more run settles it.
+    let left = plan_of(&p, "b");
+    for (item, why) in &left {
+        assert_eq!(
+            why,
+            &(
+                "dependency".to_string(),
+                Some("out/a/f0.txt.out".to_string())
+            ),
+            "{item}"
+        );
+    }
+    if !left.is_empty() {
+        hw(&p, &["run"], 0);
+        assert_eq!(p.read("out/b/f1.txt.b"), "Y\nx\n");
+    }
+    assert_eq!(plan_of(&p, "b"), BTreeMap::new());
 }
 
 /// Issue 24: a change that failed is no write. `mkdir -p` of an existing
