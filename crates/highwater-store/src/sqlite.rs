@@ -1043,19 +1043,16 @@ pub fn ensure_wal(conn: &Connection, wait: std::time::Duration) -> rusqlite::Res
     let started = std::time::Instant::now();
     let mut pause = std::time::Duration::from_millis(1);
     loop {
-        let r = conn
-            .query_row("PRAGMA journal_mode", [], |r| r.get::<_, String>(0))
-            .and_then(|mode| {
-                if mode.eq_ignore_ascii_case("wal") {
-                    Ok(mode)
-                } else {
-                    conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
-                }
-            });
+        let mode = conn.pragma_query_value(None, "journal_mode", |r| r.get::<_, String>(0));
+        let r = match mode {
+            Ok(m) if m.eq_ignore_ascii_case("wal") => Ok(()),
+            // The mode the pragma answers is not checked: in-memory files
+            // keep their own, and there is nothing to wait for.
+            Ok(_) => conn.pragma_update(None, "journal_mode", "WAL"),
+            Err(e) => Err(e),
+        };
         match r {
-            // In-memory and some VFS files keep their own mode: nothing to
-            // wait for.
-            Ok(_) => return Ok(()),
+            Ok(()) => return Ok(()),
             Err(rusqlite::Error::SqliteFailure(e, _))
                 if e.code == rusqlite::ErrorCode::DatabaseBusy && started.elapsed() < wait =>
             {
