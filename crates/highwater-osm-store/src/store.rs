@@ -861,10 +861,7 @@ impl Store {
     /// The bytes stored with an element's shape (the features module's
     /// encoding of its feature; opaque here).
     pub fn shape_data(&self, kind: MemberKind, id: i64) -> Result<Option<Vec<u8>>, StoreError> {
-        self.conn
-            .prepare_cached("SELECT data FROM shape_data WHERE id = ?1")
-            .and_then(|mut st| st.query_row([shape_id(kind, id)], |r| r.get(0)).optional())
-            .map_err(|e| self.err(e))
+        shape_data(&self.conn, kind, id).map_err(|e| self.err(e))
     }
 
     /// An element's row in the shapes index, as [`Store::shape_rows_in`]
@@ -1715,6 +1712,17 @@ pub trait OsmRead {
         after: i64,
         limit: usize,
     ) -> Result<Vec<i64>, StoreError>;
+    /// An element's feature bytes in the shapes index (`None`: no row, or
+    /// no index): the feature as every key sees it, kept by each apply, so
+    /// a reader that trusts a live index never assembles it from nodes.
+    fn shape_data(&self, kind: MemberKind, id: i64) -> Result<Option<Vec<u8>>, StoreError>;
+    /// The store file, for errors.
+    fn file(&self) -> &Path;
+}
+
+fn shape_data(c: &Connection, kind: MemberKind, id: i64) -> rusqlite::Result<Option<Vec<u8>>> {
+    c.prepare_cached("SELECT data FROM shape_data WHERE id = ?1")
+        .and_then(|mut st| st.query_row([shape_id(kind, id)], |r| r.get(0)).optional())
 }
 
 fn tagged_page(
@@ -1792,6 +1800,12 @@ impl OsmRead for Store {
     ) -> Result<Vec<i64>, StoreError> {
         tagged_page(&self.conn, kind, after, limit).map_err(|e| self.err(e))
     }
+    fn shape_data(&self, kind: MemberKind, id: i64) -> Result<Option<Vec<u8>>, StoreError> {
+        shape_data(&self.conn, kind, id).map_err(|e| self.err(e))
+    }
+    fn file(&self) -> &Path {
+        &self.path
+    }
 }
 
 impl OsmRead for Writer<'_> {
@@ -1823,6 +1837,12 @@ impl OsmRead for Writer<'_> {
         limit: usize,
     ) -> Result<Vec<i64>, StoreError> {
         tagged_page(&self.tx, kind, after, limit).map_err(|e| self.err(e))
+    }
+    fn shape_data(&self, kind: MemberKind, id: i64) -> Result<Option<Vec<u8>>, StoreError> {
+        shape_data(&self.tx, kind, id).map_err(|e| self.err(e))
+    }
+    fn file(&self) -> &Path {
+        &self.path
     }
 }
 

@@ -143,6 +143,11 @@ pub struct DatasetReport {
     /// The current diff's features whose read tags changed.
     #[serde(skip)]
     pub last_read: usize,
+    /// What step 1 kept of the current diff for step 3 to finish its
+    /// affected set from the shapes index (tile datasets,
+    /// [`crate::derive::Before`]).
+    #[serde(skip)]
+    pub before: Option<crate::derive::Before>,
     /// Set when the guard holds the dataset (issue 23).
     pub held: Option<Held>,
     /// Said on stderr: a diff that changed what the dataset reads yet
@@ -264,9 +269,15 @@ pub trait Dataset: Send + Sync + AsAny {
         Ok(())
     }
 
-    /// Step 3: after the diff is applied, the elements it touched. Default:
+    /// Step 3: after the diff is applied (in the same transaction), the
+    /// elements it touched, with what step 1 put in `report`. Default:
     /// nothing.
-    fn touched(&self, _w: &mut Writer<'_>, _touched: &Touched) -> Result<(), StoreError> {
+    fn touched(
+        &self,
+        _w: &mut Writer<'_>,
+        _touched: &Touched,
+        _report: &mut DatasetReport,
+    ) -> Result<(), StoreError> {
         Ok(())
     }
 

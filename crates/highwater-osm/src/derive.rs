@@ -5,7 +5,11 @@
 //! set from old and new state, (3) apply the diff to the store in one
 //! transaction, (4) update the derived datasets from the sets of step 2.
 //! Step 2 after step 3 would lose every deletion: a deleted feature's
-//! geometry exists only in the store before the diff lands.
+//! geometry exists only in the store before the diff lands. With a live
+//! shapes index, step 2 reads the old features from it and the affected
+//! set is finished after step 3, in the same transaction, from the rows the
+//! apply rewrote ([`Before`]): the old side is still read before the diff.
+//! Without one, both sides are assembled in step 2 ([`affected_tiles_touched`]).
 //!
 //! Tile expiry covers nodes, ways (including ways whose nodes moved),
 //! multipolygon and boundary relations (their areas assembled from member
@@ -53,7 +57,7 @@ pub struct Stats {
 /// The elements a diff may change the feature of: its own, the ways through
 /// nodes that moved, and the relations of every such way and of the diff's
 /// ways.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Touched {
     pub all: BTreeSet<ElementKey>,
     /// The diff's elements that touched others (a node that moved under a
@@ -247,87 +251,194 @@ fn sea_change<S: OsmRead + ?Sized>(
 /// any more), for the tiles dataset to keep. Every other
 /// feature shows in the tile as it did, which is what lets a drain patch a
 /// tile instead of re-cutting it ([`crate::tiles::patch`]).
-#[allow(clippy::type_complexity)]
 pub fn affected_tiles_touched(
     store: &(impl OsmRead + ?Sized),
     changes: &[Change],
     layer: &TileLayer,
-) -> Result<
-    (
-        BTreeMap<Tile, BTreeSet<ElementKey>>,
-        Stats,
-        Option<Option<Feature>>,
-    ),
-    StoreError,
-> {
+) -> Result<Affected, StoreError> {
     let merged = merge(changes);
-    let mut stats = Stats {
-        changes: merged.len(),
-        ..Stats::default()
-    };
     let old_view = Current::new(store);
     let new_view = Overlay {
         store: &old_view,
         changes: &merged,
     };
     let touched = touched(store, &merged)?;
-    let mut pairs: Vec<(ElementKey, Option<Feature>, Option<Feature>)> = Vec::new();
+    let mut old = Vec::with_capacity(touched.all.len());
+    let mut new = Vec::with_capacity(touched.all.len());
     for &(kind, id) in &touched.all {
-        let old = feature(&old_view, kind, id, layer)?;
-        let new = feature(&new_view, kind, id, layer)?;
-        let same = old == new;
-        if same
-            && merged.contains_key(&(kind, id))
-            && !touched.with_dependents.contains(&(kind, id))
-        {
-            stats.filtered += 1;
-        }
-        if !same {
-            if old.as_ref().map(|f| &f.tags) != new.as_ref().map(|f| &f.tags) {
-                stats.read_tags_changed += 1;
-            }
-            pairs.push(((kind, id), old, new));
-        }
+        old.push(feature(&old_view, kind, id, layer)?);
+        new.push(feature(&new_view, kind, id, layer)?);
     }
     let sea = sea_change(store, &old_view, &new_view, &touched, layer)?;
-    if let Some((old, new)) = &sea {
-        if old != new {
-            pairs.push((crate::coast::OCEAN_KEY, old.clone(), new.clone()));
-        }
+    let before = Before {
+        changed: merged.keys().copied().collect(),
+        touched,
+        old,
+        sea,
+    };
+    Ok(before.finish(new, layer))
+}
+
+/// A diff's affected tiles, each with the features whose cut in it the
+/// diff changes; the derivation's stats; and the sea after the diff when it
+/// touched a coastline (`Some(None)`: no sea any more).
+pub type Affected = (
+    BTreeMap<Tile, BTreeSet<ElementKey>>,
+    Stats,
+    Option<Option<Feature>>,
+);
+
+/// What step 1 keeps of a diff for a tile layer when the store's shapes
+/// index is live ([`affected_before`]): the touched elements and their
+/// features before the diff, read from the index. Step 3 reads their
+/// features after it from the index that the apply just rewrote
+/// ([`Before::after`]): each touched feature is assembled from nodes once
+/// per diff (by the index's upkeep), not once per side and dataset. A
+/// deletion's old feature is here, read before the diff removed it.
+#[derive(Clone, Debug, Default)]
+pub struct Before {
+    /// The diff's own elements (its merged changes' keys).
+    changed: BTreeSet<ElementKey>,
+    touched: Touched,
+    /// Per element of `touched.all`, in its order: its feature for the
+    /// layer before the diff.
+    old: Vec<Option<Feature>>,
+    /// The sea before and after, when the diff touched a coastline (as
+    /// [`affected_tiles_touched`] assembles them).
+    sea: Option<(Option<Feature>, Option<Feature>)>,
+}
+
+/// Step 1 of [`affected_tiles_touched`] for a store whose shapes index is
+/// live (`shapes` in its meta, kept by [`apply_indexed`] in the same
+/// transaction): the old features from the index, narrowed to the layer
+/// (equal to assembling them for the layer: a layer reads a subset of
+/// every key, and a feature's shape never depends on which keys are read).
+/// The sea is still assembled here, before and after, when touched.
+pub fn affected_before(
+    store: &(impl OsmRead + ?Sized),
+    changes: &[Change],
+    layer: &TileLayer,
+) -> Result<Before, StoreError> {
+    let merged = merge(changes);
+    let touched = touched(store, &merged)?;
+    let mut old = Vec::with_capacity(touched.all.len());
+    for &(kind, id) in &touched.all {
+        old.push(features::indexed(store, kind, id)?.and_then(|f| layer.narrow_owned(f)));
     }
-    let mut tiles: BTreeMap<Tile, BTreeSet<ElementKey>> = BTreeMap::new();
-    for (key, old, new) in pairs.iter().filter(|(_, o, n)| o != n) {
-        // With a schema, the signatures hash each placement's layer and
-        // attributes with its shape, so comparing them is exact whatever
-        // changed; without one, only a geometry-only change may be compared.
-        let compare = layer.diff_expire
-            && (layer.schema.is_some()
-                || matches!((old, new), (Some(o), Some(n)) if o.tags == n.tags));
-        let place = |f: &Option<Feature>| f.as_ref().map(|f| layer.place(f)).unwrap_or_default();
-        let (po, pn) = (place(old), place(new));
-        if po == pn {
-            continue;
+    let old_view = Current::new(store);
+    let new_view = Overlay {
+        store: &old_view,
+        changes: &merged,
+    };
+    let sea = sea_change(store, &old_view, &new_view, &touched, layer)?;
+    Ok(Before {
+        changed: merged.keys().copied().collect(),
+        touched,
+        old,
+        sea,
+    })
+}
+
+impl Before {
+    /// Step 3: the affected tiles (as [`affected_tiles_touched`] gives
+    /// them), the features after the diff read from the store's shapes
+    /// index as the apply left it.
+    pub fn after(
+        self,
+        store: &(impl OsmRead + ?Sized),
+        layer: &TileLayer,
+    ) -> Result<Affected, StoreError> {
+        let mut new = Vec::with_capacity(self.touched.all.len());
+        for &(kind, id) in &self.touched.all {
+            new.push(features::indexed(store, kind, id)?.and_then(|f| layer.narrow_owned(f)));
         }
-        for z in layer.zoom_min..=layer.zoom_max {
-            let (a, b) = (layer.signatures(&po, z), layer.signatures(&pn, z));
-            let mut add = |(x, y): (u32, u32)| {
-                tiles.entry(Tile { z, x, y }).or_default().insert(*key);
-            };
-            if compare {
-                for (c, h) in &a {
-                    if b.get(c) != Some(h) {
-                        add(*c);
-                    }
+        Ok(self.finish(new, layer))
+    }
+
+    /// The affected tiles from each touched feature's old and `new` (in
+    /// `touched.all`'s order).
+    fn finish(self, new: Vec<Option<Feature>>, layer: &TileLayer) -> Affected {
+        debug_assert_eq!(self.old.len(), new.len());
+        let mut stats = Stats {
+            changes: self.changed.len(),
+            ..Stats::default()
+        };
+        let mut pairs: Vec<(ElementKey, Option<Feature>, Option<Feature>)> = Vec::new();
+        for ((&key, old), new) in self.touched.all.iter().zip(self.old).zip(new) {
+            let same = old == new;
+            if same && self.changed.contains(&key) && !self.touched.with_dependents.contains(&key) {
+                stats.filtered += 1;
+            }
+            if !same {
+                if old.as_ref().map(|f| &f.tags) != new.as_ref().map(|f| &f.tags) {
+                    stats.read_tags_changed += 1;
                 }
-                for c in b.keys().filter(|c| !a.contains_key(c)) {
-                    add(*c);
-                }
-            } else {
-                a.keys().chain(b.keys()).for_each(|c| add(*c));
+                pairs.push((key, old, new));
             }
         }
+        if let Some((old, new)) = &self.sea {
+            if old != new {
+                pairs.push((crate::coast::OCEAN_KEY, old.clone(), new.clone()));
+            }
+        }
+        let tiles = tiles_of(&pairs, layer);
+        (tiles, stats, self.sea.map(|(_, new)| new))
     }
-    Ok((tiles, stats, sea.map(|(_, new)| new)))
+}
+
+/// Per tile, the features whose cut in it changed between each pair's old
+/// and new feature. Each pair is placed and signed on its own (in
+/// parallel: no store is read here); the tiles are merged after.
+fn tiles_of(
+    pairs: &[(ElementKey, Option<Feature>, Option<Feature>)],
+    layer: &TileLayer,
+) -> BTreeMap<Tile, BTreeSet<ElementKey>> {
+    use rayon::prelude::*;
+    let per: Vec<(ElementKey, Vec<Tile>)> = pairs
+        .par_iter()
+        .filter(|(_, o, n)| o != n)
+        .map(|(key, old, new)| (*key, changed_tiles(old, new, layer)))
+        .collect();
+    let mut tiles: BTreeMap<Tile, BTreeSet<ElementKey>> = BTreeMap::new();
+    for (key, list) in per {
+        for t in list {
+            tiles.entry(t).or_default().insert(key);
+        }
+    }
+    tiles
+}
+
+/// The tiles, at every zoom of the layer, where a feature's cut differs
+/// between `old` and `new`.
+fn changed_tiles(old: &Option<Feature>, new: &Option<Feature>, layer: &TileLayer) -> Vec<Tile> {
+    // With a schema, the signatures hash each placement's layer and
+    // attributes with its shape, so comparing them is exact whatever
+    // changed; without one, only a geometry-only change may be compared.
+    let compare = layer.diff_expire
+        && (layer.schema.is_some() || matches!((old, new), (Some(o), Some(n)) if o.tags == n.tags));
+    let place = |f: &Option<Feature>| f.as_ref().map(|f| layer.place(f)).unwrap_or_default();
+    let (po, pn) = (place(old), place(new));
+    let mut out = Vec::new();
+    if po == pn {
+        return out;
+    }
+    for z in layer.zoom_min..=layer.zoom_max {
+        let (a, b) = (layer.signatures(&po, z), layer.signatures(&pn, z));
+        let mut add = |(x, y): (u32, u32)| out.push(Tile { z, x, y });
+        if compare {
+            for (c, h) in &a {
+                if b.get(c) != Some(h) {
+                    add(*c);
+                }
+            }
+            for c in b.keys().filter(|c| !a.contains_key(c)) {
+                add(*c);
+            }
+        } else {
+            a.keys().chain(b.keys()).for_each(|c| add(*c));
+        }
+    }
+    out
 }
 
 /// Applies one diff's merged changes through a writer (last version wins;

@@ -709,6 +709,29 @@ impl TileLayer {
     }
 }
 
+/// An element's feature with every key, as the shapes index keeps it:
+/// what [`feature`] assembles from nodes with [`TileLayer::every_key`],
+/// read without a node. For a store whose index is live (`shapes` in its
+/// meta, [`crate::derive::ensure_shapes`]): each apply rewrites an
+/// element's row in the transaction that changes it, so the row is the
+/// element's feature as of the reader's snapshot. Drains that read it
+/// still equal a rebuild, which assembles from nodes (`osm verify`).
+pub fn indexed(
+    s: &(impl OsmRead + ?Sized),
+    kind: MemberKind,
+    id: i64,
+) -> Result<Option<Feature>, StoreError> {
+    let Some(bytes) = s.shape_data(kind, id)? else {
+        return Ok(None);
+    };
+    decode(&bytes).map(Some).ok_or_else(|| StoreError::Corrupt {
+        path: s.file().to_path_buf(),
+        what: format!(
+            "the shapes index holds unreadable bytes for {kind:?} {id}; rebuild a tile dataset (`highwater osm rebuild NAME`), which rebuilds the index"
+        ),
+    })
+}
+
 /// A feature as bytes, exactly (the floats' bits): the shapes index keeps
 /// it, so that a re-cut never assembles ways and relations from nodes and
 /// still cuts what a rebuild from nodes cuts.

@@ -528,7 +528,7 @@ pub fn apply_to(
             }
             let touched = apply_indexed(w, changes, &cfg.low())?;
             for (d, r) in sets.iter().zip(per.iter_mut()) {
-                d.touched(w, &touched)?;
+                d.touched(w, &touched, r)?;
                 if r.last_affected.is_none() && !d.dirties_tiles() {
                     r.last_affected = Some(touched.all.len());
                 }

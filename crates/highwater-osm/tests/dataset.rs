@@ -49,7 +49,12 @@ impl Dataset for Probe {
         self.say(format!("derive {} {:?}", changes.len(), self.lat(w)));
         Ok(())
     }
-    fn touched(&self, w: &mut Writer<'_>, t: &Touched) -> Result<(), StoreError> {
+    fn touched(
+        &self,
+        w: &mut Writer<'_>,
+        t: &Touched,
+        _report: &mut DatasetReport,
+    ) -> Result<(), StoreError> {
         let has = t.all.contains(&(MemberKind::Node, self.node));
         self.say(format!("touched {has} {:?}", self.lat(w)));
         Ok(())

@@ -13,7 +13,7 @@
 //! `dataset` name no kind.
 
 use highwater_osm::dataset::{
-    self, section, Configured, Dataset, DatasetError, DrainLimits, Kind, Outcome,
+    self, section, Configured, Dataset, DatasetError, DatasetReport, DrainLimits, Kind, Outcome,
 };
 use highwater_osm::derive::Touched;
 use highwater_osm::model::{Action, Change, Element, Node, Tags};
@@ -89,7 +89,12 @@ impl Dataset for Counts {
     fn unit_key(&self) -> Option<&'static str> {
         Some("counted")
     }
-    fn touched(&self, w: &mut Writer<'_>, t: &Touched) -> Result<(), StoreError> {
+    fn touched(
+        &self,
+        w: &mut Writer<'_>,
+        t: &Touched,
+        _report: &mut DatasetReport,
+    ) -> Result<(), StoreError> {
         dataset::record_touched(w, &self.name, t)
     }
     fn drain(&self, store: &mut Store, _: DrainLimits) -> Result<Outcome, DatasetError> {

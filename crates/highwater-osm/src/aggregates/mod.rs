@@ -21,7 +21,7 @@ pub use crate::areas::{
     areas, areas_after, place_areas, place_areas_after, surface_point, Area, Areas,
 };
 use crate::areas::{changed_box, in_rings, AreasStore, AreasWriter};
-use crate::features::{self, feature, Current, ElementKey, Feature, Shape, TileLayer, P};
+use crate::features::{self, ElementKey, Feature, Shape, TileLayer, P};
 use crate::model::MemberKind;
 use crate::store::{built_recipe_key, kind_code, kind_of, Store, StoreError, Writer};
 use rusqlite::params;
@@ -379,7 +379,6 @@ pub fn drain(store: &mut Store, d: &AggDataset) -> Result<AggReport, StoreError>
         });
         return Ok(r);
     }
-    let every = TileLayer::every_key();
     let (sequence, generation) = store.snapshot(|s| Ok((s.meta("sequence")?, s.generation()?)))?;
     // The areas as last stored, with the touched ones recomputed: never a
     // scan of every boundary in the store.
@@ -424,9 +423,10 @@ pub fn drain(store: &mut Store, d: &AggDataset) -> Result<AggReport, StoreError>
     };
     let mut updates: Vec<(ElementKey, Contribution)> = Vec::new();
     store.snapshot(|s| {
-        let view = Current::new(s);
+        // Features from the shapes index (kept by apply, live after
+        // `ensure_shapes` above), not assembled from nodes again.
         for &k in &candidates {
-            let c = match feature(&view, k.0, k.1, &every)? {
+            let c = match crate::features::indexed(s, k.0, k.1)? {
                 Some(f) => contribution(&f, &d.classes, &new_areas),
                 None => Contribution::new(),
             };
@@ -626,7 +626,12 @@ impl crate::dataset::Dataset for AggDataset {
     // No unit key: its outcome counts features recomputed, not units
     // built, so its rebuilds record 0 units (as they always did).
 
-    fn touched(&self, w: &mut Writer<'_>, t: &crate::derive::Touched) -> Result<(), StoreError> {
+    fn touched(
+        &self,
+        w: &mut Writer<'_>,
+        t: &crate::derive::Touched,
+        _report: &mut crate::dataset::DatasetReport,
+    ) -> Result<(), StoreError> {
         crate::dataset::record_touched(w, &self.name, t)
     }
 

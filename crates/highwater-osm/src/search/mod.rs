@@ -22,7 +22,7 @@ use crate::areas::{
     areas_after, changed_box, place_areas, place_areas_after, surface_point, Area, Areas,
     AreasStore, AreasWriter,
 };
-use crate::features::{feature, Current, ElementKey, TileLayer, View};
+use crate::features::{feature, Current, ElementKey, Feature, TileLayer, View};
 use crate::model::MemberKind;
 use crate::store::{built_recipe_key, kind_code, kind_of, Store, StoreError, Writer};
 use rusqlite::{params, OptionalExtension};
@@ -188,9 +188,21 @@ pub fn context(store: &Store, d: &SearchDataset) -> Result<Context, StoreError> 
     })
 }
 
-/// The document of one element, and the context areas it embeds.
+/// Each element's feature (every key) assembled from nodes through `view`:
+/// the rebuild's way, which a drain's is compared with.
+pub fn assembled<'v>(
+    view: &'v dyn View,
+) -> impl Fn(ElementKey) -> Result<Option<Feature>, StoreError> + 'v {
+    move |k| feature(view, k.0, k.1, &TileLayer::every_key())
+}
+
+/// The document of one element, and the context areas it embeds: its
+/// tags from `view`, its point from its feature (every key) as `shape`
+/// gives it ([`assembled`] by a rebuild, the shapes index's copy by a
+/// drain).
 pub fn document(
     view: &dyn View,
+    shape: &dyn Fn(ElementKey) -> Result<Option<Feature>, StoreError>,
     key: ElementKey,
     d: &SearchDataset,
     ctx: &Context,
@@ -204,8 +216,7 @@ pub fn document(
     let Some(name) = tags.get("name") else {
         return Ok(None);
     };
-    let point =
-        feature(view, key.0, key.1, &TileLayer::every_key())?.and_then(|f| surface_point(&f.shape));
+    let point = shape(key)?.and_then(|f| surface_point(&f.shape));
     let mut embeds = Vec::new();
     // The first (lowest key) containing area of each kind: deterministic
     // where areas overlap.
@@ -336,7 +347,7 @@ pub fn rebuild_documents(
         let view = Current::uncached(s);
         let mut out = BTreeMap::new();
         for key in s.tagged_like("\"name\":")? {
-            if let Some(doc) = document(&view, key, d, &ctx)? {
+            if let Some(doc) = document(&view, &assembled(&view), key, d, &ctx)? {
                 out.insert(key, doc);
             }
         }
@@ -397,7 +408,8 @@ pub fn rebuild_paged(
                     let view = Current::uncached(&*w);
                     let mut docs = Vec::new();
                     for id in ids {
-                        if let Some(doc) = document(&view, (kind, id), d, &ctx)? {
+                        if let Some(doc) = document(&view, &assembled(&view), (kind, id), d, &ctx)?
+                        {
                             docs.push(((kind, id), doc));
                         }
                     }
@@ -521,8 +533,11 @@ pub fn drain(store: &mut Store, d: &SearchDataset) -> Result<SearchReport, Searc
     let mut changes: Vec<(ElementKey, Option<Embedded>)> = Vec::new();
     store.snapshot(|s| {
         let view = Current::new(s);
+        // Points from the shapes index (kept by apply, live after
+        // `ensure_shapes` above), not assembled from nodes again.
+        let indexed = |k: ElementKey| crate::features::indexed(s, k.0, k.1);
         for &k in &candidates {
-            let new = document(&view, k, d, &ctx)?;
+            let new = document(&view, &indexed, k, d, &ctx)?;
             let old = s.search_doc(&d.name, k)?;
             if old.as_ref() != new.as_ref() {
                 changes.push((k, new));
@@ -818,7 +833,12 @@ impl crate::dataset::Dataset for SearchDataset {
         )
     }
 
-    fn touched(&self, w: &mut Writer<'_>, t: &crate::derive::Touched) -> Result<(), StoreError> {
+    fn touched(
+        &self,
+        w: &mut Writer<'_>,
+        t: &crate::derive::Touched,
+        _report: &mut crate::dataset::DatasetReport,
+    ) -> Result<(), StoreError> {
         crate::dataset::record_touched(w, &self.name, t)
     }
 

@@ -1081,6 +1081,55 @@ pub fn verify(
     Ok(report)
 }
 
+impl TileDataset {
+    /// The rest of a diff's derivation, once its affected tiles are
+    /// `found` (with its stats and the sea after it): the guard's size,
+    /// the bound, the dirty set and the touched features per tile.
+    fn affected(
+        &self,
+        w: &mut crate::store::Writer<'_>,
+        found: crate::derive::Affected,
+        r: &mut crate::dataset::DatasetReport,
+    ) -> Result<(), StoreError> {
+        let (touched, s, sea) = found;
+        let mut t: BTreeSet<Tile> = touched.keys().copied().collect();
+        // The sea after the diff, when the diff touched a coastline: kept
+        // for the drain in this (the apply's) transaction.
+        if let Some(sea) = sea {
+            ocean::keep(w, sea.as_ref())?;
+        }
+        // For the test of the "derived nothing" warning (issue 23): a
+        // derivation bug that loses the affected set.
+        if std::env::var_os("HIGHWATER_FAILPOINT")
+            .is_some_and(|v| v.to_string_lossy() == format!("derive-nothing:{}", self.name))
+        {
+            t.clear();
+        }
+        r.last_affected = Some(t.len());
+        r.last_read = s.read_tags_changed;
+        let (t, z) = bound(t, &self.layer, self.tiles_affected_max);
+        r.changes += s.changes;
+        r.filtered += s.filtered;
+        if z.is_some() {
+            r.zoomed_out_to = z.min(r.zoomed_out_to.or(z));
+            if self.mbtiles.is_some() {
+                // Coarse dirty tiles stand for their whole subtree, which
+                // a drain would not re-cut: the file is rebuilt.
+                w.set_meta(&format!("tiles_rebuild:{}", self.name), "1")?;
+            }
+            // What changed in a coarse tile is not what the touched map
+            // says of it: each is cut whole.
+            for &tile in &t {
+                r.touched.insert(tile, None);
+            }
+        } else {
+            patch::gather(&mut r.touched, touched);
+        }
+        r.dirty.extend(t);
+        Ok(())
+    }
+}
+
 impl crate::dataset::Dataset for TileDataset {
     fn name(&self) -> &str {
         &self.name
@@ -1126,49 +1175,39 @@ impl crate::dataset::Dataset for TileDataset {
     }
 
     /// The tiles the diff affects, from the store before it (bounded by
-    /// `tiles_affected_max`, zooming out past it).
+    /// `tiles_affected_max`, zooming out past it). With a live shapes
+    /// index, the features before the diff are read from it now and the
+    /// set is finished in step 3 ([`Dataset::touched`]) from the index the
+    /// apply rewrote; without one, both sides are assembled now.
     fn derive(
         &self,
         w: &mut crate::store::Writer<'_>,
         changes: &[crate::model::Change],
         r: &mut crate::dataset::DatasetReport,
     ) -> Result<(), StoreError> {
-        let (touched, s, sea) = crate::derive::affected_tiles_touched(&*w, changes, &self.layer)?;
-        let mut t: BTreeSet<Tile> = touched.keys().copied().collect();
-        // The sea after the diff, when the diff touched a coastline: kept
-        // for the drain in this (the apply's) transaction.
-        if let Some(sea) = sea {
-            ocean::keep(w, sea.as_ref())?;
+        // The condition under which the apply keeps the index
+        // (`derive::apply_indexed`): live now, rewritten in step 2.
+        if w.meta("shapes")?.is_some() {
+            r.before = Some(crate::derive::affected_before(&*w, changes, &self.layer)?);
+            return Ok(());
         }
-        // For the test of the "derived nothing" warning (issue 23): a
-        // derivation bug that loses the affected set.
-        if std::env::var_os("HIGHWATER_FAILPOINT")
-            .is_some_and(|v| v.to_string_lossy() == format!("derive-nothing:{}", self.name))
-        {
-            t.clear();
-        }
-        r.last_affected = Some(t.len());
-        r.last_read = s.read_tags_changed;
-        let (t, z) = bound(t, &self.layer, self.tiles_affected_max);
-        r.changes += s.changes;
-        r.filtered += s.filtered;
-        if z.is_some() {
-            r.zoomed_out_to = z.min(r.zoomed_out_to.or(z));
-            if self.mbtiles.is_some() {
-                // Coarse dirty tiles stand for their whole subtree, which
-                // a drain would not re-cut: the file is rebuilt.
-                w.set_meta(&format!("tiles_rebuild:{}", self.name), "1")?;
+        let found = crate::derive::affected_tiles_touched(&*w, changes, &self.layer)?;
+        self.affected(w, found, r)
+    }
+
+    fn touched(
+        &self,
+        w: &mut crate::store::Writer<'_>,
+        _touched: &crate::derive::Touched,
+        r: &mut crate::dataset::DatasetReport,
+    ) -> Result<(), StoreError> {
+        match r.before.take() {
+            Some(before) => {
+                let found = before.after(&*w, &self.layer)?;
+                self.affected(w, found, r)
             }
-            // What changed in a coarse tile is not what the touched map
-            // says of it: each is cut whole.
-            for &tile in &t {
-                r.touched.insert(tile, None);
-            }
-        } else {
-            patch::gather(&mut r.touched, touched);
+            None => Ok(()),
         }
-        r.dirty.extend(t);
-        Ok(())
     }
 
     fn commit(
