@@ -434,19 +434,56 @@ pub const PASS_PAGE_LEN: usize = 8192;
 /// state of the store.
 pub struct Pass<'l> {
     layer: &'l TileLayer,
-    kind: usize,
-    after: i64,
+    ids: TaggedPages,
     sea_done: bool,
 }
 
-impl<'l> Pass<'l> {
+/// The store's tagged elements' ids, a page at a time: nodes, then ways,
+/// then relations, each in id order. The walk a [`Pass`] makes, for callers
+/// that read something other than features per id (search documents).
+pub struct TaggedPages {
+    kind: usize,
+    after: i64,
+    page_len: usize,
+}
+
+impl TaggedPages {
     const KINDS: [MemberKind; 3] = [MemberKind::Node, MemberKind::Way, MemberKind::Relation];
 
+    pub fn new(page_len: usize) -> Self {
+        assert!(page_len > 0, "a page holds at least one element");
+        TaggedPages {
+            kind: 0,
+            after: i64::MIN,
+            page_len,
+        }
+    }
+
+    /// The next ids of one type, at least one; `None` when the walk is
+    /// done.
+    pub fn next_page<S: OsmRead + ?Sized>(
+        &mut self,
+        store: &S,
+    ) -> Result<Option<(MemberKind, Vec<i64>)>, StoreError> {
+        while let Some(&kind) = Self::KINDS.get(self.kind) {
+            let ids = store.tagged_page(kind, self.after, self.page_len)?;
+            let Some(&last) = ids.last() else {
+                self.kind += 1;
+                self.after = i64::MIN;
+                continue;
+            };
+            self.after = last;
+            return Ok(Some((kind, ids)));
+        }
+        Ok(None)
+    }
+}
+
+impl<'l> Pass<'l> {
     pub fn new(layer: &'l TileLayer) -> Self {
         Pass {
             layer,
-            kind: 0,
-            after: i64::MIN,
+            ids: TaggedPages::new(PASS_PAGE_LEN),
             sea_done: false,
         }
     }
@@ -457,14 +494,7 @@ impl<'l> Pass<'l> {
         store: &S,
     ) -> Result<Option<Vec<(ElementKey, Feature)>>, StoreError> {
         let view = Current::uncached(store);
-        while let Some(&kind) = Self::KINDS.get(self.kind) {
-            let ids = store.tagged_page(kind, self.after, PASS_PAGE_LEN)?;
-            let Some(&last) = ids.last() else {
-                self.kind += 1;
-                self.after = i64::MIN;
-                continue;
-            };
-            self.after = last;
+        while let Some((kind, ids)) = self.ids.next_page(store)? {
             let mut out = Vec::with_capacity(ids.len());
             for id in ids {
                 if let Some(f) = feature(&view, kind, id, self.layer)? {

@@ -376,8 +376,6 @@ pub fn rebuild_paged(
     d: &SearchDataset,
     page_len: usize,
 ) -> Result<SearchReport, SearchError> {
-    use crate::store::OsmRead;
-    assert!(page_len > 0, "a page holds at least one element");
     store.lease_writer(false)?;
     crate::import::sweep_leftovers(&d.index);
     let (sequence, generation) = store.snapshot(|s| Ok((s.meta("sequence")?, s.generation()?)))?;
@@ -398,29 +396,23 @@ pub fn rebuild_paged(
     let count = store.write_then(|w| -> Result<usize, SearchError> {
         w.search_clear(&d.name)?;
         let mut count = 0;
-        for kind in [MemberKind::Node, MemberKind::Way, MemberKind::Relation] {
-            let mut after = i64::MIN;
-            loop {
-                let ids = w.tagged_page(kind, after, page_len)?;
-                let Some(&last) = ids.last() else { break };
-                after = last;
-                let docs = {
-                    let view = Current::uncached(&*w);
-                    let mut docs = Vec::new();
-                    for id in ids {
-                        if let Some(doc) = document(&view, &assembled(&view), (kind, id), d, &ctx)?
-                        {
-                            docs.push(((kind, id), doc));
-                        }
+        let mut pages = crate::features::TaggedPages::new(page_len);
+        while let Some((kind, ids)) = pages.next_page(&*w)? {
+            let docs = {
+                let view = Current::uncached(&*w);
+                let mut docs = Vec::new();
+                for id in ids {
+                    if let Some(doc) = document(&view, &assembled(&view), (kind, id), d, &ctx)? {
+                        docs.push(((kind, id), doc));
                     }
-                    docs
-                };
-                for (key, (doc, embeds)) in &docs {
-                    iw.add_document(to_tantivy(&f, doc)).map_err(ierr(&tmp))?;
-                    w.search_put(&d.name, *key, doc, embeds)?;
                 }
-                count += docs.len();
+                docs
+            };
+            for (key, (doc, embeds)) in &docs {
+                iw.add_document(to_tantivy(&f, doc)).map_err(ierr(&tmp))?;
+                w.search_put(&d.name, *key, doc, embeds)?;
             }
+            count += docs.len();
         }
         iw.commit().map_err(ierr(&tmp))?;
         iw.wait_merging_threads().map_err(ierr(&tmp))?;
