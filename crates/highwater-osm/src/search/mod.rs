@@ -434,6 +434,7 @@ pub fn rebuild_paged(
         w.agg_set_areas(&format!("{}#places", d.name), &ctx.places.list)?;
         w.clear_dirty_keys(&d.name, generation)?;
         w.set_meta(&built_recipe_key(&d.name), &d.recipe)?;
+        w.set_meta(&documents_key(&d.name), &count.to_string())?;
         w.set_marker(&d.name, sequence.and_then(|s| s.parse().ok()), &d.recipe)?;
         Ok(count)
     })?;
@@ -477,6 +478,23 @@ fn affected_by_areas(
         }
     }
     Ok(changed)
+}
+
+fn documents_key(name: &str) -> String {
+    format!("search_documents:{name}")
+}
+
+/// A dataset's document count, as its last rebuild or drain kept it (a
+/// drain must not count an index that grows with the world); counted once
+/// for an index built before the count was kept.
+pub fn documents(store: &Store, name: &str) -> Result<usize, StoreError> {
+    match store
+        .meta(&documents_key(name))?
+        .and_then(|v| v.parse().ok())
+    {
+        Some(n) => Ok(n),
+        None => store.search_count(name),
+    }
 }
 
 /// Brings the index current with the elements touched since the last drain
@@ -523,6 +541,9 @@ pub fn drain(store: &mut Store, d: &SearchDataset) -> Result<SearchReport, Searc
     report.areas_changed +=
         affected_by_areas(store, d, &old_places, &ctx.places.list, &mut candidates)?;
     let mut changes: Vec<(ElementKey, Option<Embedded>)> = Vec::new();
+    // Documents gained less documents lost: the kept count moves by it.
+    let mut delta: i64 = 0;
+    let before = documents(store, &d.name)?;
     store.snapshot(|s| {
         let view = Current::new(s);
         // Points from the shapes index (kept by apply, live after
@@ -532,6 +553,7 @@ pub fn drain(store: &mut Store, d: &SearchDataset) -> Result<SearchReport, Searc
             let new = document(&view, &indexed, k, d, &ctx)?;
             let old = s.search_doc(&d.name, k)?;
             if old.as_ref() != new.as_ref() {
+                delta += i64::from(new.is_some()) - i64::from(old.is_some());
                 changes.push((k, new));
             }
         }
@@ -567,10 +589,12 @@ pub fn drain(store: &mut Store, d: &SearchDataset) -> Result<SearchReport, Searc
         }
         w.agg_update_areas(&d.name, &old_admin, &ctx.admin.list)?;
         w.agg_update_areas(&format!("{}#places", d.name), &old_places, &ctx.places.list)?;
+        report.documents = usize::try_from(before as i64 + delta)
+            .expect("a drain removes only documents the index holds");
+        w.set_meta(&documents_key(&d.name), &report.documents.to_string())?;
         w.clear_dirty_keys(&d.name, generation)?;
         w.set_marker(&d.name, sequence.and_then(|s| s.parse().ok()), &d.recipe)
     })?;
-    report.documents = store.search_count(&d.name)?;
     Ok(report)
 }
 
@@ -816,7 +840,7 @@ impl crate::dataset::Dataset for SearchDataset {
         store: &Store,
         cx: &crate::dataset::StatusContext,
     ) -> Result<serde_json::Value, StoreError> {
-        let documents = store.search_count(&self.name)?;
+        let documents = documents(store, &self.name)?;
         crate::dataset::keyed_status(
             store,
             cx,
