@@ -59,6 +59,13 @@ fn check(store: &Store, d: &TileDataset) {
         shown += usize::from(have.is_some());
     }
     assert!(shown > 0, "{}: no tile at all", d.name);
+    // The count every write keeps (issue 25: a drain never counts the file).
+    assert_eq!(
+        mb.count().unwrap(),
+        mb.tiles().unwrap().len() as i64,
+        "{}",
+        d.name
+    );
 }
 
 /// Applies a diff and drains every tile dataset; returns the tiles re-cut

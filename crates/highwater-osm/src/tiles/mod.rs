@@ -152,6 +152,10 @@ pub enum TilesError {
 /// writer that lost its lease, and is refused.
 pub const WRITER_TOKEN_KEY: &str = "highwater_writer_token";
 
+/// The metadata key of the file's tile count, kept by every write
+/// ([`Mbtiles::count`]).
+pub const TILE_COUNT_KEY: &str = "highwater_tiles";
+
 /// The writer token the dataset's MBTiles file records, if the file
 /// exists and records one: an import continues the store's tokens past it.
 pub fn recorded_writer_token(d: &TileDataset) -> Result<Option<i64>, TilesError> {
@@ -341,11 +345,18 @@ impl Mbtiles {
         Ok(out)
     }
 
-    /// The number of tiles in the file.
+    /// The number of tiles in the file, as every write keeps it in the
+    /// metadata (a drain's rebuild check must not count a file that grows
+    /// with the world); counted for a file written before the count was
+    /// kept.
     pub fn count(&self) -> Result<i64, TilesError> {
-        self.conn
-            .query_row("SELECT count(*) FROM tiles", [], |r| r.get(0))
-            .map_err(|e| self.err(e))
+        match self.metadata(TILE_COUNT_KEY)?.and_then(|v| v.parse().ok()) {
+            Some(n) => Ok(n),
+            None => self
+                .conn
+                .query_row("SELECT count(*) FROM tiles", [], |r| r.get(0))
+                .map_err(|e| self.err(e)),
+        }
     }
 
     /// Every tile in the file, in (z, x, y) order.
@@ -380,11 +391,15 @@ impl Mbtiles {
     }
 
     /// Writes a batch in one transaction, fenced by the writer-lease token:
-    /// refused if a larger token wrote the file, and records ours.
+    /// refused if a larger token wrote the file, and records ours. `existed`
+    /// says which of the batch's tiles the file held before (the caller
+    /// read them): the kept tile count moves by the tiles added less those
+    /// deleted, in the same transaction.
     fn write(
         &mut self,
         batch: &[(Tile, Option<Vec<u8>>)],
         token: Option<i64>,
+        existed: &dyn Fn(Tile) -> bool,
     ) -> Result<(), TilesError> {
         let path = self.path.clone();
         let e = |err| TilesError::Mbtiles {
@@ -440,6 +455,31 @@ impl Mbtiles {
                 .map_err(e)?;
             }
         }
+        let delta: i64 = batch
+            .iter()
+            .map(|(t, data)| i64::from(data.is_some()) - i64::from(existed(*t)))
+            .sum();
+        let kept: Option<i64> = tx
+            .query_row(
+                "SELECT value FROM metadata WHERE name = ?1",
+                [TILE_COUNT_KEY],
+                |r| r.get::<_, String>(0),
+            )
+            .optional()
+            .map_err(e)?
+            .and_then(|v| v.parse().ok());
+        let count = match kept {
+            Some(n) => n + delta,
+            // A file from before the count: counted once, here.
+            None => tx
+                .query_row("SELECT count(*) FROM tiles", [], |r| r.get(0))
+                .map_err(e)?,
+        };
+        tx.execute(
+            "INSERT OR REPLACE INTO metadata(name, value) VALUES(?1, ?2)",
+            params![TILE_COUNT_KEY, count.to_string()],
+        )
+        .map_err(e)?;
         tx.commit().map_err(e)
     }
 }
@@ -662,7 +702,8 @@ fn cut_all(
     let mut written = 0;
     let mut flush = |pending: &mut Vec<CutTile>, mb: &mut Mbtiles| {
         written += pending.len();
-        let r = mb.write(pending, token);
+        // A fresh file: every tile is new.
+        let r = mb.write(pending, token, &|_| false);
         pending.clear();
         r
     };
@@ -830,7 +871,7 @@ pub fn drain_with(
             Ok((batch, patched))
         })?;
         report.deleted += batch.iter().filter(|(_, b)| b.is_none()).count();
-        mb.write(&batch, token)?;
+        mb.write(&batch, token, &|t| old.contains_key(&t))?;
         failpoint("kill-drain-after-write", &d.name)?;
         store.write(|w| {
             w.clean(&d.name, &tiles, generation)?;
