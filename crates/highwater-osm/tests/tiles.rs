@@ -83,24 +83,40 @@ fn apply_and_drain(store: &mut Store, cfg: &OsmConfig, diff: ops::Diff) -> (usiz
     (recut, patched)
 }
 
+/// Monaco with every tile dataset of [`DATASETS`] built, in `dir`.
+fn built_monaco(dir: &Path) -> (OsmConfig, Store) {
+    let cfg = config(dir, DATASETS);
+    let mut store = monaco(&dir.join("store"));
+    for d in cfg.of::<TileDataset>() {
+        tiles::build(&mut store, d).unwrap();
+    }
+    (cfg, store)
+}
+
+/// Each step's edits as one diff, made against the store as it is when
+/// the step comes.
+fn step_diff(
+    store: &Store,
+    ids: &Ids,
+    step: &[Edit],
+    fresh: &mut i64,
+) -> Vec<highwater_osm::Change> {
+    step.iter()
+        .flat_map(|e| changes(store, ids, e, fresh))
+        .collect()
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 8, failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn tiles_after_random_edits_equal_a_rebuild(steps in prop::collection::vec(prop::collection::vec(edit(), 1..5), 1..4)) {
         let tmp = tempfile::tempdir().unwrap();
-        let cfg = config(tmp.path(), DATASETS);
-        let mut store = monaco(&tmp.path().join("store"));
-        for d in cfg.of::<TileDataset>() {
-            tiles::build(&mut store, d).unwrap();
-        }
+        let (cfg, mut store) = built_monaco(tmp.path());
         let ids = ids(&store);
         let mut fresh = 1_i64 << 40;
         for step in &steps {
-            let mut diff = Vec::new();
-            for e in step {
-                diff.extend(changes(&store, &ids, e, &mut fresh));
-            }
+            let diff = step_diff(&store, &ids, step, &mut fresh);
             apply_and_drain(&mut store, &cfg, (diff, None));
             for d in cfg.of::<TileDataset>() {
                 check(&store, d);
@@ -120,19 +136,12 @@ proptest! {
     #[test]
     fn the_affected_set_read_from_the_shapes_index_equals_the_assembled_one(steps in prop::collection::vec(prop::collection::vec(edit(), 1..6), 1..4)) {
         let tmp = tempfile::tempdir().unwrap();
-        let cfg = config(tmp.path(), DATASETS);
-        let mut store = monaco(&tmp.path().join("store"));
-        for d in cfg.of::<TileDataset>() {
-            tiles::build(&mut store, d).unwrap();
-        }
+        let (cfg, mut store) = built_monaco(tmp.path());
         prop_assert!(store.meta("shapes").unwrap().is_some(), "a build leaves the index live");
         let ids = ids(&store);
         let mut fresh = 1_i64 << 40;
         for step in &steps {
-            let mut diff = Vec::new();
-            for e in step {
-                diff.extend(changes(&store, &ids, e, &mut fresh));
-            }
+            let diff = step_diff(&store, &ids, step, &mut fresh);
             let assembled: Vec<_> = cfg
                 .of::<TileDataset>()
                 .into_iter()

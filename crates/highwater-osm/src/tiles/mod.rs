@@ -451,15 +451,7 @@ impl Mbtiles {
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
             .map_err(e)?;
         if let Some(ours) = token {
-            let theirs: Option<i64> = tx
-                .query_row(
-                    "SELECT value FROM metadata WHERE name = ?1",
-                    [WRITER_TOKEN_KEY],
-                    |r| r.get::<_, String>(0),
-                )
-                .optional()
-                .map_err(e)?
-                .and_then(|v| v.parse().ok());
+            let theirs = number_in(&tx, WRITER_TOKEN_KEY).map_err(e)?;
             if let Some(theirs) = theirs.filter(|t| *t > ours) {
                 return Err(TilesError::Fenced { path, theirs, ours });
             }
@@ -494,16 +486,7 @@ impl Mbtiles {
             .iter()
             .map(|(t, data)| i64::from(data.is_some()) - i64::from(existed(*t)))
             .sum();
-        let kept: Option<i64> = tx
-            .query_row(
-                "SELECT value FROM metadata WHERE name = ?1",
-                [TILE_COUNT_KEY],
-                |r| r.get::<_, String>(0),
-            )
-            .optional()
-            .map_err(e)?
-            .and_then(|v| v.parse().ok());
-        let count = match kept {
+        let count = match number_in(&tx, TILE_COUNT_KEY).map_err(e)? {
             Some(n) => n + delta,
             // A file from before the count: counted once, here.
             None => tx
@@ -517,6 +500,17 @@ impl Mbtiles {
         .map_err(e)?;
         tx.commit().map_err(e)
     }
+}
+
+/// A number the file's metadata keeps under `key`, read in `tx` (`None`:
+/// absent or not a number).
+fn number_in(tx: &rusqlite::Transaction<'_>, key: &str) -> rusqlite::Result<Option<i64>> {
+    Ok(tx
+        .query_row("SELECT value FROM metadata WHERE name = ?1", [key], |r| {
+            r.get::<_, String>(0)
+        })
+        .optional()?
+        .and_then(|v| v.parse().ok()))
 }
 
 fn path_of(d: &TileDataset) -> Result<&Path, TilesError> {
