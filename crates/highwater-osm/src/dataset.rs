@@ -270,15 +270,16 @@ pub trait Dataset: Send + Sync + AsAny {
     }
 
     /// Step 3: after the diff is applied (in the same transaction), the
-    /// elements it touched, with what step 1 put in `report`. Default:
-    /// nothing.
+    /// elements it touched, with what step 1 put in `report`. Default: a
+    /// keyed dataset's, the touched elements recorded as its dirty keys
+    /// ([`record_touched`]), which its drain recomputes.
     fn touched(
         &self,
-        _w: &mut Writer<'_>,
-        _touched: &Touched,
+        w: &mut Writer<'_>,
+        touched: &Touched,
         _report: &mut DatasetReport,
     ) -> Result<(), StoreError> {
-        Ok(())
+        record_touched(w, self.name(), touched)
     }
 
     /// Step 4: the batch's dirty set and marker.

@@ -13,13 +13,12 @@
 //! `dataset` name no kind.
 
 use highwater_osm::dataset::{
-    self, section, Configured, Dataset, DatasetError, DatasetReport, DrainLimits, Kind, Outcome,
+    self, section, Configured, Dataset, DatasetError, DrainLimits, Kind, Outcome,
 };
-use highwater_osm::derive::Touched;
 use highwater_osm::model::{Action, Change, Element, Node, Tags};
 use highwater_osm::ops::{self, OpsError, OsmConfig};
 use highwater_osm::registry::KINDS;
-use highwater_osm::store::{built_recipe_key, Store, StoreError, Writer};
+use highwater_osm::store::{built_recipe_key, Store, StoreError};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -88,14 +87,6 @@ impl Dataset for Counts {
     }
     fn unit_key(&self) -> Option<&'static str> {
         Some("counted")
-    }
-    fn touched(
-        &self,
-        w: &mut Writer<'_>,
-        t: &Touched,
-        _report: &mut DatasetReport,
-    ) -> Result<(), StoreError> {
-        dataset::record_touched(w, &self.name, t)
     }
     fn drain(&self, store: &mut Store, _: DrainLimits) -> Result<Outcome, DatasetError> {
         let t0 = std::time::Instant::now();

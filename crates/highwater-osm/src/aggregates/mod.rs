@@ -626,15 +626,6 @@ impl crate::dataset::Dataset for AggDataset {
     // No unit key: its outcome counts features recomputed, not units
     // built, so its rebuilds record 0 units (as they always did).
 
-    fn touched(
-        &self,
-        w: &mut Writer<'_>,
-        t: &crate::derive::Touched,
-        _report: &mut crate::dataset::DatasetReport,
-    ) -> Result<(), StoreError> {
-        crate::dataset::record_touched(w, &self.name, t)
-    }
-
     fn drain(
         &self,
         store: &mut Store,

@@ -849,15 +849,6 @@ impl crate::dataset::Dataset for SearchDataset {
         )
     }
 
-    fn touched(
-        &self,
-        w: &mut Writer<'_>,
-        t: &crate::derive::Touched,
-        _report: &mut crate::dataset::DatasetReport,
-    ) -> Result<(), StoreError> {
-        crate::dataset::record_touched(w, &self.name, t)
-    }
-
     fn drain(
         &self,
         store: &mut Store,
