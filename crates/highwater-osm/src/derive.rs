@@ -295,7 +295,7 @@ pub type Affected = (
 /// ([`Before::after`]): each touched feature is assembled from nodes once
 /// per diff (by the index's upkeep), not once per side and dataset. A
 /// deletion's old feature is here, read before the diff removed it.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Before {
     /// The diff's own elements (its merged changes' keys).
     changed: BTreeSet<ElementKey>,
@@ -321,10 +321,7 @@ pub fn affected_before(
 ) -> Result<Before, StoreError> {
     let merged = merge(changes);
     let touched = touched(store, &merged)?;
-    let mut old = Vec::with_capacity(touched.all.len());
-    for &(kind, id) in &touched.all {
-        old.push(features::indexed(store, kind, id)?.and_then(|f| layer.narrow_owned(f)));
-    }
+    let old = indexed_for(store, &touched.all, layer)?;
     let old_view = Current::new(store);
     let new_view = Overlay {
         store: &old_view,
@@ -339,6 +336,20 @@ pub fn affected_before(
     })
 }
 
+/// Each element's feature for `layer` as the shapes index holds it now
+/// (every key, narrowed to the layer's), in `keys`' order.
+fn indexed_for(
+    store: &(impl OsmRead + ?Sized),
+    keys: &BTreeSet<ElementKey>,
+    layer: &TileLayer,
+) -> Result<Vec<Option<Feature>>, StoreError> {
+    keys.iter()
+        .map(|&(kind, id)| {
+            Ok(features::indexed(store, kind, id)?.and_then(|f| layer.narrow_owned(f)))
+        })
+        .collect()
+}
+
 impl Before {
     /// Step 3: the affected tiles (as [`affected_tiles_touched`] gives
     /// them), the features after the diff read from the store's shapes
@@ -348,10 +359,7 @@ impl Before {
         store: &(impl OsmRead + ?Sized),
         layer: &TileLayer,
     ) -> Result<Affected, StoreError> {
-        let mut new = Vec::with_capacity(self.touched.all.len());
-        for &(kind, id) in &self.touched.all {
-            new.push(features::indexed(store, kind, id)?.and_then(|f| layer.narrow_owned(f)));
-        }
+        let new = indexed_for(store, &self.touched.all, layer)?;
         Ok(self.finish(new, layer))
     }
 
@@ -387,8 +395,9 @@ impl Before {
 }
 
 /// Per tile, the features whose cut in it changed between each pair's old
-/// and new feature. Each pair is placed and signed on its own (in
-/// parallel: no store is read here); the tiles are merged after.
+/// and new feature (pairs that differ). Each pair is placed and signed on
+/// its own (in parallel: no store is read here); the tiles are merged
+/// after.
 fn tiles_of(
     pairs: &[(ElementKey, Option<Feature>, Option<Feature>)],
     layer: &TileLayer,
@@ -396,7 +405,6 @@ fn tiles_of(
     use rayon::prelude::*;
     let per: Vec<(ElementKey, Vec<Tile>)> = pairs
         .par_iter()
-        .filter(|(_, o, n)| o != n)
         .map(|(key, old, new)| (*key, changed_tiles(old, new, layer)))
         .collect();
     let mut tiles: BTreeMap<Tile, BTreeSet<ElementKey>> = BTreeMap::new();
