@@ -18,6 +18,7 @@
 //! computed at every zoom in the layer's range.
 
 use crate::features::{self, feature, Current, ElementKey, Feature, LowZoom, Overlay};
+use crate::geom::{Shape, View};
 use crate::model::{Action, Change, Element, MemberKind};
 use crate::store::{OsmRead, Store, StoreError, Writer};
 use highwater_core::tile::Tile;
@@ -109,9 +110,14 @@ pub fn touched(
 /// Brings the shapes index up to date for the touched elements, reading the
 /// store after the diff is applied: each one's bounding box, its feature
 /// (every key) and the lowest zoom it shows at.
+///
+/// A way or route the diff did not edit, whose nodes it only moved, is not
+/// assembled again: its row is the old one with the moved nodes' points
+/// replaced ([`moved`]).
 pub(crate) fn index_shapes(
     w: &mut Writer<'_>,
     keys: &BTreeSet<ElementKey>,
+    diff: &BTreeMap<ElementKey, Change>,
     low: &LowZoom,
 ) -> Result<(), StoreError> {
     let every = TileLayer::every_key();
@@ -119,7 +125,10 @@ pub(crate) fn index_shapes(
     {
         let view = Current::new(&*w);
         for &(kind, id) in keys {
-            let f = feature(&view, kind, id, &every)?;
+            let f = match moved(&view, &*w, kind, id, diff)? {
+                Some(f) => f,
+                None => feature(&view, kind, id, &every)?,
+            };
             rows.push((
                 kind,
                 id,
@@ -135,6 +144,96 @@ pub(crate) fn index_shapes(
         )?;
     }
     Ok(())
+}
+
+/// The feature of way or route relation `id` after a diff that did not
+/// edit it, from its row in the shapes index before the diff: the points
+/// of the nodes the diff changed are replaced by where they are now.
+/// `None` when that cannot be exact, and the caller assembles the element
+/// from nodes: the element, or a way it is made of, is in the diff; it has
+/// no row; a multipolygon (whose rings and their orientation depend on the
+/// points); or a way whose points in the row do not line up one for one
+/// with its nodes (a node was without a location before, or is now). The
+/// row holds the points of every located node in order, bit for bit as
+/// assembling computes them, so replacing some is assembling again without
+/// reading the others. A minutely diff moves a few thousand nodes under
+/// ways and routes of hundreds of nodes each; assembling those read them
+/// all.
+fn moved(
+    view: &Current<'_, Writer<'_>>,
+    w: &Writer<'_>,
+    kind: MemberKind,
+    id: i64,
+    diff: &BTreeMap<ElementKey, Change>,
+) -> Result<Option<Option<Feature>>, StoreError> {
+    if kind == MemberKind::Node || diff.contains_key(&(kind, id)) {
+        return Ok(None);
+    }
+    // The ways whose points make the row's parts, in order.
+    let mut ways = match kind {
+        MemberKind::Way => {
+            let Some(way) = w.way(id)? else {
+                return Ok(None);
+            };
+            vec![way]
+        }
+        _ => {
+            let Some(r) = w.relation(id)? else {
+                return Ok(None);
+            };
+            if r.tags.get("type").map(String::as_str) != Some("route") {
+                return Ok(None);
+            }
+            let mut ways = Vec::new();
+            for m in r.members.iter().filter(|m| m.kind == MemberKind::Way) {
+                if diff.contains_key(&(MemberKind::Way, m.id)) {
+                    return Ok(None);
+                }
+                // A member way missing from the store is skipped, as
+                // assembling skips it.
+                ways.extend(w.way(m.id)?);
+            }
+            ways
+        }
+    };
+    let Some(old) = features::indexed(w, kind, id)? else {
+        return Ok(None);
+    };
+    let (Shape::Lines(mut parts) | Shape::Polygon(mut parts)) = old.shape else {
+        return Ok(None);
+    };
+    // Every way gave a part of all its nodes: assembling again would give
+    // the same parts, the moved points aside.
+    if parts.len() != ways.len()
+        || parts
+            .iter()
+            .zip(&ways)
+            .any(|(p, w)| p.len() != w.refs.len() || w.refs.len() < 2)
+    {
+        return Ok(None);
+    }
+    for (part, w) in parts.iter_mut().zip(&ways) {
+        for (p, r) in part.iter_mut().zip(&w.refs) {
+            if diff.contains_key(&(MemberKind::Node, *r)) {
+                match view.loc(*r)? {
+                    Some(now) => *p = now,
+                    None => return Ok(None),
+                }
+            }
+        }
+    }
+    let shape = match kind {
+        // A way is judged an area by its own tags, as assembling judges it.
+        MemberKind::Way => features::way_shape(
+            &ways.pop().expect("one way"),
+            parts.pop().expect("one part"),
+        ),
+        _ => Some(Shape::Lines(parts)),
+    };
+    Ok(Some(shape.map(|shape| Feature {
+        tags: old.tags,
+        shape,
+    })))
 }
 
 /// Rebuilds the shapes index from every feature in the store: part of
@@ -476,10 +575,11 @@ pub(crate) fn apply_indexed(
     low: &LowZoom,
 ) -> Result<Touched, StoreError> {
     let live = w.meta("shapes")?.is_some();
-    let t = touched(&*w, &merge(changes))?;
+    let merged = merge(changes);
+    let t = touched(&*w, &merged)?;
     apply_in(w, changes)?;
     if live {
-        index_shapes(w, &t.all, low)?;
+        index_shapes(w, &t.all, &merged, low)?;
         // The rows just written say "low" by this predicate; an index
         // marked for another is now a mix of both: unmark it, so that the
         // next drain rebuilds it rather than trust it.

@@ -323,6 +323,18 @@ fn points(view: &dyn View, refs: &[i64]) -> Result<Vec<P>, StoreError> {
     Ok(pts)
 }
 
+/// A way's shape from the points of its located nodes, in order: an area
+/// when closed and tagged as one, else a line when it has two points.
+pub(crate) fn way_shape(w: &Way, pts: Vec<P>) -> Option<Shape> {
+    if is_area(w) && pts.len() > 3 && pts.first() == pts.last() {
+        Some(Shape::Polygon(vec![pts]))
+    } else if pts.len() >= 2 {
+        Some(Shape::Lines(vec![pts]))
+    } else {
+        None
+    }
+}
+
 /// What kind of feature a relation makes, if any.
 fn relation_kind(r: &Relation) -> Option<&'static str> {
     match r.tags.get("type").map(String::as_str) {
@@ -364,15 +376,7 @@ pub fn feature(
             if tags.is_empty() {
                 return Ok(None);
             }
-            let pts = points(view, &w.refs)?;
-            let shape = if is_area(&w) && pts.len() > 3 && pts.first() == pts.last() {
-                Some(Shape::Polygon(vec![pts]))
-            } else if pts.len() >= 2 {
-                Some(Shape::Lines(vec![pts]))
-            } else {
-                None
-            };
-            (tags, shape)
+            (tags, way_shape(&w, points(view, &w.refs)?))
         }
         MemberKind::Relation => {
             let Some(r) = view.relation(id)? else {

@@ -9,6 +9,7 @@ use highwater_osm::store::{DrainOrder, Store};
 use highwater_osm::tiles::mvt;
 use highwater_osm::tiles::TileDataset;
 use highwater_osm::tiles::{self, Mbtiles};
+use highwater_osm::{features, MemberKind};
 use proptest::prelude::*;
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -156,6 +157,18 @@ proptest! {
                     tiles.into_iter().map(|(t, k)| (t, Some(k))).collect();
                 prop_assert_eq!(&got.touched, &touched, "{}", d.name);
                 prop_assert_eq!((got.changes, got.filtered), (stats.changes, stats.filtered), "{}", d.name);
+            }
+            // The rows the apply rewrote, some by replacing a way's moved
+            // points in its old row rather than assembling it: each equals
+            // the feature assembled from nodes, bit for bit.
+            let view = features::Current::new(&store);
+            let every = features::TileLayer::every_key();
+            for (kind, list) in [(MemberKind::Way, &ids.ways), (MemberKind::Relation, &ids.relations)] {
+                for &id in list {
+                    let row = features::indexed(&store, kind, id).unwrap();
+                    let want = features::feature(&view, kind, id, &every).unwrap();
+                    prop_assert_eq!(row, want, "the shapes index row of {:?} {}", kind, id);
+                }
             }
             for d in cfg.of::<TileDataset>() {
                 tiles::drain(&mut store, d, usize::MAX, DrainOrder::LowZoomFirst).unwrap();
