@@ -569,7 +569,12 @@ pub fn drain(store: &mut Store, d: &SearchDataset) -> Result<SearchReport, Searc
     if !changes.is_empty() {
         let index = open(d)?;
         let f = fields(&index);
-        let mut w: IndexWriter = index.writer(SEARCH_WRITER_BYTES).map_err(ierr(&d.index))?;
+        // One indexing thread: a drain's few thousand documents make one
+        // segment, and a second thread's arena and segment would be fresh
+        // memory and another file for a few hundred of them.
+        let mut w: IndexWriter = index
+            .writer_with_num_threads(1, SEARCH_WRITER_BYTES)
+            .map_err(ierr(&d.index))?;
         for (k, new) in &changes {
             w.delete_term(Term::from_field_text(f.key, &doc_key(*k)));
             if let Some((doc, _)) = new {
