@@ -181,7 +181,7 @@ fn moved(
             let Some(r) = w.relation(id)? else {
                 return Ok(None);
             };
-            if r.tags.get("type").map(String::as_str) != Some("route") {
+            if features::relation_kind(&r) != Some("route") {
                 return Ok(None);
             }
             let mut ways = Vec::new();

@@ -336,7 +336,7 @@ pub(crate) fn way_shape(w: &Way, pts: Vec<P>) -> Option<Shape> {
 }
 
 /// What kind of feature a relation makes, if any.
-fn relation_kind(r: &Relation) -> Option<&'static str> {
+pub(crate) fn relation_kind(r: &Relation) -> Option<&'static str> {
     match r.tags.get("type").map(String::as_str) {
         Some("multipolygon") | Some("boundary") => Some("area"),
         Some("route") => Some("route"),
