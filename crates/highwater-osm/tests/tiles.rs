@@ -158,9 +158,10 @@ proptest! {
                 prop_assert_eq!(&got.touched, &touched, "{}", d.name);
                 prop_assert_eq!((got.changes, got.filtered), (stats.changes, stats.filtered), "{}", d.name);
             }
-            // The rows the apply rewrote, some by replacing a way's moved
-            // points in its old row rather than assembling it: each equals
-            // the feature assembled from nodes, bit for bit.
+            // The rows the apply rewrote, some by replacing the moved
+            // points in a way's or route's old row rather than assembling
+            // it (`derive::moved`): each equals the feature assembled from
+            // nodes, bit for bit.
             let view = features::Current::new(&store);
             let every = features::TileLayer::every_key();
             for (kind, list) in [(MemberKind::Way, &ids.ways), (MemberKind::Relation, &ids.relations)] {
