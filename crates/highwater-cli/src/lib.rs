@@ -1754,6 +1754,13 @@ fn drains(
 /// [`drains`]; a dataset the affected-set guard holds is refused (named,
 /// with the diff, its size and the median) unless `force`, which drains it
 /// and ends the hold. Only refusals: exit 2; refusals beside drains: 1.
+///
+/// The datasets drain at once, each on a thread and store connection of
+/// its own ([`highwater_osm::store::Store::beside`], under this process's one writer lease):
+/// they share nothing but the store, whose write transactions SQLite
+/// serialises, and a search drain waiting on its index's fsyncs no longer
+/// holds up the tiles drain's cutting. What they print comes after, in
+/// the config's order.
 fn drains_forced(
     st: &mut highwater_osm::store::Store,
     sets: &[&dyn Dataset],
@@ -1762,45 +1769,61 @@ fn drains_forced(
     json: bool,
     out: &mut impl Write,
 ) -> Result<i32> {
+    // Without the lease (another process holds it), each drain says so on
+    // its own, one after the other, as a lone drain does.
+    let at_once = sets.len() > 1 && st.lease_writer(false).is_ok();
+    let drained: Vec<Result<Drained>> = if at_once {
+        let mut beside = Vec::with_capacity(sets.len() - 1);
+        for _ in 1..sets.len() {
+            beside.push(st.beside()?);
+        }
+        // The last (the tiles, by the kinds' order) drains on this store,
+        // whose page cache the apply just filled with the shapes it wrote.
+        let (last, rest) = sets.split_last().expect("more than one");
+        std::thread::scope(|s| {
+            let running: Vec<_> = rest
+                .iter()
+                .zip(beside.iter_mut())
+                .map(|(d, b)| s.spawn(move || drain_one(b, *d, limits, force)))
+                .collect();
+            let here = drain_one(st, *last, limits, force);
+            let mut all: Vec<_> = running
+                .into_iter()
+                .map(|r| r.join().expect("a drain thread does not panic"))
+                .collect();
+            all.push(here);
+            all
+        })
+    } else {
+        sets.iter()
+            .map(|d| drain_one(st, *d, limits, force))
+            .collect()
+    };
     let mut failed = 0;
     let mut refused = 0;
-    for d in sets {
-        let held = highwater_osm::dataset::held(st, d.name())?;
-        if let (Some(h), false) = (&held, force) {
-            refused += 1;
-            eprintln!("refused: {}", h.message(d.name()));
-            if json {
-                writeln!(
-                    out,
-                    "{}",
-                    serde_json::json!({"refused": {"dataset": d.name(), "held": h, "message": h.message(d.name())}})
-                )?;
+    for (d, r) in sets.iter().zip(drained) {
+        match r? {
+            Drained::Refused(h) => {
+                refused += 1;
+                eprintln!("refused: {}", h.message(d.name()));
+                if json {
+                    writeln!(
+                        out,
+                        "{}",
+                        serde_json::json!({"refused": {"dataset": d.name(), "held": h, "message": h.message(d.name())}})
+                    )?;
+                }
             }
-            continue;
-        }
-        let r = if std::env::var("HIGHWATER_FAILPOINT")
-            .is_ok_and(|v| v == format!("fail-drain:{}", d.name()))
-        {
-            Err(format!(
-                "dataset {}: failed on purpose (HIGHWATER_FAILPOINT)",
-                d.name()
-            ))
-        } else {
-            highwater_osm::dataset::drain_recorded(*d, st, limits)
-        };
-        match r {
-            Ok(o) => {
-                if held.is_some() {
-                    // Forced: the dataset follows the store again.
-                    highwater_osm::dataset::release_at_store(st, *d)?;
+            Drained::Done { outcome, forced } => {
+                if forced {
                     eprintln!("{}: drained under --force; the hold is ended", d.name());
                 }
-                if let Some(w) = &o.warning {
+                if let Some(w) = &outcome.warning {
                     eprintln!("warning: {w}");
                 }
-                output::outcome(out, &o, json)?
+                output::outcome(out, &outcome, json)?
             }
-            Err(e) => {
+            Drained::Failed(e) => {
                 failed += 1;
                 output::drain_failed(out, d.name(), d.dirty_what(), &e, json)?;
             }
@@ -1812,6 +1835,55 @@ fn drains_forced(
         1
     } else {
         0
+    })
+}
+
+/// How one dataset's drain went, for [`drains_forced`] to print.
+enum Drained {
+    /// Held by the affected-set guard, and not forced.
+    Refused(highwater_osm::dataset::Held),
+    /// Drained; `forced`: under `--force`, which ended its hold.
+    Done {
+        outcome: highwater_osm::dataset::Outcome,
+        forced: bool,
+    },
+    Failed(highwater_osm::dataset::DatasetError),
+}
+
+/// Drains one dataset on `st` (see [`drains_forced`]); `Err` only when its
+/// hold cannot be read or ended.
+fn drain_one(
+    st: &mut highwater_osm::store::Store,
+    d: &dyn Dataset,
+    limits: DrainLimits,
+    force: bool,
+) -> Result<Drained> {
+    let held = highwater_osm::dataset::held(st, d.name())?;
+    if let (Some(h), false) = (&held, force) {
+        return Ok(Drained::Refused(h.clone()));
+    }
+    let r = if std::env::var("HIGHWATER_FAILPOINT")
+        .is_ok_and(|v| v == format!("fail-drain:{}", d.name()))
+    {
+        Err(format!(
+            "dataset {}: failed on purpose (HIGHWATER_FAILPOINT)",
+            d.name()
+        ))
+    } else {
+        highwater_osm::dataset::drain_recorded(d, st, limits)
+    };
+    Ok(match r {
+        Ok(outcome) => {
+            if held.is_some() {
+                // Forced: the dataset follows the store again.
+                highwater_osm::dataset::release_at_store(st, d)?;
+            }
+            Drained::Done {
+                outcome,
+                forced: held.is_some(),
+            }
+        }
+        Err(e) => Drained::Failed(e),
     })
 }
 

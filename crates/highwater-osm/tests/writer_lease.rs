@@ -176,3 +176,103 @@ fn a_freshly_imported_store_opens_from_many_readers_at_once() {
         assert_eq!(o.join().unwrap().unwrap().as_deref(), Some("3047"));
     }
 }
+
+/// A store made beside the writer (the drains after an apply, each on a
+/// thread of its own) writes under the writer's lease, and nothing once
+/// that lease is taken over or given back.
+#[test]
+fn a_store_beside_the_writer_writes_under_its_lease_and_no_longer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("s");
+    let mut a = monaco(&dir);
+    a.lease_writer(false).unwrap();
+    let mut beside = a.beside().unwrap();
+    assert_eq!(beside.writer_token(), a.writer_token());
+    // From another thread, while the writer keeps writing: SQLite
+    // serialises the two's transactions.
+    std::thread::scope(|s| {
+        let t = s.spawn(|| {
+            for i in 0..20 {
+                beside
+                    .write(|w| w.set_meta("beside", &i.to_string()))
+                    .unwrap();
+            }
+        });
+        for i in 0..20 {
+            a.write(|w| w.set_meta("writer", &i.to_string())).unwrap();
+        }
+        t.join().unwrap();
+    });
+    assert_eq!(a.meta("beside").unwrap().as_deref(), Some("19"));
+    assert_eq!(beside.meta("writer").unwrap().as_deref(), Some("19"));
+    // Taken over: the store beside is fenced with its writer.
+    pause_past_expiry(&dir);
+    let mut b = highwater_osm::open_store(&dir).unwrap();
+    b.write(|w| w.set_meta("x", "b")).unwrap();
+    match beside.write(|w| w.set_meta("x", "late")) {
+        Err(StoreError::Fenced { .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    drop(b);
+    // Given back (the writer dropped): still nothing, and dropping the
+    // store beside gives back nothing of its own.
+    let mut a2 = highwater_osm::open_store(&dir).unwrap();
+    a2.lease_writer(false).unwrap();
+    let mut beside2 = a2.beside().unwrap();
+    drop(a2);
+    match beside2.write(|w| w.set_meta("x", "after")) {
+        Err(StoreError::Fenced { .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    drop(beside2);
+    let c = highwater_osm::open_store(&dir).unwrap();
+    assert_eq!(c.meta("x").unwrap().as_deref(), Some("b"));
+}
+
+/// A commit that leaves the write-ahead log past
+/// `CHECKPOINT_WAL_BYTES` is folded into the store file by a checkpoint
+/// beside the writer (its own commits never checkpoint), while the
+/// store stays open; what it committed reads back from a fresh
+/// connection, and the next writes go on.
+#[test]
+fn a_large_commit_is_folded_into_the_file_beside_the_writer() {
+    use highwater_osm::store::CHECKPOINT_WAL_BYTES;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("s");
+    let mut a = monaco(&dir);
+    a.checkpoint().unwrap();
+    let db = dir.join("store.db");
+    let before = std::fs::metadata(&db).unwrap().len();
+    // Incompressible text, past the threshold.
+    let mut x: u64 = 1;
+    let big: String = (0..CHECKPOINT_WAL_BYTES as usize + (1 << 20))
+        .map(|_| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            char::from(b'a' + (x >> 59) as u8)
+        })
+        .collect();
+    a.write(|w| w.set_meta("big", &big)).unwrap();
+    // A write while the checkpoint may still run.
+    a.write(|w| w.set_meta("small", "1")).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while std::fs::metadata(&db).unwrap().len() < before + CHECKPOINT_WAL_BYTES {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the store file did not grow by the commit: no checkpoint folded it"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let fresh = rusqlite::Connection::open(&db).unwrap();
+    let got: String = fresh
+        .query_row("SELECT value FROM meta WHERE key = 'big'", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(got, big);
+    drop(fresh);
+    a.write(|w| w.set_meta("small", "2")).unwrap();
+    drop(a);
+    let c = highwater_osm::open_store(&dir).unwrap();
+    assert_eq!(c.meta("small").unwrap().as_deref(), Some("2"));
+    assert_eq!(c.meta("big").unwrap().map(|v| v.len()), Some(big.len()));
+}

@@ -314,11 +314,11 @@ fn one_dataset_failing_leaves_the_others_advancing() {
 }
 
 /// SIGKILL in the middle of b's drain (a batch written to b's file, not yet
-/// removed from b's dirty set), after a has drained: the store has the
-/// diffs, a has advanced, b's dirty set still has the batch, and the next
-/// drain makes b equal to a rebuild.
+/// removed from b's dirty set), while a drains beside it: the store has the
+/// diffs, whatever a finished agrees with its file, b's dirty set still has
+/// the batch, and the next drain makes both equal to a rebuild.
 #[test]
-fn a_killed_drain_leaves_the_others_advanced_and_catches_up() {
+fn a_drain_killed_beside_another_loses_nothing_and_catches_up() {
     let p = built();
     let from = data().join("monaco-updates");
     let out = p
@@ -333,9 +333,9 @@ fn a_killed_drain_leaves_the_others_advanced_and_catches_up() {
     );
     let s = p.check(&["osm", "status", "--json"], 0).json();
     assert_eq!(s["sequence"], 3076, "the store committed before draining");
-    let (a, b) = dirty(&p);
-    assert_eq!(a, 0, "a drained before the crash");
+    let (_, b) = dirty(&p);
     assert!(b > 0, "b's batch is still dirty");
+    // Its clean tiles equal a rebuild's, however far its drain got.
     p.check(&["osm", "verify", "a", "--all"], 0);
     p.check(&["osm", "tiles", "drain"], 0);
     assert_eq!(dirty(&p), (0, 0));
