@@ -162,6 +162,19 @@ fn wal_path(db: &Path) -> PathBuf {
     PathBuf::from(s)
 }
 
+/// A connection to a published store file: busy timeout, commits fsynced
+/// (`synchronous = FULL`), a page cache of `cache_kib`, and no
+/// autocheckpoint (a large commit starts a checkpoint on a connection of
+/// its own instead, `Store::checkpoint_beside`).
+fn connect(path: &Path, cache_kib: i64) -> rusqlite::Result<Connection> {
+    let conn = Connection::open(path)?;
+    conn.busy_timeout(std::time::Duration::from_secs(30))?;
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.pragma_update(None, "cache_size", -cache_kib)?;
+    conn.pragma_update(None, "wal_autocheckpoint", 0)?;
+    Ok(conn)
+}
+
 /// The writer lease this process holds: its fence, and the heartbeat that
 /// renews it, shared with the stores made beside its holder.
 struct HeldLease {
@@ -531,21 +544,10 @@ impl Store {
             err,
         };
         let opened_as = file_id(&path);
-        let conn = Connection::open(&path).map_err(err)?;
-        conn.busy_timeout(std::time::Duration::from_secs(30))
-            .map_err(err)?;
+        let conn = connect(&path, STORE_CACHE_KIB).map_err(err)?;
         // Stores published before `seal` set WAL switch on first open; two
         // processes opening such a store at once must not fail.
         highwater_store::sqlite::ensure_wal(&conn, std::time::Duration::from_secs(30))
-            .map_err(err)?;
-        conn.pragma_update(None, "synchronous", "FULL")
-            .map_err(err)?;
-        conn.pragma_update(None, "cache_size", -STORE_CACHE_KIB)
-            .map_err(err)?;
-        // Commits never checkpoint on this connection: a large one starts
-        // a checkpoint on a connection of its own instead
-        // ([`Store::checkpoint_beside`]).
-        conn.pragma_update(None, "wal_autocheckpoint", 0)
             .map_err(err)?;
         let rtree_shapes = init_schema(&conn, ext).map_err(err)?;
         let flat = if nodes {
@@ -604,16 +606,7 @@ impl Store {
     /// the two's write transactions (each waits up to the busy timeout).
     /// Take the lease on this store first if the work writes.
     pub fn beside(&self) -> Result<Store, StoreError> {
-        let err = |e| self.err(e);
-        let conn = Connection::open(&self.path).map_err(err)?;
-        conn.busy_timeout(std::time::Duration::from_secs(30))
-            .map_err(err)?;
-        conn.pragma_update(None, "synchronous", "FULL")
-            .map_err(err)?;
-        conn.pragma_update(None, "cache_size", -BESIDE_CACHE_KIB)
-            .map_err(err)?;
-        conn.pragma_update(None, "wal_autocheckpoint", 0)
-            .map_err(err)?;
+        let conn = connect(&self.path, BESIDE_CACHE_KIB).map_err(|e| self.err(e))?;
         Ok(Store {
             conn,
             path: self.path.clone(),
