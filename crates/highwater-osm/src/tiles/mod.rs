@@ -113,9 +113,19 @@ fn bound(tiles: BTreeSet<Tile>, layer: &TileLayer, max: usize) -> (BTreeSet<Tile
     )
 }
 
-/// Tiles cut and written per MBTiles transaction: bounds the memory of a
-/// batch and the work a crash can make a drain repeat.
+/// Tiles cut whole at once, and written per MBTiles transaction by a
+/// build: bounds the features a batch holds decoded (each shown feature
+/// once per batch) and the work a crash can make a build repeat.
 pub const DRAIN_BATCH_TILES: usize = 512;
+
+/// Tiles a drain takes per transaction (of the MBTiles file, then of the
+/// store), the ones cut whole still cut [`DRAIN_BATCH_TILES`] at a time.
+/// Larger than a build's: a patched tile holds only its touched features,
+/// and each transaction costs its fsyncs (the MBTiles journal, the file,
+/// the store's WAL). The 100M-node store's minutely diff dirties ~2,070
+/// tiles: one transaction instead of five took its tiles drain from 422
+/// to 360 ms (medians of 6 interleaved rounds) for ~10 MB more peak RSS.
+pub const DRAIN_TRANSACTION_TILES: usize = 2048;
 
 #[derive(Debug, Error)]
 pub enum TilesError {
@@ -864,7 +874,7 @@ pub fn drain_with(
     };
     while report.recut < max {
         let generation = store.generation()?;
-        let n = (max - report.recut).min(DRAIN_BATCH_TILES);
+        let n = (max - report.recut).min(DRAIN_TRANSACTION_TILES);
         let tiles: Vec<Tile> = if first.is_empty() {
             store.dirty_tiles(&d.name, order, n)?
         } else {
@@ -896,7 +906,9 @@ pub fn drain_with(
             let (mut batch, not_ours) = patch::patch_batch(s, d, &jobs, &old, sea.as_ref())?;
             let patched = batch.len();
             whole.extend(not_ours);
-            batch.extend(cut_batch(s, d, &whole, sea.as_ref())?);
+            for chunk in whole.chunks(DRAIN_BATCH_TILES) {
+                batch.extend(cut_batch(s, d, chunk, sea.as_ref())?);
+            }
             Ok((batch, patched))
         })?;
         report.deleted += batch.iter().filter(|(_, b)| b.is_none()).count();
