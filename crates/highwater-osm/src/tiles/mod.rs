@@ -580,6 +580,57 @@ pub fn rebuild_view(store: &Store, layer: &TileLayer) -> Result<Rebuild, StoreEr
     })
 }
 
+/// [`rebuild_view`] of `tiles` only: the same full pass over the store
+/// (features assembled from nodes, not read from the shapes index), a page
+/// at a time, keeping only the features some of `tiles` shows. Its memory
+/// is what those tiles show, not the store: a sampled verify of the
+/// 100M-node world holding every feature ran out of 24 GB.
+pub fn rebuild_view_of(
+    store: &Store,
+    layer: &TileLayer,
+    tiles: &BTreeSet<Tile>,
+) -> Result<Rebuild, StoreError> {
+    let zooms: BTreeSet<u8> = tiles.iter().map(|t| t.z).collect();
+    store.snapshot(|s| {
+        let mut pass = features::Pass::new(layer);
+        let mut view = Rebuild {
+            features: Vec::new(),
+            placements: Vec::new(),
+            by_tile: BTreeMap::new(),
+        };
+        while let Some(page) = pass.next_page(s)? {
+            let placed: Vec<(ElementKey, Feature, Vec<Placement>)> = page
+                .into_par_iter()
+                .map(|(k, f)| {
+                    let ps = layer.place(&f);
+                    (k, f, ps)
+                })
+                .collect();
+            for (k, f, ps) in placed {
+                if ps.is_empty() {
+                    continue;
+                }
+                let i = view.features.len();
+                let mut shown = false;
+                for &z in &zooms {
+                    for (x, y) in layer.signatures(&ps, z).into_keys() {
+                        let t = Tile { z, x, y };
+                        if tiles.contains(&t) {
+                            view.by_tile.entry(t).or_default().push(i);
+                            shown = true;
+                        }
+                    }
+                }
+                if shown {
+                    view.features.push((k, f));
+                    view.placements.push(ps);
+                }
+            }
+        }
+        Ok(view)
+    })
+}
+
 impl Rebuild {
     /// The tile as a rebuild cuts it.
     pub fn cut(&self, t: Tile, d: &TileDataset) -> Option<Vec<u8>> {
@@ -1112,26 +1163,48 @@ pub fn verify(
             ),
         ),
     })?;
-    let view = rebuild_view(store, &d.layer)?;
     let dirty: BTreeSet<Tile> = store
         .dirty_tiles(&d.name, DrainOrder::LowZoomFirst, usize::MAX)?
         .into_iter()
         .collect();
-    let mut universe: BTreeSet<Tile> = view.by_tile.keys().copied().collect();
-    universe.extend(mb.tiles()?);
-    let universe: Vec<Tile> = universe
+    let spread = |universe: Vec<Tile>, n: usize| -> Vec<Tile> {
+        // Spread over the whole range: every k-th tile.
+        let step = universe.len() as f64 / n as f64;
+        (0..n)
+            .map(|i| universe[(i as f64 * step) as usize])
+            .collect()
+    };
+    let file: Vec<Tile> = mb
+        .tiles()?
         .into_iter()
         .filter(|t| !dirty.contains(t))
         .collect();
-    let chosen: Vec<Tile> = match sample {
-        Some(n) if n < universe.len() => {
-            // Spread over the whole range: every k-th tile.
-            let step = universe.len() as f64 / n as f64;
-            (0..n)
-                .map(|i| universe[(i as f64 * step) as usize])
-                .collect()
+    let (view, chosen) = match sample {
+        // A sample of the file's tiles, against a rebuild of those tiles
+        // alone: bounded by what they show, at any store size. (A tile the
+        // rebuild has and the file lacks is found by `--all`, and by the
+        // sample of a tile beside it only if it shows there.)
+        Some(n) if n < file.len() => {
+            let chosen = spread(file, n);
+            let wanted: BTreeSet<Tile> = chosen.iter().copied().collect();
+            (rebuild_view_of(store, &d.layer, &wanted)?, chosen)
         }
-        _ => universe,
+        _ => {
+            // Every tile of either side: the whole view in memory, for
+            // stores that fit.
+            let view = rebuild_view(store, &d.layer)?;
+            let mut universe: BTreeSet<Tile> = view.by_tile.keys().copied().collect();
+            universe.extend(file);
+            let universe: Vec<Tile> = universe
+                .into_iter()
+                .filter(|t| !dirty.contains(t))
+                .collect();
+            let chosen = match sample {
+                Some(n) if n < universe.len() => spread(universe, n),
+                _ => universe,
+            };
+            (view, chosen)
+        }
     };
     let mut report = VerifyReport {
         dataset: d.name.clone(),
