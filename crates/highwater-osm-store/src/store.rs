@@ -151,8 +151,8 @@ pub const BESIDE_CACHE_KIB: i64 = 2 * 1024;
 /// beside it: SQLite's own default (1,000 pages of 4 KiB).
 pub const CHECKPOINT_WAL_BYTES: u64 = 4 * 1024 * 1024;
 
-/// The write-ahead log's size past which a commit waits for the running
-/// checkpoint and starts another: bounds the log while commits outrun
+/// The write-ahead log's size past which the next write first waits for
+/// the running checkpoint: bounds the log while commits outrun
 /// checkpoints (a replication catch-up).
 pub const WAL_BYTES_MAX: u64 = 256 * 1024 * 1024;
 
