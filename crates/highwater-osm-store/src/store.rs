@@ -216,9 +216,7 @@ impl Checkpointer {
         let mut slot = self.0.borrow_mut();
         assert!(slot.is_none(), "one checkpoint at a time");
         *slot = Some(std::thread::spawn(move || {
-            let c = Connection::open(&path)?;
-            c.busy_timeout(std::time::Duration::from_secs(30))?;
-            c.pragma_update(None, "synchronous", "FULL")?;
+            let c = connect(&path, BESIDE_CACHE_KIB)?;
             // PASSIVE: never waits for readers or writers; what it cannot
             // fold now, the next one does. Busy means another connection
             // is checkpointing: that is the same work done.
