@@ -293,7 +293,13 @@ pub fn write_period(
         Some(dir) => Rows::new(parquet_files(dir)?.into_iter().map(|n| dir.join(n))),
         None => Rows::new(Vec::new()),
     };
-    let mut sink = ParquetSink::with_schema(
+    // A Delta table's files (they carry the window stamp) get Delta's
+    // per-file statistics; a period folder's do not need them.
+    let extras = crate::sink::Extras {
+        stamp: None,
+        stats: schema.field_with_name(crate::delta::WINDOW_COLUMN).is_ok(),
+    };
+    let mut sink = ParquetSink::with_schema_extras(
         staging,
         schema.clone(),
         READ_BATCH_ROWS,
@@ -301,6 +307,7 @@ pub fn write_period(
         target_bytes,
         "",
         &[],
+        extras,
     );
     let mut out = Vec::with_capacity(windows.len());
     let mut offset = 0u64;

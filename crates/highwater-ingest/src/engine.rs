@@ -306,6 +306,15 @@ impl Ingestor {
     }
 
     /// Whether windows land as commits of a Delta table.
+    /// What a window's files carry beyond its rows: for a Delta table,
+    /// the window stamp and the files' statistics (see [`crate::delta`]).
+    fn sink_extras(&self, w: &Window) -> crate::sink::Extras {
+        crate::sink::Extras {
+            stamp: self.is_delta().then_some(w.start_us),
+            stats: self.is_delta(),
+        }
+    }
+
     pub(crate) fn is_delta(&self) -> bool {
         self.spec.format == crate::config::Format::Delta
     }
@@ -866,6 +875,7 @@ impl Ingestor {
                                 }
                                 self.read_chunk(
                                     i,
+                                    w,
                                     pred,
                                     staging,
                                     conn.as_mut(),
@@ -912,6 +922,7 @@ impl Ingestor {
     fn read_chunk(
         &self,
         i: usize,
+        w: &Window,
         pred: &Pred,
         staging: &Path,
         conn: &mut dyn Reader,
@@ -929,13 +940,14 @@ impl Ingestor {
             c[i].snapshot = Some(snapshot.to_string());
             c[i].range()
         };
-        let mut sink = ParquetSink::new(
+        let mut sink = ParquetSink::new_with(
             staging,
             &ctx.columns,
             self.spec.batch_rows,
             self.spec.file_rows_max,
             &format!("{i:04}-"),
             &self.spec.plain_columns(),
+            self.sink_extras(w),
         );
         let scope = Scope {
             pred: *pred,
@@ -1106,13 +1118,14 @@ impl Ingestor {
             rec = shared.into_inner().unwrap_or_else(|e| e.into_inner());
             r
         } else {
-            let mut sink = ParquetSink::new(
+            let mut sink = ParquetSink::new_with(
                 &staging,
                 &ctx.columns,
                 self.spec.batch_rows,
                 self.spec.file_rows_max,
                 "",
                 &self.spec.plain_columns(),
+                self.sink_extras(&w),
             );
             let scope = Scope {
                 pred,

@@ -406,11 +406,27 @@ impl Loader {
             let p = dir.join(f);
             let file = std::fs::File::open(&p)
                 .map_err(|e| format!("reading the published file {}: {e}", p.display()))?;
-            ParquetRecordBatchReaderBuilder::try_new(file)
-                .map_err(|e| format!("reading the published file {}: {e}", p.display()))
+            let b = ParquetRecordBatchReaderBuilder::try_new(file)
+                .map_err(|e| format!("reading the published file {}: {e}", p.display()))?;
+            // A Delta table's files carry the window stamp already; the
+            // load writes its own (the same value) after the row.
+            let keep: Vec<usize> = (0..b.schema().fields().len())
+                .filter(|&i| b.schema().field(i).name() != WINDOW_COLUMN)
+                .collect();
+            let mask = parquet::arrow::ProjectionMask::roots(b.parquet_schema(), keep);
+            Ok(b.with_projection(mask))
         };
         let schema = match files.first() {
-            Some(f) => open(f)?.schema().as_ref().clone(),
+            // As the projection reads it: the stamp left out.
+            Some(f) => arrow_schema::Schema::new(
+                open(f)?
+                    .schema()
+                    .fields()
+                    .iter()
+                    .filter(|f| f.name() != WINDOW_COLUMN)
+                    .cloned()
+                    .collect::<Vec<_>>(),
+            ),
             // An empty window: its old rows go, nothing comes in.
             None => arrow_schema::Schema::empty(),
         };
@@ -494,7 +510,13 @@ impl Loader {
                         match readers.next() {
                             Some(f) => {
                                 let b = open(f)?;
-                                if b.schema().fields() != schema.fields() {
+                                let same = b
+                                    .schema()
+                                    .fields()
+                                    .iter()
+                                    .filter(|f| f.name() != WINDOW_COLUMN)
+                                    .eq(schema.fields().iter());
+                                if !same {
                                     return Err(format!("the published file {} has another schema than {}; re-land the window", dir.join(f).display(), dir.join(&files[0]).display()));
                                 }
                                 batches = Some(b.build().map_err(|e| {

@@ -355,6 +355,20 @@ pub struct FileInfo {
     pub rows: u64,
     pub bytes: u64,
     pub blake3: String,
+    /// Delta's per-file statistics (`delta::stats`), for the files of a
+    /// Delta table; none elsewhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stats: Option<serde_json::Value>,
+}
+
+/// What a sink adds to what it is given, for a Delta table's files.
+#[derive(Clone, Debug, Default)]
+pub struct Extras {
+    /// A last column `_highwater_window` (timestamp, UTC) holding this
+    /// window start (µs) in every row (`delta::WINDOW_COLUMN`).
+    pub stamp: Option<i64>,
+    /// Each file's Delta statistics in its [`FileInfo`].
+    pub stats: bool,
 }
 
 /// The file being written: its writer, path and rows so far.
@@ -408,7 +422,9 @@ pub struct ParquetSink {
 /// `file_rows_max`, fsyncing and hashing each file.
 struct Encoder {
     dir: PathBuf,
+    /// The files' schema: the rows' schema, and the stamp column if any.
     schema: SchemaRef,
+    extras: Extras,
     file_rows_max: usize,
     /// Files also roll over near this many bytes (compaction's target).
     file_bytes_max: u64,
@@ -473,8 +489,21 @@ impl Encoder {
             self.open()?;
         }
         let (w, path, rows) = self.writer.as_mut().expect("opened above");
-        w.write(batch).map_err(|e| Self::err(path, e))?;
+        // The digest is of the source's rows, stamp or no stamp.
         self.digest.add_batch(batch);
+        match self.extras.stamp {
+            Some(start) => {
+                let mut columns = batch.columns().to_vec();
+                columns.push(Arc::new(
+                    arrow_array::TimestampMicrosecondArray::from_value(start, batch.num_rows())
+                        .with_timezone("UTC"),
+                ));
+                let stamped = RecordBatch::try_new(self.schema.clone(), columns)
+                    .map_err(|e| Self::err(path, e))?;
+                w.write(&stamped).map_err(|e| Self::err(path, e))?;
+            }
+            None => w.write(batch).map_err(|e| Self::err(path, e))?,
+        }
         *rows += batch.num_rows() as u64;
         self.rows += batch.num_rows() as u64;
         let bytes = w.bytes_written() as u64 + w.in_progress_size() as u64;
@@ -485,8 +514,20 @@ impl Encoder {
     }
 
     fn close(&mut self) -> Result<(), IngestError> {
-        let Some((w, path, rows)) = self.writer.take() else {
+        let Some((mut w, path, rows)) = self.writer.take() else {
             return Ok(());
+        };
+        let stats = if self.extras.stats {
+            // The last row group into the footer's list, so its statistics
+            // are there to read.
+            w.flush().map_err(|e| Self::err(&path, e))?;
+            Some(crate::delta::stats::of_row_groups(
+                &self.schema,
+                w.flushed_row_groups(),
+                rows,
+            ))
+        } else {
+            None
         };
         let hashing = w.into_inner().map_err(|e| Self::err(&path, e))?;
         let Hashing {
@@ -508,6 +549,7 @@ impl Encoder {
             rows,
             bytes,
             blake3: hasher.finalize().to_hex().to_string(),
+            stats,
         });
         Ok(())
     }
@@ -537,12 +579,33 @@ impl ParquetSink {
         prefix: &str,
         plain: &[String],
     ) -> ParquetSink {
+        Self::new_with(
+            dir,
+            columns,
+            batch_rows,
+            file_rows_max,
+            prefix,
+            plain,
+            Extras::default(),
+        )
+    }
+
+    /// [`ParquetSink::new`], with what a Delta table's files carry more.
+    pub fn new_with(
+        dir: &Path,
+        columns: &[Column],
+        batch_rows: usize,
+        file_rows_max: usize,
+        prefix: &str,
+        plain: &[String],
+        extras: Extras,
+    ) -> ParquetSink {
         let fields: Vec<Field> = columns
             .iter()
             .map(|c| Field::new(&c.name, c.ty.data_type(), true))
             .collect();
         let schema: SchemaRef = Arc::new(Schema::new(fields));
-        let mut sink = Self::with_schema(
+        let mut sink = Self::with_schema_extras(
             dir,
             schema,
             batch_rows,
@@ -550,6 +613,7 @@ impl ParquetSink {
             u64::MAX,
             prefix,
             plain,
+            extras,
         );
         sink.builders = columns
             .iter()
@@ -570,10 +634,49 @@ impl ParquetSink {
         prefix: &str,
         plain: &[String],
     ) -> ParquetSink {
+        Self::with_schema_extras(
+            dir,
+            schema,
+            batch_rows,
+            file_rows_max,
+            file_bytes_max,
+            prefix,
+            plain,
+            Extras::default(),
+        )
+    }
+
+    /// [`ParquetSink::with_schema`], with what a Delta table's files carry
+    /// more.
+    #[allow(clippy::too_many_arguments)]
+    pub fn with_schema_extras(
+        dir: &Path,
+        schema: SchemaRef,
+        batch_rows: usize,
+        file_rows_max: usize,
+        file_bytes_max: u64,
+        prefix: &str,
+        plain: &[String],
+        extras: Extras,
+    ) -> ParquetSink {
+        let file_schema = match extras.stamp {
+            Some(_) => {
+                let mut fields: Vec<Field> =
+                    schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+                fields.push(Field::new(
+                    crate::delta::WINDOW_COLUMN,
+                    DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+                    true,
+                ));
+                Arc::new(Schema::new(fields))
+            }
+            None => schema.clone(),
+        };
         let (tx, rx) = std::sync::mpsc::sync_channel::<RecordBatch>(ENCODE_QUEUE_BATCHES_MAX);
         let mut enc = Encoder {
             dir: dir.to_path_buf(),
-            schema: schema.clone(),
+            schema: file_schema,
+            extras,
             file_rows_max,
             file_bytes_max,
             plain: plain.to_vec(),

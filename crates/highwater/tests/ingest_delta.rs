@@ -186,9 +186,16 @@ fn delta_local_table_24_windows_each_row_once() {
             .iter()
             .map(|s| s.split(':').next().unwrap())
             .collect::<Vec<_>>(),
-        ["id", "amount", "note", "updated_at"],
-        "{schema:?}"
+        ["id", "amount", "note", "updated_at", "_highwater_window"],
+        "the source's columns, then each row's window (issue 46): {schema:?}"
     );
+    let windows: BTreeSet<&str> = t["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["_highwater_window"].as_str().unwrap())
+        .collect();
+    assert_eq!(windows.len(), 24, "one stamp per window: {windows:?}");
     assert!(
         schema[0].contains("int64") || schema[0].contains("long"),
         "{schema:?}"
@@ -719,15 +726,15 @@ fn delta_config_refusals_name_the_setting() {
 /// `highwater compact orders` at `now`, with its exit code and JSON.
 fn compact_at(p: &Project, now: &str, code: i32) -> Value {
     let r = p.hw(&["compact", "orders", "--json", "--now", now]);
-    assert_eq!(r.code, code, "{}", r.stderr);
+    assert_eq!(r.code, code, "{}\n{}", r.stderr, r.stdout);
     serde_json::from_str(&r.stdout).unwrap_or_else(|e| panic!("{e}: {}", r.stderr))
 }
 
 /// Issue 21: compaction of a Delta table is one commit of `remove` and
 /// `add` actions, all `dataChange = false`: fewer files, the same rows
 /// (the deltalake reader sees each once). A re-land of a window inside
-/// the compacted period is refused loudly with nothing committed (its rows
-/// are inside the period's files); a window outside it still re-lands; a
+/// the compacted period rewrites the period's file without the window's
+/// rows in the same commit (issue 46); a window outside it re-lands; a
 /// period inside the source's re-land horizon (settle + lookback) is not
 /// compacted. Cases in, outcomes out.
 #[test]
@@ -806,36 +813,55 @@ fn delta_compaction_is_one_layout_only_commit_and_relands_stay_correct() {
         let r = compact_at(&p, "2026-03-02T10:05:00Z", 0);
         assert_eq!(r["periods"][0]["status"], "already", "{r}");
         assert_eq!(log(&table).len(), 27);
-        // A re-land of a compacted window: refused (exit 2) before any
-        // window runs, naming the window and the period; nothing
-        // committed, the rows as they were.
+        // A re-land of a window inside the compacted period (issue 46: no
+        // dead end): the period's file is rewritten without the window's
+        // rows (copy on write) in the window's own commit, and every row
+        // reads once, the window's as the source has them now.
         c.execute("UPDATE orders SET note = 'second' WHERE id < 10", [])
             .unwrap();
-        let r = p.hw(&[
-            "ingest",
-            "orders",
-            "--json",
-            "--now",
+        let r = ingest_at(
+            &p,
             "2026-03-02T10:05:00Z",
-            "--window",
-            "2026-03-01T08:00:00Z/2026-03-01T09:00:00Z",
-        ]);
-        assert_eq!(r.code, 2, "{}", r.stderr);
-        for s in [
-            "2026-03-01T08:00:00Z .. 2026-03-02T08:00:00Z",
-            "highwater compact",
-            "nothing was committed",
-        ] {
-            assert!(r.stderr.contains(s), "wanted {s:?} in {}", r.stderr);
-        }
-        assert_eq!(log(&table).len(), 27, "nothing committed");
+            &[],
+            &["--window", "2026-03-01T08:00:00Z/2026-03-01T09:00:00Z"],
+            0,
+        );
+        assert_eq!(published(&r), 1, "{r}");
+        let relanded = log(&table);
+        assert_eq!(relanded.len(), 28, "one commit");
+        let last = &relanded[27];
+        let period_file = actions(&commits[26], "add")[0]["path"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let removed: Vec<&str> = actions(last, "remove")
+            .iter()
+            .map(|a| a["path"].as_str().unwrap())
+            .collect();
+        assert_eq!(removed, [period_file.as_str()], "{last:?}");
+        assert!(actions(last, "remove")
+            .iter()
+            .all(|a| a["dataChange"] == true));
+        let rewritten: Vec<&Value> = actions(last, "add")
+            .into_iter()
+            .filter(|a| a["tags"]["highwater.rewritten_from"] == period_file.as_str())
+            .collect();
+        assert_eq!(rewritten.len(), 1, "{last:?}");
+        let stats: Value = serde_json::from_str(rewritten[0]["stats"].as_str().unwrap()).unwrap();
+        assert_eq!(
+            stats["numRecords"], 230,
+            "the period's other 23 windows: {stats}"
+        );
         let t = read(table.to_str().unwrap(), &Value::Null);
-        assert_eq!(ids(&t), (0..260).collect::<Vec<_>>());
-        assert!(t["rows"]
+        assert_eq!(ids(&t), (0..260).collect::<Vec<_>>(), "each row once");
+        let second: Vec<i64> = t["rows"]
             .as_array()
             .unwrap()
             .iter()
-            .all(|r| r["note"] == "first"));
+            .filter(|r| r["note"] == "second")
+            .map(|r| r["id"].as_i64().unwrap())
+            .collect();
+        assert_eq!(second, (0..10).collect::<Vec<_>>());
         // A window outside the compacted period re-lands as before.
         c.execute("UPDATE orders SET note = 'second' WHERE id = 250", [])
             .unwrap();
@@ -856,7 +882,7 @@ fn delta_compaction_is_one_layout_only_commit_and_relands_stay_correct() {
             .filter(|r| r["note"] == "second")
             .map(|r| r["id"].as_i64().unwrap())
             .collect();
-        assert_eq!(second, [250]);
+        assert_eq!(second, (0..10).chain([250]).collect::<Vec<_>>());
         for f in &day_adds {
             assert!(!table.join(f).exists(), "vacuumed: {f}");
         }

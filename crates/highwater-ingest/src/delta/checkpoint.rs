@@ -113,13 +113,15 @@ fn lists(rows: &[Option<&Value>], key: &str) -> ArrayRef {
     )));
     for r in rows {
         match r {
-            Some(v) => {
+            // A list the action leaves out is null, not empty: a protocol
+            // before table features has no feature lists at all.
+            Some(v) if v[key].is_array() => {
                 for x in v[key].as_array().into_iter().flatten() {
                     b.values().append_value(x.as_str().unwrap_or_default());
                 }
                 b.append(true);
             }
-            None => b.append(false),
+            _ => b.append(false),
         }
     }
     Arc::new(b.finish())
@@ -145,7 +147,12 @@ fn column(valid: Vec<bool>, children: Vec<(&str, DataType, ArrayRef)>) -> (DataT
 
 /// The checkpoint of `snap` as one record batch.
 pub fn batch(snap: &Snapshot) -> RecordBatch {
-    let protocol = serde_json::json!({"minReaderVersion": 1, "minWriterVersion": 2});
+    // The table's protocol as it is: a checkpoint that wrote its own
+    // would drop the table's features for every reader after it.
+    let protocol = snap
+        .protocol
+        .clone()
+        .unwrap_or_else(|| serde_json::json!({"minReaderVersion": 1, "minWriterVersion": 2}));
     let metadata = snap.metadata.clone().unwrap_or_default();
     let mut rows: Vec<(Kind, Value)> = vec![(Kind::Protocol, protocol), (Kind::MetaData, metadata)];
     for t in snap.txns.values() {
@@ -266,6 +273,8 @@ pub fn batch(snap: &Snapshot) -> RecordBatch {
                         DataType::Int32,
                         ints(&pr, "minWriterVersion"),
                     ),
+                    ("readerFeatures", list_type(), lists(&pr, "readerFeatures")),
+                    ("writerFeatures", list_type(), lists(&pr, "writerFeatures")),
                 ],
             ),
         ),

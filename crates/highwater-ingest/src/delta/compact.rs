@@ -51,26 +51,44 @@ impl Ingestor {
         )
     }
 
-    /// The compacted period holding window start `start_us`, if any: the
-    /// refusal `delta_publish` gives a re-land of it.
+    /// The refusal of window start `start_us` if it lies in a period that
+    /// `highwater compact` rewrote before rows carried their window stamp:
+    /// such files cannot be taken apart by window. A period written with
+    /// stamps (its statistics name the stamp column) is taken apart like
+    /// any other file ([`super::rewrite`]).
     pub(crate) fn delta_compacted_refusal(
         &self,
         snap: &super::Snapshot,
         start_us: i64,
         label: &str,
     ) -> Option<IngestError> {
-        let (s, e) = snap
-            .files
+        snap.files
             .values()
-            .filter_map(period_of_add)
-            .find(|(s, e)| *s <= start_us && start_us < *e)?;
+            .find_map(|a| self.delta_compacted_refusal_of(a, start_us, label))
+    }
+
+    /// [`Self::delta_compacted_refusal`] for one active file.
+    pub(crate) fn delta_compacted_refusal_of(
+        &self,
+        add: &Value,
+        start_us: i64,
+        label: &str,
+    ) -> Option<IngestError> {
+        let (s, e) = period_of_add(add).filter(|(s, e)| *s <= start_us && start_us < *e)?;
+        let stamped = super::stats::timestamp_stats(add, super::WINDOW_COLUMN)
+            .nulls
+            .is_some();
+        if stamped {
+            return None;
+        }
         Some(IngestError::Schema {
             name: self.spec.name.clone(),
             message: format!(
-                "window {label} lies in the period {} .. {} of Delta table `{}` that `highwater compact` rewrote into files of its own; a window commit cannot take the window's rows out of them, so it is not landed again and nothing was committed. Leave the window out (`--from`/`--to`, `--window`), or land its rows into a new table (a new source name and output)",
+                "window {label} lies in the period {} .. {} of Delta table `{}` that `highwater compact` rewrote before rows carried their window (the `{}` column); a window commit cannot take the window's rows out of those files, so it is not landed again and nothing was committed. Leave the window out (`--from`/`--to`, `--window`), or land its rows into a new table (a new source name and output)",
                 format_rfc3339(s),
                 format_rfc3339(e),
-                self.spec.output
+                self.spec.output,
+                super::WINDOW_COLUMN,
             ),
         })
     }
@@ -309,14 +327,7 @@ impl Ingestor {
                 },
             }})];
             for (path, add) in &removed {
-                actions.push(json!({"remove": {
-                    "path": path,
-                    "deletionTimestamp": now_ms,
-                    "dataChange": false,
-                    "extendedFileMetadata": true,
-                    "partitionValues": {},
-                    "size": add["size"],
-                }}));
+                actions.push(super::remove_action(path, add, now_ms, false));
             }
             for f in &written.files {
                 actions.push(json!({"add": {
@@ -325,7 +336,7 @@ impl Ingestor {
                     "size": f.bytes,
                     "modificationTime": now_ms,
                     "dataChange": false,
-                    "stats": json!({"numRecords": f.rows}).to_string(),
+                    "stats": f.stats.clone().unwrap_or_else(|| json!({"numRecords": f.rows})).to_string(),
                     "tags": {TAG_PERIOD_START: p_start.to_string(), TAG_PERIOD_END: p_end.to_string()},
                 }}));
             }

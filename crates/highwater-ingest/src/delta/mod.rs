@@ -34,7 +34,11 @@
 
 pub mod checkpoint;
 pub mod compact;
+pub mod log;
+pub mod protocol;
+pub mod rewrite;
 pub mod schema;
+pub mod stats;
 
 use crate::engine::{kill_self, Ingestor};
 use crate::error::IngestError;
@@ -45,6 +49,14 @@ use highwater_store::lease::now_ns;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+
+/// The column every file highwater writes into a Delta table carries: the
+/// start of the window its rows were landed in (timestamp, UTC). Rows
+/// keep it through another engine's OPTIMIZE, DELETE or UPDATE, so a
+/// re-land finds them wherever they live ([`rewrite`]); a foreign row has
+/// none. The same name as the warehouse load's column
+/// ([`crate::load::WINDOW_COLUMN`]), for the same purpose.
+pub const WINDOW_COLUMN: &str = crate::load::WINDOW_COLUMN;
 
 /// Attempts of one window's commit against other writers of the table.
 pub const COMMIT_ATTEMPTS_MAX: usize = 64;
@@ -59,6 +71,8 @@ pub const UNCOMMITTED_GRACE_S: i64 = 86_400;
 pub struct Snapshot {
     /// The newest version read; -1 before the first commit.
     pub version: i64,
+    /// The newest `protocol` action.
+    pub protocol: Option<Value>,
     pub metadata: Option<Value>,
     pub fields: Option<Vec<schema::Field>>,
     /// Active files: path → its `add` action.
@@ -82,6 +96,27 @@ impl Snapshot {
             }
             let a: Value = serde_json::from_slice(line)
                 .map_err(|e| format!("commit {version}, line {}: {e}", i + 1))?;
+            self.apply_action(version, &a);
+        }
+        self.version = version;
+        Ok(())
+    }
+
+    /// Only the `commitInfo` of commit `version` (one a checkpoint
+    /// already holds the rest of); an unreadable line is passed over.
+    fn apply_commit_info(&mut self, version: i64, text: &[u8]) {
+        for line in text.split(|b| *b == b'\n') {
+            if let Ok(a) = serde_json::from_slice::<Value>(line) {
+                if a.get("commitInfo").is_some() {
+                    self.apply_action(version, &a);
+                }
+            }
+        }
+    }
+
+    /// One action of version `version` (from a commit or a checkpoint).
+    fn apply_action(&mut self, version: i64, a: &Value) {
+        {
             if let Some(add) = a.get("add") {
                 let p = add["path"].as_str().unwrap_or_default().to_string();
                 self.tombstones.remove(&p);
@@ -91,6 +126,8 @@ impl Snapshot {
                 self.files.remove(&p);
                 self.tombstones
                     .insert(p, rm["deletionTimestamp"].as_i64().unwrap_or(0));
+            } else if let Some(p) = a.get("protocol") {
+                self.protocol = Some(p.clone());
             } else if let Some(md) = a.get("metaData") {
                 self.fields = md["schemaString"]
                     .as_str()
@@ -106,8 +143,15 @@ impl Snapshot {
                 }
             }
         }
-        self.version = version;
-        Ok(())
+    }
+
+    /// What the table's protocol and metadata ask of highwater as a
+    /// writer, or why it may not write (see [`protocol`]).
+    pub fn duties(&self) -> Result<protocol::Duties, Vec<String>> {
+        match &self.protocol {
+            Some(p) => protocol::check(p, self.metadata.as_ref()),
+            None => Ok(protocol::Duties::default()),
+        }
     }
 }
 
@@ -140,20 +184,108 @@ impl Ingestor {
 
     /// Reads commit `v`, if it exists.
     fn read_commit(&self, v: i64) -> Result<Option<Vec<u8>>, IngestError> {
+        Ok(self.read_table_file(&log_name(v))?.map(|b| b.to_vec()))
+    }
+
+    /// Reads the file at `rel` (a path relative to the table root, already
+    /// checked), if it exists.
+    fn read_table_file(&self, rel: &str) -> Result<Option<bytes::Bytes>, IngestError> {
         match self.place() {
             Place::Local(root) => {
-                let p = root.join(log_name(v));
+                let p = root.join(rel);
                 match std::fs::read(&p) {
-                    Ok(b) => Ok(Some(b)),
+                    Ok(b) => Ok(Some(b.into())),
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
                     Err(e) => Err(IngestError::io("reading", p, e)),
                 }
             }
             Place::Objects(o, prefix) => o
-                .get(&format!("{prefix}/{}", log_name(v)))
-                .map(|g| g.map(|(b, _)| b.to_vec()))
+                .get(&format!("{prefix}/{rel}"))
+                .map(|g| g.map(|(b, _)| b))
                 .map_err(|e| self.delta_err("-", e)),
         }
+    }
+
+    /// The names in `_delta_log`.
+    fn list_log(&self) -> Result<Vec<String>, IngestError> {
+        match self.place() {
+            Place::Local(root) => {
+                let dir = root.join("_delta_log");
+                let rd = match std::fs::read_dir(&dir) {
+                    Ok(rd) => rd,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+                    Err(e) => return Err(IngestError::io("listing", dir, e)),
+                };
+                let mut out = Vec::new();
+                for e in rd {
+                    let e = e.map_err(|e| IngestError::io("listing", &dir, e))?;
+                    out.push(e.file_name().to_string_lossy().into_owned());
+                }
+                Ok(out)
+            }
+            Place::Objects(o, prefix) => Ok(o
+                .list(&format!("{prefix}/_delta_log"))
+                .map_err(|e| self.delta_err("-", e))?
+                .into_iter()
+                .filter_map(|i| i.key.rsplit('/').next().map(str::to_string))
+                .collect()),
+        }
+    }
+
+    /// The table read from scratch, as a reader does: the newest complete
+    /// checkpoint, then the commits after it (see [`log`]).
+    fn delta_load(&self) -> Result<Snapshot, IngestError> {
+        let names = self.list_log()?;
+        let start = log::start(&names)
+            .map_err(|m| self.delta_err("-", format!("the log cannot be read: {m}")))?;
+        let mut s = Snapshot {
+            version: start.first_commit - 1,
+            loaded: true,
+            ..Default::default()
+        };
+        if let Some((v, parts)) = start.checkpoint {
+            for part in parts {
+                let rel = format!("_delta_log/{part}");
+                let bytes = self.read_table_file(&rel)?.ok_or_else(|| {
+                    self.delta_err(
+                        "-",
+                        format!("checkpoint `{rel}` went away while it was read; run again"),
+                    )
+                })?;
+                let actions = log::checkpoint_actions(bytes)
+                    .map_err(|m| self.delta_err("-", format!("checkpoint `{rel}`: {m}")))?;
+                for a in &actions {
+                    s.apply_action(v, a);
+                }
+            }
+            // A checkpoint keeps no `commitInfo`: the windows' commits are
+            // read from the commits still in the log before it (all of
+            // them until another engine's log cleanup deletes the oldest).
+            let kept = names.iter().filter_map(|n| match log::parse_name(n) {
+                log::LogFile::Commit(c) if c <= v => Some(c),
+                _ => None,
+            });
+            for c in kept.collect::<std::collections::BTreeSet<_>>() {
+                if let Some(text) = self.read_commit(c)? {
+                    s.apply_commit_info(c, &text);
+                }
+            }
+        }
+        Ok(s)
+    }
+
+    /// Whether another writer checkpointed the table past `version` (and
+    /// may have deleted the commits after it that this process has not
+    /// read): then the snapshot is read again from scratch.
+    fn checkpointed_past(&self, version: i64) -> Result<bool, IngestError> {
+        let Some(b) = self.read_table_file("_delta_log/_last_checkpoint")? else {
+            return Ok(false);
+        };
+        // A hint only (PROTOCOL.md): unreadable, it says nothing.
+        let v = serde_json::from_slice::<Value>(&b)
+            .ok()
+            .and_then(|h| h["version"].as_i64());
+        Ok(v.is_some_and(|v| v > version))
     }
 
     /// Puts commit `v` only if no commit `v` exists: whether it did.
@@ -204,12 +336,8 @@ impl Ingestor {
         &self,
     ) -> Result<std::sync::MutexGuard<'_, Snapshot>, IngestError> {
         let mut s = self.delta.lock().unwrap_or_else(|e| e.into_inner());
-        if !s.loaded {
-            *s = Snapshot {
-                version: -1,
-                loaded: true,
-                ..Default::default()
-            };
+        if !s.loaded || self.checkpointed_past(s.version)? {
+            *s = self.delta_load()?;
         }
         loop {
             let v = s.version + 1;
@@ -221,17 +349,45 @@ impl Ingestor {
         Ok(s)
     }
 
-    /// The schema rule, before any window runs: the source's columns
-    /// against the table's schema. Returns the columns as the table's
-    /// files are written.
+    /// The schema rule, before any window runs: the source's column names,
+    /// the table's protocol and features ([`protocol`]), and the source's
+    /// columns against the table's schema. Returns the columns as the
+    /// table's files are written (the stamp column is the sink's).
     pub(crate) fn delta_columns(&self, columns: &[Column]) -> Result<Vec<Column>, IngestError> {
+        if let Err(lines) = schema::check_names(columns) {
+            return Err(IngestError::Schema {
+                name: self.spec.name.clone(),
+                message: format!(
+                    "the source's columns cannot land in Delta table `{}`: {}. Nothing was committed. Rename the columns in the source's `query` (`SELECT ..., x AS other_name`)",
+                    self.spec.output,
+                    lines.join("; ")
+                ),
+            });
+        }
         let snap = self.delta_snapshot()?;
+        if let Err(why) = snap.duties() {
+            return Err(self.protocol_refusal(&why, snap.version));
+        }
+        let table = schema::table_columns(columns);
         if let Some(fields) = &snap.fields {
-            if let Err(lines) = schema::evolve(fields, columns) {
+            if let Err(lines) = schema::evolve(fields, &schema::stamped(&table)) {
                 return Err(self.schema_refusal(&lines, snap.version));
             }
         }
-        Ok(schema::table_columns(columns))
+        Ok(table)
+    }
+
+    /// The refusal of a table whose protocol or features highwater does
+    /// not implement as a writer.
+    fn protocol_refusal(&self, why: &[String], version: i64) -> IngestError {
+        IngestError::Schema {
+            name: self.spec.name.clone(),
+            message: format!(
+                "highwater does not write Delta table `{}` (version {version}): {}. Nothing was committed. Land into a table without these features (a new source name and output), or remove them with the engine that added them (README: \"Delta tables other engines maintain\")",
+                self.spec.output,
+                why.join("; ")
+            ),
+        }
     }
 
     fn schema_refusal(&self, lines: &[String], version: i64) -> IngestError {
@@ -276,6 +432,10 @@ impl Ingestor {
 
     /// Publishes window `k`, staged (and checked) in `staging`, as one
     /// commit. `manifest` is what a Parquet window's `_manifest.json` holds.
+    /// The commit adds the window's files and takes out the window's
+    /// earlier rows wherever they now live ([`rewrite`]); it is made
+    /// against the newest snapshot, and made again when another writer
+    /// commits first.
     pub(crate) fn delta_publish(
         &self,
         k: i64,
@@ -289,35 +449,15 @@ impl Ingestor {
         let dir_rel = format!("{}/{token}", Self::window_dir(&w));
         let files: Vec<crate::sink::FileInfo> =
             serde_json::from_value(manifest["files"].clone()).unwrap_or_default();
-        // A window inside a compacted period: refused before anything is
-        // placed (see `compact`).
-        if let Some(e) = self.delta_compacted_refusal(&*self.delta_snapshot()?, w.start_us, &label)
+        // A table highwater may not write: refused before anything is
+        // placed.
         {
-            return Err(e);
-        }
-        // The files first, where the commit will name them; until it is
-        // put, no reader knows of them.
-        match self.place() {
-            Place::Local(root) => {
-                let to = root.join(&dir_rel);
-                let parent = to.parent().expect("a window folder has a parent");
-                std::fs::create_dir_all(parent)
-                    .map_err(|e| IngestError::io("creating", parent, e))?;
-                std::fs::rename(staging, &to).map_err(|e| IngestError::io("placing", &to, e))?;
-                std::fs::File::open(parent)
-                    .and_then(|d| d.sync_all())
-                    .map_err(|e| IngestError::io("syncing", parent, e))?;
-            }
-            Place::Objects(o, prefix) => {
-                for f in &files {
-                    o.put_file(
-                        &staging.join(&f.path),
-                        &format!("{prefix}/{dir_rel}/{}", f.path),
-                    )
-                    .map_err(|e| self.delta_err(&label, e))?;
-                }
+            let snap = self.delta_snapshot()?;
+            if let Err(why) = snap.duties() {
+                return Err(self.protocol_refusal(&why, snap.version));
             }
         }
+        self.delta_place(staging, &dir_rel, &files, &label)?;
         if std::env::var_os("HIGHWATER_FAILPOINT").is_some_and(|v| v == "before-commit-put") {
             // For the crash tests: die with the files placed, uncommitted.
             kill_self();
@@ -328,8 +468,9 @@ impl Ingestor {
         info["window_start_us"] = json!(w.start_us);
         info["window_index"] = json!(k);
         info["data"] = json!(dir_rel);
+        let mut decided = rewrite::Decided::new();
         for attempt in 0..COMMIT_ATTEMPTS_MAX {
-            let snap = self.delta_snapshot()?;
+            let snap = self.delta_snapshot()?.clone();
             if snap
                 .windows
                 .get(&w.start_us)
@@ -338,73 +479,45 @@ impl Ingestor {
                 // A retry whose earlier put landed: already committed.
                 break;
             }
-            let mut actions: Vec<Value> = Vec::new();
-            actions.push(json!({"commitInfo": {
+            let duties = snap
+                .duties()
+                .map_err(|why| self.protocol_refusal(&why, snap.version))?;
+            let out = self.delta_take_out(&snap, &w, &dir_rel, &mut decided)?;
+            if duties.append_only && !out.removed.is_empty() {
+                return Err(IngestError::Schema {
+                    name: self.spec.name.clone(),
+                    message: format!(
+                        "Delta table `{}` is append-only (`delta.appendOnly = true`), and window {label} already has rows in {} of its files: landing it again would remove them. Nothing was committed. Leave the window out, or land into a table that is not append-only",
+                        self.spec.output,
+                        out.removed.len()
+                    ),
+                });
+            }
+            let mut actions: Vec<Value> = vec![json!({"commitInfo": {
                 "timestamp": now_ms,
                 "operation": "WRITE",
                 "operationParameters": {"mode": "Append", "window": start},
                 "engineInfo": concat!("highwater/", env!("CARGO_PKG_VERSION")),
-                "isBlindAppend": false,
+                "isBlindAppend": out.removed.is_empty(),
                 "highwater": info,
-            }}));
-            match &snap.fields {
-                None => {
-                    actions
-                        .push(json!({"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}}));
-                    let id = blake3::hash(format!("{}:{token}", self.spec.name).as_bytes())
-                        .to_hex()
-                        .to_string();
-                    actions.push(json!({"metaData": {
-                        "id": format!("{}-{}-{}-{}-{}", &id[0..8], &id[8..12], &id[12..16], &id[16..20], &id[20..32]),
-                        "name": self.spec.name,
-                        "format": {"provider": "parquet", "options": {}},
-                        "schemaString": schema::schema_string(&schema::fields_of(columns)),
-                        "partitionColumns": [],
-                        "configuration": {},
-                        "createdTime": now_ms,
-                    }}));
-                }
-                Some(fields) => match schema::evolve(fields, columns) {
-                    Ok(None) => {}
-                    Ok(Some(new)) => {
-                        // A column added at the source: a new metaData.
-                        let mut md = snap.metadata.clone().unwrap_or_default();
-                        md["schemaString"] = json!(schema::schema_string(&new));
-                        actions.push(json!({ "metaData": md }));
-                    }
-                    Err(lines) => return Err(self.schema_refusal(&lines, snap.version)),
-                },
-            }
+            }})];
+            actions.extend(self.delta_schema_actions(&snap, columns, token, now_ms)?);
             actions.push(json!({"txn": {
                 "appId": self.spec.name,
                 "version": k,
                 "lastUpdated": now_ms,
             }}));
-            if let Some(e) = self.delta_compacted_refusal(&snap, w.start_us, &label) {
-                // Compacted by another process since the check above.
-                return Err(e);
+            for (path, add) in &out.removed {
+                actions.push(remove_action(path, add, now_ms, true));
             }
-            let prefix = format!("{}/", Self::window_dir(&w));
-            for (path, add) in snap.files.iter().filter(|(p, _)| p.starts_with(&prefix)) {
-                actions.push(json!({"remove": {
-                    "path": path,
-                    "deletionTimestamp": now_ms,
-                    "dataChange": true,
-                    "extendedFileMetadata": true,
-                    "partitionValues": {},
-                    "size": add["size"],
-                }}));
-            }
+            let tags = json!({"highwater.window": start});
             for f in &files {
-                actions.push(json!({"add": {
-                    "path": format!("{dir_rel}/{}", f.path),
-                    "partitionValues": {},
-                    "size": f.bytes,
-                    "modificationTime": now_ms,
-                    "dataChange": true,
-                    "stats": json!({"numRecords": f.rows}).to_string(),
-                    "tags": {"highwater.window": start},
-                }}));
+                let rel = format!("{dir_rel}/{}", f.path);
+                actions.push(add_action(&rel, f, now_ms, &tags));
+            }
+            for (from, f) in &out.added {
+                let tags = json!({"highwater.window": start, "highwater.rewritten_from": from});
+                actions.push(add_action(&f.path, f, now_ms, &tags));
             }
             let mut body = Vec::new();
             for a in &actions {
@@ -431,6 +544,239 @@ impl Ingestor {
             let _ = std::fs::remove_dir_all(staging);
         }
         Ok(())
+    }
+
+    /// The window's files placed where the commit will name them; until
+    /// it is put, no reader knows of them.
+    fn delta_place(
+        &self,
+        staging: &Path,
+        dir_rel: &str,
+        files: &[crate::sink::FileInfo],
+        label: &str,
+    ) -> Result<(), IngestError> {
+        match self.place() {
+            Place::Local(root) => {
+                let to = root.join(dir_rel);
+                let parent = to.parent().expect("a window folder has a parent");
+                std::fs::create_dir_all(parent)
+                    .map_err(|e| IngestError::io("creating", parent, e))?;
+                std::fs::rename(staging, &to).map_err(|e| IngestError::io("placing", &to, e))?;
+                std::fs::File::open(parent)
+                    .and_then(|d| d.sync_all())
+                    .map_err(|e| IngestError::io("syncing", parent, e))?;
+            }
+            Place::Objects(o, prefix) => {
+                for f in files {
+                    o.put_file(
+                        &staging.join(&f.path),
+                        &format!("{prefix}/{dir_rel}/{}", f.path),
+                    )
+                    .map_err(|e| self.delta_err(label, e))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The `protocol` and `metaData` actions a commit of `columns` needs on
+    /// `snap`: both for a new table, a new `metaData` for a column added
+    /// at the source, none otherwise.
+    fn delta_schema_actions(
+        &self,
+        snap: &Snapshot,
+        columns: &[Column],
+        token: &str,
+        now_ms: i64,
+    ) -> Result<Vec<Value>, IngestError> {
+        let table = schema::stamped(&schema::table_columns(columns));
+        Ok(match &snap.fields {
+            None => {
+                let id = blake3::hash(format!("{}:{token}", self.spec.name).as_bytes())
+                    .to_hex()
+                    .to_string();
+                vec![
+                    json!({"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}}),
+                    json!({"metaData": {
+                        "id": format!("{}-{}-{}-{}-{}", &id[0..8], &id[8..12], &id[12..16], &id[16..20], &id[20..32]),
+                        "name": self.spec.name,
+                        "format": {"provider": "parquet", "options": {}},
+                        "schemaString": schema::schema_string(&schema::fields_of(&table)),
+                        "partitionColumns": [],
+                        "configuration": {},
+                        "createdTime": now_ms,
+                    }}),
+                ]
+            }
+            Some(fields) => match schema::evolve(fields, &table) {
+                Ok(None) => Vec::new(),
+                Ok(Some(new)) => {
+                    // A column added at the source: a new metaData, the
+                    // rest of the table's metadata as it is.
+                    let mut md = snap.metadata.clone().unwrap_or_default();
+                    md["schemaString"] = json!(schema::schema_string(&new));
+                    vec![json!({ "metaData": md })]
+                }
+                Err(lines) => return Err(self.schema_refusal(&lines, snap.version)),
+            },
+        })
+    }
+
+    /// What window `w`'s commit takes out of `snap` ([`rewrite`]): the files
+    /// removed, and the files written back without the window's rows
+    /// (each with the path it was rewritten from). Files read for an
+    /// earlier attempt are in `decided`.
+    fn delta_take_out(
+        &self,
+        snap: &Snapshot,
+        w: &Window,
+        dir_rel: &str,
+        decided: &mut rewrite::Decided,
+    ) -> Result<TakeOut, IngestError> {
+        let prefix = format!("{}/", Self::window_dir(w));
+        let mut out = TakeOut::default();
+        for (path, add) in &snap.files {
+            let fate = match rewrite::fate_by_log(path, add, w.start_us, &prefix) {
+                rewrite::Fate::Keep => None,
+                rewrite::Fate::Remove => Some(None),
+                rewrite::Fate::Read => match decided.get(path) {
+                    Some(d) => d.clone(),
+                    None => {
+                        let d = self.delta_read_out(path, add, w, dir_rel, decided.len())?;
+                        decided.insert(path.clone(), d.clone());
+                        d
+                    }
+                },
+            };
+            match fate {
+                None => {}
+                Some(written) => {
+                    out.removed.push((path.clone(), add.clone()));
+                    for f in written.into_iter().flatten() {
+                        out.added.push((path.clone(), f));
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reads active file `path` for window `w`'s rows: `None` when it has
+    /// none (it stays), `Some(None)` when it has only those (removed
+    /// whole), `Some(Some(files))` when it has both: its other rows are
+    /// written back as `files` (paths relative to the table) under the
+    /// window's attempt folder `dir_rel`. Two passes: the stamp column
+    /// alone to count, then every column, a batch at a time, so memory
+    /// stays bounded whatever the file's size.
+    fn delta_read_out(
+        &self,
+        path: &str,
+        add: &Value,
+        w: &Window,
+        dir_rel: &str,
+        n: usize,
+    ) -> Result<Option<Option<Vec<crate::sink::FileInfo>>>, IngestError> {
+        use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+        let label = w.to_string();
+        let rel = rewrite::table_relative(path).ok_or_else(|| {
+            self.delta_err(&label, format!("active file `{path}` is not inside the table; highwater reads only the table's own files, so it cannot take window {label}'s rows out of it. Nothing was committed"))
+        })?;
+        let bytes = self.read_table_file(&rel)?.ok_or_else(|| {
+            self.delta_err(&label, format!("active file `{rel}` is missing (deleted by a vacuum that did not follow the log?); the table cannot be read as its log says. Nothing was committed"))
+        })?;
+        let bad = |e: &dyn std::fmt::Display| {
+            self.delta_err(
+                &label,
+                format!("reading active file `{rel}`: {e}. Nothing was committed"),
+            )
+        };
+        let builder =
+            ParquetRecordBatchReaderBuilder::try_new(bytes.clone()).map_err(|e| bad(&e))?;
+        let Some(idx) = builder
+            .schema()
+            .fields()
+            .iter()
+            .position(|f| f.name() == WINDOW_COLUMN)
+        else {
+            // No stamps: foreign rows, or a period highwater compacted
+            // before stamps existed (whose windows it cannot take apart).
+            if let Some(e) = self.delta_compacted_refusal_of(add, w.start_us, &label) {
+                return Err(e);
+            }
+            return Ok(None);
+        };
+        let mask = parquet::arrow::ProjectionMask::roots(builder.parquet_schema(), [idx]);
+        let (mut mine, mut others) = (0usize, 0usize);
+        for b in builder.with_projection(mask).build().map_err(|e| bad(&e))? {
+            let (m, o) = rewrite::count(&b.map_err(|e| bad(&e))?, w.start_us);
+            mine += m;
+            others += o;
+        }
+        if mine == 0 {
+            return Ok(None);
+        }
+        if others == 0 {
+            return Ok(Some(None));
+        }
+        let builder = ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(|e| bad(&e))?;
+        let schema = builder.schema().clone();
+        let (dir, upload) = match self.place() {
+            Place::Local(root) => (root.join(dir_rel), None),
+            Place::Objects(o, prefix) => {
+                let s = self
+                    .root
+                    .join(".highwater/objects-staging")
+                    .join(&self.spec.name)
+                    .join(format!("rewrite-{}", w.start_us));
+                let _ = std::fs::remove_dir_all(&s);
+                std::fs::create_dir_all(&s).map_err(|e| IngestError::io("creating", &s, e))?;
+                (s, Some((o, prefix)))
+            }
+        };
+        let mut sink = crate::sink::ParquetSink::with_schema_extras(
+            &dir,
+            schema,
+            self.spec.batch_rows,
+            self.spec.file_rows_max,
+            u64::MAX,
+            &format!("rewrite-{n:04}-"),
+            &[],
+            crate::sink::Extras {
+                stamp: None,
+                stats: true,
+            },
+        );
+        for b in builder.build().map_err(|e| bad(&e))? {
+            let rest =
+                rewrite::without(&b.map_err(|e| bad(&e))?, w.start_us).map_err(|e| bad(&e))?;
+            if rest.num_rows() > 0 {
+                sink.push_batch(rest)?;
+            }
+        }
+        let written = sink.finish()?;
+        let mut files = Vec::new();
+        for mut f in written.files {
+            if let Some((o, prefix)) = &upload {
+                o.put_file(
+                    &dir.join(&f.path),
+                    &format!("{prefix}/{dir_rel}/{}", f.path),
+                )
+                .map_err(|e| self.delta_err(&label, e))?;
+            }
+            f.path = format!("{dir_rel}/{}", f.path);
+            files.push(f);
+        }
+        match upload {
+            Some(_) => {
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+            None => {
+                std::fs::File::open(&dir)
+                    .and_then(|d| d.sync_all())
+                    .map_err(|e| IngestError::io("syncing", &dir, e))?;
+            }
+        }
+        Ok(Some(Some(files)))
     }
 
     /// Writes the checkpoint of version `v` and points `_last_checkpoint`
@@ -568,4 +914,44 @@ impl Ingestor {
         }
         Ok(gone)
     }
+}
+
+/// What one window's commit takes out of the table.
+#[derive(Default)]
+struct TakeOut {
+    /// Active files removed: path → their `add` action.
+    removed: Vec<(String, Value)>,
+    /// Files written back without the window's rows, each with the path
+    /// it was rewritten from.
+    added: Vec<(String, crate::sink::FileInfo)>,
+}
+
+/// The `remove` action of active file `path` (its `add` action `add`).
+pub(crate) fn remove_action(path: &str, add: &Value, now_ms: i64, data_change: bool) -> Value {
+    json!({"remove": {
+        "path": path,
+        "deletionTimestamp": now_ms,
+        "dataChange": data_change,
+        "extendedFileMetadata": true,
+        "partitionValues": add.get("partitionValues").cloned().unwrap_or_else(|| json!({})),
+        "size": add["size"],
+    }})
+}
+
+/// The `add` action of a file highwater wrote at `path` (relative to the
+/// table), with its statistics.
+fn add_action(path: &str, f: &crate::sink::FileInfo, now_ms: i64, tags: &Value) -> Value {
+    let stats = f
+        .stats
+        .clone()
+        .unwrap_or_else(|| json!({"numRecords": f.rows}));
+    json!({"add": {
+        "path": path,
+        "partitionValues": {},
+        "size": f.bytes,
+        "modificationTime": now_ms,
+        "dataChange": true,
+        "stats": stats.to_string(),
+        "tags": tags,
+    }})
 }

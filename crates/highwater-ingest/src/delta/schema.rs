@@ -137,6 +137,45 @@ pub fn evolve(table: &[Field], columns: &[Column]) -> Result<Option<Vec<Field>>,
     Ok(Some(all))
 }
 
+/// `columns` with the window stamp after them, as the table's schema
+/// holds them (see [`super::WINDOW_COLUMN`]).
+pub fn stamped(columns: &[Column]) -> Vec<Column> {
+    let mut all = columns.to_vec();
+    all.push(Column {
+        name: super::WINDOW_COLUMN.to_string(),
+        ty: ColType::TimestampTz,
+        source_type: "the start of the window the row was landed in".into(),
+    });
+    all
+}
+
+/// Column names a Delta reader accepts and highwater's own column
+/// leaves free: `Err` names each collision. Delta's column names are
+/// case-insensitive (deltalake and Polars refuse `id` beside `ID`).
+pub fn check_names(columns: &[Column]) -> Result<(), Vec<String>> {
+    let mut bad = Vec::new();
+    let mut seen: std::collections::BTreeMap<String, &str> = Default::default();
+    for c in columns {
+        let folded = c.name.to_lowercase();
+        if folded == super::WINDOW_COLUMN.to_lowercase() {
+            bad.push(format!(
+                "column `{}` is highwater's own (each row's window start)",
+                c.name
+            ));
+        } else if let Some(first) = seen.insert(folded, &c.name) {
+            bad.push(format!(
+                "columns `{first}` and `{}` differ only in case, and Delta's column names are case-insensitive",
+                c.name
+            ));
+        }
+    }
+    if bad.is_empty() {
+        Ok(())
+    } else {
+        Err(bad)
+    }
+}
+
 /// The fields of a first commit.
 pub fn fields_of(columns: &[Column]) -> Vec<Field> {
     columns
@@ -195,6 +234,20 @@ mod tests {
         );
         let e = check(vec![col("id", ColType::I64)]).unwrap_err();
         assert!(e[0].contains("`amount` (double)"), "{e:?}");
+    }
+
+    #[test]
+    fn names_that_collide_are_refused() {
+        let ok = [col("id", ColType::I64), col("amount", ColType::F64)];
+        assert!(check_names(&ok).is_ok());
+        let e = check_names(&[col("id", ColType::I64), col("ID", ColType::I64)]).unwrap_err();
+        assert!(e[0].contains("`id` and `ID`"), "{e:?}");
+        let e = check_names(&[col("_HIGHWATER_window", ColType::I64)]).unwrap_err();
+        assert!(e[0].contains("highwater's own"), "{e:?}");
+        assert_eq!(
+            stamped(&ok).last().unwrap().name,
+            super::super::WINDOW_COLUMN
+        );
     }
 
     #[test]
