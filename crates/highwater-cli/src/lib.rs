@@ -643,8 +643,52 @@ fn load_config(
     if spec.osm.is_some() {
         spec.places.extend(cfg.paths());
     }
+    spec.places.extend(source_outputs(&spec, config, &root)?);
     let pipeline = Pipeline::open(spec.clone())?;
     Ok((pipeline, cfg, spec))
+}
+
+/// The output roots of the config's sources, as places that no other
+/// place (another source's output, a stage's output root, the state
+/// store) may overlap (issue 46). Sources in object storage are compared
+/// here among themselves, by storage name and key prefix. A source whose
+/// table does not parse is left to its own command's error.
+fn source_outputs(
+    spec: &highwater_files::PipelineSpec,
+    config: &std::path::Path,
+    root: &std::path::Path,
+) -> Result<Vec<(String, std::path::PathBuf)>> {
+    let mut local = Vec::new();
+    let mut remote: Vec<(String, String, String)> = Vec::new();
+    for (name, value) in &spec.sources {
+        let Ok(s) = highwater_ingest::SourceSpec::parse(name, value, config, root) else {
+            continue;
+        };
+        let what = format!("the output of source `{name}`");
+        match &s.output_place {
+            // A template that starts with a placeholder lands across the
+            // project's root, where the config itself lives: not a place
+            // of its own to compare.
+            None if s.output_root().is_empty() => {}
+            None => local.push((what, root.join(s.output_root()))),
+            Some(place) => {
+                let prefix = s.output_root();
+                for (other, p, q) in &remote {
+                    let within = |a: &str, b: &str| {
+                        a == b || b.is_empty() || a.starts_with(&format!("{b}/"))
+                    };
+                    if p == place && (within(&prefix, q) || within(q, &prefix)) {
+                        anyhow::bail!(
+                            "{}: {other} `{place}:{q}` and {what} `{place}:{prefix}` are the same place, or one lies inside the other: one would destroy the other. Give them separate paths",
+                            config.display()
+                        );
+                    }
+                }
+                remote.push((what, place.clone(), prefix));
+            }
+        }
+    }
+    Ok(local)
 }
 
 fn ingestor(cli_config: &std::path::Path, name: &str) -> Result<highwater_ingest::Ingestor> {

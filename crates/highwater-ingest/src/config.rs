@@ -513,6 +513,23 @@ impl SourceSpec {
         Ok(shared)
     }
 
+    /// The folder every window of this source lands under (relative to
+    /// the config folder, or a key prefix in `output_place`): a Delta
+    /// table's root, or a Parquet template's fixed part up to its first
+    /// placeholder. Two sources, or a source and a file stage, must not
+    /// share one (issue 46): the second one's re-lands and vacuums would
+    /// remove the first one's files.
+    pub fn output_root(&self) -> String {
+        let fixed = match self.format {
+            Format::Delta => self.output.as_str(),
+            Format::Parquet => match self.output.find('{') {
+                Some(i) => self.output[..i].rsplit_once('/').map_or("", |(d, _)| d),
+                None => self.output.as_str(),
+            },
+        };
+        fixed.trim_end_matches('/').to_string()
+    }
+
     /// The window's output path (relative to the config folder), a pure
     /// function of the window.
     pub fn window_path(&self, w: &Window) -> Result<String, String> {

@@ -1673,6 +1673,8 @@ impl Ingestor {
         } else {
             max_parallel.clamp(1, 64).min(ks.len().max(1))
         };
+        let stopped: Mutex<Option<String>> = Mutex::new(None);
+        let first_error: Mutex<Option<IngestError>> = Mutex::new(None);
         std::thread::scope(|scope| -> Result<(), IngestError> {
             let mut handles = Vec::new();
             for _ in 0..parallel {
@@ -1688,25 +1690,49 @@ impl Ingestor {
                         // reported failed (exit 1), not left out of the report
                         // as if the run had owed only the others.
                         if lost.load(Ordering::SeqCst) {
-                            let w = self.spec.grid.window(k);
-                            let o = WindowOutcome {
-                                start: format_rfc3339(w.start_us),
-                                end: format_rfc3339(w.end_us),
-                                path: self.window_path(&w).0,
-                                status: "failed",
-                                rows: 0,
-                                duration_ms: 0,
-                                warnings: Vec::new(),
-                                error: Some(format!(
+                            let o = self.failed_outcome(
+                                k,
+                                format!(
                                     "not run: {}; run `highwater ingest {}` again",
                                     self.lost_to(ctx.store, ctx.fence),
                                     self.spec.name
-                                )),
-                            };
+                                ),
+                            );
                             outcomes.lock().unwrap_or_else(|e| e.into_inner()).push(o);
                             continue;
                         }
-                        let o = self.run_one(k, reader.as_mut(), ctx)?;
+                        // An error that stops the run (storage gone, the
+                        // state store failing): this window fails with it,
+                        // the windows not started are reported not run, and
+                        // the windows already published stay reported, so
+                        // the exit code says some work was done (1), not
+                        // none (2).
+                        if let Some(why) = stopped.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+                            let o = self.failed_outcome(
+                                k,
+                                format!(
+                                    "not run: an earlier window failed ({why}); run `highwater ingest {}` again",
+                                    self.spec.name
+                                ),
+                            );
+                            outcomes.lock().unwrap_or_else(|e| e.into_inner()).push(o);
+                            continue;
+                        }
+                        let o = match self.run_one(k, reader.as_mut(), ctx) {
+                            Ok(o) => o,
+                            Err(e) => {
+                                let o = self.failed_outcome(k, e.to_string());
+                                stopped
+                                    .lock()
+                                    .unwrap_or_else(|e| e.into_inner())
+                                    .get_or_insert_with(|| e.to_string());
+                                first_error
+                                    .lock()
+                                    .unwrap_or_else(|e| e.into_inner())
+                                    .get_or_insert(e);
+                                o
+                            }
+                        };
                         outcomes.lock().unwrap_or_else(|e| e.into_inner()).push(o);
                         if std::env::var_os("HIGHWATER_FAILPOINT")
                             .is_some_and(|v| v == "ingest-gate")
@@ -1722,8 +1748,30 @@ impl Ingestor {
             Ok(())
         })?;
         let mut outcomes = outcomes.into_inner().unwrap_or_else(|e| e.into_inner());
+        // Nothing published: the error itself, as before any window ran
+        // (exit 2, nothing was touched).
+        if let Some(e) = first_error.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            if !outcomes.iter().any(|o| o.status == "published") {
+                return Err(e);
+            }
+        }
         outcomes.sort_by(|a, b| a.start.cmp(&b.start));
         Ok(outcomes)
+    }
+
+    /// Window `k` reported failed with `error`, having published nothing.
+    fn failed_outcome(&self, k: i64, error: String) -> WindowOutcome {
+        let w = self.spec.grid.window(k);
+        WindowOutcome {
+            start: format_rfc3339(w.start_us),
+            end: format_rfc3339(w.end_us),
+            path: self.window_path(&w).0,
+            status: "failed",
+            rows: 0,
+            duration_ms: 0,
+            warnings: Vec::new(),
+            error: Some(error),
+        }
     }
 
     /// After the windows: old folders of moved windows go, the horizon
