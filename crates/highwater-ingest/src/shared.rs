@@ -79,16 +79,22 @@ impl Ingestor {
         let mut claimed = 0usize;
         let mut takeovers = 0usize;
         loop {
-            let claims = queue(store.as_mut()).claim(
+            // Only windows queued under this process's recipe: a window
+            // is never landed by a recipe other than its plan's.
+            let claims = queue(store.as_mut()).claim_recipe(
                 &stage,
                 &owner,
                 opts.max_parallel.clamp(1, 64),
                 lease_ns,
+                &self.recipe,
             )?;
             if claims.is_empty() {
                 if queue(store.as_mut()).pending(&stage)?.open() == 0 {
                     break;
                 }
+                // Open windows of another recipe's plan: refused, naming
+                // both (another deploy queued them meanwhile).
+                self.check_queued_recipe(store.as_mut(), &stage)?;
                 std::thread::sleep(Duration::from_millis(LEASE_POLL_MS));
                 continue;
             }
@@ -141,12 +147,14 @@ impl Ingestor {
         stage: &str,
     ) -> Result<(Option<Planned>, Option<String>), IngestError> {
         if queue(store).pending(stage)?.open() > 0 {
+            self.check_queued_recipe(store, stage)?;
             return Ok((None, None));
         }
         // Planners hold the source lease briefly; wait for it.
         self.leased(true, |locked, fence, _lost| {
             let mut s = locked.lock().unwrap_or_else(|e| e.into_inner());
             if queue(s.as_mut()).pending(stage)?.open() > 0 {
+                self.check_queued_recipe(s.as_mut(), stage)?;
                 return Ok((None, None));
             }
             drop(s);
@@ -166,7 +174,22 @@ impl Ingestor {
                 })
                 .collect();
             let mut s = locked.lock().unwrap_or_else(|e| e.into_inner());
-            match queue(s.as_mut()).enqueue(stage, &Default::default(), &items, fence)? {
+            let recipe_plan = highwater_store::QueuePlan {
+                recipe: self.recipe.clone(),
+                owner: owner_id(),
+                host: host(),
+                pid: std::process::id() as i64,
+                planned_at_ns: now_ns(),
+                replaced: Vec::new(),
+                holders: Vec::new(),
+            };
+            match queue(s.as_mut()).enqueue_plan(
+                stage,
+                &Default::default(),
+                &items,
+                fence,
+                &recipe_plan,
+            )? {
                 highwater_store::WindowCommit::Done => Ok((
                     Some(Planned {
                         report: plan.report,
@@ -183,6 +206,38 @@ impl Ingestor {
                     Ok((None, Some(self.lost_to(locked, fence))))
                 }
             }
+        })
+    }
+
+    /// Refuses to join a queue of open windows planned under another
+    /// recipe (a rolling deploy: the old and the new config side by side),
+    /// naming both recipes and the processes holding the windows.
+    fn check_queued_recipe(
+        &self,
+        store: &mut dyn StateStore,
+        stage: &str,
+    ) -> Result<(), IngestError> {
+        let Some(plan) = queue(store).queue_plan(stage)? else {
+            return Ok(());
+        };
+        if plan.recipe == self.recipe || queue(store).pending(stage)?.open() == 0 {
+            return Ok(());
+        }
+        Err(IngestError::RecipeChanged {
+            name: self.spec.name.clone(),
+            message: format!(
+                "its open windows were queued under recipe {} (by {} pid {} at {}), and this process runs recipe {}: another deploy of the source's config is landing them. Nothing was landed by this process. Let the other deploy finish (held now by {}), or stop it and run this config again",
+                plan.recipe,
+                plan.host,
+                plan.pid,
+                format_rfc3339(plan.planned_at_ns / 1000),
+                self.recipe,
+                if plan.holders.is_empty() {
+                    "no process".to_string()
+                } else {
+                    plan.holders.join(", ")
+                }
+            ),
         })
     }
 
