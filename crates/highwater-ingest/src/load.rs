@@ -44,6 +44,18 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::time::Instant;
 
+/// What a load's files hold.
+#[derive(Clone, Copy, Debug)]
+pub enum Rows {
+    /// The window's own files: this many rows (the manifest's count; a
+    /// COPY that counts otherwise rolls back).
+    Manifest(u64),
+    /// Files of a Delta table's current state: only the rows stamped with
+    /// the window are loaded, however many the table holds now (another
+    /// engine may have deleted some).
+    Stamped,
+}
+
 /// Where a window's published files are read back from for its load.
 pub(crate) enum LoadFrom {
     /// A local folder.
@@ -390,31 +402,42 @@ impl Loader {
         Ok(cols)
     }
 
-    /// Loads one published window (its folder `dir`, its Parquet `files`
-    /// as the manifest lists them) in one transaction replacing the rows of
-    /// the window starting at `start_us`. `rows_expected`: the manifest's
-    /// count; a COPY that counts otherwise rolls back.
+    /// Loads one published window (its folder `dir`, its Parquet `files`)
+    /// in one transaction replacing the rows of the window starting at
+    /// `start_us`. `rows`: what the files hold (see [`Rows`]).
     pub fn load_window(
         &mut self,
         start_us: i64,
         dir: &Path,
         files: &[String],
-        rows_expected: u64,
+        rows: Rows,
     ) -> Result<Loaded, String> {
         use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
         let open = |f: &str| -> Result<ParquetRecordBatchReaderBuilder<std::fs::File>, String> {
             let p = dir.join(f);
             let file = std::fs::File::open(&p)
                 .map_err(|e| format!("reading the published file {}: {e}", p.display()))?;
-            let b = ParquetRecordBatchReaderBuilder::try_new(file)
-                .map_err(|e| format!("reading the published file {}: {e}", p.display()))?;
-            // A Delta table's files carry the window stamp already; the
-            // load writes its own (the same value) after the row.
-            let keep: Vec<usize> = (0..b.schema().fields().len())
+            // The Parquet schema, not an Arrow schema a writer embedded:
+            // another engine's files (delta-rs) ask for Utf8View and other
+            // view types that name the same Parquet columns.
+            let options = parquet::arrow::arrow_reader::ArrowReaderOptions::new()
+                .with_skip_arrow_metadata(true);
+            ParquetRecordBatchReaderBuilder::try_new_with_options(file, options)
+                .map_err(|e| format!("reading the published file {}: {e}", p.display()))
+        };
+        // A batch as the COPY takes it: a Delta table's files carry the
+        // window stamp already (the load writes its own, the same value,
+        // after the row), and files of the table's current state hold
+        // other windows' rows too.
+        let shape = |b: RecordBatch| -> Result<RecordBatch, String> {
+            let b = match rows {
+                Rows::Stamped => crate::delta::rewrite::only(&b, start_us)?,
+                Rows::Manifest(_) => b,
+            };
+            let keep: Vec<usize> = (0..b.num_columns())
                 .filter(|&i| b.schema().field(i).name() != WINDOW_COLUMN)
                 .collect();
-            let mask = parquet::arrow::ProjectionMask::roots(b.parquet_schema(), keep);
-            Ok(b.with_projection(mask))
+            b.project(&keep).map_err(|e| e.to_string())
         };
         let schema = match files.first() {
             // As the projection reads it: the stamp left out.
@@ -498,7 +521,9 @@ impl Loader {
                             match r.next() {
                                 Some(b) => {
                                     let b =
-                                        b.map_err(|e| format!("reading a published file: {e}"))?;
+                                        shape(b.map_err(|e| {
+                                            format!("reading a published file: {e}")
+                                        })?)?;
                                     if b.num_rows() > 0 {
                                         pending = Some((b, 0));
                                     }
@@ -510,12 +535,15 @@ impl Loader {
                         match readers.next() {
                             Some(f) => {
                                 let b = open(f)?;
+                                // Names and types: another engine's
+                                // rewrite may differ in nullability.
                                 let same = b
                                     .schema()
                                     .fields()
                                     .iter()
                                     .filter(|f| f.name() != WINDOW_COLUMN)
-                                    .eq(schema.fields().iter());
+                                    .map(|f| (f.name(), f.data_type()))
+                                    .eq(schema.fields().iter().map(|f| (f.name(), f.data_type())));
                                 if !same {
                                     return Err(format!("the published file {} has another schema than {}; re-land the window", dir.join(f).display(), dir.join(&files[0]).display()));
                                 }
@@ -534,10 +562,12 @@ impl Loader {
                 };
                 copied = self.pg.copy_in(&sql, &mut next)?;
             }
-            if copied != rows_expected {
-                return Err(format!(
-                    "the COPY counted {copied} rows, the window's manifest {rows_expected}; nothing was loaded"
-                ));
+            if let Rows::Manifest(expected) = rows {
+                if copied != expected {
+                    return Err(format!(
+                        "the COPY counted {copied} rows, the window's manifest {expected}; nothing was loaded"
+                    ));
+                }
             }
             if std::env::var_os("HIGHWATER_FAILPOINT").is_some_and(|v| v == "load-gate") {
                 // For the reader test: the window's new rows are written,
@@ -626,6 +656,54 @@ impl Ingestor {
         Ok(())
     }
 
+    /// Loads window `w` (record `r`) of a Delta table from the table's
+    /// current state (issue 46): the rows stamped with the window, in
+    /// whichever active files hold them now, whoever compacted, rewrote or
+    /// vacuumed the table since the window's commit.
+    fn load_delta_window(
+        &self,
+        w: &Window,
+        r: &WindowRecord,
+        spec: &LoadSpec,
+        url: &str,
+        loader: &mut Option<Loader>,
+    ) -> Result<Loaded, String> {
+        let (from, files) = self
+            .delta_window_for_load(w, &r.token)
+            .map_err(|e| e.to_string())?;
+        let mut scratch = None;
+        let dir = match from {
+            LoadFrom::Local(d) => d,
+            LoadFrom::Bucket(prefix) => {
+                let s = self.scratch(&format!("load-{}", r.token));
+                let _ = std::fs::remove_dir_all(&s.0);
+                for f in &files {
+                    if let Some(parent) = s.0.join(f).parent() {
+                        std::fs::create_dir_all(parent)
+                            .map_err(|e| format!("creating {}: {e}", parent.display()))?;
+                    }
+                }
+                self.download(&prefix, &files, &s.0)?;
+                let d = s.0.clone();
+                scratch = Some(s);
+                d
+            }
+        };
+        if loader.is_none() {
+            *loader =
+                Some(Loader::connect(spec, url).map_err(|e| {
+                    format!("cannot connect to the warehouse ({}): {e}", spec.url_env)
+                })?);
+        }
+        let l = loader.as_mut().expect("just connected");
+        let out = l.load_window(w.start_us, &dir, &files, Rows::Stamped);
+        if out.is_err() {
+            *loader = None;
+        }
+        drop(scratch);
+        out
+    }
+
     /// Loads every published window (current recipe) whose current version
     /// is not in the warehouse yet, oldest first, at most
     /// `catch_up_windows_max` per run: the windows this run published, and
@@ -700,13 +778,10 @@ impl Ingestor {
             }
             let t0 = Instant::now();
             let result = (|| -> Result<Loaded, String> {
-                let (from, m) = if self.is_delta() {
-                    // A Delta table: the window's files are those its
-                    // newest commit names, the manifest in its commitInfo.
-                    self.delta_window_for_load(&w, &r.token)
-                        .map_err(|e| e.to_string())?
-                        .ok_or_else(|| format!("the Delta table has no commit of window {w}; `highwater ingest {}` lands it again", self.spec.name))?
-                } else if self.spec.output_place.is_some() {
+                if self.is_delta() {
+                    return self.load_delta_window(&w, &r, spec, &url, &mut loader);
+                }
+                let (from, m) = if self.spec.output_place.is_some() {
                     let (m, prefix) = self
                         .bucket_window_for_load(&w)
                         .map_err(|e| e.to_string())?
@@ -774,7 +849,12 @@ impl Ingestor {
                     })?);
                 }
                 let l = loader.as_mut().expect("just connected");
-                let out = l.load_window(r.start_us, &dir, &files, m["rows"].as_u64().unwrap_or(0));
+                let out = l.load_window(
+                    r.start_us,
+                    &dir,
+                    &files,
+                    Rows::Manifest(m["rows"].as_u64().unwrap_or(0)),
+                );
                 if out.is_err() {
                     // The connection may be gone with the server: the next
                     // window connects afresh.

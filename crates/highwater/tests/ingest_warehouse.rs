@@ -269,6 +269,70 @@ fn a_delta_tables_windows_load_each_row_once_and_a_reland_replaces() {
         .all(|n| *n == 1));
 }
 
+/// Issue 46: loads still owed after another engine maintained the Delta
+/// table read the window's rows from the table as it is now. The first
+/// run's warehouse is unreachable (its loads fail, exit 1); then the
+/// `deltalake` package compacts the table (OPTIMIZE), deletes every tenth
+/// row and vacuums with no retention, so none of the files the windows'
+/// commits named is left. The next run loads every window from the
+/// compacted files: each row the table holds, once, and none it deleted.
+#[test]
+fn a_delta_tables_owed_loads_follow_another_engines_optimize_delete_and_vacuum() {
+    let _serial = pg_serial();
+    let (mut wh, url) = pg_database("wh_foreign");
+    let cfg = config("raw.orders", "").replace(
+        "output = \"raw/orders/{date}/{hour}\"",
+        "output = \"lake/orders\"\nformat = \"delta\"",
+    );
+    let p = Project::new(&cfg);
+    let c = source(&p);
+    put_rows(&c, 0..6, 20, 1);
+    let now = "2026-03-01T06:05:00Z";
+    let r = ingest(
+        &p,
+        &format!("{url} dbname=hw_no_such_database"),
+        now,
+        &[],
+        1,
+    );
+    assert_eq!(loads(&r).len(), 6, "{r}");
+    assert!(loads(&r).iter().all(|(_, s)| s == "failed"), "{r}");
+    let table = p.path("lake/orders");
+    let foreign = r#"
+import sys, os
+from deltalake import DeltaTable
+uri = sys.argv[1]
+DeltaTable(uri).optimize.compact()
+DeltaTable(uri).delete("id % 10 = 0")
+DeltaTable(uri).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+sys.stdout.flush()
+os._exit(0)
+"#;
+    let o = std::process::Command::new(
+        std::env::var("HIGHWATER_TEST_PYTHON").expect("HIGHWATER_TEST_PYTHON: run scripts/test.sh"),
+    )
+    .args(["-c", foreign, table.to_str().unwrap()])
+    .output()
+    .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for dir in std::fs::read_dir(table.join("data")).unwrap().flatten() {
+        for attempt in std::fs::read_dir(dir.path()).unwrap().flatten() {
+            let left = std::fs::read_dir(attempt.path()).unwrap().count();
+            assert_eq!(left, 0, "vacuumed: {}", attempt.path().display());
+        }
+    }
+    let r = ingest(&p, &url, now, &[], 0);
+    assert_eq!(loads(&r).len(), 6, "{r}");
+    assert!(loads(&r).iter().all(|(_, s)| s == "loaded"), "{r}");
+    let ids = warehouse_ids(&mut wh, "raw.orders");
+    let want: Vec<i64> = (1..=120).filter(|i| i % 10 != 0).collect();
+    assert_eq!(ids.keys().copied().collect::<Vec<_>>(), want);
+    assert!(ids.values().all(|n| *n == 1), "a row twice");
+    let w = per_window(&mut wh, "raw.orders");
+    assert_eq!(w.len(), 6, "{w:?}");
+    assert!(w.values().all(|n| *n == 18), "{w:?}");
+}
+
 /// Issue 21: windows published to a bucket (moto on loopback), Parquet
 /// folder versions and a Delta table, load from the files read back from
 /// the bucket: a first run whose warehouse is down publishes and fails its

@@ -408,21 +408,39 @@ impl Ingestor {
         Ok(snap.windows.get(&w.start_us).map(|(_, m)| m.clone()))
     }
 
-    /// For the warehouse load (issue 21): where the files of window `w`'s
-    /// attempt `token` are (a local folder, or a key prefix in the bucket),
-    /// and the manifest its newest commit carries (`None`: no commit of the
-    /// window is in the table).
+    /// For the warehouse load: where the table is (its root folder, or
+    /// its key prefix in the bucket), and the active files that may hold
+    /// window `w`'s rows now (paths relative to it; see [`rewrite`]),
+    /// whoever wrote them. `Err` when the table's newest commit of the
+    /// window is of another attempt than `token` (the run that made it
+    /// settles it), or a file lies outside the table.
     pub(crate) fn delta_window_for_load(
         &self,
         w: &Window,
         token: &str,
-    ) -> Result<Option<(crate::load::LoadFrom, Value)>, IngestError> {
-        let dir = format!("{}/{token}", Self::window_dir(w));
+    ) -> Result<(crate::load::LoadFrom, Vec<String>), IngestError> {
+        let snap = self.delta_snapshot()?.clone();
+        let label = w.to_string();
+        if let Some((_, m)) = snap.windows.get(&w.start_us) {
+            if m["token"].as_str() != Some(token) {
+                return Err(self.delta_err(&label, format!("the table's newest commit of window {label} is of another attempt than the record; the next `highwater ingest {}` settles it", self.spec.name)));
+            }
+        }
+        let prefix = format!("{}/", Self::window_dir(w));
+        let mut files = Vec::new();
+        for (path, add) in &snap.files {
+            if rewrite::fate_by_log(path, add, w.start_us, &prefix) == rewrite::Fate::Keep {
+                continue;
+            }
+            files.push(rewrite::table_relative(path).ok_or_else(|| {
+                self.delta_err(&label, format!("active file `{path}` is not inside the table; the load reads only the table's own files"))
+            })?);
+        }
         let from = match self.place() {
-            Place::Local(root) => crate::load::LoadFrom::Local(root.join(dir)),
-            Place::Objects(_, prefix) => crate::load::LoadFrom::Bucket(format!("{prefix}/{dir}")),
+            Place::Local(root) => crate::load::LoadFrom::Local(root),
+            Place::Objects(_, prefix) => crate::load::LoadFrom::Bucket(prefix),
         };
-        Ok(self.delta_window_manifest(w)?.map(|m| (from, m)))
+        Ok((from, files))
     }
 
     /// The folder of window `w`'s attempts, relative to the table root.

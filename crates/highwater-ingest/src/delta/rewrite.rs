@@ -128,6 +128,16 @@ pub fn without(batch: &RecordBatch, start_us: i64) -> Result<RecordBatch, String
     arrow_select::filter::filter_record_batch(batch, &keep).map_err(|e| e.to_string())
 }
 
+/// The rows of `batch` that are window `start_us`'s (none when it has no
+/// stamp column).
+pub fn only(batch: &RecordBatch, start_us: i64) -> Result<RecordBatch, String> {
+    let keep: BooleanArray = match stamps(batch) {
+        Some(st) => st.iter().map(|s| Some(*s == Some(start_us))).collect(),
+        None => BooleanArray::from(vec![false; batch.num_rows()]),
+    };
+    arrow_select::filter::filter_record_batch(batch, &keep).map_err(|e| e.to_string())
+}
+
 /// A path of the log (a relative URI, percent-encoded) as a path below
 /// the table's root, or `None` where it leaves the table (an absolute
 /// URI, `..`): highwater reads only the table's own files.
@@ -226,7 +236,9 @@ mod tests {
             .values()
             .to_vec();
         assert_eq!(ids, vec![2, 3]);
+        assert_eq!(only(&b, 10).unwrap().num_rows(), 2);
         let unstamped = b.project(&[0]).unwrap();
+        assert_eq!(only(&unstamped, 10).unwrap().num_rows(), 0);
         assert_eq!(count(&unstamped, 10), (0, 4));
         assert_eq!(without(&unstamped, 10).unwrap().num_rows(), 4);
     }
