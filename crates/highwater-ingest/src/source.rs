@@ -201,6 +201,47 @@ impl SqliteReader {
         }
     }
 
+    /// The type of column `i` (`name`), which has no declared type, from
+    /// the storage classes of its values over the whole relation (issue
+    /// 46: SQLite reports no type for an expression): integers only →
+    /// int64; integers and reals → float64; text → utf8; blobs → binary;
+    /// no value at all → utf8. Text beside numbers is refused, naming the
+    /// CAST to write.
+    fn inferred(&self, name: &str) -> Result<ColType, IngestError> {
+        let bad = |e: rusqlite::Error| IngestError::Schema {
+            name: self.spec.name.clone(),
+            message: format!("cannot read the values of column `{name}` to type it: {e}"),
+        };
+        let sql = format!(
+            "SELECT DISTINCT typeof(s.{}) FROM {} AS s",
+            quote_column(name),
+            self.spec.relation_sql()
+        );
+        let mut stmt = self.conn.prepare(&sql).map_err(bad)?;
+        let classes: std::collections::BTreeSet<String> = stmt
+            .query_map([], |r| r.get::<_, String>(0))
+            .map_err(bad)?
+            .collect::<Result<_, _>>()
+            .map_err(bad)?;
+        let has = |c: &str| classes.contains(c);
+        let numbers = has("integer") || has("real");
+        Ok(match () {
+            _ if has("blob") && (numbers || has("text")) || has("text") && numbers => {
+                return Err(IngestError::Schema {
+                    name: self.spec.name.clone(),
+                    message: format!(
+                        "column `{name}` has no declared type (an expression in the query) and its values mix {}; give it one type in the query, e.g. `CAST(... AS REAL) AS {name}` or `CAST(... AS TEXT) AS {name}`",
+                        classes.iter().filter(|c| *c != "null").cloned().collect::<Vec<_>>().join(" and ")
+                    ),
+                })
+            }
+            _ if has("real") => ColType::F64,
+            _ if has("integer") => ColType::I64,
+            _ if has("blob") => ColType::Bytes,
+            _ => ColType::Text,
+        })
+    }
+
     fn sql_err(&self, window: &str, e: rusqlite::Error) -> IngestError {
         IngestError::Read {
             name: self.spec.name.clone(),
@@ -217,31 +258,43 @@ impl Reader for SqliteReader {
             name: self.spec.name.clone(),
             message: format!("cannot read the columns: {e}"),
         })?;
-        Ok(stmt
+        let declared: Vec<(String, String)> = stmt
             .columns()
             .iter()
             .map(|c| {
-                let decl = c.decl_type().unwrap_or("").to_ascii_uppercase();
-                let ty = if decl.contains("INT") {
-                    ColType::I64
-                } else if decl.contains("REAL") || decl.contains("FLOA") || decl.contains("DOUB") {
-                    ColType::F64
-                } else if decl.contains("BLOB") {
-                    ColType::Bytes
-                } else {
-                    ColType::Text
-                };
-                Column {
-                    name: c.name().to_string(),
-                    ty,
-                    source_type: if decl.is_empty() {
-                        "(no declared type)".into()
-                    } else {
-                        decl.to_ascii_lowercase()
-                    },
-                }
+                (
+                    c.name().to_string(),
+                    c.decl_type().unwrap_or("").to_ascii_uppercase(),
+                )
             })
-            .collect())
+            .collect();
+        drop(stmt);
+        let mut out = Vec::with_capacity(declared.len());
+        for (name, decl) in declared {
+            let (ty, source_type) = if decl.is_empty() {
+                // An expression (`amount * 2 AS amount`) has no declared
+                // type: its type is read from the values it gives.
+                let ty = self.inferred(&name)?;
+                (
+                    ty,
+                    format!("(no declared type; its values are {})", ty.name()),
+                )
+            } else if decl.contains("INT") {
+                (ColType::I64, decl.to_ascii_lowercase())
+            } else if decl.contains("REAL") || decl.contains("FLOA") || decl.contains("DOUB") {
+                (ColType::F64, decl.to_ascii_lowercase())
+            } else if decl.contains("BLOB") {
+                (ColType::Bytes, decl.to_ascii_lowercase())
+            } else {
+                (ColType::Text, decl.to_ascii_lowercase())
+            };
+            out.push(Column {
+                name,
+                ty,
+                source_type,
+            });
+        }
+        Ok(out)
     }
 
     fn read(

@@ -1039,3 +1039,47 @@ fn delta_compaction_in_a_bucket_is_one_layout_only_commit() {
     assert_eq!(r["periods"][0]["status"], "already", "{r}");
     assert_eq!(bucket_log(&objects, "tables/orders").len(), 27);
 }
+
+/// Issue 46, item 9: SQLite reports no declared type for an expression in
+/// a source's `query`. Its type comes from its values: `amount * 2` lands
+/// as a double (the reader sees numbers, not strings), a count as a long;
+/// an expression whose values mix text and numbers is refused (exit 2)
+/// naming the column and the CAST to write, with nothing committed.
+#[test]
+fn delta_sqlite_expressions_land_with_their_values_type() {
+    let query = "query = \"SELECT id, amount * 2 AS amount, length(note) AS n, note, updated_at FROM orders\"";
+    let cfg = config("lake/orders", "").replace("table = \"orders\"", query);
+    assert!(cfg.contains(query), "{cfg}");
+    let p = Project::new(&cfg);
+    let c = db(&p);
+    fill(&c, 2, 5, "first");
+    let r = ingest(&p, &[], &[], 0);
+    assert_eq!(published(&r), 24, "{r}");
+    let t = read(p.path("lake/orders").to_str().unwrap(), &Value::Null);
+    let types: BTreeMap<String, String> = t["schema"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f[0].as_str().unwrap().to_string(),
+                f[1].as_str().unwrap().to_lowercase(),
+            )
+        })
+        .collect();
+    assert!(types["amount"].contains("double"), "{types:?}");
+    assert!(types["n"].contains("long"), "{types:?}");
+    assert!(types["note"].contains("string"), "{types:?}");
+    assert_eq!(t["rows"][1]["amount"], 3.0, "{}", t["rows"]);
+    // Text beside numbers in one expression: refused before any window.
+    let mixed = "query = \"SELECT id, CASE WHEN id % 2 = 0 THEN amount ELSE note END AS amount, note, updated_at FROM orders\"";
+    let p = Project::new(&config("lake/orders", "").replace("table = \"orders\"", mixed));
+    let c = db(&p);
+    fill(&c, 2, 5, "first");
+    let r = p.hw(&["ingest", "orders", "--json", "--now", NOW]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    for s in ["column `amount`", "no declared type", "CAST("] {
+        assert!(r.stderr.contains(s), "wanted {s:?} in {}", r.stderr);
+    }
+    assert!(!p.exists("lake/orders/_delta_log"), "nothing committed");
+}
