@@ -288,6 +288,10 @@ pub struct Loader {
     pg: Pg,
     /// The table's columns and types, once checked (or created).
     checked: Option<Vec<(String, String)>>,
+    /// Columns the windows have and the table lacks (added at the source
+    /// since the table was made): added by the next load, in its
+    /// transaction, as `name type` definitions.
+    add_columns: Vec<String>,
 }
 
 impl Loader {
@@ -304,6 +308,7 @@ impl Loader {
             spec: spec.clone(),
             pg,
             checked: None,
+            add_columns: Vec::new(),
         })
     }
 
@@ -315,8 +320,15 @@ impl Loader {
         schema: &arrow_schema::Schema,
     ) -> Result<Vec<(String, String)>, String> {
         if let Some(c) = &self.checked {
-            return Ok(c.clone());
+            if schema
+                .fields()
+                .iter()
+                .all(|f| c.iter().any(|(n, _)| n == f.name()))
+            {
+                return Ok(c.clone());
+            }
         }
+        self.add_columns.clear();
         let t = self.spec.table_sql();
         let cols_sql = "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum";
         let read = |pg: &mut Pg| -> Result<Vec<(String, String)>, String> {
@@ -380,6 +392,17 @@ impl Loader {
                 }
                 Some(_) => {}
             }
+        }
+        // Columns added at the source since the table was made: added by
+        // this window's load, in its transaction (the schema rule already
+        // let them through: columns are only ever added).
+        let window_missing = missing
+            .iter()
+            .any(|m| m.starts_with(&quote_column(WINDOW_COLUMN)));
+        if !missing.is_empty() && !window_missing && wrong.is_empty() {
+            self.add_columns = std::mem::take(&mut missing);
+            self.checked = None;
+            return Ok(cols);
         }
         if !missing.is_empty() {
             return Err(format!(
@@ -467,6 +490,11 @@ impl Loader {
                     &[&lock_key],
                 )
                 .map_err(|e| reason(&e))?;
+            for def in &self.add_columns {
+                self.pg
+                    .batch_execute(&format!("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS {def}"))
+                    .map_err(|e| format!("adding column {def}: {}", reason(&e)))?;
+            }
             let deleted = match self.pg.query_one(
                 &format!("WITH d AS (DELETE FROM {t} WHERE {wc} = 'epoch'::timestamptz + $1::int8 * interval '1 microsecond' RETURNING 1) SELECT count(*) FROM d"),
                 &[&start_us],
@@ -582,6 +610,8 @@ impl Loader {
         })();
         if result.is_err() {
             let _ = self.pg.batch_execute("ROLLBACK");
+        } else {
+            self.add_columns.clear();
         }
         result
     }

@@ -333,6 +333,44 @@ os._exit(0)
     assert!(w.values().all(|n| *n == 18), "{w:?}");
 }
 
+/// Issue 46, "The warehouse follows the table": a column added at the
+/// source (the Delta table's schema evolves) is added to the warehouse
+/// table by the next window's load, in its transaction; older windows'
+/// rows read it as NULL.
+#[test]
+fn a_column_added_at_the_source_is_added_to_the_warehouse_table() {
+    let _serial = pg_serial();
+    let (mut wh, url) = pg_database("wh_added");
+    let cfg = config("raw.orders", "").replace(
+        "output = \"raw/orders/{date}/{hour}\"",
+        "output = \"lake/orders\"\nformat = \"delta\"",
+    );
+    let p = Project::new(&cfg);
+    let c = source(&p);
+    put_rows(&c, 0..3, 10, 1);
+    let r = ingest(&p, &url, "2026-03-01T03:05:00Z", &[], 0);
+    assert!(loads(&r).iter().all(|(_, s)| s == "loaded"), "{r}");
+    put_rows(&c, 3..6, 10, 31);
+    c.execute_batch("ALTER TABLE orders ADD COLUMN channel TEXT;")
+        .unwrap();
+    c.execute("UPDATE orders SET channel = 'web' WHERE id > 30", [])
+        .unwrap();
+    let r = ingest(&p, &url, "2026-03-01T06:05:00Z", &[], 0);
+    assert_eq!(loads(&r).len(), 3, "{r}");
+    assert!(loads(&r).iter().all(|(_, s)| s == "loaded"), "{r}");
+    let rows = wh
+        .query(
+            "SELECT count(*) FILTER (WHERE channel = 'web'), count(*) FILTER (WHERE channel IS NULL) FROM raw.orders",
+            &[],
+        )
+        .unwrap();
+    assert_eq!(
+        (rows[0].get::<_, i64>(0), rows[0].get::<_, i64>(1)),
+        (30, 30)
+    );
+    assert_eq!(warehouse_ids(&mut wh, "raw.orders").len(), 60);
+}
+
 /// Issue 21: windows published to a bucket (moto on loopback), Parquet
 /// folder versions and a Delta table, load from the files read back from
 /// the bucket: a first run whose warehouse is down publishes and fails its
