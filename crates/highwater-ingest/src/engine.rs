@@ -1496,7 +1496,7 @@ impl Ingestor {
         // column or a changed type is refused (exit 2) with nothing
         // committed; an added column evolves the table at the next commit.
         let columns = if self.is_delta() {
-            self.delta_columns(&columns)?
+            self.delta_columns(&columns, &mut report.warnings)?
         } else {
             self.folder_schema_rule(&columns, &records)?;
             columns

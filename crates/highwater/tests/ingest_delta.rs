@@ -1131,3 +1131,56 @@ fn delta_recipe_change_after_compaction_relands_through_the_period() {
     assert_eq!(distinct, (0..270).collect::<BTreeSet<_>>());
     assert_eq!(t["polars_rows"], t["rows"].as_array().unwrap().len());
 }
+
+/// Issue 46: `checks.schema = "warn"` means for a Delta table what it
+/// means for folders, as far as the protocol lets it: a column the source
+/// dropped stays in the table (new rows read it as null) with a warning,
+/// where `fail` (the default) refuses; a changed type is refused either
+/// way, since a Delta column has one type.
+#[test]
+fn delta_schema_warn_keeps_a_dropped_column_as_null() {
+    let cfg = config("lake/orders", "").replace(
+        "continuity = \"warn\"",
+        "continuity = \"warn\"\nschema = \"warn\"",
+    );
+    assert!(cfg.contains("schema = \"warn\""), "{cfg}");
+    let p = Project::new(&cfg);
+    let c = db(&p);
+    fill(&c, 24, 2, "first");
+    let r = ingest(&p, &[], &[], 0);
+    assert_eq!(published(&r), 24, "{r}");
+    c.execute_batch("ALTER TABLE orders DROP COLUMN note;")
+        .unwrap();
+    c.execute(
+        "INSERT INTO orders(id, amount, updated_at) VALUES (1000, 1.0, '2026-03-02T08:30:00Z')",
+        [],
+    )
+    .unwrap();
+    let r = ingest_at(&p, "2026-03-02T09:05:00Z", &[], &[], 0);
+    assert_eq!(published(&r), 1, "{r}");
+    assert!(
+        r["warnings"].to_string().contains("`note`"),
+        "the dropped column named: {r}"
+    );
+    let t = read(p.path("lake/orders").to_str().unwrap(), &Value::Null);
+    let last = t["rows"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["id"], 1000);
+    assert!(last["note"].is_null(), "{last}");
+    assert_eq!(t["rows"][0]["note"], "first");
+    // The default, `fail`: refused before any window, nothing committed.
+    let p2 = Project::new(&config("lake/orders", ""));
+    let c2 = db(&p2);
+    fill(&c2, 24, 2, "first");
+    ingest(&p2, &[], &[], 0);
+    c2.execute_batch("ALTER TABLE orders DROP COLUMN note;")
+        .unwrap();
+    let r = p2.hw(&[
+        "ingest",
+        "orders",
+        "--json",
+        "--now",
+        "2026-03-02T09:05:00Z",
+    ]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("`note`"), "{}", r.stderr);
+}

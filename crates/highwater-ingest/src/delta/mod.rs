@@ -353,7 +353,11 @@ impl Ingestor {
     /// the table's protocol and features ([`protocol`]), and the source's
     /// columns against the table's schema. Returns the columns as the
     /// table's files are written (the stamp column is the sink's).
-    pub(crate) fn delta_columns(&self, columns: &[Column]) -> Result<Vec<Column>, IngestError> {
+    pub(crate) fn delta_columns(
+        &self,
+        columns: &[Column],
+        warnings: &mut Vec<String>,
+    ) -> Result<Vec<Column>, IngestError> {
         if let Err(lines) = schema::check_names(columns) {
             return Err(IngestError::Schema {
                 name: self.spec.name.clone(),
@@ -370,11 +374,31 @@ impl Ingestor {
         }
         let table = schema::table_columns(columns);
         if let Some(fields) = &snap.fields {
-            if let Err(lines) = schema::evolve(fields, &schema::stamped(&table)) {
+            let stamped = schema::stamped(&table);
+            if let Err(lines) = schema::evolve(fields, &stamped, self.tolerate_dropped()) {
                 return Err(self.schema_refusal(&lines, snap.version));
+            }
+            let dropped: Vec<&str> = fields
+                .iter()
+                .filter(|f| !stamped.iter().any(|c| c.name == f.name))
+                .map(|f| f.name.as_str())
+                .collect();
+            if !dropped.is_empty() {
+                warnings.push(format!(
+                    "Delta table `{}` has column(s) {} that the source no longer gives; the new rows read them as null (checks.schema = \"{}\")",
+                    self.spec.output,
+                    dropped.iter().map(|d| format!("`{d}`")).collect::<Vec<_>>().join(", "),
+                    if self.spec.checks.schema == crate::config::Policy::Warn { "warn" } else { "off" }
+                ));
             }
         }
         Ok(table)
+    }
+
+    /// Whether a column the source dropped may stay in the table (its new
+    /// rows null): `checks.schema` other than `fail`, as for folders.
+    fn tolerate_dropped(&self) -> bool {
+        self.spec.checks.schema != crate::config::Policy::Fail
     }
 
     /// The refusal of a table whose protocol or features highwater does
@@ -626,7 +650,7 @@ impl Ingestor {
                     }}),
                 ]
             }
-            Some(fields) => match schema::evolve(fields, &table) {
+            Some(fields) => match schema::evolve(fields, &table, self.tolerate_dropped()) {
                 Ok(None) => Vec::new(),
                 Ok(Some(new)) => {
                     // A column added at the source: a new metaData, the

@@ -99,11 +99,19 @@ pub fn schema_string(fields: &[Field]) -> String {
 /// What the table's schema becomes for the source's `columns`: `Ok(None)`
 /// when it stays, `Ok(Some(fields))` when columns were added (appended, in
 /// the source's order), `Err(lines)` naming each column that was dropped or
-/// changed type, with both types.
-pub fn evolve(table: &[Field], columns: &[Column]) -> Result<Option<Vec<Field>>, Vec<String>> {
+/// changed type, with both types. With `tolerate_dropped` (`checks.schema`
+/// `warn` or `off`), a column the source no longer has stays in the table
+/// (new rows read it as null) and is not an error; a changed type always
+/// is: a Delta column has one type (type widening is a table feature).
+pub fn evolve(
+    table: &[Field],
+    columns: &[Column],
+    tolerate_dropped: bool,
+) -> Result<Option<Vec<Field>>, Vec<String>> {
     let mut bad = Vec::new();
     for f in table {
         match columns.iter().find(|c| c.name == f.name) {
+            None if tolerate_dropped => {}
             None => bad.push(format!(
                 "column `{}` ({}) is in the table but the source no longer has it",
                 f.name, f.ty
@@ -210,7 +218,7 @@ mod tests {
     #[test]
     fn evolve_adds_columns_and_refuses_the_rest() {
         let table = vec![field("id", "long"), field("amount", "double")];
-        let check = |cols: Vec<Column>| evolve(&table, &cols);
+        let check = |cols: Vec<Column>| evolve(&table, &cols, false);
         assert_eq!(
             check(vec![col("amount", ColType::F64), col("id", ColType::I64)]),
             Ok(None)
@@ -234,6 +242,15 @@ mod tests {
         );
         let e = check(vec![col("id", ColType::I64)]).unwrap_err();
         assert!(e[0].contains("`amount` (double)"), "{e:?}");
+        // `checks.schema = "warn"`: a dropped column stays in the table, a
+        // changed type is still refused.
+        assert_eq!(evolve(&table, &[col("id", ColType::I64)], true), Ok(None));
+        assert!(evolve(
+            &table,
+            &[col("id", ColType::I64), col("amount", ColType::F32)],
+            true
+        )
+        .is_err());
     }
 
     #[test]
