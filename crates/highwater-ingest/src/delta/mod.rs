@@ -495,8 +495,21 @@ impl Ingestor {
         // placed.
         {
             let snap = self.delta_snapshot()?;
-            if let Err(why) = snap.duties() {
-                return Err(self.protocol_refusal(&why, snap.version));
+            match snap.duties() {
+                Err(why) => return Err(self.protocol_refusal(&why, snap.version)),
+                Ok(d) if d.append_only => {
+                    // Refused before the files are placed when the table
+                    // may hold the window's rows already (a re-land would
+                    // remove them); the commit loop checks again exactly.
+                    let prefix = format!("{}/", Self::window_dir(&w));
+                    let held = snap.files.iter().filter(|(p, a)| {
+                        rewrite::fate_by_log(p, a, w.start_us, &prefix) != rewrite::Fate::Keep
+                    });
+                    if let Some(n) = Some(held.count()).filter(|n| *n > 0) {
+                        return Err(self.append_only_refusal(&label, n));
+                    }
+                }
+                Ok(_) => {}
             }
         }
         self.delta_place(staging, &dir_rel, &files, &label)?;
@@ -526,14 +539,7 @@ impl Ingestor {
                 .map_err(|why| self.protocol_refusal(&why, snap.version))?;
             let out = self.delta_take_out(&snap, &w, &dir_rel, &mut decided)?;
             if duties.append_only && !out.removed.is_empty() {
-                return Err(IngestError::Schema {
-                    name: self.spec.name.clone(),
-                    message: format!(
-                        "Delta table `{}` is append-only (`delta.appendOnly = true`), and window {label} already has rows in {} of its files: landing it again would remove them. Nothing was committed. Leave the window out, or land into a table that is not append-only",
-                        self.spec.output,
-                        out.removed.len()
-                    ),
-                });
+                return Err(self.append_only_refusal(&label, out.removed.len()));
             }
             let mut actions: Vec<Value> = vec![json!({"commitInfo": {
                 "timestamp": now_ms,
@@ -586,6 +592,18 @@ impl Ingestor {
             let _ = std::fs::remove_dir_all(staging);
         }
         Ok(())
+    }
+
+    /// The refusal of a re-land of window `label` on an append-only table
+    /// where `files` files may hold its rows.
+    fn append_only_refusal(&self, label: &str, files: usize) -> IngestError {
+        IngestError::Schema {
+            name: self.spec.name.clone(),
+            message: format!(
+                "Delta table `{}` is append-only (`delta.appendOnly = true`), and {files} of its files may hold rows of window {label}: landing it again would remove them. Nothing was committed. Leave the window out, or land into a table that is not append-only",
+                self.spec.output,
+            ),
+        }
     }
 
     /// The window's files placed where the commit will name them; until
@@ -732,8 +750,14 @@ impl Ingestor {
                 format!("reading active file `{rel}`: {e}. Nothing was committed"),
             )
         };
+        // The Parquet schema, not an Arrow schema another writer embedded
+        // (delta-rs asks for Utf8View): the rewritten file is plain Arrow.
+        let options = || {
+            parquet::arrow::arrow_reader::ArrowReaderOptions::new().with_skip_arrow_metadata(true)
+        };
         let builder =
-            ParquetRecordBatchReaderBuilder::try_new(bytes.clone()).map_err(|e| bad(&e))?;
+            ParquetRecordBatchReaderBuilder::try_new_with_options(bytes.clone(), options())
+                .map_err(|e| bad(&e))?;
         let Some(idx) = builder
             .schema()
             .fields()
@@ -760,7 +784,8 @@ impl Ingestor {
         if others == 0 {
             return Ok(Some(None));
         }
-        let builder = ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(|e| bad(&e))?;
+        let builder = ParquetRecordBatchReaderBuilder::try_new_with_options(bytes, options())
+            .map_err(|e| bad(&e))?;
         let schema = builder.schema().clone();
         let (dir, upload) = match self.place() {
             Place::Local(root) => (root.join(dir_rel), None),

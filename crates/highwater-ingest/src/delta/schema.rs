@@ -164,6 +164,26 @@ pub fn check_names(columns: &[Column]) -> Result<(), Vec<String>> {
     let mut bad = Vec::new();
     let mut seen: std::collections::BTreeMap<String, &str> = Default::default();
     for c in columns {
+        // SQLite renames a result column whose name an earlier one has
+        // (case-insensitively) to `NAME:N` when it reads a subquery: the
+        // query named two columns alike all the same.
+        let renamed = c
+            .name
+            .rsplit_once(':')
+            .filter(|(base, n)| {
+                !n.is_empty()
+                    && n.bytes().all(|b| b.is_ascii_digit())
+                    && seen.contains_key(&base.to_lowercase())
+            })
+            .map(|(base, _)| base);
+        if let Some(base) = renamed {
+            bad.push(format!(
+                "columns `{}` and `{base}` differ only in case (SQLite renamed the second `{}`), and Delta's column names are case-insensitive",
+                seen[&base.to_lowercase()],
+                c.name
+            ));
+            continue;
+        }
         let folded = c.name.to_lowercase();
         if folded == super::WINDOW_COLUMN.to_lowercase() {
             bad.push(format!(
@@ -259,6 +279,9 @@ mod tests {
         assert!(check_names(&ok).is_ok());
         let e = check_names(&[col("id", ColType::I64), col("ID", ColType::I64)]).unwrap_err();
         assert!(e[0].contains("`id` and `ID`"), "{e:?}");
+        let e = check_names(&[col("id", ColType::I64), col("ID:1", ColType::I64)]).unwrap_err();
+        assert!(e[0].contains("`id` and `ID`"), "{e:?}");
+        assert!(check_names(&[col("a:1", ColType::I64)]).is_ok());
         let e = check_names(&[col("_HIGHWATER_window", ColType::I64)]).unwrap_err();
         assert!(e[0].contains("highwater's own"), "{e:?}");
         assert_eq!(
