@@ -204,7 +204,9 @@ fn decode_row(row: &[u8], cols: &[Column], sink: &mut ParquetSink) -> Result<(),
                 fixed(8)?;
                 Value::Float(f64::from_be_bytes(raw.try_into().expect("8 bytes")))
             }
-            ColType::Text => Value::Text(
+            // A decimal is read as the server's exact text (`::text`),
+            // scaled by the sink.
+            ColType::Text | ColType::Decimal(..) => Value::Text(
                 std::str::from_utf8(raw)
                     .map_err(|e| format!("column `{}`: a value that is not UTF-8 ({e})", c.name))?,
             ),

@@ -68,6 +68,10 @@ impl RowsDigest {
             }
             match col.data_type() {
                 DataType::Int64 => each!(col.as_primitive::<Int64Type>(), |v| v as u64),
+                DataType::Decimal128(..) => each!(
+                    col.as_primitive::<arrow_array::types::Decimal128Type>(),
+                    |v| (v as u64) ^ ((v >> 64) as u64).rotate_left(29)
+                ),
                 DataType::Int32 => each!(col.as_primitive::<Int32Type>(), |v| v as i64 as u64),
                 DataType::Int16 => each!(col.as_primitive::<Int16Type>(), |v| v as i64 as u64),
                 DataType::Float64 => each!(col.as_primitive::<Float64Type>(), |v| v.to_bits()),

@@ -157,21 +157,73 @@ impl LoadSpec {
 }
 
 /// The PostgreSQL type a Parquet column of a window is loaded as.
-pub fn pg_type(t: &DataType) -> Option<&'static str> {
-    Some(match t {
-        DataType::Boolean => "boolean",
-        DataType::Int16 => "smallint",
-        DataType::Int32 => "integer",
-        DataType::Int64 => "bigint",
-        DataType::Float32 => "real",
-        DataType::Float64 => "double precision",
-        DataType::Utf8 => "text",
-        DataType::Binary => "bytea",
-        DataType::Timestamp(TimeUnit::Microsecond, Some(_)) => "timestamp with time zone",
-        DataType::Timestamp(TimeUnit::Microsecond, None) => "timestamp without time zone",
-        DataType::Date32 => "date",
-        _ => return None,
-    })
+pub fn pg_type(t: &DataType) -> Option<String> {
+    if let DataType::Decimal128(p, s) = t {
+        return Some(format!("numeric({p},{s})"));
+    }
+    Some(
+        match t {
+            DataType::Boolean => "boolean",
+            DataType::Int16 => "smallint",
+            DataType::Int32 => "integer",
+            DataType::Int64 => "bigint",
+            DataType::Float32 => "real",
+            DataType::Float64 => "double precision",
+            DataType::Utf8 => "text",
+            DataType::Binary => "bytea",
+            DataType::Timestamp(TimeUnit::Microsecond, Some(_)) => "timestamp with time zone",
+            DataType::Timestamp(TimeUnit::Microsecond, None) => "timestamp without time zone",
+            DataType::Date32 => "date",
+            _ => return None,
+        }
+        .to_string(),
+    )
+}
+
+/// PostgreSQL's binary `numeric` for the Decimal128 integer `v` of
+/// `scale`: ndigits, weight, sign, dscale, then base-10000 digits.
+fn put_numeric(v: i128, scale: i8, out: &mut BytesMut) {
+    let scale = scale.max(0) as usize;
+    let digits = v.unsigned_abs().to_string();
+    let digits = format!("{digits:0>width$}", width = scale + 1);
+    let (int, frac) = digits.split_at(digits.len() - scale);
+    // Whole groups of four: the integer part padded on the left, the
+    // fraction on the right.
+    let int = format!("{int:0>width$}", width = int.len().div_ceil(4) * 4);
+    let frac = format!("{frac:0<width$}", width = frac.len().div_ceil(4) * 4);
+    let group = |s: &str| -> Vec<i16> {
+        s.as_bytes()
+            .chunks(4)
+            .map(|c| {
+                std::str::from_utf8(c)
+                    .expect("ascii digits")
+                    .parse()
+                    .expect("four digits")
+            })
+            .collect()
+    };
+    let ints = group(&int);
+    let mut groups = ints.clone();
+    groups.extend(group(&frac));
+    let mut weight = ints.len() as i16 - 1;
+    while groups.first() == Some(&0) {
+        groups.remove(0);
+        weight -= 1;
+    }
+    while groups.last() == Some(&0) {
+        groups.pop();
+    }
+    if groups.is_empty() {
+        weight = 0;
+    }
+    out.put_i32(8 + 2 * groups.len() as i32);
+    out.put_i16(groups.len() as i16);
+    out.put_i16(weight);
+    out.put_u16(if v < 0 { 0x4000 } else { 0 });
+    out.put_i16(scale as i16);
+    for g in groups {
+        out.put_i16(g);
+    }
 }
 
 /// Whether a table column of type `have` takes `want`'s binary COPY
@@ -192,6 +244,7 @@ enum Col<'a> {
     Bytes(&'a arrow_array::BinaryArray),
     Ts(&'a arrow_array::TimestampMicrosecondArray),
     Date(&'a arrow_array::Date32Array),
+    Decimal(&'a arrow_array::Decimal128Array, i8),
 }
 
 fn columns(b: &RecordBatch) -> Result<Vec<Col<'_>>, String> {
@@ -212,6 +265,9 @@ fn columns(b: &RecordBatch) -> Result<Vec<Col<'_>>, String> {
                     Col::Ts(c.as_primitive::<TimestampMicrosecondType>())
                 }
                 DataType::Date32 => Col::Date(c.as_primitive::<Date32Type>()),
+                DataType::Decimal128(_, s) => {
+                    Col::Decimal(c.as_primitive::<arrow_array::types::Decimal128Type>(), *s)
+                }
                 other => {
                     return Err(format!(
                         "column `{}` is {other} in the Parquet files, which the load does not map",
@@ -265,6 +321,13 @@ fn encode(cols: &[Col<'_>], from: usize, to: usize, window_pg_us: i64, out: &mut
                         let v = a.value(r);
                         out.put_i32(v.len() as i32);
                         out.put_slice(v);
+                    }
+                }
+                Col::Decimal(a, s) => {
+                    if a.is_null(r) {
+                        out.put_i32(-1)
+                    } else {
+                        put_numeric(a.value(r), *s, out);
                     }
                 }
             }
@@ -382,12 +445,20 @@ impl Loader {
         let want = schema
             .fields()
             .iter()
-            .map(|f| (f.name().as_str(), pg_type(f.data_type()).unwrap_or("?")))
-            .chain(std::iter::once((WINDOW_COLUMN, "timestamp with time zone")));
+            .map(|f| {
+                (
+                    f.name().as_str(),
+                    pg_type(f.data_type()).unwrap_or_else(|| "?".into()),
+                )
+            })
+            .chain(std::iter::once((
+                WINDOW_COLUMN,
+                "timestamp with time zone".to_string(),
+            )));
         for (name, ty) in want {
             match cols.iter().find(|(c, _)| c == name) {
                 None => missing.push(format!("{} {ty}", quote_column(name))),
-                Some((_, have)) if !compatible(ty, have) => {
+                Some((_, have)) if !compatible(&ty, have) => {
                     wrong.push(format!("`{name}` is {have}, the windows have {ty}"))
                 }
                 Some(_) => {}

@@ -15,6 +15,7 @@
 //! | timestamp | Timestamp(µs), read as UTC |
 //! | date | Date32 |
 //! | numeric, json, jsonb, uuid, xid8, arrays, anything else | Utf8: the server's exact text (numeric keeps every digit) |
+//! | numeric(p, s), p <= 38, into a Delta table | Decimal128(p, s), scaled from the exact text, never rounded |
 //!
 //! NULL is a null in every type. SQLite columns map by declared type
 //! affinity: INT → Int64, REAL/FLOA/DOUB → Float64, BLOB → Binary, else Utf8.
@@ -48,6 +49,10 @@ pub enum ColType {
     TimestampTz,
     Timestamp,
     Date,
+    /// A PostgreSQL `numeric(p, s)` with p <= 38 landed in a Delta table:
+    /// Arrow Decimal128(p, s), Delta `decimal(p,s)` (issue 46). Read as the
+    /// server's exact text and scaled without rounding.
+    Decimal(u8, i8),
 }
 
 impl ColType {
@@ -64,13 +69,14 @@ impl ColType {
             ColType::TimestampTz => DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
             ColType::Timestamp => DataType::Timestamp(TimeUnit::Microsecond, None),
             ColType::Date => DataType::Date32,
+            ColType::Decimal(p, s) => DataType::Decimal128(p, s),
         }
     }
 }
 
 impl ColType {
     /// The name a window's recorded schema gives the type.
-    pub fn name(self) -> &'static str {
+    pub fn name(self) -> String {
         match self {
             ColType::Bool => "boolean",
             ColType::I16 => "int16",
@@ -83,7 +89,9 @@ impl ColType {
             ColType::TimestampTz => "timestamp[us, UTC]",
             ColType::Timestamp => "timestamp[us]",
             ColType::Date => "date32",
+            ColType::Decimal(p, s) => return format!("decimal128({p}, {s})"),
         }
+        .to_string()
     }
 }
 
@@ -124,6 +132,40 @@ pub fn type_of_name(name: &str) -> Option<DataType> {
     .into_iter()
     .find(|t| t.name() == name)
     .map(ColType::data_type)
+    .or_else(|| {
+        let (p, s) = name
+            .strip_prefix("decimal128(")?
+            .strip_suffix(')')?
+            .split_once(", ")?;
+        Some(ColType::Decimal(p.parse().ok()?, s.parse().ok()?).data_type())
+    })
+}
+
+/// The text of a `numeric` (`-12.50`) as the integer of a Decimal128 of
+/// `scale` (`-1250` at scale 2); `None` when it is not a finite number or
+/// needs more fraction digits than the scale (it is never rounded).
+pub fn decimal_of_text(text: &str, scale: i8) -> Option<i128> {
+    let (neg, digits) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text),
+    };
+    let (int, frac) = digits.split_once('.').unwrap_or((digits, ""));
+    let frac = frac.trim_end_matches('0');
+    let scale = usize::try_from(scale).ok()?;
+    if int.is_empty() && frac.is_empty() || frac.len() > scale {
+        return None;
+    }
+    if !int.bytes().chain(frac.bytes()).all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let mut v: i128 = 0;
+    for b in int.bytes().chain(frac.bytes()) {
+        v = v.checked_mul(10)?.checked_add(i128::from(b - b'0'))?;
+    }
+    for _ in frac.len()..scale {
+        v = v.checked_mul(10)?;
+    }
+    Some(if neg { -v } else { v })
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -247,6 +289,7 @@ enum Builder {
     Bytes(BinaryBuilder),
     Ts(TimestampMicrosecondBuilder, bool),
     Date(Date32Builder),
+    Decimal(arrow_array::builder::Decimal128Builder, u8, i8),
 }
 
 impl Builder {
@@ -269,6 +312,11 @@ impl Builder {
                 Builder::Ts(TimestampMicrosecondBuilder::with_capacity(rows), false)
             }
             ColType::Date => Builder::Date(Date32Builder::with_capacity(rows)),
+            ColType::Decimal(p, s) => Builder::Decimal(
+                arrow_array::builder::Decimal128Builder::with_capacity(rows),
+                p,
+                s,
+            ),
         }
     }
 
@@ -286,6 +334,11 @@ impl Builder {
             (Builder::Bytes(b), Value::Null) => b.append_null(),
             (Builder::Ts(b, _), Value::Null) => b.append_null(),
             (Builder::Date(b), Value::Null) => b.append_null(),
+            (Builder::Decimal(b, ..), Value::Null) => b.append_null(),
+            (Builder::Decimal(b, p, s), Value::Text(x)) => match decimal_of_text(x, *s) {
+                Some(v) if v.unsigned_abs() < 10u128.pow(u32::from(*p)) => b.append_value(v),
+                _ => return Err("a decimal of its precision and scale"),
+            },
             (Builder::Bool(b), Value::Bool(x)) => b.append_value(x),
             (Builder::Bool(b), Value::Int(x)) => b.append_value(x != 0),
             (Builder::I16(b), Value::Int(x)) => b.append_value(x as i16),
@@ -308,6 +361,7 @@ impl Builder {
             (Builder::Bytes(_), _) => return Err("bytes"),
             (Builder::Ts(..), _) => return Err("a timestamp"),
             (Builder::Date(_), _) => return Err("a date"),
+            (Builder::Decimal(..), _) => return Err("a decimal"),
         }
         Ok(())
     }
@@ -325,6 +379,11 @@ impl Builder {
             Builder::Ts(b, true) => Arc::new(b.finish().with_timezone("UTC")),
             Builder::Ts(b, false) => Arc::new(b.finish()),
             Builder::Date(b) => Arc::new(b.finish()),
+            Builder::Decimal(b, p, s) => Arc::new(
+                b.finish()
+                    .with_precision_and_scale(*p, *s)
+                    .expect("a precision of 1 to 38 and a scale within it"),
+            ),
         }
     }
 }
@@ -912,6 +971,24 @@ pub fn key_hashes(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 46: a numeric's exact text as a Decimal128 integer, never
+    /// rounded.
+    #[test]
+    fn decimals_are_scaled_from_the_exact_text() {
+        assert_eq!(decimal_of_text("12.345", 3), Some(12_345));
+        assert_eq!(decimal_of_text("-12.3", 3), Some(-12_300));
+        assert_eq!(decimal_of_text("7", 2), Some(700));
+        assert_eq!(decimal_of_text("0.50", 1), Some(5));
+        assert_eq!(decimal_of_text(".5", 1), Some(5));
+        for bad in ["1.234", "NaN", "Infinity", "", "-", "1e5", "1.2.3"] {
+            assert_eq!(decimal_of_text(bad, 2), None, "{bad}");
+        }
+        assert_eq!(
+            type_of_name(&ColType::Decimal(12, 3).name()),
+            Some(DataType::Decimal128(12, 3))
+        );
+    }
 
     /// A column as (name, Arrow type, source type).
     type Col<'a> = (&'a str, ColType, &'a str);

@@ -473,7 +473,18 @@ impl PgReader {
                     Column {
                         name: c.name().to_string(),
                         ty,
-                        source_type: c.type_().name().to_string(),
+                        // `numeric(p,s)` with its precision: a Delta table lands
+                        // it as decimal(p,s) (`delta::schema::table_columns`).
+                        source_type: match (c.type_(), c.type_modifier()) {
+                            (&Type::NUMERIC, m) if m >= 4 => {
+                                format!(
+                                    "numeric({},{})",
+                                    ((m - 4) >> 16) & 0xffff,
+                                    (m - 4) & 0xffff
+                                )
+                            }
+                            (t, _) => t.name().to_string(),
+                        },
                     },
                     expr,
                 )

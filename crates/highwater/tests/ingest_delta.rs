@@ -602,7 +602,8 @@ fn delta_adjacent_duplicates_read_the_previous_commit() {
 
 /// Issue 21: the type mapping into Delta, from PostgreSQL, as the
 /// deltalake reader sees it: timestamptz and timestamp both as
-/// `timestamp` (µs, UTC), the rest in Delta's names, numeric as its exact
+/// `timestamp` (µs, UTC), the rest in Delta's names; `numeric(p, s)` as
+/// `decimal(p,s)` (issue 46), a `numeric` without a precision as its exact
 /// text; values as written.
 #[test]
 fn delta_types_from_postgres_as_the_reader_sees_them() {
@@ -610,16 +611,21 @@ fn delta_types_from_postgres_as_the_reader_sees_them() {
     let (mut db, url) = pg_database("deltatypes");
     db.batch_execute(
         "CREATE TABLE orders(id int8 PRIMARY KEY, small int2, mid int4, ratio real, amount numeric(12, 3),
-                             flagged bool, blob bytea, day date, naive timestamp,
+                             plain numeric, flagged bool, blob bytea, day date, naive timestamp,
                              updated_at timestamptz NOT NULL);
          INSERT INTO orders VALUES
-           (1, 7, 70000, 0.5, 12.345, true, '\\x0102', '2026-03-01', '2026-03-01 00:10:00.123456', '2026-03-01T00:10:00.123456Z'),
-           (2, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, '2026-03-01T00:20:00Z');",
+           (1, 7, 70000, 0.5, -12.345, 123456789012345678901234567890.5, true, '\\x0102', '2026-03-01', '2026-03-01 00:10:00.123456', '2026-03-01T00:10:00.123456Z'),
+           (2, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, '2026-03-01T00:20:00Z');",
     )
     .unwrap();
-    let cfg = common::ingest::pg_source("updated_at", "1m").replace(
-        "output = \"raw/orders/ingest_date={date}/ingest_hour={hour}\"",
-        "output = \"lake/orders\"\nformat = \"delta\"",
+    // Loaded into a warehouse table too (the same database): the decimal
+    // goes back into PostgreSQL as numeric(12,3), in binary.
+    let cfg = format!(
+        "{}[sources.orders.load]\nkind = \"postgres\"\nurl_env = \"ORDERS_DATABASE_URL\"\ntable = \"wh.orders\"\n",
+        common::ingest::pg_source("updated_at", "1m").replace(
+            "output = \"raw/orders/ingest_date={date}/ingest_hour={hour}\"",
+            "output = \"lake/orders\"\nformat = \"delta\"",
+        )
     );
     let p = Project::new(&cfg);
     let o = p
@@ -652,7 +658,8 @@ fn delta_types_from_postgres_as_the_reader_sees_them() {
         ("small", "short"),
         ("mid", "integer"),
         ("ratio", "float"),
-        ("amount", "string"),
+        ("amount", "decimal(12,3)"),
+        ("plain", "string"),
         ("flagged", "boolean"),
         ("blob", "binary"),
         ("day", "date"),
@@ -667,7 +674,8 @@ fn delta_types_from_postgres_as_the_reader_sees_them() {
     }
     let rows = t["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 2);
-    assert_eq!(rows[0]["amount"], "12.345");
+    assert_eq!(rows[0]["amount"], "-12.345");
+    assert_eq!(rows[0]["plain"], "123456789012345678901234567890.5");
     assert_eq!(rows[0]["small"], 7);
     assert!(
         rows[0]["updated_at"]
@@ -686,6 +694,61 @@ fn delta_types_from_postgres_as_the_reader_sees_them() {
         rows[0]
     );
     assert!(rows[1]["small"].is_null() && rows[1]["naive"].is_null());
+    let wh = db
+        .query(
+            "SELECT amount::text, pg_typeof(amount)::text, format_type(a.atttypid, a.atttypmod)
+             FROM wh.orders, pg_attribute a
+             WHERE a.attrelid = 'wh.orders'::regclass AND a.attname = 'amount' ORDER BY id",
+            &[],
+        )
+        .unwrap();
+    let got: Vec<(Option<String>, String)> = wh.iter().map(|r| (r.get(0), r.get(2))).collect();
+    assert_eq!(
+        got,
+        [
+            (Some("-12.345".to_string()), "numeric(12,3)".to_string()),
+            (None, "numeric(12,3)".to_string())
+        ]
+    );
+    // Values across the binary numeric's digit groups, back as written.
+    for v in [
+        "0.001",
+        "-0.010",
+        "999999999.999",
+        "10000.000",
+        "1.000",
+        "0.000",
+    ] {
+        db.execute(
+            "UPDATE orders SET amount = $1::text::numeric WHERE id = 1",
+            &[&v],
+        )
+        .unwrap();
+        let o = p
+            .cmd(&[
+                "ingest",
+                "orders",
+                "--json",
+                "--now",
+                "2026-03-01T01:05:00Z",
+                "--window",
+                "2026-03-01T00:00:00Z/2026-03-01T01:00:00Z",
+            ])
+            .env("ORDERS_DATABASE_URL", &url)
+            .output()
+            .unwrap();
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let back: String = db
+            .query_one("SELECT amount::text FROM wh.orders WHERE id = 1", &[])
+            .unwrap()
+            .get(0);
+        assert_eq!(back, v);
+    }
 }
 
 /// Issue 21: what `format = "delta"` refuses at config load (exit 2,

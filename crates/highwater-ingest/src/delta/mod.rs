@@ -372,7 +372,7 @@ impl Ingestor {
         if let Err(why) = snap.duties() {
             return Err(self.protocol_refusal(&why, snap.version));
         }
-        let table = schema::table_columns(columns);
+        let table = schema::table_columns(columns, snap.fields.as_deref());
         if let Some(fields) = &snap.fields {
             let stamped = schema::stamped(&table);
             if let Err(lines) = schema::evolve(fields, &stamped, self.tolerate_dropped()) {
@@ -649,7 +649,8 @@ impl Ingestor {
         token: &str,
         now_ms: i64,
     ) -> Result<Vec<Value>, IngestError> {
-        let table = schema::stamped(&schema::table_columns(columns));
+        // `columns` are the table's already (`delta_columns`).
+        let table = schema::stamped(columns);
         Ok(match &snap.fields {
             None => {
                 let id = blake3::hash(format!("{}:{token}", self.spec.name).as_bytes())

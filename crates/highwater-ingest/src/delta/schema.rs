@@ -11,7 +11,8 @@
 //! | Boolean | boolean |
 //! | Int16, Int32, Int64 | short, integer, long |
 //! | Float32, Float64 | float, double |
-//! | Utf8 (text, numeric, json, uuid, ...) | string |
+//! | Utf8 (text, json, uuid, `numeric` without a precision, ...) | string |
+//! | `numeric(p, s)`, p <= 38 (PostgreSQL) | decimal(p,s) (issue 46), unless the table holds the column as a string already |
 //! | Binary | binary |
 //! | Timestamp(µs, UTC) | timestamp |
 //! | Timestamp(µs) (PostgreSQL `timestamp`) | timestamp: read as UTC, written as UTC µs (`timestamp_ntz` needs a table feature) |
@@ -25,7 +26,7 @@ use crate::sink::{ColType, Column};
 use serde_json::{json, Value};
 
 /// A column's Delta type.
-pub fn delta_type(ty: ColType) -> &'static str {
+pub fn delta_type(ty: ColType) -> String {
     match ty {
         ColType::Bool => "boolean",
         ColType::I16 => "short",
@@ -37,18 +38,49 @@ pub fn delta_type(ty: ColType) -> &'static str {
         ColType::Bytes => "binary",
         ColType::TimestampTz | ColType::Timestamp => "timestamp",
         ColType::Date => "date",
+        ColType::Decimal(p, s) => return format!("decimal({p},{s})"),
     }
+    .to_string()
+}
+
+/// The widest `numeric(p, s)` a Delta `decimal` holds.
+pub const DECIMAL_PRECISION_MAX: u8 = 38;
+
+/// The decimal a source type `numeric(p,s)` lands as, where Delta's
+/// decimal holds it (1 <= p <= 38, 0 <= s <= p); `None` for a `numeric`
+/// without a precision (any number of digits: it stays the server's exact
+/// text) or a wider one.
+pub fn decimal_of_source_type(source_type: &str) -> Option<ColType> {
+    let inner = source_type.strip_prefix("numeric(")?.strip_suffix(')')?;
+    let (p, s) = inner.split_once(',')?;
+    let (p, s): (u8, i8) = (p.trim().parse().ok()?, s.trim().parse().ok()?);
+    (1..=DECIMAL_PRECISION_MAX)
+        .contains(&p)
+        .then_some(())
+        .filter(|_| s >= 0 && s as u8 <= p)
+        .map(|_| ColType::Decimal(p, s))
 }
 
 /// The columns as a Delta table writes them: a naive timestamp becomes
 /// UTC (its values are read as UTC already), since protocol (1, 2) has
 /// only `timestamp`, which is adjusted to UTC.
-pub fn table_columns(columns: &[Column]) -> Vec<Column> {
+/// A `numeric(p,s)` becomes `decimal(p,s)`, except in a table that holds
+/// the column as a string already (landed before decimals were): a
+/// Delta column keeps its one type.
+pub fn table_columns(columns: &[Column], table: Option<&[Field]>) -> Vec<Column> {
     columns
         .iter()
         .map(|c| Column {
             ty: match c.ty {
                 ColType::Timestamp => ColType::TimestampTz,
+                ColType::Text => {
+                    let as_string = table
+                        .and_then(|t| t.iter().find(|f| f.name == c.name))
+                        .is_some_and(|f| f.ty == "string");
+                    decimal_of_source_type(&c.source_type)
+                        .filter(|_| !as_string)
+                        .unwrap_or(ColType::Text)
+                }
                 t => t,
             },
             ..c.clone()
@@ -116,7 +148,7 @@ pub fn evolve(
                 "column `{}` ({}) is in the table but the source no longer has it",
                 f.name, f.ty
             )),
-            Some(c) if delta_type(c.ty) != f.ty => bad.push(format!(
+            Some(c) if delta_type(c.ty) != f.ty.replace(' ', "") => bad.push(format!(
                 "column `{}` is {} in the table, and the source now gives {} ({})",
                 f.name,
                 f.ty,
@@ -134,7 +166,7 @@ pub fn evolve(
         .filter(|c| !table.iter().any(|f| f.name == c.name))
         .map(|c| Field {
             name: c.name.clone(),
-            ty: delta_type(c.ty).to_string(),
+            ty: delta_type(c.ty),
         })
         .collect();
     if added.is_empty() {
@@ -210,7 +242,7 @@ pub fn fields_of(columns: &[Column]) -> Vec<Field> {
         .iter()
         .map(|c| Field {
             name: c.name.clone(),
-            ty: delta_type(c.ty).to_string(),
+            ty: delta_type(c.ty),
         })
         .collect()
 }
