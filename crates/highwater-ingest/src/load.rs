@@ -44,6 +44,12 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::time::Instant;
 
+/// The warehouse a source loads into: its spec and connection string.
+struct Target<'a> {
+    spec: &'a LoadSpec,
+    url: &'a str,
+}
+
 /// What a load's files hold.
 #[derive(Clone, Copy, Debug)]
 pub enum Rows {
@@ -772,32 +778,53 @@ impl Ingestor {
         let (from, files) = self
             .delta_window_for_load(w, &r.token)
             .map_err(|e| e.to_string())?;
+        let target = Target { spec, url };
+        self.load_files(r, from, &files, Rows::Stamped, &target, loader)
+    }
+
+    /// Loads window record `r` from `files` (paths relative to `from`): from
+    /// a bucket they are read back into a scratch folder first (removed
+    /// when the load is done, whatever its outcome), then loaded as from a
+    /// local folder, on `loader`'s connection (made if there is none, and
+    /// dropped after a failure: the server may be gone, and the next window
+    /// connects afresh).
+    fn load_files(
+        &self,
+        r: &WindowRecord,
+        from: LoadFrom,
+        files: &[String],
+        rows: Rows,
+        target: &Target<'_>,
+        loader: &mut Option<Loader>,
+    ) -> Result<Loaded, String> {
         let mut scratch = None;
         let dir = match from {
             LoadFrom::Local(d) => d,
             LoadFrom::Bucket(prefix) => {
                 let s = self.scratch(&format!("load-{}", r.token));
                 let _ = std::fs::remove_dir_all(&s.0);
-                for f in &files {
+                for f in files {
                     if let Some(parent) = s.0.join(f).parent() {
                         std::fs::create_dir_all(parent)
                             .map_err(|e| format!("creating {}: {e}", parent.display()))?;
                     }
                 }
-                self.download(&prefix, &files, &s.0)?;
+                self.download(&prefix, files, &s.0)?;
                 let d = s.0.clone();
                 scratch = Some(s);
                 d
             }
         };
         if loader.is_none() {
-            *loader =
-                Some(Loader::connect(spec, url).map_err(|e| {
-                    format!("cannot connect to the warehouse ({}): {e}", spec.url_env)
-                })?);
+            *loader = Some(Loader::connect(target.spec, target.url).map_err(|e| {
+                format!(
+                    "cannot connect to the warehouse ({}): {e}",
+                    target.spec.url_env
+                )
+            })?);
         }
         let l = loader.as_mut().expect("just connected");
-        let out = l.load_window(w.start_us, &dir, &files, Rows::Stamped);
+        let out = l.load_window(r.start_us, &dir, files, rows);
         if out.is_err() {
             *loader = None;
         }
@@ -929,40 +956,9 @@ impl Ingestor {
                         "the manifest of {place} lists a file outside the window's folder"
                     ));
                 }
-                // From a bucket: the files read back into a scratch folder
-                // (removed when the load is done, whatever its outcome),
-                // then loaded as from a local output.
-                let mut scratch = None;
-                let dir = match from {
-                    LoadFrom::Local(d) => d,
-                    LoadFrom::Bucket(prefix) => {
-                        let s = self.scratch(&format!("load-{}", r.token));
-                        let _ = std::fs::remove_dir_all(&s.0);
-                        self.download(&prefix, &files, &s.0)?;
-                        let d = s.0.clone();
-                        scratch = Some(s);
-                        d
-                    }
-                };
-                if loader.is_none() {
-                    loader = Some(Loader::connect(spec, &url).map_err(|e| {
-                        format!("cannot connect to the warehouse ({}): {e}", spec.url_env)
-                    })?);
-                }
-                let l = loader.as_mut().expect("just connected");
-                let out = l.load_window(
-                    r.start_us,
-                    &dir,
-                    &files,
-                    Rows::Manifest(m["rows"].as_u64().unwrap_or(0)),
-                );
-                if out.is_err() {
-                    // The connection may be gone with the server: the next
-                    // window connects afresh.
-                    loader = None;
-                }
-                drop(scratch);
-                out
+                let target = Target { spec, url: &url };
+                let rows = Rows::Manifest(m["rows"].as_u64().unwrap_or(0));
+                self.load_files(&r, from, &files, rows, &target, &mut loader)
             })();
             let ms = t0.elapsed().as_millis() as u64;
             let mut outcome = LoadOutcome {

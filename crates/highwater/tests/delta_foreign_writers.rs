@@ -18,7 +18,7 @@
 //! that was not deleted.
 
 mod common;
-use common::ingest::SQLITE_SOURCE;
+use common::delta::{config, db, fill, python};
 use common::Project;
 use proptest::prelude::*;
 use serde_json::{json, Value};
@@ -28,12 +28,6 @@ use std::path::Path;
 /// The foreign engine and the readers: one JSON command (or a list) per
 /// call, one JSON answer.
 const ACTOR: &str = include_str!("delta_foreign/actor.py");
-
-fn python() -> String {
-    std::env::var("HIGHWATER_TEST_PYTHON").expect(
-        "HIGHWATER_TEST_PYTHON is not set: run the tests with `bash scripts/test.sh`, which installs deltalake and polars in its venv",
-    )
-}
 
 /// Runs the actor's `cmd` on the table at `table`; it must succeed.
 fn actor(table: &Path, cmd: &Value) -> Value {
@@ -74,49 +68,6 @@ const HOUR_US: i64 = 3_600_000_000;
 
 /// Foreign rows have ids from here on.
 const FOREIGN_ID: i64 = 1_000_000;
-
-fn config(output: &str, extra: &str) -> String {
-    SQLITE_SOURCE.replace("lookback = \"10m\"\n", "").replace(
-        "output = \"raw/orders/ingest_date={date}/ingest_hour={hour}\"",
-        &format!("output = \"{output}\"\nformat = \"delta\"\n{extra}"),
-    )
-}
-
-fn db(p: &Project) -> rusqlite::Connection {
-    let c = rusqlite::Connection::open(p.path("src.db")).unwrap();
-    c.execute_batch(
-        "PRAGMA journal_mode=WAL;
-         CREATE TABLE IF NOT EXISTS orders(id INTEGER PRIMARY KEY, amount REAL, note TEXT, updated_at TEXT NOT NULL);",
-    )
-    .unwrap();
-    c
-}
-
-/// `n` rows per hour for `hours` hours from 2026-03-01T08:00Z, ids from 0:
-/// row `id` belongs to window `id / n`.
-fn fill(c: &rusqlite::Connection, hours: i64, n: i64, note: &str) {
-    for h in 0..hours {
-        for i in 0..n {
-            let id = h * n + i;
-            let t = 8 * 60 + h * 60 + i * 60 / n;
-            c.execute(
-                "INSERT OR REPLACE INTO orders VALUES(?1, ?2, ?3, ?4)",
-                rusqlite::params![
-                    id,
-                    id as f64 * 1.5,
-                    note,
-                    format!(
-                        "2026-03-{:02}T{:02}:{:02}:00Z",
-                        1 + t / (24 * 60),
-                        t / 60 % 24,
-                        t % 60
-                    )
-                ],
-            )
-            .unwrap();
-        }
-    }
-}
 
 /// The `now` at which windows 0..`closed` are closed (settle 2m) and the
 /// next is not.

@@ -6,7 +6,8 @@
 //! PostgreSQL state, and the schema rule.
 
 mod common;
-use common::ingest::{pg_database, pg_serial, SQLITE_SOURCE};
+use common::delta::{config, db, fill, python};
+use common::ingest::{pg_database, pg_serial};
 use common::Project;
 use highwater_objects::testing::Moto;
 use serde_json::Value;
@@ -36,12 +37,6 @@ print(json.dumps({
     "polars_rows": pl.read_delta(uri, storage_options=opts or None).height,
 }))
 "#;
-
-fn python() -> String {
-    std::env::var("HIGHWATER_TEST_PYTHON").expect(
-        "HIGHWATER_TEST_PYTHON is not set: run the tests with `bash scripts/test.sh`, which installs deltalake and polars in its venv",
-    )
-}
 
 /// What the deltalake reader sees of the table at `uri`.
 fn read(uri: &str, opts: &Value) -> Value {
@@ -86,48 +81,6 @@ fn log(table: &std::path::Path) -> Vec<Vec<Value>> {
 /// The actions of one kind in a commit.
 fn actions<'a>(commit: &'a [Value], kind: &str) -> Vec<&'a Value> {
     commit.iter().filter_map(|a| a.get(kind)).collect()
-}
-
-fn config(output: &str, extra: &str) -> String {
-    SQLITE_SOURCE.replace("lookback = \"10m\"\n", "").replace(
-        "output = \"raw/orders/ingest_date={date}/ingest_hour={hour}\"",
-        &format!("output = \"{output}\"\nformat = \"delta\"\n{extra}"),
-    )
-}
-
-fn db(p: &Project) -> rusqlite::Connection {
-    let c = rusqlite::Connection::open(p.path("src.db")).unwrap();
-    c.execute_batch(
-        "PRAGMA journal_mode=WAL;
-         CREATE TABLE IF NOT EXISTS orders(id INTEGER PRIMARY KEY, amount REAL, note TEXT, updated_at TEXT NOT NULL);",
-    )
-    .unwrap();
-    c
-}
-
-/// `n` rows per hour for `hours` hours from 08:00, ids from 0.
-fn fill(c: &rusqlite::Connection, hours: i64, n: i64, note: &str) {
-    for h in 0..hours {
-        for i in 0..n {
-            let id = h * n + i;
-            let t = 8 * 60 + h * 60 + i * 60 / n;
-            c.execute(
-                "INSERT OR REPLACE INTO orders VALUES(?1, ?2, ?3, ?4)",
-                rusqlite::params![
-                    id,
-                    id as f64 * 1.5,
-                    note,
-                    format!(
-                        "2026-03-{:02}T{:02}:{:02}:00Z",
-                        1 + t / (24 * 60),
-                        t / 60 % 24,
-                        t % 60
-                    )
-                ],
-            )
-            .unwrap();
-        }
-    }
 }
 
 const NOW: &str = "2026-03-02T08:05:00Z";
@@ -628,23 +581,28 @@ fn delta_types_from_postgres_as_the_reader_sees_them() {
         )
     );
     let p = Project::new(&cfg);
-    let o = p
-        .cmd(&[
+    let ingest_pg = |extra: &[&str]| {
+        let mut args = vec![
             "ingest",
             "orders",
             "--json",
             "--now",
             "2026-03-01T01:05:00Z",
-        ])
-        .env("ORDERS_DATABASE_URL", &url)
-        .output()
-        .unwrap();
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+        ];
+        args.extend_from_slice(extra);
+        let o = p
+            .cmd(&args)
+            .env("ORDERS_DATABASE_URL", &url)
+            .output()
+            .unwrap();
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    ingest_pg(&[]);
     let t = read(p.path("lake/orders").to_str().unwrap(), &Value::Null);
     let schema: Vec<(String, String)> = t["schema"]
         .as_array()
@@ -724,25 +682,7 @@ fn delta_types_from_postgres_as_the_reader_sees_them() {
             &[&v],
         )
         .unwrap();
-        let o = p
-            .cmd(&[
-                "ingest",
-                "orders",
-                "--json",
-                "--now",
-                "2026-03-01T01:05:00Z",
-                "--window",
-                "2026-03-01T00:00:00Z/2026-03-01T01:00:00Z",
-            ])
-            .env("ORDERS_DATABASE_URL", &url)
-            .output()
-            .unwrap();
-        assert_eq!(
-            o.status.code(),
-            Some(0),
-            "{}",
-            String::from_utf8_lossy(&o.stderr)
-        );
+        ingest_pg(&["--window", "2026-03-01T00:00:00Z/2026-03-01T01:00:00Z"]);
         let back: String = db
             .query_one("SELECT amount::text FROM wh.orders WHERE id = 1", &[])
             .unwrap()

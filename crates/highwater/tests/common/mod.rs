@@ -195,6 +195,7 @@ pub fn stage<'a>(report: &'a serde_json::Value, name: &str) -> &'a serde_json::V
         .find(|s| s["name"] == name)
         .unwrap_or_else(|| panic!("no stage {name} in {report}"))
 }
+pub mod delta;
 pub mod fleet;
 pub mod front;
 pub mod http;
