@@ -574,6 +574,14 @@ impl Ingestor {
             }
             let v = snap.version + 1;
             drop(snap);
+            if !out.added.is_empty()
+                && std::env::var_os("HIGHWATER_FAILPOINT")
+                    .is_some_and(|v| v == "delta-after-rewrite")
+            {
+                // For the crash tests: die with files rewritten (copy on
+                // write) and placed, the commit not put.
+                kill_self();
+            }
             if self.put_commit(v, &body, token)? {
                 let every = self.spec.checkpoint_every_commits as i64;
                 if v > 0 && v % every == 0 {
