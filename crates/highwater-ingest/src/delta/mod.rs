@@ -1,30 +1,43 @@
 //! `format = "delta"`: a source's windows as commits of one Delta Lake
-//! table (PROTOCOL.md, protocol (1, 2), no table features), written by
-//! highwater itself: the log is newline-delimited JSON actions, and what a
-//! window needs of it is small (see `bench/README.md` for why not
-//! `deltalake-core`).
+//! table, written by highwater itself beside any other engine that
+//! maintains the same table (issue 46): the log is newline-delimited JSON
+//! actions, and what a window needs of it is small (see `bench/README.md`
+//! and ARCHITECTURE.md for why not `deltalake-core` or `delta_kernel`).
+//!
+//! Layout:
+//! - [`log`]: which log files a reader replays (checkpoints first);
+//! - [`protocol`]: whether highwater may write the table, and its duties;
+//! - [`rewrite`]: a window's rows taken out of the files that hold them;
+//! - [`stats`]: per-file statistics from the Parquet footer;
+//! - [`schema`], [`checkpoint`], [`compact`]: the schema rule, classic
+//!   checkpoints, `highwater compact`.
 //!
 //! Layout of a table at `output` (local, or `NAME:prefix` in object storage):
-//! - `_delta_log/NNNNNNNNNNNNNNNNNNNN.json`: one commit per window;
+//! - `_delta_log/NNNNNNNNNNNNNNNNNNNN.json`: one commit per window (and
+//!   other engines' commits and checkpoints);
 //! - `data/START/TOKEN/part-*.parquet`: the files of one attempt of the
-//!   window starting at START (compact UTC), never rewritten.
+//!   window starting at START (compact UTC), never rewritten, and the
+//!   files a re-land of it rewrote without its rows (`part-rewrite-*`);
 //! - `data/PSTART/TOKEN/part-*.parquet`: a period compacted by
 //!   `highwater compact` (see [`compact`]), its adds `dataChange = false`.
 //!
-//! A window's commit holds `add` actions for its files, `remove` actions
-//! for the files its previous version added (a re-land), a `txn` action
-//! (app id = the source, version = the window's index), and `commitInfo`
-//! naming the window, the recipe and the attempt's token, with the
-//! window's manifest (rows, files, digest, schema). The first commit adds
-//! `protocol` and `metaData`; a commit whose source gained a column adds a
-//! new `metaData` (older files read the column as null).
+//! Every row carries its window start in [`WINDOW_COLUMN`]. A window's
+//! commit holds `add` actions for its files (with statistics), `remove`
+//! actions for every file that held its rows (and `add`s for those written
+//! back without them), a `txn` action (app id = the source, version = the
+//! window's index), and `commitInfo` naming the window, the recipe and the
+//! attempt's token, with the window's manifest (rows, files, digest,
+//! schema). The first commit of a new table adds `protocol` (1, 2) and
+//! `metaData`; a commit whose source gained a column adds a new
+//! `metaData` (older files read the column as null).
 //!
 //! Commits are put-if-absent: locally a hard link of a fsynced temporary
 //! file (`link` fails if the name exists), in object storage the
 //! conditional put (`If-None-Match: *`). A commit that loses the race reads
-//! the commits that won and tries the next version; one that finds its own
-//! token already in the log (a retry whose first put did land) is done.
-//! The window is recorded, and the bookmark moved, only after the put.
+//! the commits that won and makes its actions again from the newer
+//! snapshot; one that finds its own token already in the log (a retry
+//! whose first put did land) is done. The window is recorded, and the
+//! bookmark moved, only after the put.
 //!
 //! Files a commit removed stay for `version_retention_s` (a reader may be
 //! reading the version before); `vacuum` deletes them after that, and files
