@@ -673,12 +673,22 @@ fn foreign_table(p: &Project, configuration: Value, partition_by: Value) {
 /// deltalake created at the source's output (the source's schema, three
 /// foreign rows) is written to: highwater's windows land after deltalake's
 /// commit and the foreign rows stay.
+///
+/// The same with `delta.appendOnly = true`: the foreign rows' files carry
+/// no window stamp, so they hold none of the windows' rows, and the first
+/// landings go on.
 #[test]
 fn delta_table_created_by_deltalake_takes_windows_and_keeps_its_rows() {
+    for conf in [json!({}), json!({"delta.appendOnly": "true"})] {
+        created_by_deltalake_takes_windows(conf);
+    }
+}
+
+fn created_by_deltalake_takes_windows(conf: Value) {
     let p = Project::new(&config("lake/orders", ""));
     let c = db(&p);
     fill(&c, 2, 10, "first");
-    foreign_table(&p, json!({}), json!([]));
+    foreign_table(&p, conf, json!([]));
     let r = ingest_at(&p, &now_after(2), &[], 0);
     assert_eq!(published(&r), 2, "{r}");
     let table = p.path("lake/orders");

@@ -515,11 +515,18 @@ impl Ingestor {
                     // may hold the window's rows already (a re-land would
                     // remove them); the commit loop checks again exactly.
                     let prefix = format!("{}/", Self::window_dir(&w));
-                    let held = snap.files.iter().filter(|(p, a)| {
-                        rewrite::fate_by_log(p, a, w.start_us, &prefix) != rewrite::Fate::Keep
-                    });
-                    if let Some(n) = Some(held.count()).filter(|n| *n > 0) {
-                        return Err(self.append_only_refusal(&label, n));
+                    let mut held = 0;
+                    for (p, a) in &snap.files {
+                        held += match rewrite::fate_by_log(p, a, w.start_us, &prefix) {
+                            rewrite::Fate::Keep => 0,
+                            rewrite::Fate::Remove => 1,
+                            rewrite::Fate::Read => {
+                                usize::from(self.delta_count_window_rows(p, a, &w)?.0 > 0)
+                            }
+                        };
+                    }
+                    if held > 0 {
+                        return Err(self.append_only_refusal(&label, held));
                     }
                 }
                 Ok(_) => {}
@@ -743,6 +750,55 @@ impl Ingestor {
         Ok(out)
     }
 
+    /// How many rows of active file `path` (its `add` action `add`) are
+    /// window `w`'s and how many not, reading only the stamp column; with
+    /// the file's path in the table and its bytes. A file without the
+    /// stamp column holds no window's rows (foreign rows), unless it is a
+    /// period highwater compacted before stamps existed: refused.
+    fn delta_count_window_rows(
+        &self,
+        path: &str,
+        add: &Value,
+        w: &Window,
+    ) -> Result<(usize, usize, String, bytes::Bytes), IngestError> {
+        use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+        let label = w.to_string();
+        let rel = rewrite::table_relative(path).ok_or_else(|| {
+            self.delta_err(&label, format!("active file `{path}` is not inside the table; highwater reads only the table's own files, so it cannot take window {label}'s rows out of it. Nothing was committed"))
+        })?;
+        let bytes = self.read_table_file(&rel)?.ok_or_else(|| {
+            self.delta_err(&label, format!("active file `{rel}` is missing (deleted by a vacuum that did not follow the log?); the table cannot be read as its log says. Nothing was committed"))
+        })?;
+        let bad = |e: &dyn std::fmt::Display| {
+            self.delta_err(
+                &label,
+                format!("reading active file `{rel}`: {e}. Nothing was committed"),
+            )
+        };
+        let builder =
+            ParquetRecordBatchReaderBuilder::try_new_with_options(bytes.clone(), foreign_options())
+                .map_err(|e| bad(&e))?;
+        let Some(idx) = builder
+            .schema()
+            .fields()
+            .iter()
+            .position(|f| f.name() == WINDOW_COLUMN)
+        else {
+            if let Some(e) = self.delta_compacted_refusal_of(add, w.start_us, &label) {
+                return Err(e);
+            }
+            return Ok((0, 0, rel, bytes));
+        };
+        let mask = parquet::arrow::ProjectionMask::roots(builder.parquet_schema(), [idx]);
+        let (mut mine, mut others) = (0usize, 0usize);
+        for b in builder.with_projection(mask).build().map_err(|e| bad(&e))? {
+            let (m, o) = rewrite::count(&b.map_err(|e| bad(&e))?, w.start_us);
+            mine += m;
+            others += o;
+        }
+        Ok((mine, others, rel, bytes))
+    }
+
     /// Reads active file `path` for window `w`'s rows: `None` when it has
     /// none (it stays), `Some(None)` when it has only those (removed
     /// whole), `Some(Some(files))` when it has both: its other rows are
@@ -760,54 +816,22 @@ impl Ingestor {
     ) -> Result<Option<Option<Vec<crate::sink::FileInfo>>>, IngestError> {
         use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
         let label = w.to_string();
-        let rel = rewrite::table_relative(path).ok_or_else(|| {
-            self.delta_err(&label, format!("active file `{path}` is not inside the table; highwater reads only the table's own files, so it cannot take window {label}'s rows out of it. Nothing was committed"))
-        })?;
-        let bytes = self.read_table_file(&rel)?.ok_or_else(|| {
-            self.delta_err(&label, format!("active file `{rel}` is missing (deleted by a vacuum that did not follow the log?); the table cannot be read as its log says. Nothing was committed"))
-        })?;
-        let bad = |e: &dyn std::fmt::Display| {
-            self.delta_err(
-                &label,
-                format!("reading active file `{rel}`: {e}. Nothing was committed"),
-            )
-        };
-        // The Parquet schema, not an Arrow schema another writer embedded
-        // (delta-rs asks for Utf8View): the rewritten file is plain Arrow.
-        let options = || {
-            parquet::arrow::arrow_reader::ArrowReaderOptions::new().with_skip_arrow_metadata(true)
-        };
-        let builder =
-            ParquetRecordBatchReaderBuilder::try_new_with_options(bytes.clone(), options())
-                .map_err(|e| bad(&e))?;
-        let Some(idx) = builder
-            .schema()
-            .fields()
-            .iter()
-            .position(|f| f.name() == WINDOW_COLUMN)
-        else {
-            // No stamps: foreign rows, or a period highwater compacted
-            // before stamps existed (whose windows it cannot take apart).
-            if let Some(e) = self.delta_compacted_refusal_of(add, w.start_us, &label) {
-                return Err(e);
-            }
-            return Ok(None);
-        };
-        let mask = parquet::arrow::ProjectionMask::roots(builder.parquet_schema(), [idx]);
-        let (mut mine, mut others) = (0usize, 0usize);
-        for b in builder.with_projection(mask).build().map_err(|e| bad(&e))? {
-            let (m, o) = rewrite::count(&b.map_err(|e| bad(&e))?, w.start_us);
-            mine += m;
-            others += o;
-        }
+        let (mine, others, rel, bytes) = self.delta_count_window_rows(path, add, w)?;
         if mine == 0 {
             return Ok(None);
         }
         if others == 0 {
             return Ok(Some(None));
         }
-        let builder = ParquetRecordBatchReaderBuilder::try_new_with_options(bytes, options())
-            .map_err(|e| bad(&e))?;
+        let bad = |e: &dyn std::fmt::Display| {
+            self.delta_err(
+                &label,
+                format!("reading active file `{rel}`: {e}. Nothing was committed"),
+            )
+        };
+        let builder =
+            ParquetRecordBatchReaderBuilder::try_new_with_options(bytes, foreign_options())
+                .map_err(|e| bad(&e))?;
         let schema = builder.schema().clone();
         let (dir, upload) = match self.place() {
             Place::Local(root) => (root.join(dir_rel), None),
@@ -1043,4 +1067,11 @@ fn add_action(path: &str, f: &crate::sink::FileInfo, now_ms: i64, tags: &Value) 
         "stats": stats.to_string(),
         "tags": tags,
     }})
+}
+
+/// Other engines' files are read with their Parquet schema, not an Arrow
+/// schema their writer embedded (delta-rs asks for Utf8View): what is read
+/// and written back is plain Arrow.
+fn foreign_options() -> parquet::arrow::arrow_reader::ArrowReaderOptions {
+    parquet::arrow::arrow_reader::ArrowReaderOptions::new().with_skip_arrow_metadata(true)
 }
