@@ -833,8 +833,15 @@ impl Ingestor {
             ParquetRecordBatchReaderBuilder::try_new_with_options(bytes, foreign_options())
                 .map_err(|e| bad(&e))?;
         let schema = builder.schema().clone();
+        // Never under the window's own folder: a later re-land removes
+        // that folder's files whole, and these hold other windows' rows.
+        let rw_rel = rewrite_dir(dir_rel);
         let (dir, upload) = match self.place() {
-            Place::Local(root) => (root.join(dir_rel), None),
+            Place::Local(root) => {
+                let d = root.join(&rw_rel);
+                std::fs::create_dir_all(&d).map_err(|e| IngestError::io("creating", &d, e))?;
+                (d, None)
+            }
             Place::Objects(o, prefix) => {
                 let s = self
                     .root
@@ -870,13 +877,10 @@ impl Ingestor {
         let mut files = Vec::new();
         for mut f in written.files {
             if let Some((o, prefix)) = &upload {
-                o.put_file(
-                    &dir.join(&f.path),
-                    &format!("{prefix}/{dir_rel}/{}", f.path),
-                )
-                .map_err(|e| self.delta_err(&label, e))?;
+                o.put_file(&dir.join(&f.path), &format!("{prefix}/{rw_rel}/{}", f.path))
+                    .map_err(|e| self.delta_err(&label, e))?;
             }
-            f.path = format!("{dir_rel}/{}", f.path);
+            f.path = format!("{rw_rel}/{}", f.path);
             files.push(f);
         }
         match upload {
@@ -884,9 +888,11 @@ impl Ingestor {
                 let _ = std::fs::remove_dir_all(&dir);
             }
             None => {
-                std::fs::File::open(&dir)
-                    .and_then(|d| d.sync_all())
-                    .map_err(|e| IngestError::io("syncing", &dir, e))?;
+                for d in [Some(dir.as_path()), dir.parent()].into_iter().flatten() {
+                    std::fs::File::open(d)
+                        .and_then(|f| f.sync_all())
+                        .map_err(|e| IngestError::io("syncing", d, e))?;
+                }
             }
         }
         Ok(Some(Some(files)))
@@ -1074,4 +1080,14 @@ fn add_action(path: &str, f: &crate::sink::FileInfo, now_ms: i64, tags: &Value) 
 /// and written back is plain Arrow.
 fn foreign_options() -> parquet::arrow::arrow_reader::ArrowReaderOptions {
     parquet::arrow::arrow_reader::ArrowReaderOptions::new().with_skip_arrow_metadata(true)
+}
+
+/// Where a re-land whose attempt folder is `dir_rel`
+/// (`data/START/TOKEN`) writes the files it rewrote without the window's
+/// rows: `data/RSTART/TOKEN`, outside every window's folder.
+fn rewrite_dir(dir_rel: &str) -> String {
+    match dir_rel.strip_prefix("data/") {
+        Some(rest) => format!("data/R{rest}"),
+        None => format!("R{dir_rel}"),
+    }
 }

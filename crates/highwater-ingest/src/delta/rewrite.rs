@@ -42,7 +42,10 @@ pub enum Fate {
 /// log says, when window `start_us` (whose files live under
 /// `window_prefix`) is taken out.
 pub fn fate_by_log(path: &str, add: &Value, start_us: i64, window_prefix: &str) -> Fate {
-    if path.starts_with(window_prefix) {
+    // The window's own files; a file some re-land rewrote holds other
+    // windows' rows wherever it lies (they are written outside every
+    // window's folder, `delta::rewrite_dir`, and this guards the rule).
+    if path.starts_with(window_prefix) && add["tags"]["highwater.rewritten_from"].is_null() {
         return Fate::Remove;
     }
     let s = timestamp_stats(add, WINDOW_COLUMN);
@@ -191,6 +194,16 @@ mod tests {
             Fate::Remove
         );
         assert_eq!(fate_by_log("part-x.parquet", &json!({}), w, p), Fate::Read);
+        let rewritten = json!({"tags": {"highwater.rewritten_from": "part-x.parquet"}});
+        assert_eq!(
+            fate_by_log(
+                "data/19700101T010000Z/t/part-rewrite-0000-00000.parquet",
+                &rewritten,
+                w,
+                p
+            ),
+            Fate::Read
+        );
         let only = add(json!({"numRecords": 3, "nullCount": {WINDOW_COLUMN: 0},
             "minValues": {WINDOW_COLUMN: "1970-01-01T01:00:00.000Z"}, "maxValues": {WINDOW_COLUMN: "1970-01-01T01:00:00.000Z"}}));
         assert_eq!(fate_by_log("part-x.parquet", &only, w, p), Fate::Remove);
