@@ -186,7 +186,7 @@ fn schema_drift_that_does_not_widen_fails_the_window_and_names_the_column() {
             code: 2,
             window: "",
             says: &[
-                "column `amount` changed from int4 (int32) to numeric (utf8), which does not widen",
+                "column `amount` changed from int4 (int32) to numeric(12,3) (utf8), which does not widen",
                 "the newest published window [2026-03-01T00:00:00Z, 2026-03-01T01:00:00Z)",
                 "Nothing was landed",
                 "`[sources.orders.checks] schema = \"warn\"`",
@@ -201,7 +201,7 @@ fn schema_drift_that_does_not_widen_fails_the_window_and_names_the_column() {
             now: "2026-03-01T02:02:00Z",
             code: 0,
             window: "01:00 published",
-            says: &["column `amount` changed from int4 (int32) to numeric (utf8)"],
+            says: &["column `amount` changed from int4 (int32) to numeric(12,3) (utf8)"],
         },
         Step {
             alter: Some("ALTER TABLE orders ALTER amount TYPE float8"),
@@ -211,7 +211,7 @@ fn schema_drift_that_does_not_widen_fails_the_window_and_names_the_column() {
             code: 2,
             window: "",
             says: &[
-                "column `amount` changed from numeric (utf8) to float8 (float64), which does not widen",
+                "column `amount` changed from numeric(12,3) (utf8) to float8 (float64), which does not widen",
                 "the newest published window [2026-03-01T01:00:00Z, 2026-03-01T02:00:00Z)",
             ],
         },
@@ -274,7 +274,7 @@ fn schema_drift_that_does_not_widen_fails_the_window_and_names_the_column() {
         ]
     );
     // Each manifest records the schema it was written in.
-    for (hour, ty, src) in [("00", "int32", "int4"), ("01", "utf8", "numeric")] {
+    for (hour, ty, src) in [("00", "int32", "int4"), ("01", "utf8", "numeric(12,3)")] {
         let m: serde_json::Value = serde_json::from_str(&p.read(&format!(
             "raw/orders/date=2026-03-01/hour={hour}/_manifest.json"
         )))
