@@ -101,6 +101,10 @@ enum Command {
         /// Only the dependencies that changed.
         #[arg(long)]
         changed: bool,
+        /// One line per distinct dependency with how many items read it
+        /// (and how many of those see it changed), instead of every item's.
+        #[arg(long)]
+        summary: bool,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
@@ -2148,10 +2152,15 @@ fn run(cli: Cli) -> Result<i32> {
             stage,
             item,
             changed,
+            summary,
             json,
         } => {
             let items = pipeline.deps(&stage, item.as_deref())?;
-            output::deps(&mut out, &items, changed, json)?;
+            if summary {
+                output::deps_summary(&mut out, &stage, &items, changed, json)?;
+            } else {
+                output::deps(&mut out, &items, changed, json)?;
+            }
             Ok(0)
         }
         Command::Status { json } => {

@@ -797,3 +797,57 @@ pub fn deps(
     }
     Ok(())
 }
+
+/// `deps --summary` (issue 47): the stage's distinct dependencies, each
+/// with how many items read it and how many of those see it changed, most
+/// read first. A stage of 5,000 Python items prints its few hundred files
+/// instead of 415,000 lines.
+pub fn deps_summary(
+    out: &mut impl Write,
+    stage: &str,
+    items: &[highwater_files::engine::ItemDeps],
+    only_changed: bool,
+    as_json: bool,
+) -> io::Result<()> {
+    let mut by: std::collections::BTreeMap<(&str, &str), (u64, u64)> = Default::default();
+    for i in items {
+        for d in &i.deps {
+            let e = by.entry((d.path.as_str(), d.kind)).or_default();
+            e.0 += 1;
+            e.1 += u64::from(d.changed);
+        }
+    }
+    let mut rows: Vec<_> = by
+        .into_iter()
+        .filter(|(_, (_, changed))| !only_changed || *changed > 0)
+        .collect();
+    rows.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then(a.0.cmp(&b.0)));
+    if as_json {
+        let deps: Vec<_> = rows
+            .iter()
+            .map(|((path, kind), (n, changed))| {
+                json!({"path": path, "kind": kind, "items": n, "changed_items": changed})
+            })
+            .collect();
+        return writeln!(
+            out,
+            "{}",
+            json!({"stage": stage, "items": items.len(), "deps": deps})
+        );
+    }
+    writeln!(
+        out,
+        "{stage}: {} items, {} distinct dependencies",
+        items.len(),
+        rows.len()
+    )?;
+    for ((path, kind), (n, changed)) in rows {
+        let mark = if changed > 0 {
+            format!("  (changed for {changed})")
+        } else {
+            String::new()
+        };
+        writeln!(out, "  {n:>6}  {kind:<7} {path}{mark}")?;
+    }
+    Ok(())
+}

@@ -146,6 +146,38 @@ fn an_undeclared_script_rewritten_reruns_every_item_naming_it() {
         .map(|d| d["path"].as_str().unwrap())
         .collect();
     assert!(paths.contains(&"up.sh"), "{deps}");
+    // Issue 47: `deps --summary`: each distinct dependency once, with how
+    // many items read it; the script is read by all three.
+    let sum = hw(&p, &["deps", "t", "--summary", "--json"], 0).json();
+    assert_eq!(sum["items"], 3, "{sum}");
+    let up = sum["deps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["path"] == "up.sh")
+        .unwrap_or_else(|| panic!("up.sh in {sum}"));
+    assert_eq!(
+        (up["items"].as_u64(), up["changed_items"].as_u64()),
+        (Some(3), Some(0)),
+        "{sum}"
+    );
+    let text = hw(&p, &["deps", "t", "--summary"], 0).stdout;
+    assert!(text.starts_with("t: 3 items, "), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.trim_start().starts_with("3 ") && l.ends_with(" up.sh")),
+        "{text}"
+    );
+    p.write("up.sh", "set -eu\ncat \"$1\" > \"$2\" # again\n");
+    let changed = hw(&p, &["deps", "t", "--summary", "--changed", "--json"], 0).json();
+    let paths: Vec<&str> = changed["deps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, ["up.sh"], "only what changed: {changed}");
+    assert_eq!(changed["deps"][0]["changed_items"], 3, "{changed}");
     // Never: its own input and output, /proc, /dev, the state folder.
     for never in ["data/f0.txt", "out/f0.txt.out"] {
         assert!(!paths.contains(&never), "{never} in {deps}");
