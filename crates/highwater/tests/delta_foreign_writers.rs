@@ -18,7 +18,7 @@
 //! that was not deleted.
 
 mod common;
-use common::delta::{config, db, fill, python};
+use common::delta::{config, db, fill, published, python};
 use common::Project;
 use proptest::prelude::*;
 use serde_json::{json, Value};
@@ -91,15 +91,6 @@ fn ingest_at(p: &Project, now: &str, extra: &[&str], code: i32) -> Value {
     let r = p.hw(&args);
     assert_eq!(r.code, code, "highwater {args:?}: {}", r.stderr);
     serde_json::from_str(&r.stdout).unwrap_or_else(|e| panic!("{e}: {}", r.stderr))
-}
-
-fn published(r: &Value) -> usize {
-    r["windows"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|w| w["status"] == "published")
-        .count()
 }
 
 /// The JSON commits in a local table's log, by version (a cleaned-up log

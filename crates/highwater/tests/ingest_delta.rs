@@ -6,7 +6,7 @@
 //! PostgreSQL state, and the schema rule.
 
 mod common;
-use common::delta::{config, db, fill, python};
+use common::delta::{config, db, fill, published, python};
 use common::ingest::{pg_database, pg_serial};
 use common::Project;
 use highwater_objects::testing::Moto;
@@ -100,15 +100,6 @@ fn ingest_at(p: &Project, now: &str, env: &[(&str, String)], extra: &[&str], cod
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(code), "{stderr}");
     serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {stderr}"))
-}
-
-fn published(r: &Value) -> usize {
-    r["windows"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|w| w["status"] == "published")
-        .count()
 }
 
 /// Issue 21: 24 hourly windows into a local table: 24 commits, each with

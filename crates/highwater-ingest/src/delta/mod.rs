@@ -129,31 +129,29 @@ impl Snapshot {
 
     /// One action of version `version` (from a commit or a checkpoint).
     fn apply_action(&mut self, version: i64, a: &Value) {
-        {
-            if let Some(add) = a.get("add") {
-                let p = add["path"].as_str().unwrap_or_default().to_string();
-                self.tombstones.remove(&p);
-                self.files.insert(p, add.clone());
-            } else if let Some(rm) = a.get("remove") {
-                let p = rm["path"].as_str().unwrap_or_default().to_string();
-                self.files.remove(&p);
-                self.tombstones
-                    .insert(p, rm["deletionTimestamp"].as_i64().unwrap_or(0));
-            } else if let Some(p) = a.get("protocol") {
-                self.protocol = Some(p.clone());
-            } else if let Some(md) = a.get("metaData") {
-                self.fields = md["schemaString"]
-                    .as_str()
-                    .and_then(schema::parse_schema_string);
-                self.metadata = Some(md.clone());
-            } else if let Some(t) = a.get("txn") {
-                let app = t["appId"].as_str().unwrap_or_default().to_string();
-                self.txns.insert(app, t.clone());
-            } else if let Some(ci) = a.get("commitInfo") {
-                if let Some(start) = ci["highwater"]["window_start_us"].as_i64() {
-                    self.windows
-                        .insert(start, (version, ci["highwater"].clone()));
-                }
+        if let Some(add) = a.get("add") {
+            let p = add["path"].as_str().unwrap_or_default().to_string();
+            self.tombstones.remove(&p);
+            self.files.insert(p, add.clone());
+        } else if let Some(rm) = a.get("remove") {
+            let p = rm["path"].as_str().unwrap_or_default().to_string();
+            self.files.remove(&p);
+            self.tombstones
+                .insert(p, rm["deletionTimestamp"].as_i64().unwrap_or(0));
+        } else if let Some(p) = a.get("protocol") {
+            self.protocol = Some(p.clone());
+        } else if let Some(md) = a.get("metaData") {
+            self.fields = md["schemaString"]
+                .as_str()
+                .and_then(schema::parse_schema_string);
+            self.metadata = Some(md.clone());
+        } else if let Some(t) = a.get("txn") {
+            let app = t["appId"].as_str().unwrap_or_default().to_string();
+            self.txns.insert(app, t.clone());
+        } else if let Some(ci) = a.get("commitInfo") {
+            if let Some(start) = ci["highwater"]["window_start_us"].as_i64() {
+                self.windows
+                    .insert(start, (version, ci["highwater"].clone()));
             }
         }
     }

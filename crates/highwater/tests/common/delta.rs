@@ -5,6 +5,7 @@
 
 use super::ingest::SQLITE_SOURCE;
 use super::Project;
+use serde_json::Value;
 
 /// The Python of the venv scripts/test.sh makes, with deltalake and
 /// Polars.
@@ -58,4 +59,14 @@ pub fn fill(c: &rusqlite::Connection, hours: i64, n: i64, note: &str) {
             .unwrap();
         }
     }
+}
+
+/// How many windows an `ingest --json` report says were published.
+pub fn published(r: &Value) -> usize {
+    r["windows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|w| w["status"] == "published")
+        .count()
 }
