@@ -2,11 +2,15 @@
 //! publish atomically, then record the window and move the bookmark by
 //! compare-and-set, all under a fenced lease with a heartbeat.
 
+use crate::checks::{median, Checked};
 use crate::config::{Mode, Policy, SourceSpec};
 use crate::error::IngestError;
+use crate::failpoints::{gate, kill_self};
+use crate::format::TableFormat;
 use crate::publish;
 use crate::sink::{ColType, FileInfo, ParquetSink, Written};
 use crate::source::{self, KeyRange, Pred, Reader, Scope};
+use crate::table::{Held, Table};
 use highwater_core::window::{format_rfc3339, Window};
 use highwater_store::{
     Bookmark, Fence, StateLocation, StateStore, WindowCommit, WindowRecord, WindowStatus,
@@ -14,12 +18,12 @@ use highwater_store::{
 use serde::Serialize;
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-const DAY_US: i64 = 86_400 * 1_000_000;
+pub(crate) const DAY_US: i64 = 86_400 * 1_000_000;
 
 /// Re-landing more than this share of the published windows after a
 /// recipe change needs --force (as the files guard's default).
@@ -32,16 +36,6 @@ pub const STALE_GUARD_ITEMS_MIN: usize = 10;
 /// How long `--wait` waits for a held lease before giving up: a few lease
 /// lifetimes, so a dead owner's lease has surely expired by then.
 pub const LEASE_WAIT_LEASES_MAX: u64 = 3;
-
-/// SIGKILL to ourselves: the crash tests' failpoints die the way a killed
-/// process dies, with no unwinding and no cleanup.
-pub(crate) fn kill_self() -> ! {
-    // SAFETY: sending a signal to our own pid has no memory effects.
-    unsafe {
-        libc::kill(libc::getpid(), libc::SIGKILL);
-    }
-    unreachable!("SIGKILL cannot be caught")
-}
 
 use highwater_store::lease::now_ns;
 
@@ -165,17 +159,14 @@ pub struct GridView {
     pub layout: Layout,
 }
 
+/// Ingestion of one source: which windows run, reading and checking them,
+/// their records, leases and bookmark. Where a window's files go and how
+/// they become visible is its table format's ([`crate::format`]).
 pub struct Ingestor {
-    /// The client of the object store windows are published to, when
-    /// `output` names one.
-    pub(crate) objects: Option<std::sync::Arc<highwater_objects::Objects>>,
-    pub(crate) root: PathBuf,
+    /// The output, as the engine and the format both see it.
+    pub(crate) t: Arc<Table>,
     pub(crate) state: StateLocation,
-    pub(crate) spec: SourceSpec,
-    pub(crate) recipe: String,
-    /// `format = "delta"`: the table's log as read so far (commits are
-    /// only ever appended, so a refresh reads the new ones).
-    pub(crate) delta: Mutex<crate::delta::Snapshot>,
+    pub(crate) format: Box<dyn TableFormat>,
 }
 
 /// One chunk of a window, as its record keeps it.
@@ -260,99 +251,55 @@ pub(crate) struct Ctx<'a> {
     pub(crate) chunk_parallel: usize,
 }
 
-fn median(mut v: Vec<f64>) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    Some(if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    })
-}
-
-/// For the lease tests (failpoints `compact-gate`, `ingest-gate`): after
-/// each period or window, says so by creating `GATE.reached`, then waits
-/// while the file `HIGHWATER_FAILPOINT_GATE` names exists (at most a
-/// minute). A gate, not a sleep: the test does its part (takes the lease
-/// over) while the run waits, however fast or loaded the machine.
-pub(crate) fn gate() {
-    let Some(gate) = std::env::var_os("HIGHWATER_FAILPOINT_GATE") else {
-        return;
-    };
-    let gate = PathBuf::from(gate);
-    let mut reached = gate.clone().into_os_string();
-    reached.push(".reached");
-    let _ = std::fs::write(&reached, b"");
-    let t0 = Instant::now();
-    while gate.exists() && t0.elapsed().as_secs() < 60 {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 impl Ingestor {
     pub fn new(root: &Path, state: StateLocation, spec: SourceSpec) -> Ingestor {
-        let recipe = spec.recipe_id();
-        Ingestor {
-            objects: None,
-            root: root.to_path_buf(),
+        Self::with_table(
+            Table {
+                root: root.to_path_buf(),
+                recipe: spec.recipe_id(),
+                spec,
+                objects: None,
+            },
             state,
-            spec,
-            recipe,
-            delta: Mutex::default(),
+        )
+    }
+
+    fn with_table(t: Table, state: StateLocation) -> Ingestor {
+        let t = Arc::new(t);
+        Ingestor {
+            format: crate::format::open(t.clone()),
+            t,
+            state,
         }
     }
 
-    /// Whether windows land as commits of a Delta table.
-    /// What a window's files carry beyond its rows: for a Delta table,
-    /// the window stamp and the files' statistics (see [`crate::delta`]).
-    fn sink_extras(&self, w: &Window) -> crate::sink::Extras {
-        crate::sink::Extras {
-            stamp: self.is_delta().then_some(w.start_us),
-            stats: self.is_delta(),
+    /// The lease a format's work runs under.
+    pub(crate) fn held<'a>(
+        &self,
+        store: &'a Mutex<Box<dyn StateStore>>,
+        fence: &'a Fence,
+    ) -> Held<'a> {
+        Held {
+            store,
+            fence,
+            lease_duration_s: self.t.spec.lease_duration_s,
         }
-    }
-
-    pub(crate) fn is_delta(&self) -> bool {
-        self.spec.format == crate::config::Format::Delta
     }
 
     pub fn spec(&self) -> &SourceSpec {
-        &self.spec
-    }
-
-    /// The window's path as records and reports show it, and the local
-    /// folder it is staged and (when local) published in. For object
-    /// storage the path is `PLACE:KEY` and the local folder a staging area
-    /// under `.highwater/objects-staging`.
-    pub(crate) fn window_path(&self, w: &Window) -> (String, PathBuf) {
-        let rel = self
-            .spec
-            .window_path(w)
-            .expect("the template was checked at config load");
-        match &self.spec.output_place {
-            None => {
-                let abs = self.root.join(&rel);
-                (rel, abs)
-            }
-            Some(place) => {
-                let abs = self
-                    .root
-                    .join(".highwater/objects-staging")
-                    .join(&self.spec.name)
-                    .join(&rel);
-                (format!("{place}:{rel}"), abs)
-            }
-        }
+        &self.t.spec
     }
 
     /// Sets the object store `output` names (the caller opens it from the
     /// config's `[storage]`).
-    pub fn with_objects(mut self, o: std::sync::Arc<highwater_objects::Objects>) -> Ingestor {
-        self.objects = Some(o);
-        self
+    pub fn with_objects(self, o: std::sync::Arc<highwater_objects::Objects>) -> Ingestor {
+        let t = Table {
+            root: self.t.root.clone(),
+            spec: self.t.spec.clone(),
+            recipe: self.t.recipe.clone(),
+            objects: Some(o),
+        };
+        Self::with_table(t, self.state)
     }
 
     fn label(w: &Window) -> String {
@@ -367,17 +314,17 @@ impl Ingestor {
         records: &BTreeMap<i64, WindowRecord>,
         late: &[i64],
     ) -> Result<Vec<i64>, IngestError> {
-        let g = &self.spec.grid;
-        let closed = g.closed_count(opts.now_us, self.spec.settle_us);
+        let g = &self.t.spec.grid;
+        let closed = g.closed_count(opts.now_us, self.t.spec.settle_us);
         let explicit = |range: std::ops::Range<i64>| -> Result<Vec<i64>, IngestError> {
             if range.end > closed {
                 let w = g.window(range.end - 1);
                 return Err(IngestError::Schema {
-                    name: self.spec.name.clone(),
+                    name: self.t.spec.name.clone(),
                     message: format!(
                         "window {} is not closed until {} (end plus settle); wait, or lower `settle`",
                         w,
-                        format_rfc3339(w.end_us + self.spec.settle_us)
+                        format_rfc3339(w.end_us + self.t.spec.settle_us)
                     ),
                 });
             }
@@ -401,7 +348,7 @@ impl Ingestor {
             .filter(|k| *k >= 0 && *k < k0)
             .collect();
         for k in k0..closed {
-            if ks.len() >= self.spec.catch_up_windows_max {
+            if ks.len() >= self.t.spec.catch_up_windows_max {
                 break;
             }
             if records
@@ -414,96 +361,14 @@ impl Ingestor {
         Ok(ks.into_iter().collect())
     }
 
-    /// Whether published window `r` is still on disk where its record says:
-    /// its folder's `_manifest.json`, or its compacted period's manifest
-    /// listing it. A folder deleted out of band is caught here, so that
-    /// `windows` does not show it as published and `ingest` lands it again.
-    /// Windows in object storage are not checked (that would be a request
-    /// per window); `compact` checks every window it reads.
-    pub(crate) fn on_disk(
-        &self,
-        r: &WindowRecord,
-        periods: &mut BTreeMap<String, Option<crate::compact::PeriodManifest>>,
-    ) -> bool {
-        // A Delta window is in the table's log, not a folder of its own.
-        if self.spec.output_place.is_some() || self.is_delta() {
-            return true;
-        }
-        let safe = |p: &str| {
-            Path::new(p)
-                .components()
-                .all(|c| matches!(c, std::path::Component::Normal(_)))
-        };
-        if let Some(period) = r.extra["compacted"]["path"].as_str().filter(|p| safe(p)) {
-            let m = periods
-                .entry(period.to_string())
-                .or_insert_with(|| crate::compact::read_manifest(&self.root.join(period)));
-            return m
-                .as_ref()
-                .is_some_and(|m| m.windows.iter().any(|w| w.start_us == r.start_us));
-        }
-        let rel = match r.extra["path"].as_str().filter(|p| safe(p)) {
-            Some(p) => p.to_string(),
-            None => {
-                self.window_path(&Window {
-                    start_us: r.start_us,
-                    end_us: r.end_us,
-                })
-                .0
-            }
-        };
-        self.root.join(rel).join("_manifest.json").is_file()
-    }
-
     /// The published windows, under the current recipe, that are gone
-    /// from disk ([`Self::on_disk`]), oldest first.
-    /// The schema rule for window folders (issue 21), before any window
-    /// runs: the source's columns against the newest published window's.
-    /// An added column or a widened type goes on (each window's check
-    /// warns of it; a compaction fills and widens the older files); a
-    /// dropped column or a type that does not widen is refused, so that
-    /// nothing lands in a schema no reader can read beside the others.
-    /// `[checks] schema = "warn"` (or `"off"`) publishes it anyway.
-    fn folder_schema_rule(
-        &self,
-        columns: &[crate::sink::Column],
-        records: &BTreeMap<i64, WindowRecord>,
-    ) -> Result<(), IngestError> {
-        if self.spec.checks.schema != Policy::Fail {
-            return Ok(());
-        }
-        let Some(newest) = records
-            .values()
-            .rev()
-            .find(|r| r.status == WindowStatus::Published && r.extra["schema"].is_array())
-        else {
-            return Ok(());
-        };
-        let now = crate::sink::schema_json(columns);
-        let (changes, widening) = crate::sink::schema_changes(&newest.extra["schema"], &now);
-        if changes.is_empty() || widening {
-            return Ok(());
-        }
-        let nw = Window {
-            start_us: newest.start_us,
-            end_us: newest.end_us,
-        };
-        Err(IngestError::Schema {
-            name: self.spec.name.clone(),
-            message: format!(
-                "the source's schema does not match the newest published window {nw}: {}. Nothing was landed. If the source changed on purpose: cast the column back in a `query` (e.g. `SELECT ..., amount::int4 AS amount`), or land the new schema under a new source name and output, or set `[sources.{}.checks] schema = \"warn\"` to publish it as it is",
-                changes.join("; "),
-                self.spec.name
-            ),
-        })
-    }
-
+    /// from the output ([`TableFormat::has_window`]), oldest first.
     fn gone_windows(&self, records: &BTreeMap<i64, WindowRecord>) -> Vec<i64> {
         let mut periods = BTreeMap::new();
         records
             .iter()
-            .filter(|(_, r)| r.status == WindowStatus::Published && r.recipe == self.recipe)
-            .filter(|(_, r)| !self.on_disk(r, &mut periods))
+            .filter(|(_, r)| r.status == WindowStatus::Published && r.recipe == self.t.recipe)
+            .filter(|(_, r)| !self.format.has_window(r, &mut periods))
             .map(|(k, _)| *k)
             .collect()
     }
@@ -511,11 +376,11 @@ impl Ingestor {
     /// The parts of the recipe that differ between the current definition
     /// and the windows published under another recipe.
     fn changed_parts(&self, records: &BTreeMap<i64, WindowRecord>) -> Vec<String> {
-        let now = self.spec.recipe_parts();
+        let now = self.t.spec.recipe_parts();
         let mut changed = BTreeSet::new();
         for r in records
             .values()
-            .filter(|r| r.status == WindowStatus::Published && r.recipe != self.recipe)
+            .filter(|r| r.status == WindowStatus::Published && r.recipe != self.t.recipe)
         {
             match r.extra["recipe_parts"].as_object() {
                 Some(old) => {
@@ -556,7 +421,7 @@ impl Ingestor {
             .count();
         let stale: Vec<i64> = records
             .iter()
-            .filter(|(_, r)| r.status == WindowStatus::Published && r.recipe != self.recipe)
+            .filter(|(_, r)| r.status == WindowStatus::Published && r.recipe != self.t.recipe)
             .map(|(k, _)| *k)
             .collect();
         if stale.is_empty() {
@@ -574,7 +439,7 @@ impl Ingestor {
         );
         if changed.iter().any(|c| c == "interval" || c == "start") {
             return Err(IngestError::RecipeChanged {
-                name: self.spec.name.clone(),
+                name: self.t.spec.name.clone(),
                 message: format!(
                     "its {} changed ({}), which changes what a window means: the {span} on the old grid are not windows of the new one. Give the source a new name and output to land on the new grid, or restore the old setting",
                     changed.join(", "),
@@ -588,7 +453,7 @@ impl Ingestor {
             && (cursor || (stale.len() >= STALE_GUARD_ITEMS_MIN && share > STALE_GUARD_SHARE))
         {
             return Err(IngestError::RecipeChanged {
-                name: self.spec.name.clone(),
+                name: self.t.spec.name.clone(),
                 message: format!(
                     "its definition changed ({}); {span} ({:.0}% of the published) were landed under the old one and would be re-landed{}. Nothing was touched; re-run with --force if this is intended",
                     changed.join(", "),
@@ -615,7 +480,7 @@ impl Ingestor {
         let records = store
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .windows(&self.spec.name)?;
+            .windows(&self.t.spec.name)?;
         for mut r in records
             .into_iter()
             .filter(|r| r.status == WindowStatus::Running)
@@ -635,35 +500,20 @@ impl Ingestor {
                 start_us: r.start_us,
                 end_us: r.end_us,
             };
-            let (_, abs) = self.window_path(&w);
-            // Inside a compacted period, the period's manifest says which
-            // attempt of the window it holds.
-            let in_period = self.compacted_window(self.spec.grid.index_of(w.start_us));
-            let published = self.published_manifest(&w, &abs)?;
-            let on_disk = published
-                .as_ref()
-                .and_then(|m| m["token"].as_str().map(str::to_string))
-                .or_else(|| in_period.as_ref().map(|(pw, _)| pw.token.clone()));
-            if let Some(t) = on_disk.as_ref().filter(|t| **t != r.token) {
+            let (_, abs) = self.t.window_path(&w);
+            let on_disk = self.format.on_disk(&w, &abs)?;
+            if let Some(d) = on_disk.as_ref().filter(|d| d.token != r.token) {
                 // The attempt died before its swap; the version on disk is an
                 // earlier, complete one, and it stays published.
-                r.token = t.clone();
+                r.token = d.token.clone();
             }
-            if on_disk.as_deref() == Some(r.token.as_str()) {
+            if let Some(d) = on_disk.filter(|d| d.token == r.token) {
                 r.status = WindowStatus::Published;
-                match in_period {
-                    Some((pw, info)) => {
-                        r.rows = pw.rows as i64;
-                        r.files = json!([]);
-                        r.extra["digest"] = json!(pw.digest);
-                        r.extra["compacted"] = info;
-                    }
-                    None => {
-                        let manifest = published.unwrap_or(serde_json::Value::Null);
-                        r.rows = manifest["rows"].as_i64().unwrap_or(r.rows);
-                        r.files = manifest["files"].clone();
-                        r.extra["digest"] = manifest["digest"].clone();
-                    }
+                r.rows = d.rows.unwrap_or(r.rows);
+                r.files = d.files;
+                r.extra["digest"] = d.digest;
+                if let Some(info) = d.compacted {
+                    r.extra["compacted"] = info;
                 }
                 self.commit(store, fence, r)?;
             } else {
@@ -692,13 +542,13 @@ impl Ingestor {
         record: WindowRecord,
     ) -> Result<WindowCommit, IngestError> {
         let mut s = store.lock().unwrap_or_else(|e| e.into_inner());
-        let g = &self.spec.grid;
+        let g = &self.t.spec.grid;
         let mut written = false;
         for _ in 0..COMMIT_RETRIES_MAX {
-            let bookmark = s.bookmark(&self.spec.name)?;
+            let bookmark = s.bookmark(&self.t.spec.name)?;
             let cur_end = bookmark.as_ref().map_or(g.start_us, |b| b.last_end_us);
             let mut published: BTreeSet<i64> = s
-                .windows(&self.spec.name)?
+                .windows(&self.t.spec.name)?
                 .into_iter()
                 .filter(|r| r.status == WindowStatus::Published)
                 .map(|r| r.start_us)
@@ -713,7 +563,7 @@ impl Ingestor {
                 new_end += g.interval_us;
             }
             let next = Bookmark {
-                source: self.spec.name.clone(),
+                source: self.t.spec.name.clone(),
                 last_end_us: new_end,
                 horizon: bookmark.as_ref().and_then(|b| b.horizon),
             };
@@ -743,25 +593,13 @@ impl Ingestor {
 
     /// The lease a window runs under on shared state.
     pub(crate) fn window_lease(&self, start_us: i64) -> String {
-        format!("ingest:{}@{start_us}", self.spec.name)
-    }
-
-    pub(crate) fn token(&self, k: i64) -> String {
-        static SEQ: AtomicUsize = AtomicUsize::new(0);
-        let seed = format!(
-            "{}:{k}:{}:{}:{}",
-            self.spec.name,
-            now_ns(),
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        );
-        blake3::hash(seed.as_bytes()).to_hex()[..20].to_string()
+        format!("ingest:{}@{start_us}", self.t.spec.name)
     }
 
     fn record(&self, w: &Window, status: WindowStatus, token: &str) -> WindowRecord {
-        let (path, _) = self.window_path(w);
+        let (path, _) = self.t.window_path(w);
         WindowRecord {
-            source: self.spec.name.clone(),
+            source: self.t.spec.name.clone(),
             start_us: w.start_us,
             end_us: w.end_us,
             status,
@@ -769,10 +607,10 @@ impl Ingestor {
             files: json!([]),
             duration_ms: 0,
             token: token.to_string(),
-            recipe: self.recipe.clone(),
+            recipe: self.t.recipe.clone(),
             updated_at_ns: now_ns(),
             error: None,
-            extra: json!({"recipe_parts": self.spec.recipe_parts(), "path": path}),
+            extra: json!({"recipe_parts": self.t.spec.recipe_parts(), "path": path}),
         }
     }
 
@@ -785,10 +623,10 @@ impl Ingestor {
         records: &BTreeMap<i64, WindowRecord>,
         abs: &Path,
     ) -> Option<WindowRecord> {
-        let by = &self.spec.chunking.as_ref()?.by;
+        let by = &self.t.spec.chunking.as_ref()?.by;
         let r = records.get(&k)?;
         (r.status != WindowStatus::Published
-            && r.recipe == self.recipe
+            && r.recipe == self.t.recipe
             && r.extra["chunking"]["by"].as_str() == Some(by.as_str())
             && r.extra["chunks"].is_array()
             && publish::staging_path(abs, &r.token).is_dir())
@@ -812,6 +650,7 @@ impl Ingestor {
         unique: bool,
     ) -> Result<(Option<u64>, Written), IngestError> {
         let chunking = self
+            .t
             .spec
             .chunking
             .as_ref()
@@ -865,7 +704,7 @@ impl Ingestor {
                 let handles: Vec<_> = (0..workers)
                     .map(|_| {
                         scope.spawn(|| -> Result<(), IngestError> {
-                            let mut conn = source::open(&self.spec)?;
+                            let mut conn = source::open(&self.t.spec)?;
                             loop {
                                 let Some(&i) = todo.get(next.fetch_add(1, Ordering::SeqCst)) else {
                                     return Ok(());
@@ -932,7 +771,7 @@ impl Ingestor {
         snapshot: &str,
         label: &str,
     ) -> Result<(), IngestError> {
-        let by = &self.spec.chunking.as_ref().expect("chunked").by;
+        let by = &self.t.spec.chunking.as_ref().expect("chunked").by;
         let range = {
             let mut c = chunks.lock().unwrap_or_else(|e| e.into_inner());
             c[i].status = "running".into();
@@ -943,11 +782,11 @@ impl Ingestor {
         let mut sink = ParquetSink::new_with(
             staging,
             &ctx.columns,
-            self.spec.batch_rows,
-            self.spec.file_rows_max,
+            self.t.spec.batch_rows,
+            self.t.spec.file_rows_max,
             &format!("{i:04}-"),
-            &self.spec.plain_columns(),
-            self.sink_extras(w),
+            &self.t.spec.plain_columns(),
+            self.format.extras(w),
         );
         let scope = Scope {
             pred: *pred,
@@ -996,28 +835,102 @@ impl Ingestor {
     /// of work left undone: the holder now (owner, host, pid) when the
     /// store can say, else only that it was lost.
     pub(crate) fn lost_to(&self, store: &Mutex<Box<dyn StateStore>>, fence: &Fence) -> String {
-        let holder = store
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .lease(&fence.name)
-            .ok()
-            .flatten()
-            .filter(|l| l.token != fence.token);
-        match holder {
-            Some(l) => format!(
-                "the lease `{}` was lost mid-run to {} (host {}, pid {})",
-                fence.name, l.owner, l.host, l.pid
-            ),
-            None => format!("the lease `{}` was lost mid-run", fence.name),
-        }
+        crate::table::lost_to(store, fence)
     }
 
     fn taken_over(&self, window: &str) -> IngestError {
         IngestError::Read {
-            name: self.spec.name.clone(),
+            name: self.t.spec.name.clone(),
             window: window.to_string(),
             message: "the lease was taken over; stopped".into(),
         }
+    }
+
+    /// The rows window `k` reads: its time range (widened by the lookback)
+    /// or its id range, which its record keeps.
+    fn pred_of(&self, k: i64, ctx: &Ctx<'_>, rec: &mut WindowRecord) -> Pred {
+        let w = self.t.spec.grid.window(k);
+        match self.t.spec.mode {
+            Mode::UpdatedAt => Pred::Time {
+                lo_us: w.start_us - self.t.spec.lookback_us,
+                hi_us: w.end_us,
+            },
+            Mode::CommitOrder => Pred::Time {
+                lo_us: w.start_us,
+                hi_us: w.end_us,
+            },
+            Mode::AppendId => {
+                let (lo, hi) = ctx.id_ranges[&k];
+                rec.extra["id_range"] = json!({"after": lo, "through": hi});
+                Pred::Ids { lo, hi }
+            }
+        }
+    }
+
+    /// Reads window `w`'s rows (`pred`) into `staging`: in one pass, or
+    /// chunk by chunk (the chunks' progress kept in `rec`). Returns the
+    /// duplicate keys found (when `unique_key` is checked) and what was
+    /// written.
+    fn extract(
+        &self,
+        w: &Window,
+        pred: Pred,
+        staging: &Path,
+        reader: &mut dyn Reader,
+        ctx: &Ctx<'_>,
+        rec: &mut WindowRecord,
+    ) -> Result<(Option<u64>, Written), IngestError> {
+        let unique = self.t.spec.checks.unique_key != Policy::Off;
+        if self.t.spec.chunking.is_some() {
+            let shared = Mutex::new(rec.clone());
+            let r = self.extract_chunks(w, &pred, staging, reader, ctx, &shared, unique);
+            *rec = shared.into_inner().unwrap_or_else(|e| e.into_inner());
+            r
+        } else {
+            let mut sink = ParquetSink::new_with(
+                staging,
+                &ctx.columns,
+                self.t.spec.batch_rows,
+                self.t.spec.file_rows_max,
+                "",
+                &self.t.spec.plain_columns(),
+                self.format.extras(w),
+            );
+            let scope = Scope {
+                pred,
+                chunk: None,
+                snapshot: None,
+            };
+            reader
+                .read(&scope, unique, &mut sink, &Self::label(w))
+                .and_then(|d| sink.finish().map(|written| (d, written)))
+        }
+    }
+
+    /// The window's manifest: what was read and how, and `facts` (files,
+    /// rows, digest, schema, checks, timing, token).
+    fn manifest(
+        &self,
+        w: &Window,
+        pred: &Pred,
+        rec: &WindowRecord,
+        facts: serde_json::Value,
+    ) -> serde_json::Value {
+        let mut m = json!({
+            "source": self.t.spec.name,
+            "window": {"start": format_rfc3339(w.start_us), "end": format_rfc3339(w.end_us)},
+            "mode": self.t.spec.mode.as_str(),
+            "read": match pred {
+                Pred::Time { lo_us, hi_us } => json!({"cursor": self.t.spec.cursor, "from": format_rfc3339(*lo_us), "to": format_rfc3339(*hi_us)}),
+                Pred::Ids { lo, hi } => json!({"cursor": self.t.spec.cursor, "after": lo, "through": hi}),
+            },
+            "chunks": rec.extra.get("chunks").cloned().unwrap_or(serde_json::Value::Null),
+            "recipe": self.t.recipe,
+        });
+        for (k, v) in facts.as_object().into_iter().flatten() {
+            m[k] = v.clone();
+        }
+        m
     }
 
     pub(crate) fn run_one(
@@ -1026,14 +939,14 @@ impl Ingestor {
         reader: &mut dyn Reader,
         ctx: &Ctx<'_>,
     ) -> Result<WindowOutcome, IngestError> {
-        let w = self.spec.grid.window(k);
-        let (rel, abs) = self.window_path(&w);
+        let w = self.t.spec.grid.window(k);
+        let (rel, abs) = self.t.window_path(&w);
         // A chunked window that died part-way resumes its attempt: the same
         // token, staging folder and finished chunks.
         let resume = self.resumable(k, &ctx.records, &abs);
         let token = match &resume {
             Some(r) => r.token.clone(),
-            None => self.token(k),
+            None => self.t.token(k),
         };
         let started = Instant::now();
         let mut outcome = WindowOutcome {
@@ -1060,25 +973,11 @@ impl Ingestor {
             outcome.error = Some(format!(
                 "not run: {}; run `highwater ingest {}` again",
                 self.lost_to(ctx.store, ctx.fence),
-                self.spec.name
+                self.t.spec.name
             ));
             return Ok(outcome);
         }
-        let pred = match self.spec.mode {
-            Mode::UpdatedAt => Pred::Time {
-                lo_us: w.start_us - self.spec.lookback_us,
-                hi_us: w.end_us,
-            },
-            Mode::CommitOrder => Pred::Time {
-                lo_us: w.start_us,
-                hi_us: w.end_us,
-            },
-            Mode::AppendId => {
-                let (lo, hi) = ctx.id_ranges[&k];
-                rec.extra["id_range"] = json!({"after": lo, "through": hi});
-                Pred::Ids { lo, hi }
-            }
-        };
+        let pred = self.pred_of(k, ctx, &mut rec);
         let staging = publish::staging_path(&abs, &token);
         std::fs::create_dir_all(&staging).map_err(|e| IngestError::io("creating", &staging, e))?;
         let previous = ctx
@@ -1086,7 +985,7 @@ impl Ingestor {
             .get(&k)
             .filter(|r| r.status == WindowStatus::Published)
             .cloned();
-        let chunked = self.spec.chunking.is_some();
+        let chunked = self.t.spec.chunking.is_some();
         let fail = |rec: &mut WindowRecord,
                     outcome: &mut WindowOutcome,
                     msg: String|
@@ -1111,31 +1010,7 @@ impl Ingestor {
             self.commit(ctx.store, ctx.fence, record)?;
             Ok(())
         };
-        let unique = self.spec.checks.unique_key != Policy::Off;
-        let extracted = if chunked {
-            let shared = Mutex::new(rec.clone());
-            let r = self.extract_chunks(&w, &pred, &staging, reader, ctx, &shared, unique);
-            rec = shared.into_inner().unwrap_or_else(|e| e.into_inner());
-            r
-        } else {
-            let mut sink = ParquetSink::new_with(
-                &staging,
-                &ctx.columns,
-                self.spec.batch_rows,
-                self.spec.file_rows_max,
-                "",
-                &self.spec.plain_columns(),
-                self.sink_extras(&w),
-            );
-            let scope = Scope {
-                pred,
-                chunk: None,
-                snapshot: None,
-            };
-            reader
-                .read(&scope, unique, &mut sink, &Self::label(&w))
-                .and_then(|d| sink.finish().map(|written| (d, written)))
-        };
+        let extracted = self.extract(&w, pred, &staging, reader, ctx, &mut rec);
         let (
             dups,
             Written {
@@ -1153,119 +1028,21 @@ impl Ingestor {
         rec.extra["digest"] = json!(digest.render());
         let extract_ms = started.elapsed().as_millis() as i64;
         outcome.rows = rows;
-        // Checks, before anyone can see the window.
-        let mut failures = Vec::new();
-        let mut judge = |policy: Policy, msg: String, outcome: &mut WindowOutcome| match policy {
-            Policy::Fail => failures.push(msg),
-            Policy::Warn => outcome.warnings.push(msg),
-            Policy::Off => {}
-        };
-        if let Some(d) = dups.filter(|d| *d > 0) {
-            judge(
-                self.spec.checks.unique_key,
-                format!("{d} keys occur more than once in window {w} (check unique_key)"),
-                &mut outcome,
-            );
-        }
-        if let Some(v) = &self.spec.checks.volume {
-            let prior: Vec<f64> = (1..=v.compare_days as i64)
-                .filter_map(|d| {
-                    ctx.records
-                        .get(&self.spec.grid.index_of(w.start_us - d * DAY_US))
-                })
-                .filter(|r| r.status == WindowStatus::Published)
-                .map(|r| r.rows as f64)
-                .collect();
-            if let Some(m) = median(prior) {
-                let dev = (rows as f64 - m).abs() / m.max(1.0);
-                if dev > v.max_deviation {
-                    judge(
-                        v.on_fail,
-                        format!("window {w} has {rows} rows against a median of {m} on the previous {} days ({:.0}% off; check volume)", v.compare_days, dev * 100.0),
-                        &mut outcome,
-                    );
-                }
-            }
-        }
-        if self.spec.checks.adjacent_duplicates != Policy::Off && k > 0 {
-            let mut prev_dir = self.window_path(&self.spec.grid.window(k - 1)).1;
-            if self.is_delta() {
-                // The folder of the previous window's newest commit.
-                if let Some(m) = self.delta_window_manifest(&self.spec.grid.window(k - 1))? {
-                    let data = Path::new(m["data"].as_str().unwrap_or_default());
-                    // Read back from the table's log: checked like a path
-                    // from the state store.
-                    if data
-                        .components()
-                        .all(|c| matches!(c, std::path::Component::Normal(_)))
-                    {
-                        prev_dir = self.root.join(&self.spec.output).join(data);
-                    }
-                }
-            }
-            let before = crate::sink::key_hashes(&prev_dir, &self.spec.key)?;
-            if !before.is_empty() {
-                let now = crate::sink::key_hashes(&staging, &self.spec.key)?;
-                let both = now.intersection(&before).count();
-                if both > 0 {
-                    judge(
-                        self.spec.checks.adjacent_duplicates,
-                        format!("{both} keys of window {w} also appear in the window before it (check adjacent_duplicates)"),
-                        &mut outcome,
-                    );
-                }
-            }
-        }
-        // The window's schema against its neighbour's (the nearest
-        // published window before it, else after it): a reader of the
-        // output must not see one column with two types unannounced.
         let schema = crate::sink::schema_json(&ctx.columns);
         rec.extra["schema"] = schema.clone();
-        // A Delta table was checked against its own schema before the run.
-        if self.spec.checks.schema != Policy::Off && !self.is_delta() {
-            let with_schema = |r: &&WindowRecord| {
-                r.status == WindowStatus::Published && r.extra["schema"].is_array()
-            };
-            let neighbour = ctx
-                .records
-                .range(..k)
-                .rev()
-                .map(|(_, r)| r)
-                .find(with_schema)
-                .or_else(|| ctx.records.range(k + 1..).map(|(_, r)| r).find(with_schema));
-            if let Some(n) = neighbour {
-                let (changes, widening) = crate::sink::schema_changes(&n.extra["schema"], &schema);
-                let nw = Window {
-                    start_us: n.start_us,
-                    end_us: n.end_us,
-                };
-                if !changes.is_empty() && widening {
-                    outcome.warnings.push(format!(
-                        "window {w}: {} since window {nw} (check schema); compaction widens the older windows' files to match",
-                        changes.join("; ")
-                    ));
-                } else if !changes.is_empty() {
-                    judge(
-                        self.spec.checks.schema,
-                        format!(
-                            "window {w}: {} since window {nw} (check schema). A reader of the output would see two types in one column, and a compaction of a period holding both would fail. If the source changed on purpose: cast the column back in a `query` (e.g. `SELECT ..., amount::int4 AS amount`), or land the new schema under a new source name and output, or set `[sources.{}.checks] schema = \"warn\"` to publish it as it is",
-                            changes.join("; "),
-                            self.spec.name
-                        ),
-                        &mut outcome,
-                    );
-                }
-            }
-        }
-        if let Some(d) = &self.spec.checks.duration {
-            let interval_ms = self.spec.grid.interval_us as f64 / 1000.0;
-            if extract_ms as f64 > d.warn_share_of_interval * interval_ms {
-                outcome.warnings.push(format!(
-                    "extracting window {w} took {extract_ms} ms, {:.0}% of the interval: runs will soon overlap (check duration)",
-                    extract_ms as f64 / interval_ms * 100.0
-                ));
-            }
-        }
+        // Checks, before anyone can see the window.
+        let failures = self.check_window(
+            k,
+            &Checked {
+                rows,
+                dups,
+                staging: &staging,
+                schema: &schema,
+                extract_ms,
+            },
+            ctx,
+            &mut outcome.warnings,
+        )?;
         if !failures.is_empty() {
             fail(
                 &mut rec,
@@ -1274,34 +1051,27 @@ impl Ingestor {
             )?;
             return Ok(outcome);
         }
-        let manifest = json!({
-            "source": self.spec.name,
-            "window": {"start": format_rfc3339(w.start_us), "end": format_rfc3339(w.end_us)},
-            "mode": self.spec.mode.as_str(),
-            "read": match pred {
-                Pred::Time { lo_us, hi_us } => json!({"cursor": self.spec.cursor, "from": format_rfc3339(lo_us), "to": format_rfc3339(hi_us)}),
-                Pred::Ids { lo, hi } => json!({"cursor": self.spec.cursor, "after": lo, "through": hi}),
-            },
-            "files": files,
-            "rows": rows,
-            "digest": digest.render(),
-            "schema": schema,
-            "chunks": rec.extra.get("chunks").cloned().unwrap_or(serde_json::Value::Null),
-            "key_unique": {"checked": dups.is_some(), "duplicate_keys": dups},
-            "extract_ms": extract_ms,
-            "recipe": self.recipe,
-            "token": token,
-        });
-        if !self.is_delta() {
-            publish::seal(&staging, &manifest)?;
-        }
+        let manifest = self.manifest(
+            &w,
+            &pred,
+            &rec,
+            json!({
+                "files": files,
+                "rows": rows,
+                "digest": digest.render(),
+                "schema": schema,
+                "key_unique": {"checked": dups.is_some(), "duplicate_keys": dups},
+                "extract_ms": extract_ms,
+                "token": token,
+            }),
+        );
         // The fence, checked as late as possible before the swap.
         let still_ours = !ctx.lost.load(Ordering::SeqCst) && {
             let mut s = ctx.store.lock().unwrap_or_else(|e| e.into_inner());
             s.renew_lease(
                 ctx.fence,
                 now_ns(),
-                self.spec.lease_duration_s as i64 * 1_000_000_000,
+                self.t.spec.lease_duration_s as i64 * 1_000_000_000,
             )?
         };
         if !still_ours {
@@ -1309,7 +1079,7 @@ impl Ingestor {
             outcome.error = Some(format!(
                 "not published: {} before publish; run `highwater ingest {}` again",
                 self.lost_to(ctx.store, ctx.fence),
-                self.spec.name
+                self.t.spec.name
             ));
             return Ok(outcome);
         }
@@ -1317,12 +1087,9 @@ impl Ingestor {
             // For the crash tests: die with the window staged, not swapped.
             kill_self();
         }
-        let published = if self.is_delta() {
-            self.delta_publish(k, &staging, &manifest, &token, &ctx.columns)
-                .map(|_| None)
-        } else {
-            self.publish_window(k, &staging, &abs, &token)
-        };
+        let published = self
+            .format
+            .publish(k, &staging, &abs, &manifest, &token, &ctx.columns);
         let compacted = match published {
             Ok(c) => c,
             // The window's rows cannot join its compacted period (a type
@@ -1355,14 +1122,14 @@ impl Ingestor {
                 outcome.error = Some(format!(
                     "published, but not recorded: {} after publish; the next `highwater ingest {}` records it",
                     self.lost_to(ctx.store, ctx.fence),
-                    self.spec.name
+                    self.t.spec.name
                 ));
                 return Ok(outcome);
             }
         }
         if rewrote_period {
             // The other windows of the period moved within its new files.
-            self.reconcile(ctx.store, ctx.fence)?;
+            self.format.reconcile(&self.held(ctx.store, ctx.fence))?;
         }
         outcome.status = "published";
         outcome.duration_ms = started.elapsed().as_millis() as u64;
@@ -1388,13 +1155,13 @@ impl Ingestor {
         f: impl FnOnce(&Mutex<Box<dyn StateStore>>, &Fence, &AtomicBool) -> Result<T, IngestError>,
     ) -> Result<T, IngestError> {
         let store = Mutex::new(self.state.open()?);
-        let name = &self.spec.name;
-        let lease_ns = self.spec.lease_duration_s as i64 * 1_000_000_000;
+        let name = &self.t.spec.name;
+        let lease_ns = self.t.spec.lease_duration_s as i64 * 1_000_000_000;
         let host = highwater_store::lease::host();
-        let owner = format!("{host}:{}:{}", std::process::id(), &self.token(-1)[..8]);
+        let owner = format!("{host}:{}:{}", std::process::id(), &self.t.token(-1)[..8]);
         let lease_name = format!("ingest:{name}");
         let deadline = Instant::now()
-            + Duration::from_secs(self.spec.lease_duration_s * LEASE_WAIT_LEASES_MAX);
+            + Duration::from_secs(self.t.spec.lease_duration_s * LEASE_WAIT_LEASES_MAX);
         let acquire = |at_ns: i64| {
             store
                 .lock()
@@ -1470,16 +1237,16 @@ impl Ingestor {
         store: &Mutex<Box<dyn StateStore>>,
         fence: &Fence,
     ) -> Result<WindowPlan, IngestError> {
-        let name = &self.spec.name;
+        let name = &self.t.spec.name;
         self.recover(store, fence)?;
-        self.reconcile(store, fence)?;
+        self.format.reconcile(&self.held(store, fence))?;
         let (bookmark, records) = {
             let s = store.lock().unwrap_or_else(|e| e.into_inner());
             (s.bookmark(name)?, s.windows(name)?)
         };
         let records: BTreeMap<i64, WindowRecord> = records
             .into_iter()
-            .map(|r| (self.spec.grid.index_of(r.start_us), r))
+            .map(|r| (self.t.spec.grid.index_of(r.start_us), r))
             .collect();
         let mut report = IngestReport {
             source: name.clone(),
@@ -1490,18 +1257,15 @@ impl Ingestor {
             check_failures: 0,
             loads: Vec::new(),
         };
-        let mut first = source::open(&self.spec)?;
+        let mut first = source::open(&self.t.spec)?;
         let columns = first.columns()?;
-        // A Delta table's schema rule, before any window runs: a dropped
-        // column or a changed type is refused (exit 2) with nothing
-        // committed; an added column evolves the table at the next commit.
-        let columns = if self.is_delta() {
-            self.delta_columns(&columns, &mut report.warnings)?
-        } else {
-            self.folder_schema_rule(&columns, &records)?;
-            columns
-        };
-        if let Some(ch) = &self.spec.chunking {
+        // The format's schema rule, before any window runs: what no reader
+        // could read beside what is published is refused (exit 2) with
+        // nothing written.
+        let columns = self
+            .format
+            .columns(columns, &records, &mut report.warnings)?;
+        if let Some(ch) = &self.t.spec.chunking {
             // Refused before any window runs: every window would fail the
             // same way.
             let cut_on = columns.iter().find(|c| c.name == ch.by);
@@ -1531,14 +1295,14 @@ impl Ingestor {
                 report.warnings.push(format!(
                     "`chunk_by` column `{}` leads no index: each chunk scans the whole window for its key range, several times slower than through an index. Create one (`CREATE INDEX ON {} ({})`)",
                     ch.by,
-                    self.spec.relation_sql(),
+                    self.t.spec.relation_sql(),
                     crate::config::quote_column(&ch.by)
                 ));
             }
         }
         // commit_order: the horizon, and the published windows that rows of
         // late-committing transactions belong to.
-        let (horizon, late) = if self.spec.mode == Mode::CommitOrder {
+        let (horizon, late) = if self.t.spec.mode == Mode::CommitOrder {
             let prev = bookmark.as_ref().and_then(|b| b.horizon);
             let (h, late) = first.horizon_and_late(prev)?;
             if prev == Some(h) {
@@ -1561,7 +1325,7 @@ impl Ingestor {
                 report.warnings.push(format!(
                     "{} published window(s) are gone from disk (first: {} at {}), deleted out of band: landing them again",
                     gone.len(),
-                    self.spec.grid.window(*first),
+                    self.t.spec.grid.window(*first),
                     records[first].extra["compacted"]["path"]
                         .as_str()
                         .or(records[first].extra["path"].as_str())
@@ -1570,7 +1334,7 @@ impl Ingestor {
             }
             let mut all: BTreeSet<i64> = stale.iter().chain(gone.iter()).copied().collect();
             for k in ks {
-                if all.len() >= self.spec.catch_up_windows_max {
+                if all.len() >= self.t.spec.catch_up_windows_max {
                     break;
                 }
                 all.insert(k);
@@ -1587,7 +1351,7 @@ impl Ingestor {
         // append_id: ranges are given out in window order. A re-run reads
         // its recorded range; a new window takes what arrived since.
         let mut id_ranges = BTreeMap::new();
-        if self.spec.mode == Mode::AppendId {
+        if self.t.spec.mode == Mode::AppendId {
             let mut last = records
                 .values()
                 .filter_map(|r| r.extra["id_range"]["through"].as_i64())
@@ -1610,19 +1374,9 @@ impl Ingestor {
                 id_ranges.insert(k, range);
             }
         }
-        if self.is_delta() {
-            // A window inside a compacted period of the table: refused
-            // (exit 2) before any window runs (see `delta::compact`).
-            let snap = self.delta_snapshot()?;
-            for &k in &ks {
-                let w = self.spec.grid.window(k);
-                if let Some(e) = self.delta_compacted_refusal(&snap, w.start_us, &w.to_string()) {
-                    return Err(e);
-                }
-            }
-        }
+        self.format.refuse_windows(&ks)?;
         for &k in &ks {
-            let abs = self.window_path(&self.spec.grid.window(k)).1;
+            let abs = self.t.window_path(&self.t.spec.grid.window(k)).1;
             let keep = self
                 .resumable(k, &records, &abs)
                 .map(|r| publish::staging_path(&abs, &r.token));
@@ -1630,14 +1384,14 @@ impl Ingestor {
         }
         // Where the stale windows were published, when the output moved:
         // the old folder goes once the window is published at the new one.
-        // (Never for a Delta table: its files go by `remove` and vacuum.)
+        // (Only for formats with a folder per window.)
         let moved: BTreeMap<String, String> = stale
             .iter()
-            .filter(|_| !self.is_delta())
+            .filter(|_| self.format.window_folders())
             .filter_map(|k| {
                 let r = &records[k];
                 let old = r.extra["path"].as_str()?;
-                let new = self.window_path(&self.spec.grid.window(*k)).0;
+                let new = self.t.window_path(&self.t.spec.grid.window(*k)).0;
                 (old != new).then(|| (format_rfc3339(r.start_us), old.to_string()))
             })
             .collect();
@@ -1668,7 +1422,7 @@ impl Ingestor {
         let first = Mutex::new(first);
         // A chunked source runs its windows one at a time and spends the
         // parallelism on the chunks of each.
-        let parallel = if self.spec.chunking.is_some() {
+        let parallel = if self.t.spec.chunking.is_some() {
             1
         } else {
             max_parallel.clamp(1, 64).min(ks.len().max(1))
@@ -1681,7 +1435,7 @@ impl Ingestor {
                 handles.push(scope.spawn(|| -> Result<(), IngestError> {
                     let mut reader = match first.lock().unwrap_or_else(|e| e.into_inner()).take() {
                         Some(r) => r,
-                        None => source::open(&self.spec)?,
+                        None => source::open(&self.t.spec)?,
                     };
                     loop {
                         let i = next.fetch_add(1, Ordering::SeqCst);
@@ -1695,7 +1449,7 @@ impl Ingestor {
                                 format!(
                                     "not run: {}; run `highwater ingest {}` again",
                                     self.lost_to(ctx.store, ctx.fence),
-                                    self.spec.name
+                                    self.t.spec.name
                                 ),
                             );
                             outcomes.lock().unwrap_or_else(|e| e.into_inner()).push(o);
@@ -1712,7 +1466,7 @@ impl Ingestor {
                                 k,
                                 format!(
                                     "not run: an earlier window failed ({why}); run `highwater ingest {}` again",
-                                    self.spec.name
+                                    self.t.spec.name
                                 ),
                             );
                             outcomes.lock().unwrap_or_else(|e| e.into_inner()).push(o);
@@ -1761,11 +1515,11 @@ impl Ingestor {
 
     /// Window `k` reported failed with `error`, having published nothing.
     fn failed_outcome(&self, k: i64, error: String) -> WindowOutcome {
-        let w = self.spec.grid.window(k);
+        let w = self.t.spec.grid.window(k);
         WindowOutcome {
             start: format_rfc3339(w.start_us),
             end: format_rfc3339(w.end_us),
-            path: self.window_path(&w).0,
+            path: self.t.window_path(&w).0,
             status: "failed",
             rows: 0,
             duration_ms: 0,
@@ -1787,37 +1541,20 @@ impl Ingestor {
         fence: &Fence,
         lost: &AtomicBool,
     ) -> Result<IngestReport, IngestError> {
-        let name = &self.spec.name;
+        let name = &self.t.spec.name;
         let all_ok = outcomes.iter().all(|o| o.status == "published");
         for o in outcomes.iter().filter(|o| o.status == "published") {
             let Some(old) = moved.get(&o.start) else {
                 continue;
             };
-            if let Some(place) = &self.spec.output_place {
-                if let Some(key) = old.strip_prefix(&format!("{place}:")) {
-                    self.remove_objects(key, &o.start)?;
-                }
-                continue;
-            }
-            // Our own rendering, relative and without `..`; checked anyway,
-            // since it was read back from the state store.
-            let safe = Path::new(old)
-                .components()
-                .all(|c| matches!(c, std::path::Component::Normal(_)));
-            let abs = self.root.join(old);
-            if safe && abs.is_dir() {
-                std::fs::remove_dir_all(&abs)
-                    .map_err(|e| IngestError::io("removing the old window", &abs, e))?;
-            }
+            self.format.remove_old_window(old, &o.start)?;
         }
         report.windows = outcomes;
-        if self.is_delta() {
-            // Files removed longer than version_retention_s ago go now.
-            if let Err(e) = self.delta_vacuum() {
-                report.warnings.push(format!(
-                    "vacuum of the Delta table did not finish: {e}; the next run tries again"
-                ));
-            }
+        // Files removed longer than their retention ago go now.
+        if let Err(e) = self.format.after_run() {
+            report.warnings.push(format!(
+                "housekeeping of the output did not finish: {e}; the next run tries again"
+            ));
         }
         let mut s = store.lock().unwrap_or_else(|e| e.into_inner());
         let after = s.bookmark(name)?;
@@ -1840,7 +1577,7 @@ impl Ingestor {
             }
         }
         report.bookmark_after = after.map(|b| format_rfc3339(b.last_end_us));
-        if self.spec.checks.continuity != Policy::Off {
+        if self.t.spec.checks.continuity != Policy::Off {
             let recs = s.windows(name)?;
             let published: BTreeSet<i64> = recs
                 .iter()
@@ -1848,14 +1585,14 @@ impl Ingestor {
                 .map(|r| r.start_us)
                 .collect();
             if let (Some(&lo), Some(&hi)) = (published.first(), published.last()) {
-                let g = &self.spec.grid;
+                let g = &self.t.spec.grid;
                 let missing: Vec<String> = (g.index_of(lo)..=g.index_of(hi))
                     .map(|k| g.window(k))
                     .filter(|w| !published.contains(&w.start_us))
                     .map(|w| w.to_string())
                     .collect();
                 if !missing.is_empty() {
-                    if self.spec.checks.continuity == Policy::Fail {
+                    if self.t.spec.checks.continuity == Policy::Fail {
                         report.check_failures += 1;
                     }
                     report.warnings.push(format!(
@@ -1873,20 +1610,20 @@ impl Ingestor {
     /// anyone: owner, host, pid, expiry.
     pub fn lease_holder(&self) -> Result<Option<highwater_store::Lease>, IngestError> {
         let s = self.state.open()?;
-        Ok(s.lease(&format!("ingest:{}", self.spec.name))?)
+        Ok(s.lease(&format!("ingest:{}", self.t.spec.name))?)
     }
 
     /// The completion grid: one row per expected window up to `now`, the
     /// newest `last_n` of them, with the layout of their files.
     pub fn grid(&self, now_us: i64, last_n: usize) -> Result<GridView, IngestError> {
         let s = self.state.open()?;
-        let g = &self.spec.grid;
+        let g = &self.t.spec.grid;
         let records: BTreeMap<i64, WindowRecord> = s
-            .windows(&self.spec.name)?
+            .windows(&self.t.spec.name)?
             .into_iter()
             .map(|r| (g.index_of(r.start_us), r))
             .collect();
-        let closed = g.closed_count(now_us, self.spec.settle_us);
+        let closed = g.closed_count(now_us, self.t.spec.settle_us);
         let from = (closed - last_n as i64).max(0);
         let interval_ms = g.interval_us as f64 / 1000.0;
         let mut file_sizes = Vec::new();
@@ -1900,7 +1637,7 @@ impl Ingestor {
                 // Published, but gone from disk: shown as missing, as the
                 // next ingest sees it.
                 let gone = r.filter(|r| {
-                    r.status == WindowStatus::Published && !self.on_disk(r, &mut manifests)
+                    r.status == WindowStatus::Published && !self.format.has_window(r, &mut manifests)
                 });
                 let note = gone.map(|r| {
                     format!(
@@ -1910,7 +1647,7 @@ impl Ingestor {
                             .as_str()
                             .or(r.extra["path"].as_str())
                             .unwrap_or("its folder"),
-                        self.spec.name
+                        self.t.spec.name
                     )
                 });
                 let r = if gone.is_some() { None } else { r };
@@ -1931,7 +1668,7 @@ impl Ingestor {
                 }
                 if let Some(path) = &compacted {
                     if !periods.contains_key(path) {
-                        let dir = self.root.join(path);
+                        let dir = self.t.root.join(path);
                         if let Some(m) = crate::compact::read_manifest(&dir) {
                             periods.insert(
                                 path.clone(),
@@ -1959,7 +1696,7 @@ impl Ingestor {
                     end: format_rfc3339(w.end_us),
                     // Published under another recipe: stale until re-landed.
                     status: r.map_or("missing", |r| {
-                        if r.status == WindowStatus::Published && r.recipe != self.recipe {
+                        if r.status == WindowStatus::Published && r.recipe != self.t.recipe {
                             "stale"
                         } else {
                             r.status.as_str()
@@ -1977,7 +1714,7 @@ impl Ingestor {
                         .and_then(|r| r.extra["digest"].as_str())
                         .map(str::to_string),
                     load: published
-                        .filter(|_| self.spec.load.is_some())
+                        .filter(|_| self.t.spec.load.is_some())
                         .map(crate::load::cell),
                 }
             })
@@ -1986,11 +1723,11 @@ impl Ingestor {
         let advice = match file_bytes_median {
             Some(m) if file_sizes.len() >= 2 && (m as u64) < EFFICIENT_FILE_BYTES / 4 => {
                 let mb = m / (1u64 << 20) as f64;
-                Some(if self.spec.compaction.is_some() {
+                Some(if self.t.spec.compaction.is_some() {
                     format!(
                         "files are a median {mb:.1} MB, far below the {} MB an efficient Parquet read wants: run `highwater compact {}` over the closed periods",
                         EFFICIENT_FILE_BYTES >> 20,
-                        self.spec.name
+                        self.t.spec.name
                     )
                 } else {
                     // How many windows it takes to fill an efficient file.
@@ -2000,7 +1737,7 @@ impl Ingestor {
                         "files are a median {mb:.1} MB, far below the {} MB an efficient Parquet read wants: a {}x longer interval, or a [sources.{}.compact] section rolling windows up (then `highwater compact`), would fix that",
                         EFFICIENT_FILE_BYTES >> 20,
                         factor,
-                        self.spec.name
+                        self.t.spec.name
                     )
                 })
             }
@@ -2008,7 +1745,7 @@ impl Ingestor {
         };
         Ok(GridView {
             rows,
-            bookmark: s.bookmark(&self.spec.name)?,
+            bookmark: s.bookmark(&self.t.spec.name)?,
             layout: Layout {
                 files_per_window_median: median(files_per_window),
                 file_bytes_median: file_bytes_median.map(|m| m as u64),

@@ -57,23 +57,23 @@ struct Planned {
 
 impl Ingestor {
     fn stage(&self) -> String {
-        format!("ingest:{}", self.spec.name)
+        format!("ingest:{}", self.t.spec.name)
     }
 
     pub(crate) fn run_shared(&self, opts: &IngestOptions) -> Result<IngestReport, IngestError> {
         let stage = self.stage();
-        let lease_ns = self.spec.lease_duration_s as i64 * 1_000_000_000;
+        let lease_ns = self.t.spec.lease_duration_s as i64 * 1_000_000_000;
         let owner = owner_id();
         let mut store = self.state.open()?;
         queue(store.as_mut()).register(&FleetProcess {
             owner: owner.clone(),
             host: host(),
             pid: std::process::id() as i64,
-            command: format!("ingest {}", self.spec.name),
+            command: format!("ingest {}", self.t.spec.name),
             ..FleetProcess::default()
         })?;
         let _claims = ClaimHeartbeat::start(&self.state, owner.clone(), lease_ns)?;
-        let bookmark_before = store.bookmark(&self.spec.name)?;
+        let bookmark_before = store.bookmark(&self.t.spec.name)?;
         let (planned, plan_lost) = self.plan_or_join(opts, store.as_mut(), &stage)?;
         let mut outcomes = Vec::new();
         let mut claimed = 0usize;
@@ -86,7 +86,7 @@ impl Ingestor {
                 &owner,
                 opts.max_parallel.clamp(1, 64),
                 lease_ns,
-                &self.recipe,
+                &self.t.recipe,
             )?;
             if claims.is_empty() {
                 if queue(store.as_mut()).pending(&stage)?.open() == 0 {
@@ -112,7 +112,7 @@ impl Ingestor {
         let mut report = match planned {
             Some(p) => self.finish_shared(p, &outcomes)?,
             None => IngestReport {
-                source: self.spec.name.clone(),
+                source: self.t.spec.name.clone(),
                 bookmark_before: bookmark_before.map(|b| format_rfc3339(b.last_end_us)),
                 bookmark_after: None,
                 windows: Vec::new(),
@@ -122,7 +122,7 @@ impl Ingestor {
             },
         };
         report.bookmark_after = store
-            .bookmark(&self.spec.name)?
+            .bookmark(&self.t.spec.name)?
             .map(|b| format_rfc3339(b.last_end_us));
         report.windows = outcomes;
         if let Some(why) = plan_lost {
@@ -130,7 +130,7 @@ impl Ingestor {
             report.check_failures += 1;
             report.warnings.push(format!(
                 "planning stopped: {why} before its windows were queued; nothing was queued by this run. Run `highwater ingest {}` again",
-                self.spec.name
+                self.t.spec.name
             ));
         }
         report.warnings.push(format!(
@@ -175,7 +175,7 @@ impl Ingestor {
                 .collect();
             let mut s = locked.lock().unwrap_or_else(|e| e.into_inner());
             let recipe_plan = highwater_store::QueuePlan {
-                recipe: self.recipe.clone(),
+                recipe: self.t.recipe.clone(),
                 owner: owner_id(),
                 host: host(),
                 pid: std::process::id() as i64,
@@ -220,18 +220,18 @@ impl Ingestor {
         let Some(plan) = queue(store).queue_plan(stage)? else {
             return Ok(());
         };
-        if plan.recipe == self.recipe || queue(store).pending(stage)?.open() == 0 {
+        if plan.recipe == self.t.recipe || queue(store).pending(stage)?.open() == 0 {
             return Ok(());
         }
         Err(IngestError::RecipeChanged {
-            name: self.spec.name.clone(),
+            name: self.t.spec.name.clone(),
             message: format!(
                 "its open windows were queued under recipe {} (by {} pid {} at {}), and this process runs recipe {}: another deploy of the source's config is landing them. Nothing was landed by this process. Let the other deploy finish (held now by {}), or stop it and run this config again",
                 plan.recipe,
                 plan.host,
                 plan.pid,
                 format_rfc3339(plan.planned_at_ns / 1000),
-                self.recipe,
+                self.t.recipe,
                 if plan.holders.is_empty() {
                     "no process".to_string()
                 } else {
@@ -250,7 +250,7 @@ impl Ingestor {
     ) -> Result<Vec<WindowOutcome>, IngestError> {
         let next = AtomicUsize::new(0);
         let out = Mutex::new(Vec::new());
-        let parallel = if self.spec.chunking.is_some() {
+        let parallel = if self.t.spec.chunking.is_some() {
             1
         } else {
             claims.len().max(1)
@@ -280,12 +280,12 @@ impl Ingestor {
     fn run_claimed(&self, c: &Claim, opts: &IngestOptions) -> Result<WindowOutcome, IngestError> {
         let p: Payload = serde_json::from_str(&c.payload)
             .unwrap_or_else(|e| panic!("a payload this version queued does not parse: {e}"));
-        let w = self.spec.grid.window(p.k);
-        let lease_ns = self.spec.lease_duration_s as i64 * 1_000_000_000;
+        let w = self.t.spec.grid.window(p.k);
+        let lease_ns = self.t.spec.lease_duration_s as i64 * 1_000_000_000;
         let store = Mutex::new(self.state.open()?);
         let name = self.window_lease(w.start_us);
         let deadline =
-            Instant::now() + Duration::from_secs(self.spec.lease_duration_s.saturating_mul(4));
+            Instant::now() + Duration::from_secs(self.t.spec.lease_duration_s.saturating_mul(4));
         let owner = owner_id();
         // The window's own lease: free, or expired with its claim.
         let lease = highwater_store::lease::take(
@@ -315,7 +315,7 @@ impl Ingestor {
         };
         let heartbeat = Heartbeat::start_in(&self.state, fence.clone(), lease_ns);
         // Not while a compaction holds the source (see the module notes).
-        let source_lease = format!("ingest:{}", self.spec.name);
+        let source_lease = format!("ingest:{}", self.t.spec.name);
         loop {
             let held = store
                 .lock()
@@ -332,11 +332,11 @@ impl Ingestor {
         let records = store
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .windows(&self.spec.name)?
+            .windows(&self.t.spec.name)?
             .into_iter()
-            .map(|r| (self.spec.grid.index_of(r.start_us), r))
+            .map(|r| (self.t.spec.grid.index_of(r.start_us), r))
             .collect();
-        let mut reader = source::open(&self.spec)?;
+        let mut reader = source::open(&self.t.spec)?;
         let ctx = Ctx {
             store: &store,
             fence: &fence,
@@ -366,21 +366,21 @@ impl Ingestor {
             let records: BTreeMap<i64, _> = store
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .windows(&self.spec.name)?
+                .windows(&self.t.spec.name)?
                 .into_iter()
                 .map(|r| (r.start_us, r))
                 .collect();
             let all: Vec<WindowOutcome> =
                 p.ks.iter()
                     .map(|&k| {
-                        let w = self.spec.grid.window(k);
+                        let w = self.t.spec.grid.window(k);
                         let published = records
                             .get(&w.start_us)
                             .is_some_and(|r| r.status == WindowStatus::Published);
                         WindowOutcome {
                             start: format_rfc3339(w.start_us),
                             end: format_rfc3339(w.end_us),
-                            path: self.window_path(&w).0,
+                            path: self.t.window_path(&w).0,
                             status: if published { "published" } else { "failed" },
                             rows: 0,
                             duration_ms: 0,

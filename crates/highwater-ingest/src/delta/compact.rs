@@ -18,9 +18,10 @@
 //! the period written there, uploaded, then the same one put-if-absent
 //! commit.
 
+use super::Delta;
 use crate::compact::{self, Input, WindowIn};
-use crate::engine::Ingestor;
 use crate::error::IngestError;
+use crate::failpoints::kill_self;
 use crate::periods::PeriodOutcome;
 use crate::publish;
 use highwater_core::window::{format_compact, format_rfc3339};
@@ -41,13 +42,13 @@ pub(crate) fn period_of_add(add: &Value) -> Option<(i64, i64)> {
     Some((s, e))
 }
 
-impl Ingestor {
+impl Delta {
     /// Period `p`'s folder, relative to the table root.
     pub(crate) fn delta_period_dir(&self, p: i64) -> String {
-        let k0 = self.spec.period_windows(p).start;
+        let k0 = self.t.spec.period_windows(p).start;
         format!(
             "data/P{}",
-            format_compact(self.spec.grid.window(k0).start_us)
+            format_compact(self.t.spec.grid.window(k0).start_us)
         )
     }
 
@@ -82,12 +83,12 @@ impl Ingestor {
             return None;
         }
         Some(IngestError::Schema {
-            name: self.spec.name.clone(),
+            name: self.t.spec.name.clone(),
             message: format!(
                 "window {label} lies in the period {} .. {} of Delta table `{}` that `highwater compact` rewrote before rows carried their window (the `{}` column); a window commit cannot take the window's rows out of those files, so it is not landed again and nothing was committed. Leave the window out (`--from`/`--to`, `--window`), or land its rows into a new table (a new source name and output)",
                 format_rfc3339(s),
                 format_rfc3339(e),
-                self.spec.output,
+                self.t.spec.output,
                 super::WINDOW_COLUMN,
             ),
         })
@@ -101,15 +102,15 @@ impl Ingestor {
         horizon_us: i64,
     ) -> Result<PeriodOutcome, IngestError> {
         let started = std::time::Instant::now();
-        let g = &self.spec.grid;
-        let ks = self.spec.period_windows(p);
+        let g = &self.t.spec.grid;
+        let ks = self.t.spec.period_windows(p);
         let (p_start, p_end) = (g.window(ks.start).start_us, g.window(ks.end - 1).end_us);
         let pdir = self.delta_period_dir(p);
-        let root = self.root.join(self.spec.output.trim_end_matches('/'));
+        let root = self.t.root.join(self.t.spec.output.trim_end_matches('/'));
         let mut o = PeriodOutcome {
             start: format_rfc3339(p_start),
             end: format_rfc3339(p_end),
-            path: format!("{}/{pdir}", self.spec.output.trim_end_matches('/')),
+            path: format!("{}/{pdir}", self.t.spec.output.trim_end_matches('/')),
             status: "skipped",
             windows: ks.clone().count(),
             rows: 0,
@@ -148,7 +149,7 @@ impl Ingestor {
             ));
             return Ok(o);
         }
-        let token = self.token(p);
+        let token = self.t.token(p);
         // A table in a bucket: the windows' files are read back into a
         // scratch folder of highwater's own, the period written there with
         // the same code, then uploaded; the folder goes whatever happens.
@@ -157,11 +158,11 @@ impl Ingestor {
             super::Place::Local(_) => None,
         };
         if bucket.is_some() {
-            self.sweep_scratch("compact");
+            self.t.sweep_scratch("compact");
         }
         let scratch = bucket
             .as_ref()
-            .map(|_| self.scratch(&format!("compact-{token}")));
+            .map(|_| self.t.scratch(&format!("compact-{token}")));
         let root = scratch.as_ref().map_or(root, |s| s.0.join("table"));
         let mut ins = Vec::new();
         let mut schemas = Vec::new();
@@ -170,11 +171,11 @@ impl Ingestor {
             let w = g.window(k);
             let Some(r) = records
                 .get(&k)
-                .filter(|r| r.status == WindowStatus::Published && r.recipe == self.recipe)
+                .filter(|r| r.status == WindowStatus::Published && r.recipe == self.t.recipe)
             else {
                 o.reason = Some(format!(
                     "window {w} is not published under the current recipe; ingest it first (`highwater ingest {}`), then compact again",
-                    self.spec.name
+                    self.t.spec.name
                 ));
                 return Ok(o);
             };
@@ -252,6 +253,7 @@ impl Ingestor {
         };
         std::fs::create_dir_all(&staging).map_err(|e| IngestError::io("creating", &staging, e))?;
         let target = self
+            .t
             .spec
             .compaction
             .as_ref()
@@ -296,7 +298,7 @@ impl Ingestor {
         {
             // For the crash tests: die with the period's files placed,
             // uncommitted.
-            crate::engine::kill_self();
+            kill_self();
         }
         let label = format!("{} .. {}", o.start, o.end);
         let now_ms = now_ns() / 1_000_000;
@@ -348,7 +350,7 @@ impl Ingestor {
             let v = snap.version + 1;
             drop(snap);
             if self.put_commit(v, &body, &token)? {
-                let every = self.spec.checkpoint_every_commits as i64;
+                let every = self.t.spec.checkpoint_every_commits as i64;
                 if v > 0 && v % every == 0 {
                     self.delta_checkpoint(v, &token)?;
                 }

@@ -53,15 +53,21 @@ pub mod rewrite;
 pub mod schema;
 pub mod stats;
 
-use crate::engine::{kill_self, Ingestor};
 use crate::error::IngestError;
-use crate::sink::Column;
+use crate::failpoints::kill_self;
+use crate::format::{OnDisk, TableFormat, WindowFiles};
+use crate::periods::PeriodOutcome;
+use crate::sink::{Column, Extras};
+use crate::table::Held;
+use crate::table::Table;
 use highwater_core::window::{format_compact, format_rfc3339, Window};
 use highwater_objects::Put;
 use highwater_store::lease::now_ns;
+use highwater_store::WindowRecord;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 /// The column every file highwater writes into a Delta table carries: the
 /// start of the window its rows were landed in (timestamp, UTC). Rows
@@ -78,6 +84,23 @@ pub const COMMIT_ATTEMPTS_MAX: usize = 64;
 /// `version_retention_s` says: another process may have placed them and
 /// not committed yet (its window is still running).
 pub const UNCOMMITTED_GRACE_S: i64 = 86_400;
+
+/// Windows as commits of one Delta Lake table (`format = "delta"`).
+pub(crate) struct Delta {
+    t: Arc<Table>,
+    /// The table's log as read so far (commits are only ever appended, so
+    /// a refresh reads the new ones; a checkpoint past it reads afresh).
+    snapshot: Mutex<Snapshot>,
+}
+
+impl Delta {
+    pub(crate) fn new(t: Arc<Table>) -> Delta {
+        Delta {
+            t,
+            snapshot: Mutex::default(),
+        }
+    }
+}
 
 /// The table's state after replaying its log, as far as highwater reads it.
 #[derive(Clone, Debug, Default)]
@@ -176,20 +199,20 @@ fn log_name(v: i64) -> String {
     format!("_delta_log/{v:020}.json")
 }
 
-impl Ingestor {
+impl Delta {
     fn place(&self) -> Place<'_> {
-        let out = self.spec.output.trim_end_matches('/').to_string();
-        match &self.objects {
-            Some(o) if self.spec.output_place.is_some() => Place::Objects(o, out),
-            _ => Place::Local(self.root.join(out)),
+        let out = self.t.spec.output.trim_end_matches('/').to_string();
+        match &self.t.objects {
+            Some(o) if self.t.spec.output_place.is_some() => Place::Objects(o, out),
+            _ => Place::Local(self.t.root.join(out)),
         }
     }
 
     fn delta_err(&self, window: &str, message: impl std::fmt::Display) -> IngestError {
         IngestError::Storage {
-            name: self.spec.name.clone(),
+            name: self.t.spec.name.clone(),
             window: window.to_string(),
-            message: format!("Delta table `{}`: {message}", self.spec.output),
+            message: format!("Delta table `{}`: {message}", self.t.spec.output),
         }
     }
 
@@ -346,7 +369,7 @@ impl Ingestor {
     pub(crate) fn delta_snapshot(
         &self,
     ) -> Result<std::sync::MutexGuard<'_, Snapshot>, IngestError> {
-        let mut s = self.delta.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = self.snapshot.lock().unwrap_or_else(|e| e.into_inner());
         if !s.loaded || self.checkpointed_past(s.version)? {
             *s = self.delta_load()?;
         }
@@ -371,10 +394,10 @@ impl Ingestor {
     ) -> Result<Vec<Column>, IngestError> {
         if let Err(lines) = schema::check_names(columns) {
             return Err(IngestError::Schema {
-                name: self.spec.name.clone(),
+                name: self.t.spec.name.clone(),
                 message: format!(
                     "the source's columns cannot land in Delta table `{}`: {}. Nothing was committed. Rename the columns in the source's `query` (`SELECT ..., x AS other_name`)",
-                    self.spec.output,
+                    self.t.spec.output,
                     lines.join("; ")
                 ),
             });
@@ -397,9 +420,9 @@ impl Ingestor {
             if !dropped.is_empty() {
                 warnings.push(format!(
                     "Delta table `{}` has column(s) {} that the source no longer gives; the new rows read them as null (checks.schema = \"{}\")",
-                    self.spec.output,
+                    self.t.spec.output,
                     dropped.iter().map(|d| format!("`{d}`")).collect::<Vec<_>>().join(", "),
-                    if self.spec.checks.schema == crate::config::Policy::Warn { "warn" } else { "off" }
+                    if self.t.spec.checks.schema == crate::config::Policy::Warn { "warn" } else { "off" }
                 ));
             }
         }
@@ -409,17 +432,17 @@ impl Ingestor {
     /// Whether a column the source dropped may stay in the table (its new
     /// rows null): `checks.schema` other than `fail`, as for folders.
     fn tolerate_dropped(&self) -> bool {
-        self.spec.checks.schema != crate::config::Policy::Fail
+        self.t.spec.checks.schema != crate::config::Policy::Fail
     }
 
     /// The refusal of a table whose protocol or features highwater does
     /// not implement as a writer.
     fn protocol_refusal(&self, why: &[String], version: i64) -> IngestError {
         IngestError::Schema {
-            name: self.spec.name.clone(),
+            name: self.t.spec.name.clone(),
             message: format!(
                 "highwater does not write Delta table `{}` (version {version}): {}. Nothing was committed. Land into a table without these features (a new source name and output), or remove them with the engine that added them (README: \"Delta tables other engines maintain\")",
-                self.spec.output,
+                self.t.spec.output,
                 why.join("; ")
             ),
         }
@@ -427,10 +450,10 @@ impl Ingestor {
 
     fn schema_refusal(&self, lines: &[String], version: i64) -> IngestError {
         IngestError::Schema {
-            name: self.spec.name.clone(),
+            name: self.t.spec.name.clone(),
             message: format!(
                 "the source's columns no longer fit Delta table `{}` (version {version}): {}. Nothing was committed. A Delta table's columns may only be added to (protocol (1, 2) has no type widening): cast the column back to its old type in a `query` (e.g. `SELECT ..., amount::float8 AS amount`), or land the new schema into a new table (a new source name and output)",
-                self.spec.output,
+                self.t.spec.output,
                 lines.join("; ")
             ),
         }
@@ -453,12 +476,12 @@ impl Ingestor {
         &self,
         w: &Window,
         token: &str,
-    ) -> Result<(crate::load::LoadFrom, Vec<String>), IngestError> {
+    ) -> Result<(crate::format::LoadFrom, Vec<String>), IngestError> {
         let snap = self.delta_snapshot()?.clone();
         let label = w.to_string();
         if let Some((_, m)) = snap.windows.get(&w.start_us) {
             if m["token"].as_str() != Some(token) {
-                return Err(self.delta_err(&label, format!("the table's newest commit of window {label} is of another attempt than the record; the next `highwater ingest {}` settles it", self.spec.name)));
+                return Err(self.delta_err(&label, format!("the table's newest commit of window {label} is of another attempt than the record; the next `highwater ingest {}` settles it", self.t.spec.name)));
             }
         }
         let prefix = format!("{}/", Self::window_dir(w));
@@ -472,8 +495,8 @@ impl Ingestor {
             })?);
         }
         let from = match self.place() {
-            Place::Local(root) => crate::load::LoadFrom::Local(root),
-            Place::Objects(_, prefix) => crate::load::LoadFrom::Bucket(prefix),
+            Place::Local(root) => crate::format::LoadFrom::Local(root),
+            Place::Objects(_, prefix) => crate::format::LoadFrom::Bucket(prefix),
         };
         Ok((from, files))
     }
@@ -497,7 +520,7 @@ impl Ingestor {
         token: &str,
         columns: &[Column],
     ) -> Result<(), IngestError> {
-        let w = self.spec.grid.window(k);
+        let w = self.t.spec.grid.window(k);
         let label = w.to_string();
         let dir_rel = format!("{}/{token}", Self::window_dir(&w));
         let files: Vec<crate::sink::FileInfo> =
@@ -569,7 +592,7 @@ impl Ingestor {
             }})];
             actions.extend(self.delta_schema_actions(&snap, columns, token, now_ms)?);
             actions.push(json!({"txn": {
-                "appId": self.spec.name,
+                "appId": self.t.spec.name,
                 "version": k,
                 "lastUpdated": now_ms,
             }}));
@@ -601,7 +624,7 @@ impl Ingestor {
                 kill_self();
             }
             if self.put_commit(v, &body, token)? {
-                let every = self.spec.checkpoint_every_commits as i64;
+                let every = self.t.spec.checkpoint_every_commits as i64;
                 if v > 0 && v % every == 0 {
                     self.delta_checkpoint(v, token)?;
                 }
@@ -624,10 +647,10 @@ impl Ingestor {
     /// where `files` files may hold its rows.
     fn append_only_refusal(&self, label: &str, files: usize) -> IngestError {
         IngestError::Schema {
-            name: self.spec.name.clone(),
+            name: self.t.spec.name.clone(),
             message: format!(
                 "Delta table `{}` is append-only (`delta.appendOnly = true`), and {files} of its files may hold rows of window {label}: landing it again would remove them. Nothing was committed. Leave the window out, or land into a table that is not append-only",
-                self.spec.output,
+                self.t.spec.output,
             ),
         }
     }
@@ -679,14 +702,14 @@ impl Ingestor {
         let table = schema::stamped(columns);
         Ok(match &snap.fields {
             None => {
-                let id = blake3::hash(format!("{}:{token}", self.spec.name).as_bytes())
+                let id = blake3::hash(format!("{}:{token}", self.t.spec.name).as_bytes())
                     .to_hex()
                     .to_string();
                 vec![
                     json!({"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}}),
                     json!({"metaData": {
                         "id": format!("{}-{}-{}-{}-{}", &id[0..8], &id[8..12], &id[12..16], &id[16..20], &id[20..32]),
-                        "name": self.spec.name,
+                        "name": self.t.spec.name,
                         "format": {"provider": "parquet", "options": {}},
                         "schemaString": schema::schema_string(&schema::fields_of(&table)),
                         "partitionColumns": [],
@@ -842,9 +865,10 @@ impl Ingestor {
             }
             Place::Objects(o, prefix) => {
                 let s = self
+                    .t
                     .root
                     .join(".highwater/objects-staging")
-                    .join(&self.spec.name)
+                    .join(&self.t.spec.name)
                     .join(format!("rewrite-{}", w.start_us));
                 let _ = std::fs::remove_dir_all(&s);
                 std::fs::create_dir_all(&s).map_err(|e| IngestError::io("creating", &s, e))?;
@@ -854,8 +878,8 @@ impl Ingestor {
         let mut sink = crate::sink::ParquetSink::with_schema_extras(
             &dir,
             schema,
-            self.spec.batch_rows,
-            self.spec.file_rows_max,
+            self.t.spec.batch_rows,
+            self.t.spec.file_rows_max,
             u64::MAX,
             &format!("rewrite-{n:04}-"),
             &[],
@@ -929,9 +953,10 @@ impl Ingestor {
             }
             Place::Objects(o, prefix) => {
                 let scratch = self
+                    .t
                     .root
                     .join(".highwater/objects-staging")
-                    .join(&self.spec.name);
+                    .join(&self.t.spec.name);
                 std::fs::create_dir_all(&scratch)
                     .map_err(|e| IngestError::io("creating", &scratch, e))?;
                 for (name, body) in [
@@ -955,7 +980,7 @@ impl Ingestor {
     pub(crate) fn delta_vacuum(&self) -> Result<usize, IngestError> {
         let snap = self.delta_snapshot()?.clone();
         let now_ms = now_ns() / 1_000_000;
-        let keep_ms = (self.spec.version_retention_s as i64).saturating_mul(1000);
+        let keep_ms = (self.t.spec.version_retention_s as i64).saturating_mul(1000);
         let expired = |path: &str, modified_ms: i64| -> bool {
             if snap.files.contains_key(path) {
                 return false;
@@ -1087,5 +1112,148 @@ fn rewrite_dir(dir_rel: &str) -> String {
     match dir_rel.strip_prefix("data/") {
         Some(rest) => format!("data/R{rest}"),
         None => format!("R{dir_rel}"),
+    }
+}
+
+impl TableFormat for Delta {
+    /// Every file carries the window stamp and its statistics.
+    fn extras(&self, w: &Window) -> Extras {
+        Extras {
+            stamp: Some(w.start_us),
+            stats: true,
+        }
+    }
+
+    fn columns(
+        &self,
+        columns: Vec<Column>,
+        _records: &BTreeMap<i64, WindowRecord>,
+        warnings: &mut Vec<String>,
+    ) -> Result<Vec<Column>, IngestError> {
+        self.delta_columns(&columns, warnings)
+    }
+
+    /// The table's own schema was checked in [`Self::columns`].
+    fn neighbour_schema_check(&self) -> bool {
+        false
+    }
+
+    /// A window inside a period compacted before rows carried their stamp
+    /// (see [`compact`]).
+    fn refuse_windows(&self, ks: &[i64]) -> Result<(), IngestError> {
+        let snap = self.delta_snapshot()?;
+        for &k in ks {
+            let w = self.t.spec.grid.window(k);
+            if let Some(e) = self.delta_compacted_refusal(&snap, w.start_us, &w.to_string()) {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Files go by `remove` actions and vacuum, never by folder.
+    fn window_folders(&self) -> bool {
+        false
+    }
+
+    fn remove_old_window(&self, _old: &str, _label: &str) -> Result<(), IngestError> {
+        Ok(())
+    }
+
+    /// A window is in the table's log, not a folder of its own.
+    fn has_window(
+        &self,
+        _r: &WindowRecord,
+        _periods: &mut BTreeMap<String, Option<crate::compact::PeriodManifest>>,
+    ) -> bool {
+        true
+    }
+
+    fn on_disk(&self, w: &Window, _abs: &Path) -> Result<Option<OnDisk>, IngestError> {
+        let Some(m) = self.delta_window_manifest(w)? else {
+            return Ok(None);
+        };
+        Ok(m["token"].as_str().map(|token| OnDisk {
+            token: token.to_string(),
+            rows: m["rows"].as_i64(),
+            files: m["files"].clone(),
+            digest: m["digest"].clone(),
+            compacted: None,
+        }))
+    }
+
+    /// The folder of the window's newest commit.
+    fn window_rows_dir(&self, w: &Window) -> Result<Option<PathBuf>, IngestError> {
+        let Some(m) = self.delta_window_manifest(w)? else {
+            return Ok(None);
+        };
+        let data = Path::new(m["data"].as_str().unwrap_or_default());
+        // Read back from the table's log: checked like a path from the
+        // state store.
+        let safe = data
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)));
+        Ok(safe.then(|| self.t.root.join(&self.t.spec.output).join(data)))
+    }
+
+    fn publish(
+        &self,
+        k: i64,
+        staging: &Path,
+        _abs: &Path,
+        manifest: &Value,
+        token: &str,
+        columns: &[Column],
+    ) -> Result<Option<Value>, IngestError> {
+        self.delta_publish(k, staging, manifest, token, columns)?;
+        Ok(None)
+    }
+
+    /// Records follow the log, which has no period manifests to repair from.
+    fn reconcile(&self, _held: &Held<'_>) -> Result<(), IngestError> {
+        Ok(())
+    }
+
+    /// Files removed longer than `version_retention_s` ago go now.
+    fn after_run(&self) -> Result<(), IngestError> {
+        self.delta_vacuum().map(|_| ())
+    }
+
+    /// Inside the table: the period's files (see [`compact`]).
+    fn period_path(&self, p: i64) -> Result<(String, PathBuf), IngestError> {
+        let rel = format!(
+            "{}/{}",
+            self.t.spec.output.trim_end_matches('/'),
+            self.delta_period_dir(p)
+        );
+        let abs = self.t.root.join(&rel);
+        Ok((rel, abs))
+    }
+
+    /// A Delta period is compacted only once no run re-lands its windows:
+    /// past `horizon_us`. One commit, under the table's own concurrency
+    /// control; the lease is the source's, held by the caller.
+    fn compact_period(
+        &self,
+        p: i64,
+        records: &BTreeMap<i64, WindowRecord>,
+        horizon_us: i64,
+        _held: &Held<'_>,
+    ) -> Result<PeriodOutcome, IngestError> {
+        self.delta_compact_period(p, records, horizon_us)
+    }
+
+    /// The table's current files that hold the window's stamped rows,
+    /// whoever compacted, rewrote or vacuumed the table since the window's
+    /// commit (issue 46).
+    fn window_files(&self, w: &Window, r: &WindowRecord) -> Result<WindowFiles, String> {
+        let (from, files) = self
+            .delta_window_for_load(w, &r.token)
+            .map_err(|e| e.to_string())?;
+        Ok(WindowFiles {
+            from,
+            files,
+            rows: crate::format::Rows::Stamped,
+        })
     }
 }

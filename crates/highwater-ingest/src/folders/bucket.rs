@@ -12,88 +12,33 @@
 //! be reading it): the manifest carries the list of superseded versions and
 //! when they were superseded, and each publish deletes those past it.
 
-use crate::engine::Ingestor;
+use super::Folders;
 use crate::error::IngestError;
 use highwater_core::window::{format_rfc3339, Window};
-use highwater_objects::{Objects, Put};
+use highwater_objects::Put;
 use highwater_store::lease::now_ns;
 use serde_json::json;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-/// A scratch folder of highwater's own under `.highwater/objects-staging`
-/// (files read back from a bucket), removed when dropped: on every way out.
-pub(crate) struct Scratch(pub(crate) PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-impl Ingestor {
-    fn store_err(&self, window: &str, e: impl std::fmt::Display) -> IngestError {
-        IngestError::Storage {
-            name: self.spec.name.clone(),
-            window: window.to_string(),
-            message: e.to_string(),
-        }
-    }
-
-    fn objects(&self) -> &Objects {
-        self.objects
-            .as_deref()
-            .expect("an object-storage source is opened with its store")
-    }
-
+impl Folders {
     /// The window's published manifest, local or in object storage.
     pub(crate) fn published_manifest(
         &self,
         w: &Window,
         abs: &Path,
     ) -> Result<Option<serde_json::Value>, IngestError> {
-        if self.is_delta() {
-            return self.delta_window_manifest(w);
-        }
-        if self.spec.output_place.is_none() {
+        if self.t.spec.output_place.is_none() {
             return Ok(std::fs::read(abs.join("_manifest.json"))
                 .ok()
                 .and_then(|b| serde_json::from_slice(&b).ok()));
         }
         let key = self.window_key(w);
         let got = self
+            .t
             .objects()
             .get(&format!("{key}/_manifest.json"))
-            .map_err(|e| self.store_err(&w.to_string(), e))?;
+            .map_err(|e| self.t.store_err(&w.to_string(), e))?;
         Ok(got.and_then(|(b, _)| serde_json::from_slice(&b).ok()))
-    }
-
-    /// Scratch folder `what` of this source.
-    pub(crate) fn scratch(&self, what: &str) -> Scratch {
-        Scratch(
-            self.root
-                .join(".highwater/objects-staging")
-                .join(&self.spec.name)
-                .join(what),
-        )
-    }
-
-    /// Removes this source's scratch folders named `KIND-*` left by a run
-    /// killed before it removed them. Only under the source lease (one
-    /// compaction or load of a source at a time), so none is in use.
-    pub(crate) fn sweep_scratch(&self, kind: &str) {
-        let dir = self
-            .root
-            .join(".highwater/objects-staging")
-            .join(&self.spec.name);
-        let Ok(rd) = std::fs::read_dir(&dir) else {
-            return;
-        };
-        let mark = format!("{kind}-");
-        for e in rd.flatten() {
-            if e.file_name().to_string_lossy().starts_with(&mark) {
-                let _ = std::fs::remove_dir_all(e.path());
-            }
-        }
     }
 
     /// For the warehouse load from a bucket (issue 21): the manifest of the
@@ -124,19 +69,9 @@ impl Ingestor {
         Ok(Some((m, prefix)))
     }
 
-    /// Downloads `files` (names under the key prefix `prefix`) into `to`.
-    pub(crate) fn download(&self, prefix: &str, files: &[String], to: &Path) -> Result<(), String> {
-        std::fs::create_dir_all(to).map_err(|e| format!("creating {}: {e}", to.display()))?;
-        let o = self.objects();
-        for f in files {
-            o.get_to(&format!("{prefix}/{f}"), &to.join(f))
-                .map_err(|e| format!("reading the published file back from the bucket: {e}"))?;
-        }
-        Ok(())
-    }
-
     fn window_key(&self, w: &Window) -> String {
-        self.spec
+        self.t
+            .spec
             .window_path(w)
             .expect("the template was checked at config load")
     }
@@ -149,11 +84,11 @@ impl Ingestor {
         staging: &Path,
         token: &str,
     ) -> Result<(), IngestError> {
-        let w = self.spec.grid.window(k);
+        let w = self.t.spec.grid.window(k);
         let label = w.to_string();
         let key = self.window_key(&w);
-        let o = self.objects();
-        let err = |e: &dyn std::fmt::Display| self.store_err(&label, e);
+        let o = self.t.objects();
+        let err = |e: &dyn std::fmt::Display| self.t.store_err(&label, e);
         let local: serde_json::Value = std::fs::read(staging.join("_manifest.json"))
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok())
@@ -173,7 +108,7 @@ impl Ingestor {
         let manifest_key = format!("{key}/_manifest.json");
         let current = o.get(&manifest_key).map_err(|e| err(&e))?;
         let now = now_ns();
-        let retention_ns = (self.spec.version_retention_s as i64).saturating_mul(1_000_000_000);
+        let retention_ns = (self.t.spec.version_retention_s as i64).saturating_mul(1_000_000_000);
         let (mut superseded, expected) = match &current {
             None => (Vec::new(), None),
             Some((bytes, etag)) => {
@@ -218,9 +153,10 @@ impl Ingestor {
 
     /// Deletes every object under `prefix` (a folder).
     pub(crate) fn remove_objects(&self, prefix: &str, window: &str) -> Result<(), IngestError> {
-        let o = self.objects();
-        for obj in o.list(prefix).map_err(|e| self.store_err(window, e))? {
-            o.delete(&obj.key).map_err(|e| self.store_err(window, e))?;
+        let o = self.t.objects();
+        for obj in o.list(prefix).map_err(|e| self.t.store_err(window, e))? {
+            o.delete(&obj.key)
+                .map_err(|e| self.t.store_err(window, e))?;
         }
         Ok(())
     }
