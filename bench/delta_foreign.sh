@@ -6,6 +6,9 @@
 #    against the same re-land in a table highwater alone wrote (the
 #    window's own files removed). Each round re-lands another window, so
 #    that every round in the compacted table rewrites the big file.
+# 3. a recipe change re-landing a day that `highwater compact` rewrote
+#    into one file (its 24 windows in one commit, the file removed whole),
+#    against the same re-land of a day left as 24 window commits.
 # 2. the land of one window of ROWS rows with file statistics (AFTER)
 #    against the binary before them (BEFORE), if BEFORE is given
 #    (target: at least 0.9x).
@@ -38,12 +41,12 @@ psql -q -c "DROP TABLE IF EXISTS orders_foreign_bench;
            timestamptz '2026-03-01' + (g - 1) * (interval '1 day' / $ROWS) AS updated_at
     FROM generate_series(1, $ROWS) g;
     ALTER TABLE orders_foreign_bench ADD PRIMARY KEY (id); ANALYZE orders_foreign_bench;"
-src() { # name output interval
+src() { # name output interval [relation]
     cat <<TOML
 [sources.$1]
 kind = "postgres"
 url_env = "HIGHWATER_TEST_PG_URL"
-table = "orders_foreign_bench"
+${4:-table = "orders_foreign_bench"}
 key = ["id"]
 mode = "updated_at"
 cursor = "updated_at"
@@ -59,6 +62,15 @@ TOML
     src compacted lake/compacted 1h
     src day lake/day 1d
 } >"$BENCH_DIR/highwater.toml"
+# The recipe-change pair: the same relation written two ways, so that each
+# round changes the recipe (and re-lands every window) by swapping them.
+RELATION_A='table = "orders_foreign_bench"'
+RELATION_B='query = "SELECT id, amount, note, updated_at FROM orders_foreign_bench"'
+periods_toml() { # relation
+    src plain lake/plain 1h "$1"
+    src period lake/period 1h "$1"
+    printf '[sources.period.compact]\ninto = "1d"\n'
+}
 secs() { awk -v ns="$1" 'BEGIN { printf "%.3f", ns / 1e9 }'; }
 timed() { local t0 t1; t0=$(date +%s%N); "$@" >/dev/null; t1=$(date +%s%N); secs $((t1 - t0)); }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
@@ -100,6 +112,34 @@ t = DeltaTable(sys.argv[1]).to_pyarrow_table(columns=["id"])
 ids = t.column("id").to_pylist()
 print("compacted table after the re-lands:", len(ids), "rows,", len(set(ids)), "distinct", file=sys.stderr, flush=True)
 # pyarrow's threads can abort the interpreter's shutdown after the answer.
+import os
+os._exit(0)
+PY
+echo "# Recipe change over a compacted day ($ROWS rows, 24 hourly windows)"
+echo "| round | plain s | compacted period s | ratio |"
+echo "|---|---|---|---|"
+periods_toml "$RELATION_A" >periods.toml
+"$HW" ingest plain --config periods.toml --now "$NOW" >/dev/null
+"$HW" ingest period --config periods.toml --now "$NOW" >/dev/null
+plain=() period=()
+for r in $(seq 1 "$ROUNDS"); do
+    "$HW" compact period --config periods.toml --now "$NOW" >/dev/null
+    if [ $((r % 2)) = 1 ]; then rel=$RELATION_B; else rel=$RELATION_A; fi
+    periods_toml "$rel" >periods.toml
+    a=$(timed "$HW" ingest plain --config periods.toml --force --now "$NOW")
+    b=$(timed "$HW" ingest period --config periods.toml --force --now "$NOW")
+    plain+=("$a") period+=("$b")
+    echo "| $r | $a | $b | $(ratio "$b" "$a")x |"
+done
+mp=$(printf '%s\n' "${plain[@]}" | median)
+mq=$(printf '%s\n' "${period[@]}" | median)
+echo "median: plain $mp s, compacted period $mq s: re-landing a compacted day costs $(ratio "$mq" "$mp")x re-landing the same windows uncompacted"
+"$PY" - lake/period <<'PY'
+import sys
+from deltalake import DeltaTable
+t = DeltaTable(sys.argv[1]).to_pyarrow_table(columns=["id"])
+ids = t.column("id").to_pylist()
+print("compacted-period table after the re-lands:", len(ids), "rows,", len(set(ids)), "distinct", file=sys.stderr, flush=True)
 import os
 os._exit(0)
 PY

@@ -6,7 +6,7 @@ use crate::checks::{median, Checked};
 use crate::config::{Mode, Policy, SourceSpec};
 use crate::error::IngestError;
 use crate::failpoints::{gate, kill_self};
-use crate::format::TableFormat;
+use crate::format::{StagedWindow, TableFormat};
 use crate::publish;
 use crate::sink::{ColType, FileInfo, ParquetSink, Written};
 use crate::source::{self, KeyRange, Pred, Reader, Scope};
@@ -18,7 +18,7 @@ use highwater_store::{
 use serde::Serialize;
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -225,6 +225,23 @@ fn remove_chunk_files(staging: &Path, i: usize) -> Result<(), IngestError> {
         }
     }
     Ok(())
+}
+
+/// One attempt of a window, from its start to its publishing.
+pub(crate) struct Attempt {
+    k: i64,
+    rec: WindowRecord,
+    outcome: WindowOutcome,
+    staging: PathBuf,
+    /// The window's own local folder.
+    abs: PathBuf,
+    token: String,
+    started: Instant,
+    /// The window's published record before this attempt, if any: a
+    /// failed re-land leaves it in place.
+    previous: Option<WindowRecord>,
+    /// Filled once staged and checked.
+    manifest: serde_json::Value,
 }
 
 /// What a run owes, as `plan_windows` decided it.
@@ -504,8 +521,17 @@ impl Ingestor {
             let on_disk = self.format.on_disk(&w, &abs)?;
             if let Some(d) = on_disk.as_ref().filter(|d| d.token != r.token) {
                 // The attempt died before its swap; the version on disk is an
-                // earlier, complete one, and it stays published.
+                // earlier, complete one, and it stays published, under the
+                // recipe it was made with, not this attempt's: a re-land
+                // after a recipe change that died leaves its window stale,
+                // never fresh with the old rows. A recipe the output does
+                // not keep counts as another one (the window lands again).
                 r.token = d.token.clone();
+                let recipe = d.recipe.clone().unwrap_or_default();
+                if recipe != r.recipe {
+                    r.recipe = recipe;
+                    r.extra["recipe_parts"] = d.recipe_parts.clone();
+                }
             }
             if let Some(d) = on_disk.filter(|d| d.token == r.token) {
                 r.status = WindowStatus::Published;
@@ -926,6 +952,7 @@ impl Ingestor {
             },
             "chunks": rec.extra.get("chunks").cloned().unwrap_or(serde_json::Value::Null),
             "recipe": self.t.recipe,
+            "recipe_parts": self.t.spec.recipe_parts(),
         });
         for (k, v) in facts.as_object().into_iter().flatten() {
             m[k] = v.clone();
@@ -933,12 +960,53 @@ impl Ingestor {
         m
     }
 
+    /// Runs window `k` alone: read, checked, staged, published, recorded.
     pub(crate) fn run_one(
         &self,
         k: i64,
         reader: &mut dyn Reader,
         ctx: &Ctx<'_>,
     ) -> Result<WindowOutcome, IngestError> {
+        match self.stage_one(k, reader, ctx)? {
+            Err(done) => Ok(done),
+            Ok(a) => Ok(self
+                .publish_staged(vec![a], ctx)?
+                .pop()
+                .expect("one outcome per window")),
+        }
+    }
+
+    /// Runs the windows `ks` of one publish group: each read, checked and
+    /// staged in turn, then those that passed published together
+    /// ([`TableFormat::publish_group`]). Outcomes in the order of `ks`.
+    pub(crate) fn run_group(
+        &self,
+        ks: &[i64],
+        reader: &mut dyn Reader,
+        ctx: &Ctx<'_>,
+    ) -> Result<Vec<WindowOutcome>, IngestError> {
+        let mut done = Vec::new();
+        let mut staged = Vec::new();
+        for &k in ks {
+            match self.stage_one(k, reader, ctx)? {
+                Ok(a) => staged.push(a),
+                Err(o) => done.push(o),
+            }
+        }
+        done.extend(self.publish_staged(staged, ctx)?);
+        done.sort_by(|a, b| a.start.cmp(&b.start));
+        Ok(done)
+    }
+
+    /// Reads, checks and stages window `k`: the attempt, ready to publish;
+    /// or (`Err`) the outcome of a window that will not be published now,
+    /// its record already saying why.
+    fn stage_one(
+        &self,
+        k: i64,
+        reader: &mut dyn Reader,
+        ctx: &Ctx<'_>,
+    ) -> Result<Result<Attempt, WindowOutcome>, IngestError> {
         let w = self.t.spec.grid.window(k);
         let (rel, abs) = self.t.window_path(&w);
         // A chunked window that died part-way resumes its attempt: the same
@@ -948,69 +1016,51 @@ impl Ingestor {
             Some(r) => r.token.clone(),
             None => self.t.token(k),
         };
-        let started = Instant::now();
-        let mut outcome = WindowOutcome {
-            start: format_rfc3339(w.start_us),
-            end: format_rfc3339(w.end_us),
-            path: rel,
-            status: "failed",
-            rows: 0,
-            duration_ms: 0,
-            warnings: Vec::new(),
-            error: None,
+        let mut a = Attempt {
+            k,
+            rec: self.record(&w, WindowStatus::Running, &token),
+            outcome: WindowOutcome {
+                start: format_rfc3339(w.start_us),
+                end: format_rfc3339(w.end_us),
+                path: rel,
+                status: "failed",
+                rows: 0,
+                duration_ms: 0,
+                warnings: Vec::new(),
+                error: None,
+            },
+            staging: publish::staging_path(&abs, &token),
+            abs,
+            token,
+            started: Instant::now(),
+            previous: ctx
+                .records
+                .get(&k)
+                .filter(|r| r.status == WindowStatus::Published)
+                .cloned(),
+            manifest: serde_json::Value::Null,
         };
-        let mut rec = self.record(&w, WindowStatus::Running, &token);
         if let Some(r) = &resume {
-            rec.extra["chunking"] = r.extra["chunking"].clone();
-            rec.extra["chunks"] = r.extra["chunks"].clone();
+            a.rec.extra["chunking"] = r.extra["chunking"].clone();
+            a.rec.extra["chunks"] = r.extra["chunks"].clone();
         }
         let started_ok = ctx
             .store
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .commit_window(&rec, None, ctx.fence)?;
+            .commit_window(&a.rec, None, ctx.fence)?;
         if started_ok == WindowCommit::Fenced {
-            outcome.error = Some(format!(
+            a.outcome.error = Some(format!(
                 "not run: {}; run `highwater ingest {}` again",
                 self.lost_to(ctx.store, ctx.fence),
                 self.t.spec.name
             ));
-            return Ok(outcome);
+            return Ok(Err(a.outcome));
         }
-        let pred = self.pred_of(k, ctx, &mut rec);
-        let staging = publish::staging_path(&abs, &token);
-        std::fs::create_dir_all(&staging).map_err(|e| IngestError::io("creating", &staging, e))?;
-        let previous = ctx
-            .records
-            .get(&k)
-            .filter(|r| r.status == WindowStatus::Published)
-            .cloned();
-        let chunked = self.t.spec.chunking.is_some();
-        let fail = |rec: &mut WindowRecord,
-                    outcome: &mut WindowOutcome,
-                    msg: String|
-         -> Result<(), IngestError> {
-            // A chunked window keeps its finished chunks for the next run.
-            if !chunked {
-                let _ = std::fs::remove_dir_all(&staging);
-            }
-            outcome.error = Some(msg.clone());
-            outcome.duration_ms = started.elapsed().as_millis() as u64;
-            // A re-run that fails leaves the published version in place, and
-            // its record says so; only a window never published is failed.
-            let record = match &previous {
-                Some(p) => p.clone(),
-                None => {
-                    rec.status = WindowStatus::Failed;
-                    rec.error = Some(msg);
-                    rec.duration_ms = outcome.duration_ms as i64;
-                    rec.clone()
-                }
-            };
-            self.commit(ctx.store, ctx.fence, record)?;
-            Ok(())
-        };
-        let extracted = self.extract(&w, pred, &staging, reader, ctx, &mut rec);
+        let pred = self.pred_of(k, ctx, &mut a.rec);
+        std::fs::create_dir_all(&a.staging)
+            .map_err(|e| IngestError::io("creating", &a.staging, e))?;
+        let extracted = self.extract(&w, pred, &a.staging, reader, ctx, &mut a.rec);
         let (
             dups,
             Written {
@@ -1021,40 +1071,40 @@ impl Ingestor {
         ) = match extracted {
             Ok(x) => x,
             Err(e) => {
-                fail(&mut rec, &mut outcome, e.to_string())?;
-                return Ok(outcome);
+                self.fail(&mut a, e.to_string(), ctx)?;
+                return Ok(Err(a.outcome));
             }
         };
-        rec.extra["digest"] = json!(digest.render());
-        let extract_ms = started.elapsed().as_millis() as i64;
-        outcome.rows = rows;
+        a.rec.extra["digest"] = json!(digest.render());
+        let extract_ms = a.started.elapsed().as_millis() as i64;
+        a.outcome.rows = rows;
         let schema = crate::sink::schema_json(&ctx.columns);
-        rec.extra["schema"] = schema.clone();
+        a.rec.extra["schema"] = schema.clone();
         // Checks, before anyone can see the window.
         let failures = self.check_window(
             k,
             &Checked {
                 rows,
                 dups,
-                staging: &staging,
+                staging: &a.staging,
                 schema: &schema,
                 extract_ms,
             },
             ctx,
-            &mut outcome.warnings,
+            &mut a.outcome.warnings,
         )?;
         if !failures.is_empty() {
-            fail(
-                &mut rec,
-                &mut outcome,
+            self.fail(
+                &mut a,
                 format!("not published: {}", failures.join("; ")),
+                ctx,
             )?;
-            return Ok(outcome);
+            return Ok(Err(a.outcome));
         }
-        let manifest = self.manifest(
+        a.manifest = self.manifest(
             &w,
             &pred,
-            &rec,
+            &a.rec,
             json!({
                 "files": files,
                 "rows": rows,
@@ -1062,10 +1112,46 @@ impl Ingestor {
                 "schema": schema,
                 "key_unique": {"checked": dups.is_some(), "duplicate_keys": dups},
                 "extract_ms": extract_ms,
-                "token": token,
+                "token": a.token,
             }),
         );
-        // The fence, checked as late as possible before the swap.
+        Ok(Ok(a))
+    }
+
+    /// Attempt `a` fails with `msg`: a re-run that fails leaves the
+    /// published version in place, and its record says so; only a window
+    /// never published is recorded failed. A chunked window keeps its
+    /// finished chunks for the next run.
+    fn fail(&self, a: &mut Attempt, msg: String, ctx: &Ctx<'_>) -> Result<(), IngestError> {
+        if self.t.spec.chunking.is_none() {
+            let _ = std::fs::remove_dir_all(&a.staging);
+        }
+        a.outcome.error = Some(msg.clone());
+        a.outcome.duration_ms = a.started.elapsed().as_millis() as u64;
+        let record = match &a.previous {
+            Some(p) => p.clone(),
+            None => {
+                a.rec.status = WindowStatus::Failed;
+                a.rec.error = Some(msg);
+                a.rec.duration_ms = a.outcome.duration_ms as i64;
+                a.rec.clone()
+            }
+        };
+        self.commit(ctx.store, ctx.fence, record)?;
+        Ok(())
+    }
+
+    /// Publishes staged attempts (one, or one publish group together) and
+    /// records them: the fence checked as late as possible before, each
+    /// record committed after.
+    fn publish_staged(
+        &self,
+        mut staged: Vec<Attempt>,
+        ctx: &Ctx<'_>,
+    ) -> Result<Vec<WindowOutcome>, IngestError> {
+        if staged.is_empty() {
+            return Ok(Vec::new());
+        }
         let still_ours = !ctx.lost.load(Ordering::SeqCst) && {
             let mut s = ctx.store.lock().unwrap_or_else(|e| e.into_inner());
             s.renew_lease(
@@ -1075,29 +1161,47 @@ impl Ingestor {
             )?
         };
         if !still_ours {
-            let _ = std::fs::remove_dir_all(&staging);
-            outcome.error = Some(format!(
-                "not published: {} before publish; run `highwater ingest {}` again",
-                self.lost_to(ctx.store, ctx.fence),
-                self.t.spec.name
-            ));
-            return Ok(outcome);
+            let why = self.lost_to(ctx.store, ctx.fence);
+            return Ok(staged
+                .into_iter()
+                .map(|mut a| {
+                    let _ = std::fs::remove_dir_all(&a.staging);
+                    a.outcome.error = Some(format!(
+                        "not published: {why} before publish; run `highwater ingest {}` again",
+                        self.t.spec.name
+                    ));
+                    a.outcome
+                })
+                .collect());
         }
         if std::env::var_os("HIGHWATER_FAILPOINT").is_some_and(|v| v == "before-swap") {
             // For the crash tests: die with the window staged, not swapped.
             kill_self();
         }
-        let published = self
-            .format
-            .publish(k, &staging, &abs, &manifest, &token, &ctx.columns);
+        let ws: Vec<StagedWindow<'_>> = staged
+            .iter()
+            .map(|a| StagedWindow {
+                k: a.k,
+                staging: &a.staging,
+                abs: &a.abs,
+                manifest: &a.manifest,
+                token: &a.token,
+            })
+            .collect();
+        let published = self.format.publish(&ws, &ctx.columns);
+        drop(ws);
         let compacted = match published {
             Ok(c) => c,
-            // The window's rows cannot join its compacted period (a type
-            // that does not widen either way): this window fails, the
-            // period keeps its rows, and the run goes on.
+            // The windows' rows cannot join their compacted period (a type
+            // that does not widen either way): they fail, the period keeps
+            // its rows, and the run goes on.
             Err(e @ IngestError::Schema { .. }) => {
-                fail(&mut rec, &mut outcome, e.to_string())?;
-                return Ok(outcome);
+                let mut out = Vec::new();
+                for mut a in staged {
+                    self.fail(&mut a, e.to_string(), ctx)?;
+                    out.push(a.outcome);
+                }
+                return Ok(out);
             }
             Err(e) => return Err(e),
         };
@@ -1105,17 +1209,38 @@ impl Ingestor {
             // For the crash tests: die between publish and record.
             kill_self();
         }
+        let rewrote_period = compacted.iter().any(Option::is_some);
+        let mut out = Vec::new();
+        for (a, info) in staged.iter_mut().zip(compacted) {
+            out.push(self.record_published(a, info, ctx)?);
+        }
+        if rewrote_period {
+            // The other windows of the period moved within its new files.
+            self.format.reconcile(&self.held(ctx.store, ctx.fence))?;
+        }
+        Ok(out)
+    }
+
+    /// Records published attempt `a` (`compacted`: the fact of the period
+    /// its rows joined) and says so in its outcome.
+    fn record_published(
+        &self,
+        a: &mut Attempt,
+        compacted: Option<serde_json::Value>,
+        ctx: &Ctx<'_>,
+    ) -> Result<WindowOutcome, IngestError> {
+        let mut rec = a.rec.clone();
         rec.status = WindowStatus::Published;
-        rec.rows = rows as i64;
-        rec.files = manifest["files"].clone();
-        let rewrote_period = compacted.is_some();
+        rec.rows = a.outcome.rows as i64;
+        rec.files = a.manifest["files"].clone();
         if let Some(info) = compacted {
             // The window's rows now live in its compacted period's files.
             rec.files = json!([]);
             rec.extra["compacted"] = info;
         }
-        rec.duration_ms = started.elapsed().as_millis() as i64;
+        rec.duration_ms = a.started.elapsed().as_millis() as i64;
         rec.updated_at_ns = now_ns();
+        let mut outcome = a.outcome.clone();
         match self.commit(ctx.store, ctx.fence, rec)? {
             WindowCommit::Done | WindowCommit::BookmarkMoved => {}
             WindowCommit::Fenced => {
@@ -1127,12 +1252,8 @@ impl Ingestor {
                 return Ok(outcome);
             }
         }
-        if rewrote_period {
-            // The other windows of the period moved within its new files.
-            self.format.reconcile(&self.held(ctx.store, ctx.fence))?;
-        }
         outcome.status = "published";
-        outcome.duration_ms = started.elapsed().as_millis() as u64;
+        outcome.duration_ms = a.started.elapsed().as_millis() as u64;
         Ok(outcome)
     }
 
@@ -1417,6 +1538,7 @@ impl Ingestor {
         max_parallel: usize,
     ) -> Result<Vec<WindowOutcome>, IngestError> {
         let lost = ctx.lost;
+        let groups = self.publish_groups(ks)?;
         let next = AtomicUsize::new(0);
         let outcomes = Mutex::new(Vec::new());
         let first = Mutex::new(first);
@@ -1425,7 +1547,7 @@ impl Ingestor {
         let parallel = if self.t.spec.chunking.is_some() {
             1
         } else {
-            max_parallel.clamp(1, 64).min(ks.len().max(1))
+            max_parallel.clamp(1, 64).min(groups.len().max(1))
         };
         let stopped: Mutex<Option<String>> = Mutex::new(None);
         let first_error: Mutex<Option<IngestError>> = Mutex::new(None);
@@ -1439,20 +1561,20 @@ impl Ingestor {
                     };
                     loop {
                         let i = next.fetch_add(1, Ordering::SeqCst);
-                        let Some(&k) = ks.get(i) else { return Ok(()) };
+                        let Some(group) = groups.get(i) else { return Ok(()) };
+                        let not_run = |why: String| {
+                            let mut o = outcomes.lock().unwrap_or_else(|e| e.into_inner());
+                            o.extend(group.iter().map(|&k| self.failed_outcome(k, why.clone())));
+                        };
                         // Lost: the windows not started are still owed, and
                         // reported failed (exit 1), not left out of the report
                         // as if the run had owed only the others.
                         if lost.load(Ordering::SeqCst) {
-                            let o = self.failed_outcome(
-                                k,
-                                format!(
-                                    "not run: {}; run `highwater ingest {}` again",
-                                    self.lost_to(ctx.store, ctx.fence),
-                                    self.t.spec.name
-                                ),
-                            );
-                            outcomes.lock().unwrap_or_else(|e| e.into_inner()).push(o);
+                            not_run(format!(
+                                "not run: {}; run `highwater ingest {}` again",
+                                self.lost_to(ctx.store, ctx.fence),
+                                self.t.spec.name
+                            ));
                             continue;
                         }
                         // An error that stops the run (storage gone, the
@@ -1461,21 +1583,22 @@ impl Ingestor {
                         // the windows already published stay reported, so
                         // the exit code says some work was done (1), not
                         // none (2).
-                        if let Some(why) = stopped.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
-                            let o = self.failed_outcome(
-                                k,
-                                format!(
-                                    "not run: an earlier window failed ({why}); run `highwater ingest {}` again",
-                                    self.t.spec.name
-                                ),
-                            );
-                            outcomes.lock().unwrap_or_else(|e| e.into_inner()).push(o);
+                        let stop = stopped.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                        if let Some(why) = stop {
+                            not_run(format!(
+                                "not run: an earlier window failed ({why}); run `highwater ingest {}` again",
+                                self.t.spec.name
+                            ));
                             continue;
                         }
-                        let o = match self.run_one(k, reader.as_mut(), ctx) {
-                            Ok(o) => o,
+                        let result = match group.as_slice() {
+                            [k] => self.run_one(*k, reader.as_mut(), ctx).map(|o| vec![o]),
+                            _ => self.run_group(group, reader.as_mut(), ctx),
+                        };
+                        match result {
+                            Ok(o) => outcomes.lock().unwrap_or_else(|e| e.into_inner()).extend(o),
                             Err(e) => {
-                                let o = self.failed_outcome(k, e.to_string());
+                                not_run(e.to_string());
                                 stopped
                                     .lock()
                                     .unwrap_or_else(|e| e.into_inner())
@@ -1484,10 +1607,8 @@ impl Ingestor {
                                     .lock()
                                     .unwrap_or_else(|e| e.into_inner())
                                     .get_or_insert(e);
-                                o
                             }
-                        };
-                        outcomes.lock().unwrap_or_else(|e| e.into_inner()).push(o);
+                        }
                         if std::env::var_os("HIGHWATER_FAILPOINT")
                             .is_some_and(|v| v == "ingest-gate")
                         {
@@ -1511,6 +1632,21 @@ impl Ingestor {
         }
         outcomes.sort_by(|a, b| a.start.cmp(&b.start));
         Ok(outcomes)
+    }
+
+    /// `ks` (oldest first) in publish groups: consecutive windows the
+    /// format publishes together ([`TableFormat::publish_group`]) form one
+    /// group, every other window is a group of its own.
+    fn publish_groups(&self, ks: &[i64]) -> Result<Vec<Vec<i64>>, IngestError> {
+        let mut groups: Vec<(Option<i64>, Vec<i64>)> = Vec::new();
+        for &k in ks {
+            let g = self.format.publish_group(k)?;
+            match groups.last_mut() {
+                Some((last, members)) if g.is_some() && *last == g => members.push(k),
+                _ => groups.push((g, vec![k])),
+            }
+        }
+        Ok(groups.into_iter().map(|(_, members)| members).collect())
     }
 
     /// Window `k` reported failed with `error`, having published nothing.

@@ -63,10 +63,27 @@ pub(crate) struct WindowFiles {
     pub(crate) rows: Rows,
 }
 
+/// One staged and checked window, as a format publishes it.
+pub(crate) struct StagedWindow<'a> {
+    /// The window's grid index.
+    pub(crate) k: i64,
+    /// Its files, and the manifest a folder's `_manifest.json` holds.
+    pub(crate) staging: &'a Path,
+    /// Its own local folder.
+    pub(crate) abs: &'a Path,
+    pub(crate) manifest: &'a Value,
+    /// The attempt.
+    pub(crate) token: &'a str,
+}
+
 /// What the output holds of a window, as a run that died left it: the
 /// attempt it holds and the facts its record takes from it.
 pub(crate) struct OnDisk {
     pub(crate) token: String,
+    /// The recipe it was published under, and its parts, when the output
+    /// says.
+    pub(crate) recipe: Option<String>,
+    pub(crate) recipe_parts: Value,
     pub(crate) rows: Option<i64>,
     pub(crate) files: Value,
     pub(crate) digest: Value,
@@ -126,20 +143,21 @@ pub(crate) trait TableFormat: Send + Sync {
     /// adjacent-duplicates check), when there is one.
     fn window_rows_dir(&self, w: &Window) -> Result<Option<PathBuf>, IngestError>;
 
-    /// Makes staged window `k` visible (a first landing or a re-land): its
-    /// files in `staging`, its `manifest`, attempt `token`, written with
-    /// `columns`. `Ok(Some(fact))` when it joined a compacted period (the
-    /// `compacted` fact of its record).
-    #[allow(clippy::too_many_arguments)]
+    /// The group window `k` is published with: the windows of one group
+    /// that a run lands are published together, in one step, so readers
+    /// see the group before or after, never half re-landed (the windows of
+    /// a compacted Delta period). `None`: alone.
+    fn publish_group(&self, k: i64) -> Result<Option<i64>, IngestError>;
+
+    /// Makes staged windows visible (first landings or re-lands): one
+    /// window, or the windows of one [`Self::publish_group`] at once, all
+    /// written with `columns`. Per window, `Some(fact)` when it joined a
+    /// compacted period (the `compacted` fact of its record).
     fn publish(
         &self,
-        k: i64,
-        staging: &Path,
-        abs: &Path,
-        manifest: &Value,
-        token: &str,
+        ws: &[StagedWindow<'_>],
         columns: &[Column],
-    ) -> Result<Option<Value>, IngestError>;
+    ) -> Result<Vec<Option<Value>>, IngestError>;
 
     /// Brings published window records up to date with the output (a
     /// crash between a period's swap and its records).

@@ -498,7 +498,10 @@ impl Loader {
         // other windows' rows too.
         let shape = |b: RecordBatch| -> Result<RecordBatch, String> {
             let b = match rows {
-                Rows::Stamped => crate::delta::rewrite::only(&b, start_us)?,
+                Rows::Stamped => crate::delta::rewrite::only(
+                    &b,
+                    &crate::delta::rewrite::Taken::stamps([start_us]),
+                )?,
                 Rows::Manifest(_) => b,
             };
             let keep: Vec<usize> = (0..b.num_columns())

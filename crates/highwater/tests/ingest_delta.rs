@@ -718,6 +718,27 @@ fn delta_config_refusals_name_the_setting() {
 }
 
 /// `highwater compact orders` at `now`, with its exit code and JSON.
+/// Every commit of the table's log: version and actions.
+fn log_versions(p: &Project) -> Vec<(u64, Vec<Value>)> {
+    let dir = p.path("lake/orders/_delta_log");
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(&dir).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(v) = name.strip_suffix(".json").and_then(|v| v.parse().ok()) else {
+            continue;
+        };
+        let text = std::fs::read_to_string(e.path()).unwrap();
+        let actions = text
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        out.push((v, actions));
+    }
+    out.sort_by_key(|(v, _)| *v);
+    out
+}
+
 fn compact_at(p: &Project, now: &str, code: i32) -> Value {
     let r = p.hw(&["compact", "orders", "--json", "--now", now]);
     assert_eq!(r.code, code, "{}\n{}", r.stderr, r.stdout);
@@ -1081,9 +1102,11 @@ fn delta_sqlite_expressions_land_with_their_values_type() {
 /// Issue 46, item 6 (no dead end): after `highwater compact`, a recipe
 /// change (a lookback from none to 10m) shows the compacted windows stale;
 /// without --force the stale-window guard refuses (exit 2, nothing
-/// touched), and with --force every stale window re-lands, its rows taken
-/// out of the period's file copy on write: each row once, a window after
-/// the period lands as usual.
+/// touched), and with --force the period re-lands as one commit: the
+/// compacted file removed whole (no copy on write once per window), every
+/// window of the period added in the same commit; each row once, a window
+/// after the period lands as usual, and `windows` shows every window
+/// published under the new recipe.
 #[test]
 fn delta_recipe_change_after_compaction_relands_through_the_period() {
     let cfg = format!(
@@ -1098,6 +1121,8 @@ fn delta_recipe_change_after_compaction_relands_through_the_period() {
     assert_eq!(published(&r), 26, "{r}");
     let r = compact_at(&p, now, 0);
     assert_eq!(r["periods"][0]["status"], "compacted", "{r}");
+    let period_windows = r["periods"][0]["windows"].as_u64().unwrap() as usize;
+    let before = log_versions(&p);
     // The new recipe.
     p.write(
         "highwater.toml",
@@ -1109,6 +1134,61 @@ fn delta_recipe_change_after_compaction_relands_through_the_period() {
     fill(&c, 27, 10, "first");
     let r = ingest_at(&p, "2026-03-02T11:05:00Z", &[], &["--force"], 0);
     assert_eq!(published(&r), 27, "26 re-landed and one new: {r}");
+    // The period's windows in one commit, its compacted file removed whole.
+    let new: Vec<Vec<Value>> = log_versions(&p)
+        .into_iter()
+        .filter(|(v, _)| *v > before.last().unwrap().0)
+        .map(|(_, actions)| actions)
+        .collect();
+    let group: Vec<&Vec<Value>> = new
+        .iter()
+        .filter(|c| c[0]["commitInfo"]["highwater"]["group"].is_array())
+        .collect();
+    assert_eq!(group.len(), 1, "one commit for the period: {new:?}");
+    let g = group[0];
+    let ws = g[0]["commitInfo"]["highwater"]["group"].as_array().unwrap();
+    assert_eq!(ws.len(), period_windows, "every window of the period");
+    let removed: Vec<&str> = g
+        .iter()
+        .filter_map(|a| a["remove"]["path"].as_str())
+        .collect();
+    assert!(
+        removed.iter().any(|p| p.contains("/P")),
+        "the compacted file removed: {removed:?}"
+    );
+    assert!(
+        !g.iter()
+            .any(|a| !a["add"]["tags"]["highwater.rewritten_from"].is_null()),
+        "no copy on write when the whole period re-lands"
+    );
+    assert_eq!(
+        new.len(),
+        1 + (27 - period_windows),
+        "the windows after the period commit alone"
+    );
+    let w = p.hw(&[
+        "windows",
+        "orders",
+        "--json",
+        "--now",
+        "2026-03-02T11:05:00Z",
+    ]);
+    assert_eq!(w.code, 0, "{}", w.stderr);
+    let grid: Value = serde_json::from_str(&w.stdout).unwrap();
+    let stale = grid["windows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["status"] == "stale" || r["status"] == "failed")
+        .count();
+    assert_eq!(stale, 0, "windows tells the truth: {grid}");
+    let shown = grid["windows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["status"] == "published")
+        .count();
+    assert!(shown >= 27, "every window published: {grid}");
     let t = read(p.path("lake/orders").to_str().unwrap(), &Value::Null);
     // With a 10-minute lookback, a row in a window's first 10 minutes is
     // also landed by the window before it (as the source asks): each
@@ -1124,6 +1204,98 @@ fn delta_recipe_change_after_compaction_relands_through_the_period() {
     let distinct: BTreeSet<i64> = seen.iter().map(|(id, _)| *id).collect();
     assert_eq!(distinct, (0..270).collect::<BTreeSet<_>>());
     assert_eq!(t["polars_rows"], t["rows"].as_array().unwrap().len());
+}
+
+/// Issue 46: a period re-land killed before its commit is put, or after it
+/// is put but before the window records are written, settles on the next
+/// run: the period's windows committed once, in one commit, each row once,
+/// and `windows` shows every window published under the new recipe.
+#[test]
+fn delta_a_killed_period_reland_settles_in_one_commit() {
+    for point in ["before-commit-put", "after-swap"] {
+        let cfg = format!(
+            "{}[sources.orders.compact]\ninto = \"1d\"\n",
+            config("lake/orders", "")
+        );
+        let p = Project::new(&cfg);
+        let c = db(&p);
+        fill(&c, 26, 10, "first");
+        let now = "2026-03-02T10:05:00Z";
+        assert_eq!(published(&ingest_at(&p, now, &[], &[], 0)), 26);
+        let r = compact_at(&p, now, 0);
+        assert_eq!(r["periods"][0]["status"], "compacted", "{r}");
+        p.write(
+            "highwater.toml",
+            &cfg.replace("settle = \"2m\"", "settle = \"2m\"\nlookback = \"10m\""),
+        );
+        let o = p
+            .cmd(&["ingest", "orders", "--json", "--now", now, "--force"])
+            .env("HIGHWATER_FAILPOINT", point)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), None, "{point}: killed by its failpoint");
+        let r = ingest_at(&p, now, &[], &["--force"], 0);
+        assert!(r["windows"].is_array(), "{point}: {r}");
+        let groups: Vec<Vec<Value>> = log_versions(&p)
+            .into_iter()
+            .map(|(_, a)| a)
+            .filter(|a| a[0]["commitInfo"]["highwater"]["group"].is_array())
+            .collect();
+        let starts: Vec<Vec<i64>> = groups
+            .iter()
+            .map(|a| {
+                a[0]["commitInfo"]["highwater"]["group"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|w| w["window_start_us"].as_i64().unwrap())
+                    .collect()
+            })
+            .collect();
+        assert_eq!(
+            groups.len(),
+            1,
+            "{point}: the period committed once: {starts:?}"
+        );
+        let w = p.hw(&["windows", "orders", "--json", "--now", now]);
+        let grid: Value = serde_json::from_str(&w.stdout).unwrap();
+        let rows = grid["windows"].as_array().unwrap();
+        assert!(
+            rows.iter()
+                .all(|r| r["status"] != "stale" && r["status"] != "failed"),
+            "{point}: {grid}"
+        );
+        let t = read(p.path("lake/orders").to_str().unwrap(), &Value::Null);
+        let mut seen = BTreeSet::new();
+        for r in t["rows"].as_array().unwrap() {
+            let key = (
+                r["id"].as_i64().unwrap(),
+                r["_highwater_window"].as_str().unwrap().to_string(),
+            );
+            assert!(seen.insert(key.clone()), "{point}: twice: {key:?}");
+        }
+        // Against a full rebuild under the new recipe: the same (row,
+        // window) pairs. (A re-land that died and was recovered as fresh
+        // under the new recipe would keep the old, lookback-less pairs.)
+        let fresh =
+            Project::new(&cfg.replace("settle = \"2m\"", "settle = \"2m\"\nlookback = \"10m\""));
+        fill(&db(&fresh), 26, 10, "first");
+        ingest_at(&fresh, now, &[], &[], 0);
+        let rebuilt = read(fresh.path("lake/orders").to_str().unwrap(), &Value::Null);
+        let want: BTreeSet<(i64, String)> = rebuilt["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r["id"].as_i64().unwrap(),
+                    r["_highwater_window"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect();
+        assert!(want.len() > 260, "the lookback lands rows twice");
+        assert_eq!(seen, want, "{point}: as a rebuild");
+    }
 }
 
 /// Issue 46: `checks.schema = "warn"` means for a Delta table what it

@@ -644,6 +644,49 @@ fn parallel_windows_keep_the_bookmark_contiguous() {
 /// on silently from its bookmark. Windows published under the old recipe
 /// show as stale, are re-landed oldest first under the guard, and a changed
 /// interval or cursor is named.
+/// Issue 46 (found by its period re-land test): a re-land after a recipe
+/// change, killed before its swap, leaves the window published under the
+/// recipe of the version still on disk, so it stays stale and the next run
+/// re-lands it, never shown fresh while holding the old recipe's rows.
+#[test]
+fn a_reland_killed_before_its_swap_leaves_the_window_stale() {
+    let (p, c) = project();
+    for i in 0..30 {
+        put(&c, i, &format!("2026-03-01T08:{:02}:00Z", i));
+    }
+    let now = "2026-03-01T09:30:00Z";
+    ingest(&p, now, &[], 0);
+    // The new recipe: a query keeping only even ids.
+    p.write(
+        "highwater.toml",
+        &SQLITE_SOURCE.replace(
+            "table = \"orders\"",
+            "query = \"SELECT * FROM orders WHERE id % 2 = 0\"",
+        ),
+    );
+    let out = p
+        .cmd(&["ingest", "orders", "--now", now, "--force"])
+        .env("HIGHWATER_FAILPOINT", "before-swap")
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "the failpoint aborts");
+    // The next run recovers the dead attempt: the window keeps the old
+    // version and its recipe, so it is still stale, and the run re-lands
+    // it, naming what changed (a window recovered as fresh would be left
+    // with the old rows, and the run would land nothing).
+    let r = ingest(&p, now, &[], 0);
+    assert_eq!(
+        statuses(&r),
+        vec![("08:00".to_string(), "published".to_string())]
+    );
+    assert!(r["warnings"].to_string().contains("table or query"), "{r}");
+    let ids: Vec<i64> = landed(&p.path("raw/orders"))
+        .iter()
+        .map(|(_, id, _)| *id)
+        .collect();
+    assert_eq!(ids, (0..30).step_by(2).collect::<Vec<_>>(), "as a rebuild");
+}
+
 #[test]
 fn issue9_10_a_changed_source_definition_re_lands_its_windows() {
     let (p, c) = project();

@@ -55,7 +55,7 @@ pub mod stats;
 
 use crate::error::IngestError;
 use crate::failpoints::kill_self;
-use crate::format::{OnDisk, TableFormat, WindowFiles};
+use crate::format::{OnDisk, StagedWindow, TableFormat, WindowFiles};
 use crate::periods::PeriodOutcome;
 use crate::sink::{Column, Extras};
 use crate::table::Held;
@@ -172,9 +172,14 @@ impl Snapshot {
             let app = t["appId"].as_str().unwrap_or_default().to_string();
             self.txns.insert(app, t.clone());
         } else if let Some(ci) = a.get("commitInfo") {
-            if let Some(start) = ci["highwater"]["window_start_us"].as_i64() {
-                self.windows
-                    .insert(start, (version, ci["highwater"].clone()));
+            // One window's commit, or the windows of a publish group (a
+            // compacted period re-landed) in one commit (`highwater.group`).
+            let hw = &ci["highwater"];
+            let one = std::slice::from_ref(hw);
+            for m in hw["group"].as_array().map_or(one, Vec::as_slice) {
+                if let Some(start) = m["window_start_us"].as_i64() {
+                    self.windows.insert(start, (version, m.clone()));
+                }
             }
         }
     }
@@ -484,10 +489,10 @@ impl Delta {
                 return Err(self.delta_err(&label, format!("the table's newest commit of window {label} is of another attempt than the record; the next `highwater ingest {}` settles it", self.t.spec.name)));
             }
         }
-        let prefix = format!("{}/", Self::window_dir(w));
+        let taken = rewrite::Taken::new([(w.start_us, format!("{}/", Self::window_dir(w)))]);
         let mut files = Vec::new();
         for (path, add) in &snap.files {
-            if rewrite::fate_by_log(path, add, w.start_us, &prefix) == rewrite::Fate::Keep {
+            if rewrite::fate_by_log(path, add, &taken) == rewrite::Fate::Keep {
                 continue;
             }
             files.push(rewrite::table_relative(path).ok_or_else(|| {
@@ -506,25 +511,41 @@ impl Delta {
         format!("data/{}", format_compact(w.start_us))
     }
 
-    /// Publishes window `k`, staged (and checked) in `staging`, as one
-    /// commit. `manifest` is what a Parquet window's `_manifest.json` holds.
-    /// The commit adds the window's files and takes out the window's
+    /// Publishes staged (and checked) windows as one commit: one window,
+    /// or the windows of a compacted period a run re-lands together. Each
+    /// window's `manifest` is what a Parquet window's `_manifest.json`
+    /// holds. The commit adds the windows' files and takes out their
     /// earlier rows wherever they now live ([`rewrite`]); it is made
     /// against the newest snapshot, and made again when another writer
     /// commits first.
     pub(crate) fn delta_publish(
         &self,
-        k: i64,
-        staging: &Path,
-        manifest: &Value,
-        token: &str,
+        ws: &[StagedWindow<'_>],
         columns: &[Column],
     ) -> Result<(), IngestError> {
-        let w = self.t.spec.grid.window(k);
-        let label = w.to_string();
-        let dir_rel = format!("{}/{token}", Self::window_dir(&w));
-        let files: Vec<crate::sink::FileInfo> =
-            serde_json::from_value(manifest["files"].clone()).unwrap_or_default();
+        let Some(first) = ws.first() else {
+            return Ok(());
+        };
+        let windows: Vec<Window> = ws.iter().map(|s| self.t.spec.grid.window(s.k)).collect();
+        let label = match windows.as_slice() {
+            [w] => w.to_string(),
+            [a, .., b] => format!("{a} .. {b} ({} windows)", windows.len()),
+            [] => unreachable!("at least one window"),
+        };
+        let dirs: Vec<String> = ws
+            .iter()
+            .zip(&windows)
+            .map(|(s, w)| format!("{}/{}", Self::window_dir(w), s.token))
+            .collect();
+        let taken = rewrite::Taken::new(
+            windows
+                .iter()
+                .map(|w| (w.start_us, format!("{}/", Self::window_dir(w)))),
+        );
+        let files: Vec<Vec<crate::sink::FileInfo>> = ws
+            .iter()
+            .map(|s| serde_json::from_value(s.manifest["files"].clone()).unwrap_or_default())
+            .collect();
         // A table highwater may not write: refused before anything is
         // placed.
         {
@@ -533,17 +554,16 @@ impl Delta {
                 Err(why) => return Err(self.protocol_refusal(&why, snap.version)),
                 Ok(d) if d.append_only => {
                     // Refused before the files are placed when the table
-                    // may hold the window's rows already (a re-land would
+                    // may hold the windows' rows already (a re-land would
                     // remove them); the commit loop checks again exactly.
-                    let prefix = format!("{}/", Self::window_dir(&w));
                     let mut held = 0;
                     for (p, a) in &snap.files {
-                        held += match rewrite::fate_by_log(p, a, w.start_us, &prefix) {
+                        held += match rewrite::fate_by_log(p, a, &taken) {
                             rewrite::Fate::Keep => 0,
                             rewrite::Fate::Remove => 1,
-                            rewrite::Fate::Read => {
-                                usize::from(self.delta_count_window_rows(p, a, &w)?.0 > 0)
-                            }
+                            rewrite::Fate::Read => usize::from(
+                                self.delta_count_window_rows(p, a, &taken, &label)?.0 > 0,
+                            ),
                         };
                     }
                     if held > 0 {
@@ -553,24 +573,41 @@ impl Delta {
                 Ok(_) => {}
             }
         }
-        self.delta_place(staging, &dir_rel, &files, &label)?;
+        for (i, s) in ws.iter().enumerate() {
+            self.delta_place(s.staging, &dirs[i], &files[i], &windows[i].to_string())?;
+        }
         if std::env::var_os("HIGHWATER_FAILPOINT").is_some_and(|v| v == "before-commit-put") {
             // For the crash tests: die with the files placed, uncommitted.
             kill_self();
         }
         let now_ms = now_ns() / 1_000_000;
-        let start = format_rfc3339(w.start_us);
-        let mut info = manifest.clone();
-        info["window_start_us"] = json!(w.start_us);
-        info["window_index"] = json!(k);
-        info["data"] = json!(dir_rel);
+        let starts: Vec<String> = windows.iter().map(|w| format_rfc3339(w.start_us)).collect();
+        let infos: Vec<Value> = ws
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let mut info = s.manifest.clone();
+                info["window_start_us"] = json!(windows[i].start_us);
+                info["window_index"] = json!(s.k);
+                info["data"] = json!(dirs[i]);
+                info
+            })
+            .collect();
+        let highwater = match infos.as_slice() {
+            [one] => one.clone(),
+            _ => json!({ "group": infos }),
+        };
+        let mut params = json!({"mode": "Append", "window": starts[0]});
+        if ws.len() > 1 {
+            params["windows"] = json!(ws.len());
+        }
         let mut decided = rewrite::Decided::new();
         for attempt in 0..COMMIT_ATTEMPTS_MAX {
             let snap = self.delta_snapshot()?.clone();
             if snap
                 .windows
-                .get(&w.start_us)
-                .is_some_and(|(_, m)| m["token"].as_str() == Some(token))
+                .get(&windows[0].start_us)
+                .is_some_and(|(_, m)| m["token"].as_str() == Some(first.token))
             {
                 // A retry whose earlier put landed: already committed.
                 break;
@@ -578,34 +615,37 @@ impl Delta {
             let duties = snap
                 .duties()
                 .map_err(|why| self.protocol_refusal(&why, snap.version))?;
-            let out = self.delta_take_out(&snap, &w, &dir_rel, &mut decided)?;
+            let out = self.delta_take_out(&snap, &taken, &dirs[0], &label, &mut decided)?;
             if duties.append_only && !out.removed.is_empty() {
                 return Err(self.append_only_refusal(&label, out.removed.len()));
             }
             let mut actions: Vec<Value> = vec![json!({"commitInfo": {
                 "timestamp": now_ms,
                 "operation": "WRITE",
-                "operationParameters": {"mode": "Append", "window": start},
+                "operationParameters": params,
                 "engineInfo": concat!("highwater/", env!("CARGO_PKG_VERSION")),
                 "isBlindAppend": out.removed.is_empty(),
-                "highwater": info,
+                "highwater": highwater,
             }})];
-            actions.extend(self.delta_schema_actions(&snap, columns, token, now_ms)?);
+            actions.extend(self.delta_schema_actions(&snap, columns, first.token, now_ms)?);
+            // One `txn` per app id in a commit: the newest window's index.
             actions.push(json!({"txn": {
                 "appId": self.t.spec.name,
-                "version": k,
+                "version": ws.iter().map(|s| s.k).max(),
                 "lastUpdated": now_ms,
             }}));
             for (path, add) in &out.removed {
                 actions.push(remove_action(path, add, now_ms, true));
             }
-            let tags = json!({"highwater.window": start});
-            for f in &files {
-                let rel = format!("{dir_rel}/{}", f.path);
-                actions.push(add_action(&rel, f, now_ms, &tags));
+            for (i, fs) in files.iter().enumerate() {
+                let tags = json!({"highwater.window": starts[i]});
+                for f in fs {
+                    let rel = format!("{}/{}", dirs[i], f.path);
+                    actions.push(add_action(&rel, f, now_ms, &tags));
+                }
             }
             for (from, f) in &out.added {
-                let tags = json!({"highwater.window": start, "highwater.rewritten_from": from});
+                let tags = json!({"highwater.window": starts[0], "highwater.rewritten_from": from});
                 actions.push(add_action(&f.path, f, now_ms, &tags));
             }
             let mut body = Vec::new();
@@ -623,10 +663,10 @@ impl Delta {
                 // write) and placed, the commit not put.
                 kill_self();
             }
-            if self.put_commit(v, &body, token)? {
+            if self.put_commit(v, &body, first.token)? {
                 let every = self.t.spec.checkpoint_every_commits as i64;
                 if v > 0 && v % every == 0 {
-                    self.delta_checkpoint(v, token)?;
+                    self.delta_checkpoint(v, first.token)?;
                 }
                 break;
             }
@@ -638,7 +678,9 @@ impl Delta {
             }
         }
         if let Place::Objects(..) = self.place() {
-            let _ = std::fs::remove_dir_all(staging);
+            for s in ws {
+                let _ = std::fs::remove_dir_all(s.staging);
+            }
         }
         Ok(())
     }
@@ -739,20 +781,21 @@ impl Delta {
     fn delta_take_out(
         &self,
         snap: &Snapshot,
-        w: &Window,
+        taken: &rewrite::Taken,
         dir_rel: &str,
+        label: &str,
         decided: &mut rewrite::Decided,
     ) -> Result<TakeOut, IngestError> {
-        let prefix = format!("{}/", Self::window_dir(w));
         let mut out = TakeOut::default();
         for (path, add) in &snap.files {
-            let fate = match rewrite::fate_by_log(path, add, w.start_us, &prefix) {
+            let fate = match rewrite::fate_by_log(path, add, taken) {
                 rewrite::Fate::Keep => None,
                 rewrite::Fate::Remove => Some(None),
                 rewrite::Fate::Read => match decided.get(path) {
                     Some(d) => d.clone(),
                     None => {
-                        let d = self.delta_read_out(path, add, w, dir_rel, decided.len())?;
+                        let n = decided.len();
+                        let d = self.delta_read_out(path, add, taken, dir_rel, label, n)?;
                         decided.insert(path.clone(), d.clone());
                         d
                     }
@@ -772,7 +815,7 @@ impl Delta {
     }
 
     /// How many rows of active file `path` (its `add` action `add`) are
-    /// window `w`'s and how many not, reading only the stamp column; with
+    /// taken windows' and how many not, reading only the stamp column; with
     /// the file's path in the table and its bytes. A file without the
     /// stamp column holds no window's rows (foreign rows), unless it is a
     /// period highwater compacted before stamps existed: refused.
@@ -780,19 +823,19 @@ impl Delta {
         &self,
         path: &str,
         add: &Value,
-        w: &Window,
+        taken: &rewrite::Taken,
+        label: &str,
     ) -> Result<(usize, usize, String, bytes::Bytes), IngestError> {
         use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-        let label = w.to_string();
         let rel = rewrite::table_relative(path).ok_or_else(|| {
-            self.delta_err(&label, format!("active file `{path}` is not inside the table; highwater reads only the table's own files, so it cannot take window {label}'s rows out of it. Nothing was committed"))
+            self.delta_err(label, format!("active file `{path}` is not inside the table; highwater reads only the table's own files, so it cannot take window {label}'s rows out of it. Nothing was committed"))
         })?;
         let bytes = self.read_table_file(&rel)?.ok_or_else(|| {
-            self.delta_err(&label, format!("active file `{rel}` is missing (deleted by a vacuum that did not follow the log?); the table cannot be read as its log says. Nothing was committed"))
+            self.delta_err(label, format!("active file `{rel}` is missing (deleted by a vacuum that did not follow the log?); the table cannot be read as its log says. Nothing was committed"))
         })?;
         let bad = |e: &dyn std::fmt::Display| {
             self.delta_err(
-                &label,
+                label,
                 format!("reading active file `{rel}`: {e}. Nothing was committed"),
             )
         };
@@ -805,15 +848,17 @@ impl Delta {
             .iter()
             .position(|f| f.name() == WINDOW_COLUMN)
         else {
-            if let Some(e) = self.delta_compacted_refusal_of(add, w.start_us, &label) {
-                return Err(e);
+            for start in taken.starts() {
+                if let Some(e) = self.delta_compacted_refusal_of(add, start, label) {
+                    return Err(e);
+                }
             }
             return Ok((0, 0, rel, bytes));
         };
         let mask = parquet::arrow::ProjectionMask::roots(builder.parquet_schema(), [idx]);
         let (mut mine, mut others) = (0usize, 0usize);
         for b in builder.with_projection(mask).build().map_err(|e| bad(&e))? {
-            let (m, o) = rewrite::count(&b.map_err(|e| bad(&e))?, w.start_us);
+            let (m, o) = rewrite::count(&b.map_err(|e| bad(&e))?, taken);
             mine += m;
             others += o;
         }
@@ -831,13 +876,13 @@ impl Delta {
         &self,
         path: &str,
         add: &Value,
-        w: &Window,
+        taken: &rewrite::Taken,
         dir_rel: &str,
+        label: &str,
         n: usize,
     ) -> Result<Option<Option<Vec<crate::sink::FileInfo>>>, IngestError> {
         use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-        let label = w.to_string();
-        let (mine, others, rel, bytes) = self.delta_count_window_rows(path, add, w)?;
+        let (mine, others, rel, bytes) = self.delta_count_window_rows(path, add, taken, label)?;
         if mine == 0 {
             return Ok(None);
         }
@@ -846,7 +891,7 @@ impl Delta {
         }
         let bad = |e: &dyn std::fmt::Display| {
             self.delta_err(
-                &label,
+                label,
                 format!("reading active file `{rel}`: {e}. Nothing was committed"),
             )
         };
@@ -869,7 +914,7 @@ impl Delta {
                     .root
                     .join(".highwater/objects-staging")
                     .join(&self.t.spec.name)
-                    .join(format!("rewrite-{}", w.start_us));
+                    .join(format!("rewrite-{}", taken.starts().next().unwrap_or(0)));
                 let _ = std::fs::remove_dir_all(&s);
                 std::fs::create_dir_all(&s).map_err(|e| IngestError::io("creating", &s, e))?;
                 (s, Some((o, prefix)))
@@ -889,8 +934,7 @@ impl Delta {
             },
         );
         for b in builder.build().map_err(|e| bad(&e))? {
-            let rest =
-                rewrite::without(&b.map_err(|e| bad(&e))?, w.start_us).map_err(|e| bad(&e))?;
+            let rest = rewrite::without(&b.map_err(|e| bad(&e))?, taken).map_err(|e| bad(&e))?;
             if rest.num_rows() > 0 {
                 sink.push_batch(rest)?;
             }
@@ -900,7 +944,7 @@ impl Delta {
         for mut f in written.files {
             if let Some((o, prefix)) = &upload {
                 o.put_file(&dir.join(&f.path), &format!("{prefix}/{rw_rel}/{}", f.path))
-                    .map_err(|e| self.delta_err(&label, e))?;
+                    .map_err(|e| self.delta_err(label, e))?;
             }
             f.path = format!("{rw_rel}/{}", f.path);
             files.push(f);
@@ -1175,6 +1219,8 @@ impl TableFormat for Delta {
         };
         Ok(m["token"].as_str().map(|token| OnDisk {
             token: token.to_string(),
+            recipe: m["recipe"].as_str().map(str::to_string),
+            recipe_parts: m["recipe_parts"].clone(),
             rows: m["rows"].as_i64(),
             files: m["files"].clone(),
             digest: m["digest"].clone(),
@@ -1196,17 +1242,30 @@ impl TableFormat for Delta {
         Ok(safe.then(|| self.t.root.join(&self.t.spec.output).join(data)))
     }
 
+    /// A window inside a period `highwater compact` rewrote: the period's
+    /// windows that a run re-lands (after a recipe change) go in one
+    /// commit, so the compacted file is taken apart once, not once per
+    /// window, and readers see the period before or after, never half.
+    fn publish_group(&self, k: i64) -> Result<Option<i64>, IngestError> {
+        if self.t.spec.compaction.is_none() {
+            return Ok(None);
+        }
+        let start = self.t.spec.grid.window(k).start_us;
+        let snap = self.delta_snapshot()?;
+        let compacted = snap
+            .files
+            .values()
+            .any(|a| compact::period_of_add(a).is_some_and(|(s, e)| s <= start && start < e));
+        Ok(compacted.then(|| self.t.spec.period_of(k)))
+    }
+
     fn publish(
         &self,
-        k: i64,
-        staging: &Path,
-        _abs: &Path,
-        manifest: &Value,
-        token: &str,
+        ws: &[StagedWindow<'_>],
         columns: &[Column],
-    ) -> Result<Option<Value>, IngestError> {
-        self.delta_publish(k, staging, manifest, token, columns)?;
-        Ok(None)
+    ) -> Result<Vec<Option<Value>>, IngestError> {
+        self.delta_publish(ws, columns)?;
+        Ok(vec![None; ws.len()])
     }
 
     /// Records follow the log, which has no period manifests to repair from.

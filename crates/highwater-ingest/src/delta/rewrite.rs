@@ -1,5 +1,5 @@
-//! A window's rows taken out of the table wherever they now live (issue
-//! 46): in the window's own files, and in files another engine compacted
+//! Windows' rows taken out of the table wherever they now live (issue
+//! 46; one window, or the windows of a period re-landed in one commit): in the window's own files, and in files another engine compacted
 //! (OPTIMIZE), rewrote (DELETE, UPDATE, MERGE) or highwater compacted into
 //! a period. Every row highwater lands carries its window's start in
 //! [`super::WINDOW_COLUMN`], so a row's window survives whatever rewrites
@@ -10,11 +10,11 @@
 //!
 //! | the file | fate |
 //! |---|---|
-//! | under the window's own folder (`data/START/`) | removed whole |
-//! | statistics: only this window's rows | removed whole |
-//! | statistics: no row of this window (bounds apart, or all null) | kept |
-//! | read: no row of this window, or no stamp column | kept |
-//! | read: only this window's rows | removed whole |
+//! | under a window's own folder (`data/START/`) | removed whole |
+//! | statistics: only rows of one taken window | removed whole |
+//! | statistics: no row of a taken window (bounds apart, or all null) | kept |
+//! | read: no row of a taken window, or no stamp column | kept |
+//! | read: only taken windows' rows | removed whole |
 //! | read: some | rewritten without them (copy on write): removed, and its other rows added back as a new file, in the same commit |
 //!
 //! The plan is made against one snapshot; a commit that loses the race
@@ -26,26 +26,74 @@ use super::WINDOW_COLUMN;
 use arrow_array::{Array, BooleanArray, RecordBatch};
 use arrow_schema::{DataType, TimeUnit};
 use serde_json::Value;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-/// What becomes of one active file when window `start_us` is taken out.
+/// The windows one commit takes out: their starts (µs), and the folders
+/// their own files live under (`data/START/`, relative to the table).
+#[derive(Clone, Debug, Default)]
+pub struct Taken {
+    starts: BTreeSet<i64>,
+    prefixes: Vec<String>,
+}
+
+impl Taken {
+    /// Windows by start and own-folder prefix.
+    pub fn new(windows: impl IntoIterator<Item = (i64, String)>) -> Taken {
+        let mut t = Taken::default();
+        for (start, prefix) in windows {
+            t.starts.insert(start);
+            t.prefixes.push(prefix);
+        }
+        t
+    }
+
+    /// Windows by start only: rows are matched by stamp, no file by its
+    /// folder (a reader of the rows, not a commit).
+    pub fn stamps(starts: impl IntoIterator<Item = i64>) -> Taken {
+        Taken {
+            starts: starts.into_iter().collect(),
+            prefixes: Vec::new(),
+        }
+    }
+
+    /// Whether a row stamped `start_us` is taken.
+    pub fn contains(&self, start_us: i64) -> bool {
+        self.starts.contains(&start_us)
+    }
+
+    /// The taken window starts, oldest first.
+    pub fn starts(&self) -> impl Iterator<Item = i64> + '_ {
+        self.starts.iter().copied()
+    }
+
+    /// Whether some taken window starts in `lo..=hi`.
+    fn any_in(&self, lo: i64, hi: i64) -> bool {
+        lo <= hi && self.starts.range(lo..=hi).next().is_some()
+    }
+
+    /// Whether `path` lies under a taken window's own folder.
+    fn own(&self, path: &str) -> bool {
+        self.prefixes.iter().any(|p| path.starts_with(p.as_str()))
+    }
+}
+
+/// What becomes of one active file when windows are taken out.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Fate {
     Keep,
-    /// Removed whole: all its rows are the window's.
+    /// Removed whole: all its rows are taken windows'.
     Remove,
     /// Its rows must be read to decide.
     Read,
 }
 
 /// The fate of active file `path` (its `add` action `add`) from what the
-/// log says, when window `start_us` (whose files live under
-/// `window_prefix`) is taken out.
-pub fn fate_by_log(path: &str, add: &Value, start_us: i64, window_prefix: &str) -> Fate {
-    // The window's own files; a file some re-land rewrote holds other
+/// log says, when the windows `taken` are taken out.
+pub fn fate_by_log(path: &str, add: &Value, taken: &Taken) -> Fate {
+    // The windows' own files; a file some re-land rewrote holds other
     // windows' rows wherever it lies (they are written outside every
     // window's folder, `delta::rewrite_dir`, and this guards the rule).
-    if path.starts_with(window_prefix) && add["tags"]["highwater.rewritten_from"].is_null() {
+    if taken.own(path) && add["tags"]["highwater.rewritten_from"].is_null() {
         return Fate::Remove;
     }
     let s = timestamp_stats(add, WINDOW_COLUMN);
@@ -55,14 +103,11 @@ pub fn fate_by_log(path: &str, add: &Value, start_us: i64, window_prefix: &str) 
         }
     }
     match (s.min_us, s.max_us) {
-        (Some(lo), Some(hi)) if start_us < lo || start_us > hi => Fate::Keep,
-        // Statistics are to the millisecond: "only this window" needs a
-        // start on a whole millisecond and no nulls.
+        (Some(lo), Some(hi)) if !taken.any_in(lo, hi) => Fate::Keep,
+        // Statistics are to the millisecond: "only taken rows" needs one
+        // stamp, on a whole millisecond, taken, and no nulls.
         (Some(lo), Some(hi))
-            if lo == start_us
-                && hi == start_us + 999
-                && start_us % 1000 == 0
-                && s.nulls == Some(0) =>
+            if hi == lo + 999 && lo % 1000 == 0 && taken.contains(lo) && s.nulls == Some(0) =>
         {
             Fate::Remove
         }
@@ -111,31 +156,40 @@ fn stamps(batch: &RecordBatch) -> Option<Vec<Option<i64>>> {
     Some(out)
 }
 
-/// How many rows of `batch` are window `start_us`'s, and how many not.
-pub fn count(batch: &RecordBatch, start_us: i64) -> (usize, usize) {
+/// How many rows of `batch` are taken windows', and how many not.
+pub fn count(batch: &RecordBatch, taken: &Taken) -> (usize, usize) {
     match stamps(batch) {
         Some(st) => {
-            let mine = st.iter().filter(|s| **s == Some(start_us)).count();
+            let mine = st
+                .iter()
+                .filter(|s| s.is_some_and(|s| taken.contains(s)))
+                .count();
             (mine, batch.num_rows() - mine)
         }
         None => (0, batch.num_rows()),
     }
 }
 
-/// The rows of `batch` that are not window `start_us`'s.
-pub fn without(batch: &RecordBatch, start_us: i64) -> Result<RecordBatch, String> {
+/// The rows of `batch` that are not taken windows'.
+pub fn without(batch: &RecordBatch, taken: &Taken) -> Result<RecordBatch, String> {
     let Some(st) = stamps(batch) else {
         return Ok(batch.clone());
     };
-    let keep: BooleanArray = st.iter().map(|s| Some(*s != Some(start_us))).collect();
+    let keep: BooleanArray = st
+        .iter()
+        .map(|s| Some(!s.is_some_and(|s| taken.contains(s))))
+        .collect();
     arrow_select::filter::filter_record_batch(batch, &keep).map_err(|e| e.to_string())
 }
 
-/// The rows of `batch` that are window `start_us`'s (none when it has no
+/// The rows of `batch` that are taken windows' (none when it has no
 /// stamp column).
-pub fn only(batch: &RecordBatch, start_us: i64) -> Result<RecordBatch, String> {
+pub fn only(batch: &RecordBatch, taken: &Taken) -> Result<RecordBatch, String> {
     let keep: BooleanArray = match stamps(batch) {
-        Some(st) => st.iter().map(|s| Some(*s == Some(start_us))).collect(),
+        Some(st) => st
+            .iter()
+            .map(|s| Some(s.is_some_and(|s| taken.contains(s))))
+            .collect(),
         None => BooleanArray::from(vec![false; batch.num_rows()]),
     };
     arrow_select::filter::filter_record_batch(batch, &keep).map_err(|e| e.to_string())
@@ -187,34 +241,55 @@ mod tests {
 
     #[test]
     fn the_log_decides_where_it_can() {
-        let w = 3_600_000_000;
-        let p = "data/19700101T010000Z/";
+        let w = Taken::new([(3_600_000_000, "data/19700101T010000Z/".to_string())]);
+        let w = &w;
         assert_eq!(
-            fate_by_log("data/19700101T010000Z/t/part-0.parquet", &json!({}), w, p),
+            fate_by_log("data/19700101T010000Z/t/part-0.parquet", &json!({}), w),
             Fate::Remove
         );
-        assert_eq!(fate_by_log("part-x.parquet", &json!({}), w, p), Fate::Read);
+        assert_eq!(fate_by_log("part-x.parquet", &json!({}), w), Fate::Read);
         let rewritten = json!({"tags": {"highwater.rewritten_from": "part-x.parquet"}});
         assert_eq!(
             fate_by_log(
                 "data/19700101T010000Z/t/part-rewrite-0000-00000.parquet",
                 &rewritten,
-                w,
-                p
+                w
             ),
             Fate::Read
         );
         let only = add(json!({"numRecords": 3, "nullCount": {WINDOW_COLUMN: 0},
             "minValues": {WINDOW_COLUMN: "1970-01-01T01:00:00.000Z"}, "maxValues": {WINDOW_COLUMN: "1970-01-01T01:00:00.000Z"}}));
-        assert_eq!(fate_by_log("part-x.parquet", &only, w, p), Fate::Remove);
+        assert_eq!(fate_by_log("part-x.parquet", &only, w), Fate::Remove);
         let apart = add(json!({"numRecords": 3, "nullCount": {WINDOW_COLUMN: 0},
             "minValues": {WINDOW_COLUMN: "1970-01-01T02:00:00.000Z"}, "maxValues": {WINDOW_COLUMN: "1970-01-01T03:00:00.000Z"}}));
-        assert_eq!(fate_by_log("part-x.parquet", &apart, w, p), Fate::Keep);
+        assert_eq!(fate_by_log("part-x.parquet", &apart, w), Fate::Keep);
         let foreign = add(json!({"numRecords": 3, "nullCount": {WINDOW_COLUMN: 3}}));
-        assert_eq!(fate_by_log("part-x.parquet", &foreign, w, p), Fate::Keep);
+        assert_eq!(fate_by_log("part-x.parquet", &foreign, w), Fate::Keep);
         let mixed = add(json!({"numRecords": 3, "nullCount": {WINDOW_COLUMN: 1},
             "minValues": {WINDOW_COLUMN: "1970-01-01T01:00:00.000Z"}, "maxValues": {WINDOW_COLUMN: "1970-01-01T01:00:00.000Z"}}));
-        assert_eq!(fate_by_log("part-x.parquet", &mixed, w, p), Fate::Read);
+        assert_eq!(fate_by_log("part-x.parquet", &mixed, w), Fate::Read);
+    }
+
+    /// The windows of a period taken out in one commit (issue 46): a file
+    /// holding rows of several taken windows is read, one holding only
+    /// rows of windows not taken is kept.
+    #[test]
+    fn several_windows_are_taken_together() {
+        let h = 3_600_000_000;
+        let taken = Taken::new((1..=3).map(|i| (i * h, format!("data/h{i}/"))));
+        assert_eq!(
+            fate_by_log("data/h2/t/part-0.parquet", &json!({}), &taken),
+            Fate::Remove
+        );
+        let span = add(json!({"numRecords": 3, "nullCount": {WINDOW_COLUMN: 0},
+            "minValues": {WINDOW_COLUMN: "1970-01-01T01:00:00.000Z"}, "maxValues": {WINDOW_COLUMN: "1970-01-01T03:00:00.000Z"}}));
+        assert_eq!(fate_by_log("p.parquet", &span, &taken), Fate::Read);
+        let later = add(json!({"numRecords": 3, "nullCount": {WINDOW_COLUMN: 0},
+            "minValues": {WINDOW_COLUMN: "1970-01-01T04:00:00.000Z"}, "maxValues": {WINDOW_COLUMN: "1970-01-01T05:00:00.000Z"}}));
+        assert_eq!(fate_by_log("p.parquet", &later, &taken), Fate::Keep);
+        let one = add(json!({"numRecords": 3, "nullCount": {WINDOW_COLUMN: 0},
+            "minValues": {WINDOW_COLUMN: "1970-01-01T02:00:00.000Z"}, "maxValues": {WINDOW_COLUMN: "1970-01-01T02:00:00.000Z"}}));
+        assert_eq!(fate_by_log("p.parquet", &one, &taken), Fate::Remove);
     }
 
     #[test]
@@ -238,9 +313,11 @@ mod tests {
             ],
         )
         .unwrap();
-        assert_eq!(count(&b, 10), (2, 2));
-        assert_eq!(count(&b, 99), (0, 4));
-        let rest = without(&b, 10).unwrap();
+        let t10 = &Taken::stamps([10]);
+        assert_eq!(count(&b, t10), (2, 2));
+        assert_eq!(count(&b, &Taken::stamps([10, 20])), (3, 1));
+        assert_eq!(count(&b, &Taken::stamps([99])), (0, 4));
+        let rest = without(&b, t10).unwrap();
         let ids = rest
             .column(0)
             .as_any()
@@ -249,11 +326,11 @@ mod tests {
             .values()
             .to_vec();
         assert_eq!(ids, vec![2, 3]);
-        assert_eq!(only(&b, 10).unwrap().num_rows(), 2);
+        assert_eq!(only(&b, t10).unwrap().num_rows(), 2);
         let unstamped = b.project(&[0]).unwrap();
-        assert_eq!(only(&unstamped, 10).unwrap().num_rows(), 0);
-        assert_eq!(count(&unstamped, 10), (0, 4));
-        assert_eq!(without(&unstamped, 10).unwrap().num_rows(), 4);
+        assert_eq!(only(&unstamped, t10).unwrap().num_rows(), 0);
+        assert_eq!(count(&unstamped, t10), (0, 4));
+        assert_eq!(without(&unstamped, t10).unwrap().num_rows(), 4);
     }
 
     #[test]

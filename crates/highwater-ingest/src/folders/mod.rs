@@ -12,7 +12,7 @@ mod periods;
 use crate::config::Policy;
 use crate::error::IngestError;
 use crate::format::{LoadFrom, Rows};
-use crate::format::{OnDisk, TableFormat, WindowFiles};
+use crate::format::{OnDisk, StagedWindow, TableFormat, WindowFiles};
 use crate::periods::PeriodOutcome;
 use crate::publish;
 use crate::sink::{Column, Extras};
@@ -187,6 +187,9 @@ impl TableFormat for Folders {
         Ok(Some(match in_period {
             Some((pw, info)) => OnDisk {
                 token,
+                // A period's manifest does not keep its windows' recipes.
+                recipe: None,
+                recipe_parts: Value::Null,
                 rows: Some(pw.rows as i64),
                 files: json!([]),
                 digest: json!(pw.digest),
@@ -196,6 +199,8 @@ impl TableFormat for Folders {
                 let m = published.unwrap_or(Value::Null);
                 OnDisk {
                     token,
+                    recipe: m["recipe"].as_str().map(str::to_string),
+                    recipe_parts: m["recipe_parts"].clone(),
                     rows: m["rows"].as_i64(),
                     files: m["files"].clone(),
                     digest: m["digest"].clone(),
@@ -209,17 +214,21 @@ impl TableFormat for Folders {
         Ok(Some(self.t.window_path(w).1))
     }
 
+    fn publish_group(&self, _k: i64) -> Result<Option<i64>, IngestError> {
+        Ok(None)
+    }
+
     fn publish(
         &self,
-        k: i64,
-        staging: &Path,
-        abs: &Path,
-        manifest: &Value,
-        token: &str,
+        ws: &[StagedWindow<'_>],
         _columns: &[Column],
-    ) -> Result<Option<Value>, IngestError> {
-        publish::seal(staging, manifest)?;
-        self.publish_window(k, staging, abs, token)
+    ) -> Result<Vec<Option<Value>>, IngestError> {
+        let mut out = Vec::with_capacity(ws.len());
+        for s in ws {
+            publish::seal(s.staging, s.manifest)?;
+            out.push(self.publish_window(s.k, s.staging, s.abs, s.token)?);
+        }
+        Ok(out)
     }
 
     fn reconcile(&self, held: &Held<'_>) -> Result<(), IngestError> {
