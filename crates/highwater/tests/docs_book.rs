@@ -17,9 +17,10 @@
 //!    config run;
 //! 3. every config key the code knows (each field of a
 //!    `#[serde(deny_unknown_fields)]` struct in crates/*/src: the config
-//!    sections are all such structs), every command and long flag of the
-//!    clap definition, and every metric `/metrics` writes appears in the
-//!    reference;
+//!    sections are all such structs) and every value of the enums those
+//!    fields take, every command and long flag of the clap definition (and
+//!    each command's `--help`, verbatim), and every metric `/metrics`
+//!    writes appears in the reference;
 //! 4. every relative link and #anchor between the pages resolves, and
 //!    every page is in SUMMARY.md.
 //!
@@ -672,5 +673,206 @@ fn the_link_checker_sees_a_broken_link() {
     assert_eq!(
         slug("`highwater serve`: is everything fresh?"),
         "highwater-serve-is-everything-fresh"
+    );
+}
+
+/// The commands reference holds each command's `--help` as the binary
+/// prints it: a changed help text fails here until the page is regenerated
+/// (`HIGHWATER_DOCS_BLESS=1 cargo test -p highwater --test docs_book`
+/// rewrites the blocks in place).
+#[test]
+fn the_commands_reference_is_the_binarys_help() {
+    let path = repo().join("docs/src/reference/commands.md");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut out = String::new();
+    let mut stale = Vec::new();
+    let mut command: Option<Vec<String>> = None;
+    let mut lines = text.lines();
+    let mut blocks = 0;
+    while let Some(line) = lines.next() {
+        out.push_str(line);
+        out.push('\n');
+        if let Some(name) = line
+            .strip_prefix("## `highwater")
+            .and_then(|r| r.strip_suffix('`'))
+        {
+            command = Some(name.split_whitespace().map(str::to_string).collect());
+            continue;
+        }
+        if line == "```text" {
+            let Some(args) = command.take() else { continue };
+            let mut old = String::new();
+            for l in lines.by_ref() {
+                if l == "```" {
+                    break;
+                }
+                old.push_str(l);
+                old.push('\n');
+            }
+            let mut argv = args.clone();
+            argv.push("--help".into());
+            let o = std::process::Command::new(bin())
+                .args(&argv)
+                .output()
+                .unwrap();
+            assert_eq!(o.status.code(), Some(0), "highwater {argv:?}");
+            let new = String::from_utf8(o.stdout).unwrap();
+            if new.trim_end() != old.trim_end() {
+                stale.push(format!("highwater {}", args.join(" ")));
+            }
+            out.push_str(new.trim_end());
+            out.push_str("\n```\n");
+            blocks += 1;
+        }
+    }
+    assert!(blocks > 20, "only {blocks} help blocks");
+    if !stale.is_empty() && std::env::var_os("HIGHWATER_DOCS_BLESS").is_some() {
+        std::fs::write(&path, out).unwrap();
+        return;
+    }
+    assert!(
+        stale.is_empty(),
+        "docs/src/reference/commands.md differs from --help for:\n{}\n(regenerate: HIGHWATER_DOCS_BLESS=1 cargo test -p highwater --test docs_book)",
+        stale.join("\n")
+    );
+}
+
+/// The values of every enum a config key takes: the type names of the
+/// fields of the `#[serde(deny_unknown_fields)]` structs, each found as a
+/// `Deserialize` enum under crates/*/src and spelt by its `rename_all`.
+fn config_values() -> BTreeMap<String, String> {
+    let mut files = Vec::new();
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    for c in std::fs::read_dir(repo().join("crates")).unwrap() {
+        let src = c.unwrap().path().join("src");
+        if src.is_dir() {
+            walk(&src, &mut files);
+        }
+    }
+    let texts: Vec<(PathBuf, String)> = files
+        .into_iter()
+        .map(|f| {
+            let t = std::fs::read_to_string(&f).unwrap();
+            (f, t)
+        })
+        .collect();
+    // The type names fields of config structs have.
+    let mut types = BTreeSet::new();
+    for (_, text) in &texts {
+        let lines: Vec<&str> = text.lines().collect();
+        let mut inside = false;
+        for (i, l) in lines.iter().enumerate() {
+            if l.trim() == "#[serde(deny_unknown_fields)]" {
+                inside = lines[i + 1..].iter().take(3).any(|n| n.contains("struct "));
+                continue;
+            }
+            if inside && l.trim() == "}" {
+                inside = false;
+            }
+            if inside {
+                if let Some((_, ty)) = l.split_once(": ") {
+                    for word in ty.split(|c: char| !c.is_alphanumeric() && c != '_') {
+                        if word.starts_with(|c: char| c.is_ascii_uppercase()) {
+                            types.insert(word.to_string());
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let mut values = BTreeMap::new();
+    for (f, text) in &texts {
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, l) in lines.iter().enumerate() {
+            let Some(name) = l
+                .trim_start_matches("pub ")
+                .strip_prefix("enum ")
+                .and_then(|r| r.strip_suffix(" {"))
+            else {
+                continue;
+            };
+            if !types.contains(name) {
+                continue;
+            }
+            let head = lines[i.saturating_sub(3)..i].join("\n");
+            if !head.contains("Deserialize") {
+                continue;
+            }
+            let snake = head.contains("rename_all = \"snake_case\"");
+            let lower = head.contains("rename_all = \"lowercase\"");
+            assert!(
+                snake || lower,
+                "{}: enum {name}: a config enum without rename_all; teach docs_book.rs its spelling",
+                f.display()
+            );
+            for v in &lines[i + 1..] {
+                let v = v.trim();
+                if v == "}" {
+                    break;
+                }
+                if v.starts_with("//") || v.starts_with("#[") || v.is_empty() {
+                    continue;
+                }
+                let ident: String = v.chars().take_while(|c| c.is_alphanumeric()).collect();
+                if ident.is_empty() {
+                    continue;
+                }
+                let spelt = if lower {
+                    ident.to_lowercase()
+                } else {
+                    let mut s = String::new();
+                    for (k, c) in ident.chars().enumerate() {
+                        if c.is_ascii_uppercase() && k > 0 {
+                            s.push('_');
+                        }
+                        s.push(c.to_ascii_lowercase());
+                    }
+                    s
+                };
+                values.insert(
+                    spelt,
+                    format!("{} enum {name}", f.strip_prefix(repo()).unwrap().display()),
+                );
+            }
+        }
+    }
+    values
+}
+
+#[test]
+fn every_config_value_is_in_the_reference() {
+    let values = config_values();
+    for v in [
+        "fingerprint",
+        "commit_order",
+        "delta",
+        "warn",
+        "keep",
+        "sqlite",
+    ] {
+        assert!(
+            values.contains_key(v),
+            "the scan of config enums missed {v}: {values:?}"
+        );
+    }
+    let reference = std::fs::read_to_string(repo().join("docs/src/reference/config.md")).unwrap();
+    let missing: Vec<String> = values
+        .iter()
+        .filter(|(v, _)| !reference.contains(&format!("`{v}`")))
+        .map(|(v, at)| format!("`{v}` ({at})"))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "config values the code accepts that docs/src/reference/config.md does not name:\n{}",
+        missing.join("\n")
     );
 }
