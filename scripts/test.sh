@@ -14,5 +14,7 @@ deps_install
 . scripts/pg.sh
 pg_start
 cargo test --workspace --locked "$@"
+# The book (docs/), whose examples the tests above ran (issue 51).
+bash scripts/docs.sh
 # The Python package and its tests, built from this checkout (issue 22).
 bash scripts/py.sh

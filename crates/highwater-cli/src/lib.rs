@@ -229,6 +229,28 @@ enum Command {
         #[command(subcommand)]
         command: StateCommand,
     },
+    /// Print a shell completion script to stdout (issue 51), e.g.
+    /// `highwater completions bash > ~/.local/share/bash-completion/completions/highwater`.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: Shell,
+    },
+    /// Write a man page per command (highwater.1, highwater-run.1,
+    /// highwater-osm-tiles-drain.1, ...) into a folder (issue 51).
+    Man {
+        /// The folder to write into (created when missing), e.g.
+        /// ~/.local/share/man/man1.
+        #[arg(long)]
+        out: PathBuf,
+    },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Shell {
+    Bash,
+    Zsh,
+    Fish,
 }
 
 #[derive(Subcommand)]
@@ -472,6 +494,56 @@ enum StateCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// The command line's definition, as clap builds it: the parser, the
+/// completions and the man pages all come from it (issue 51).
+pub fn command() -> clap::Command {
+    use clap::CommandFactory;
+    Cli::command()
+}
+
+/// Writes one man page per command and subcommand into `dir` (created when
+/// missing): `highwater.1`, `highwater-osm.1`, `highwater-osm-tiles-drain.1`,
+/// ... Each file is written to a temp name and renamed into place. Returns
+/// the paths written, parents before their subcommands.
+pub fn write_man_pages(dir: &std::path::Path) -> Result<Vec<PathBuf>> {
+    use anyhow::Context;
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("{}: cannot create the man page folder", dir.display()))?;
+    let mut root = command();
+    root.build();
+    let mut written = Vec::new();
+    fn walk(
+        cmd: &clap::Command,
+        name: &str,
+        dir: &std::path::Path,
+        written: &mut Vec<PathBuf>,
+    ) -> Result<()> {
+        use anyhow::Context;
+        // A subcommand's page is titled by its full name, as `man` finds it.
+        // clap takes a `&'static str` name without its `string` feature;
+        // a page per command is a few dozen short strings, once.
+        let title: &'static str = Box::leak(name.to_string().into_boxed_str());
+        let page = cmd.clone().name(title).bin_name(name.replace('-', " "));
+        let mut text = Vec::new();
+        clap_mangen::Man::new(page).render(&mut text)?;
+        let path = dir.join(format!("{name}.1"));
+        let tmp = dir.join(format!(".{name}.1.tmp"));
+        std::fs::write(&tmp, &text)
+            .and_then(|()| std::fs::rename(&tmp, &path))
+            .with_context(|| format!("{}: cannot write the man page", path.display()))?;
+        written.push(path);
+        for sub in cmd.get_subcommands() {
+            if sub.get_name() == "help" {
+                continue;
+            }
+            walk(sub, &format!("{name}-{}", sub.get_name()), dir, written)?;
+        }
+        Ok(())
+    }
+    walk(&root, "highwater", dir, &mut written)?;
+    Ok(written)
 }
 
 /// Runs the command line and returns the exit code.
@@ -1987,6 +2059,23 @@ fn run(cli: Cli) -> Result<i32> {
         );
     }
     match &cli.command {
+        Command::Completions { shell } => {
+            let shell = match shell {
+                Shell::Bash => clap_complete::Shell::Bash,
+                Shell::Zsh => clap_complete::Shell::Zsh,
+                Shell::Fish => clap_complete::Shell::Fish,
+            };
+            let mut text = Vec::new();
+            clap_complete::generate(shell, &mut command(), "highwater", &mut text);
+            out.write_all(&text)?;
+            return Ok(0);
+        }
+        Command::Man { out: dir } => {
+            for path in write_man_pages(dir)? {
+                writeln!(out, "{}", path.display())?;
+            }
+            return Ok(0);
+        }
         Command::Ingest {
             source,
             window,
@@ -2212,6 +2301,8 @@ fn run(cli: Cli) -> Result<i32> {
         | Command::Serve { .. }
         | Command::Windows { .. }
         | Command::Compact { .. }
+        | Command::Completions { .. }
+        | Command::Man { .. }
         | Command::Osm { .. } => {
             unreachable!("handled above")
         }
