@@ -512,6 +512,72 @@ pub fn record(
 
 /// Checks dependencies, each distinct one once, caching answers across
 /// sets (and across stages, when one checker serves a whole plan).
+/// Removes the cached bytecode of every Python source among `sets` that
+/// changed since it was recorded, and of `code` (the recipe's code files,
+/// relative to the root), before a run's commands start (issue 47).
+///
+/// Python trusts a `__pycache__/NAME.TAG.pyc` whose header matches the
+/// source's size and whole-second mtime. A helper edited to the same size
+/// within the same second (a formatter right after a save, a `git
+/// checkout` of a same-size version) is seen changed here, by its digest,
+/// and its items re-run; without this they would run the old bytecode and
+/// record the new source as their evidence: stale for good. Removing the
+/// cache costs one compile of the module at its next import. Returns the
+/// files removed.
+pub fn forget_stale_bytecode(
+    scope: &Scope,
+    sets: &[Vec<Dep>],
+    code: &[String],
+    checker: &mut Checker<'_>,
+) -> Vec<PathBuf> {
+    let mut sources: BTreeSet<PathBuf> = code
+        .iter()
+        .filter(|c| c.ends_with(".py"))
+        .map(|c| scope.abs(c))
+        .collect();
+    for d in sets.iter().flatten() {
+        let py = d.path.ends_with(".py") && matches!(d.what, DepKind::Read(_) | DepKind::Exec(_));
+        if py && !sources.contains(&scope.abs(&d.path)) && checker.changed(d) {
+            sources.insert(scope.abs(&d.path));
+        }
+    }
+    let prefix = std::env::var_os("PYTHONPYCACHEPREFIX").map(PathBuf::from);
+    let mut removed = Vec::new();
+    for src in &sources {
+        let (Some(dir), Some(stem)) = (src.parent(), src.file_stem().and_then(|s| s.to_str()))
+        else {
+            continue;
+        };
+        // Beside the source, and under PYTHONPYCACHEPREFIX when it is set
+        // (there the source's absolute folder, without its root, is
+        // repeated: `PREFIX/home/u/p/helper.TAG.pyc`).
+        let mut caches = vec![dir.join("__pycache__")];
+        if let Some(p) = &prefix {
+            let abs = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+            if let Ok(rel) = abs.strip_prefix("/") {
+                caches.push(p.join(rel));
+            }
+        }
+        let mark = format!("{stem}.");
+        for cache in caches {
+            let Ok(rd) = std::fs::read_dir(&cache) else {
+                continue;
+            };
+            for e in rd.flatten() {
+                let n = e.file_name().to_string_lossy().into_owned();
+                if n.starts_with(&mark)
+                    && n.ends_with(".pyc")
+                    && n[mark.len()..].matches('.').count() <= 2
+                    && std::fs::remove_file(e.path()).is_ok()
+                {
+                    removed.push(e.path());
+                }
+            }
+        }
+    }
+    removed
+}
+
 pub struct Checker<'a> {
     scope: &'a Scope,
     granularity_ns: i64,

@@ -1363,6 +1363,11 @@ impl Pipeline {
                 .filter_map(|(_, b)| deps::decode(b).ok())
                 .collect();
             digests.seed(&dep_scope, &sets, st.settings.granularity_ns);
+            if !work.is_empty() {
+                // No bytecode cache may stand in for a changed source.
+                let mut checker = deps::Checker::new(&dep_scope, st.settings.granularity_ns, false);
+                deps::forget_stale_bytecode(&dep_scope, &sets, &st.spec.recipe.files, &mut checker);
+            }
         }
         if st.observes() && st.output_place.is_none() {
             self.note_outputs(work.iter().map(|c| c.output.as_str()), &run_written);

@@ -254,6 +254,73 @@ fn a_python_helper_edit_reruns_every_item_and_a_shadowing_module_too() {
     assert!(plan_of(&p, "t").is_empty());
 }
 
+/// Issue 47, item 7: Python's bytecode cache never stands in for a changed
+/// source. A helper edited to the same size, its mtime put back within the
+/// same second (a formatter right after a save, a `git checkout` of a
+/// same-size version): highwater sees the change by its digest and re-runs
+/// the items, and they run the new code, not `__pycache__`'s old bytecode,
+/// which Python would trust (it checks only the size and the whole-second
+/// mtime). The same with PYTHONPYCACHEPREFIX set.
+#[test]
+fn python_bytecode_never_stands_in_for_a_changed_source() {
+    for prefix in [false, true] {
+        let (p, items) = python_project(3);
+        let cache = p.path("pycache-prefix");
+        let cache = cache.to_str().unwrap();
+        let env: Vec<(&str, &str)> = if prefix {
+            vec![("PYTHONPYCACHEPREFIX", cache)]
+        } else {
+            Vec::new()
+        };
+        hw_env(&p, &["run", "--json"], 0, &env);
+        assert_eq!(p.read("out/f0.txt.out"), "ABC!");
+        let pyc_dir = if prefix {
+            let lib = p.path("lib").canonicalize().unwrap();
+            std::path::Path::new(cache).join(lib.strip_prefix("/").unwrap())
+        } else {
+            p.path("lib/__pycache__")
+        };
+        let cached = std::fs::read_dir(&pyc_dir)
+            .map(|rd| rd.flatten().count())
+            .unwrap_or(0);
+        assert!(cached > 0, "Python wrote its bytecode to {pyc_dir:?}");
+        let helper = p.path("lib/helpers.py");
+        let before = std::fs::metadata(&helper).unwrap().modified().unwrap();
+        let old = std::fs::read_to_string(&helper).unwrap();
+        let new = old.replace("s.upper()", "s.lower()");
+        assert_eq!(new.len(), old.len(), "the same size");
+        std::fs::write(&helper, &new).unwrap();
+        // The same whole second as before, another nanosecond.
+        let secs = before
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let nanos = before
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
+        let again = std::time::UNIX_EPOCH + Duration::new(secs, if nanos == 7 { 8 } else { 7 });
+        std::fs::File::options()
+            .write(true)
+            .open(&helper)
+            .unwrap()
+            .set_modified(again)
+            .unwrap();
+        assert_eq!(
+            plan_env(&p, "t", &env),
+            all(items.clone(), "dependency", "lib/helpers.py"),
+            "prefix {prefix}"
+        );
+        hw_env(&p, &["run", "--json"], 0, &env);
+        assert_eq!(
+            p.read("out/f0.txt.out"),
+            "abc!",
+            "the new code ran (prefix {prefix})"
+        );
+        assert!(plan_env(&p, "t", &env).is_empty());
+    }
+}
+
 /// Per-item lookups: each input names the table it reads; editing one
 /// table re-runs exactly its 10 readers of 40.
 #[test]
