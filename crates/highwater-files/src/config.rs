@@ -47,6 +47,7 @@ struct RawStage {
     observe: Option<bool>,
     #[serde(default)]
     observe_ignore: Vec<String>,
+    observe_ignore_defaults: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -218,6 +219,7 @@ pub fn parse(text: &str, path: &Path, root: &Path) -> Result<PipelineSpec, Files
             })?;
         }
         stage.observe_ignore = s.observe_ignore;
+        stage.observe_ignore_defaults = s.observe_ignore_defaults.unwrap_or(true);
         spec.stages.push(stage);
     }
     Ok(spec)

@@ -29,6 +29,30 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+/// Files that are caches of other dependencies, never dependencies
+/// themselves by default (`observe_ignore_defaults`): `ldconfig` rewrites
+/// the loader's cache on every package install, while the libraries it
+/// indexes, which the loader maps, are recorded on their own.
+pub const CACHE_PATHS: &[&str] = &["/etc/ld.so.cache"];
+
+/// Editor and OS droppings, by file name: swap, backup, lock and autosave
+/// files and folder metadata, which no command reads on purpose; never
+/// dependencies and never names in a listing by default
+/// (`observe_ignore_defaults`), so a `.x.swp` beside the sources re-runs
+/// nothing.
+pub const DROPPINGS: &[&str] = &[
+    ".*.sw?",      // vim swap (.x.swp, .x.swo, ...)
+    "*~",          // vim, emacs and nano backups
+    ".#*",         // emacs lock links
+    "#*#",         // emacs autosave
+    "4913",        // vim's probe of a folder's writability
+    ".~lock.*#",   // LibreOffice locks
+    ".DS_Store",   // macOS folder metadata
+    "._*",         // macOS resource forks on foreign filesystems
+    "Thumbs.db",   // Windows thumbnails
+    "desktop.ini", // Windows folder settings
+];
+
 /// One dependency of an item.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Dep {
@@ -120,6 +144,9 @@ pub struct Scope {
     /// Whether files outside the root are recorded with `this_host` (a
     /// fleet's shared state).
     record_host: bool,
+    /// [`CACHE_PATHS`] and [`DROPPINGS`], unless the stage turned the
+    /// defaults off.
+    droppings: Option<globset::GlobSet>,
 }
 
 /// Turns a path into its recorded spelling; cheap to clone into a tracer.
@@ -170,12 +197,28 @@ impl Scope {
             ignore: b.build().unwrap_or_else(|_| globset::GlobSet::empty()),
             this_host: highwater_store::lease::host(),
             record_host: false,
+            droppings: Some(droppings()),
         };
         let state_abs = state_dir
             .canonicalize()
             .unwrap_or_else(|_| state_dir.to_path_buf());
         s.state_rel = s.relative(&state_abs);
         s
+    }
+
+    /// With `on = false`, [`CACHE_PATHS`] and [`DROPPINGS`] count like any
+    /// other path (`observe_ignore_defaults = false`).
+    pub fn with_defaults(mut self, on: bool) -> Scope {
+        if !on {
+            self.droppings = None;
+        }
+        self
+    }
+
+    /// Whether `name` (a file name) is an editor or OS dropping that does
+    /// not count.
+    pub fn is_dropping(&self, name: &str) -> bool {
+        self.droppings.as_ref().is_some_and(|d| d.is_match(name))
     }
 
     /// Records files outside the root as this machine's (a fleet).
@@ -226,6 +269,12 @@ impl Scope {
         // `.git/index`, which git itself rewrites (its stat cache), so the
         // item would re-run after every git command.
         if key == ".git" || key.starts_with(".git/") {
+            return true;
+        }
+        if self.droppings.is_some()
+            && (CACHE_PATHS.contains(&key)
+                || self.is_dropping(key.rsplit('/').next().unwrap_or(key)))
+        {
             return true;
         }
         if key.split('/').any(|c| c.contains(TEMP_MARK)) {
@@ -363,13 +412,22 @@ fn evidence(cache: &DigestCache, key: &str, abs: &Path) -> Option<FileEvidence> 
     }
 }
 
-/// The sorted names of a folder, without temp names.
-fn list_names(abs: &Path) -> Option<Vec<String>> {
+/// The globs of [`DROPPINGS`].
+fn droppings() -> globset::GlobSet {
+    let mut b = globset::GlobSetBuilder::new();
+    for g in DROPPINGS {
+        b.add(globset::Glob::new(g).expect("a fixed glob"));
+    }
+    b.build().expect("fixed globs")
+}
+
+/// The sorted names of a folder, without temp names and droppings.
+fn list_names(abs: &Path, scope: &Scope) -> Option<Vec<String>> {
     let mut names: Vec<String> = std::fs::read_dir(abs)
         .ok()?
         .filter_map(|e| e.ok())
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| !n.contains(TEMP_MARK))
+        .filter(|n| !n.contains(TEMP_MARK) && !scope.is_dropping(n))
         .collect();
     names.sort_unstable();
     Some(names)
@@ -385,8 +443,8 @@ fn hash_names(names: &[String]) -> String {
 }
 
 /// The names of a folder, minus temp names and `excluded`, hashed.
-fn listing_hash(abs: &Path, excluded: &BTreeSet<String>) -> Option<String> {
-    let names: Vec<String> = list_names(abs)?
+fn listing_hash(abs: &Path, excluded: &BTreeSet<String>, scope: &Scope) -> Option<String> {
+    let names: Vec<String> = list_names(abs, scope)?
         .into_iter()
         .filter(|n| !excluded.contains(n))
         .collect();
@@ -483,7 +541,7 @@ pub fn record(
         // One listing, and only then the run's writes: a name in the
         // listing that the run created was registered before it existed
         // (tracers say so at the call), so it is excluded, never counted.
-        let Some(names) = list_names(&abs) else {
+        let Some(names) = list_names(&abs, scope) else {
             continue;
         };
         let (excluded, kept): (Vec<String>, Vec<String>) = run.with(|written| {
@@ -625,7 +683,7 @@ impl<'a> Checker<'a> {
             DepKind::Absent => std::fs::metadata(&abs).is_ok(),
             DepKind::Listed { names, excluded } => {
                 let ex: BTreeSet<String> = excluded.iter().cloned().collect();
-                listing_hash(&abs, &ex).as_ref() != Some(names)
+                listing_hash(&abs, &ex, self.scope).as_ref() != Some(names)
             }
         };
         self.seen.insert(d.clone(), c);
@@ -667,9 +725,23 @@ mod tests {
             (".git/index", true),
             (".git", true),
             (".github/workflows/ci.yml", false),
+            // Issue 47: a cache of other dependencies, and droppings.
+            ("/etc/ld.so.cache", true),
+            ("/etc/ld.so.conf", false),
+            ("lib/.helpers.py.swp", true),
+            ("lib/helpers.py~", true),
+            (".#notes.txt", true),
+            ("#notes.txt#", true),
+            ("sub/.DS_Store", true),
+            ("lib/swp.py", false),
+            ("lib/a~b.py", false),
         ];
         for (k, want) in cases {
             assert_eq!(scope.never(k), want, "{k}");
+        }
+        let plain = Scope::new(t.path(), &t.path().join(".highwater"), &[]).with_defaults(false);
+        for k in ["/etc/ld.so.cache", "lib/.helpers.py.swp", "lib/helpers.py~"] {
+            assert!(!plain.never(k), "{k}: observe_ignore_defaults = false");
         }
         // A scratch folder of highwater's own (a downloaded input), and a
         // folder beside it that only looks alike.

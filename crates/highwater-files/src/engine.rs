@@ -472,7 +472,8 @@ impl Pipeline {
     }
 
     fn scope(&self, st: &Stage) -> Scope {
-        let s = Scope::new(&self.root, &self.state_dir(), &st.spec.observe_ignore);
+        let s = Scope::new(&self.root, &self.state_dir(), &st.spec.observe_ignore)
+            .with_defaults(st.spec.observe_ignore_defaults);
         // On shared state each machine records its own files outside the
         // project as its own (issue 24: no ping-pong between machines).
         if self.is_shared() {

@@ -90,6 +90,10 @@ pub struct StageSpec {
     /// Globs of paths that are never dependencies (absolute, or relative to
     /// the config folder), e.g. `/usr/share/zoneinfo/**`.
     pub observe_ignore: Vec<String>,
+    /// Whether the default noise rules apply (`deps::CACHE_PATHS`,
+    /// `deps::DROPPINGS`): caches of other dependencies and editor and OS
+    /// droppings are never dependencies.
+    pub observe_ignore_defaults: bool,
     /// Where the stage was declared ("highwater.toml", "python:pipeline.py"):
     /// recorded with each run, so that `status` and `serve` can show a stage
     /// that another program declared and ran on the same state (issue 22).
@@ -114,6 +118,7 @@ impl StageSpec {
             recipe: RecipeSpec::default(),
             observe: true,
             observe_ignore: Vec::new(),
+            observe_ignore_defaults: true,
             declared_in: "highwater.toml".to_string(),
         }
     }

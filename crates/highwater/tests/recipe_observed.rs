@@ -321,6 +321,50 @@ fn python_bytecode_never_stands_in_for_a_changed_source() {
     }
 }
 
+/// Issue 47 (noise): editor and OS droppings beside the sources (a vim
+/// swap file, an emacs backup and lock, `.DS_Store`) re-run nothing,
+/// although Python lists the folders they appear in; the loader's cache
+/// `/etc/ld.so.cache` (rewritten by every `ldconfig`) is no dependency,
+/// while the libraries it indexes are. `observe_ignore_defaults = false`
+/// counts them again.
+#[test]
+fn droppings_and_the_loader_cache_rebuild_nothing_by_default() {
+    let (p, items) = python_project(3);
+    assert_eq!(run_counts(&p, &[]), (3, 0));
+    let deps = hw(&p, &["deps", "t", "data/f0.txt", "--json"], 0).stdout;
+    assert!(deps.contains("lib/helpers.py"), "{deps}");
+    assert!(!deps.contains("ld.so.cache"), "{deps}");
+    for n in [
+        ".t.py.swp",
+        "lib/.helpers.py.swp",
+        "lib/helpers.py~",
+        ".#t.py",
+        ".DS_Store",
+    ] {
+        p.write(n, "x");
+    }
+    assert!(plan_of(&p, "t").is_empty(), "droppings re-run nothing");
+    // A new module beside them still counts: Python may import it.
+    p.write("lib/extra.py", "X = 1\n");
+    let plan = plan_of(&p, "t");
+    assert_eq!(plan.keys().cloned().collect::<Vec<_>>(), items);
+
+    // The defaults off: the loader's cache is a dependency again, and so
+    // is a dropping in a listed folder.
+    let (q, _) = python_project(2);
+    let cfg = std::fs::read_to_string(q.path("highwater.toml")).unwrap();
+    q.write(
+        "highwater.toml",
+        &cfg.replace("command =", "observe_ignore_defaults = false\ncommand ="),
+    );
+    assert_eq!(run_counts(&q, &[]), (2, 0));
+    let deps = hw(&q, &["deps", "t", "data/f0.txt", "--json"], 0).stdout;
+    let ld_cache = std::path::Path::new("/etc/ld.so.cache").exists();
+    assert_eq!(deps.contains("ld.so.cache"), ld_cache, "{deps}");
+    q.write("lib/.helpers.py.swp", "x");
+    assert_eq!(plan_of(&q, "t").len(), 2, "counted with the defaults off");
+}
+
 /// Per-item lookups: each input names the table it reads; editing one
 /// table re-runs exactly its 10 readers of 40.
 #[test]
