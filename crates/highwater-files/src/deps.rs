@@ -53,6 +53,9 @@ pub const DROPPINGS: &[&str] = &[
     "desktop.ini", // Windows folder settings
 ];
 
+/// Names of a changed listing a plan shows (`dependency . (+a, -b)`).
+pub const LISTING_NAMES_SHOWN_MAX: usize = 3;
+
 /// One dependency of an item.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Dep {
@@ -82,6 +85,10 @@ pub enum DepKind {
     Listed {
         names: String,
         excluded: Vec<String>,
+        /// The names hashed, so that a plan can say which appeared or went
+        /// (`dependency . (+notes.txt)`). Empty in sets recorded before.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        list: Vec<String>,
     },
 }
 
@@ -559,6 +566,7 @@ pub fn record(
             what: DepKind::Listed {
                 names: hash_names(&kept),
                 excluded,
+                list: kept,
             },
             host: None,
         });
@@ -681,7 +689,9 @@ impl<'a> Checker<'a> {
             // Followed through symlinks, as the tracer looked it up (and as
             // the command's open would): a dangling link stays absent.
             DepKind::Absent => std::fs::metadata(&abs).is_ok(),
-            DepKind::Listed { names, excluded } => {
+            DepKind::Listed {
+                names, excluded, ..
+            } => {
                 let ex: BTreeSet<String> = excluded.iter().cloned().collect();
                 listing_hash(&abs, &ex, self.scope).as_ref() != Some(names)
             }
@@ -690,9 +700,47 @@ impl<'a> Checker<'a> {
         c
     }
 
-    /// The first changed dependency of a set, if any.
+    /// The first changed dependency of a set, if any, as [`Self::describe`]
+    /// says it.
     pub fn first_changed(&mut self, set: &[Dep]) -> Option<String> {
-        set.iter().find(|d| self.changed(d)).map(|d| d.path.clone())
+        set.iter()
+            .find(|d| self.changed(d))
+            .map(|d| self.describe(d))
+    }
+
+    /// A changed dependency in words: its path, and for a listing the
+    /// names that appeared (+) or went (-) since it was recorded, at most
+    /// [`LISTING_NAMES_SHOWN_MAX`] of them.
+    pub fn describe(&self, d: &Dep) -> String {
+        let DepKind::Listed { excluded, list, .. } = &d.what else {
+            return d.path.clone();
+        };
+        if list.is_empty() {
+            return d.path.clone();
+        }
+        let ex: BTreeSet<&String> = excluded.iter().collect();
+        let Some(now) = list_names(&self.scope.abs(&d.path), self.scope) else {
+            return format!("{} (gone)", d.path);
+        };
+        let now: BTreeSet<&String> = now.iter().filter(|n| !ex.contains(n)).collect();
+        let then: BTreeSet<&String> = list.iter().collect();
+        let mut names: Vec<String> = now
+            .difference(&then)
+            .map(|n| format!("+{}", n.escape_debug()))
+            .chain(
+                then.difference(&now)
+                    .map(|n| format!("-{}", n.escape_debug())),
+            )
+            .collect();
+        if names.is_empty() {
+            return d.path.clone();
+        }
+        let more = names.len().saturating_sub(LISTING_NAMES_SHOWN_MAX);
+        names.truncate(LISTING_NAMES_SHOWN_MAX);
+        if more > 0 {
+            names.push(format!("{more} more"));
+        }
+        format!("{} ({})", d.path, names.join(", "))
     }
 }
 
@@ -765,6 +813,7 @@ mod tests {
                 what: DepKind::Listed {
                     names: "x".into(),
                     excluded: vec!["__pycache__".into()],
+                    list: Vec::new(),
                 },
                 host: None,
             },

@@ -348,6 +348,13 @@ fn droppings_and_the_loader_cache_rebuild_nothing_by_default() {
     p.write("lib/extra.py", "X = 1\n");
     let plan = plan_of(&p, "t");
     assert_eq!(plan.keys().cloned().collect::<Vec<_>>(), items);
+    // The plan names the name that appeared.
+    for (reason, dep) in plan.values() {
+        assert_eq!(reason, "dependency");
+        assert_eq!(dep.as_deref(), Some("lib (+extra.py)"), "{plan:?}");
+    }
+    let text = hw(&p, &["plan"], 0).stdout;
+    assert!(text.contains("lib (+extra.py)"), "{text}");
 
     // The defaults off: the loader's cache is a dependency again, and so
     // is a dropping in a listed folder.
@@ -915,7 +922,10 @@ fn a_mkdir_p_of_an_existing_folder_keeps_its_listing_a_dependency() {
     assert_eq!(p.read("out/f0.txt.out"), "a.csv\n");
     assert!(plan_of(&p, "t").is_empty());
     p.write("tables/b.csv", "b\n");
-    assert_eq!(plan_of(&p, "t"), all(items, "dependency", "tables"));
+    assert_eq!(
+        plan_of(&p, "t"),
+        all(items, "dependency", "tables (+b.csv)")
+    );
     assert_eq!(run_counts(&p, &[]), (3, 0));
     assert_eq!(p.read("out/f0.txt.out"), "a.csv\nb.csv\n");
     assert!(plan_of(&p, "t").is_empty());
@@ -1120,6 +1130,27 @@ const SLOTS: usize = 8;
 /// What each item's output is from the tables as they are: each table it
 /// names, or `no tN;` for one that does not exist, then, for a lister, the
 /// folder's names.
+/// Whether `dep` is the listing of `tables` naming exactly the slots that
+/// appeared (+) or went (-) between `before` and `after` (issue 47: the
+/// plan says which names), or as many of them as a plan shows.
+fn listing_names(dep: &str, before: &[Option<String>], after: &[Option<String>]) -> bool {
+    let mut names: Vec<String> = (0..before.len())
+        .filter(|&s| before[s].is_none() && after[s].is_some())
+        .map(|s| format!("+t{s}"))
+        .chain(
+            (0..before.len())
+                .filter(|&s| before[s].is_some() && after[s].is_none())
+                .map(|s| format!("-t{s}")),
+        )
+        .collect();
+    let more = names.len().saturating_sub(3);
+    names.truncate(3);
+    if more > 0 {
+        names.push(format!("{more} more"));
+    }
+    dep == format!("tables ({})", names.join(", "))
+}
+
 fn rebuilt(readers: &[(Vec<usize>, bool)], slots: &[Option<String>]) -> BTreeMap<String, Vec<u8>> {
     let mut names: Vec<String> = vec![".".into(), "..".into()];
     names.extend(
@@ -1231,7 +1262,8 @@ proptest! {
             prop_assert_eq!(reason.as_str(), "dependency");
             let dep = dep.clone().unwrap();
             prop_assert!(
-                changed.iter().any(|s| dep == format!("tables/t{s}")) || (names_changed && dep == "tables"),
+                changed.iter().any(|s| dep == format!("tables/t{s}"))
+                    || (names_changed && listing_names(&dep, &before, &slots)),
                 "{}", dep
             );
         }
