@@ -42,7 +42,14 @@
 //!
 //! Refused, not let through unobserved: 32-bit (ia32, `int 0x80`) and x32
 //! system calls, and `io_uring_setup` (a ring opens and reads files with no
-//! system call the filter sees). Each stops the tracee with its own
+//! system call the filter sees); and the calls after which a path the
+//! tracee names would mean another file than the one highwater resolves
+//! in its own root and mount namespace (issue 47): `chroot`, `pivot_root`,
+//! `setns`, `unshare` or `clone` into a new mount namespace
+//! (`CLONE_NEWNS`), and `open_by_handle_at`, which opens a file by a
+//! handle with no path at all. (`clone3` passes its flags in memory the
+//! filter cannot read: a tree that enters a new mount namespace that way is
+//! not caught.) Each stops the tracee with its own
 //! `SECCOMP_RET_TRACE` data; the tracer kills the whole tree and the
 //! command fails with [`ObserveError::Refused`], naming the call.
 //!
@@ -431,12 +438,35 @@ mod linux {
     const REFUSE_IA32: u32 = 1;
     const REFUSE_X32: u32 = 2;
     const REFUSE_IO_URING: u32 = 3;
+    const REFUSE_CHROOT: u32 = 4;
+    const REFUSE_PIVOT_ROOT: u32 = 5;
+    const REFUSE_SETNS: u32 = 6;
+    const REFUSE_HANDLE: u32 = 7;
+    const REFUSE_NEW_MOUNT_NS: u32 = 8;
+
+    /// The calls refused whatever their arguments, with their data.
+    pub(super) const REFUSED: &[(libc::c_long, u32)] = &[
+        (libc::SYS_io_uring_setup, REFUSE_IO_URING),
+        (libc::SYS_chroot, REFUSE_CHROOT),
+        (libc::SYS_pivot_root, REFUSE_PIVOT_ROOT),
+        (libc::SYS_setns, REFUSE_SETNS),
+        (libc::SYS_open_by_handle_at, REFUSE_HANDLE),
+    ];
+
+    /// The calls refused when their first argument (flags) asks for a new
+    /// mount namespace.
+    pub(super) const REFUSED_WITH_NEWNS: &[libc::c_long] = &[libc::SYS_unshare, libc::SYS_clone];
 
     /// What a refused call was, for the error.
     fn refused_what(data: u32) -> &'static str {
         match data {
             REFUSE_IA32 => "a 32-bit (ia32) system call",
             REFUSE_X32 => "an x32 system call",
+            REFUSE_CHROOT => "a chroot call (its paths would name files under another root than the one highwater resolves them in)",
+            REFUSE_PIVOT_ROOT => "a pivot_root call (its paths would name files under another root than the one highwater resolves them in)",
+            REFUSE_SETNS => "a setns call (in another namespace its paths would name other files than the ones highwater resolves)",
+            REFUSE_HANDLE => "an open_by_handle_at call (it opens a file by handle, with no path to record)",
+            REFUSE_NEW_MOUNT_NS => "an unshare or clone into a new mount namespace (its mounts would make its paths name other files than the ones highwater resolves)",
             _ => "an io_uring_setup call (a ring opens and reads files unseen)",
         }
     }
@@ -469,7 +499,10 @@ mod linux {
             Next,
             Skip(u8),
             Trace,
-            IoUring,
+            /// Refused, with this index into `REFUSED`.
+            Refuse(usize),
+            /// Refused when its flags ask for a new mount namespace.
+            NewNs,
             Fstatat,
             Statx,
         }
@@ -500,7 +533,13 @@ mod linux {
                 };
                 (n as u32, to)
             })
-            .chain([(libc::SYS_io_uring_setup as u32, To::IoUring)])
+            .chain(
+                REFUSED
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &(n, _))| (n as u32, To::Refuse(i))),
+            )
+            .chain(REFUSED_WITH_NEWNS.iter().map(|&n| (n as u32, To::NewNs)))
             .collect();
         calls.sort_unstable_by_key(|c| c.0);
         // A range of the sorted calls: split at the middle with JGE until
@@ -539,8 +578,15 @@ mod linux {
         tree(&mut f, &calls);
         let trace_at = f.len();
         f.push(ret(trace));
-        let io_uring_at = f.len();
-        f.push(ret(trace | REFUSE_IO_URING));
+        let refuse_at = f.len();
+        for &(_, data) in REFUSED {
+            f.push(ret(trace | data));
+        }
+        let new_ns_at = f.len();
+        f.push(ins(LD, arg(0), To::Next, To::Next));
+        f.push(ins(JSET, libc::CLONE_NEWNS as u32, To::Next, To::Skip(1)));
+        f.push(ret(trace | REFUSE_NEW_MOUNT_NS));
+        f.push(ret(libc::SECCOMP_RET_ALLOW));
         let mut blocks = [0; 2];
         for (b, flags_arg) in blocks.iter_mut().zip([3, 2]) {
             *b = f.len();
@@ -554,7 +600,8 @@ mod linux {
                 To::Next => return 0,
                 To::Skip(n) => return n,
                 To::Trace => trace_at,
-                To::IoUring => io_uring_at,
+                To::Refuse(i) => refuse_at + i,
+                To::NewNs => new_ns_at,
                 To::Fstatat => blocks[0],
                 To::Statx => blocks[1],
             };
@@ -1362,8 +1409,15 @@ mod tests {
                 let flags = if empty { libc::AT_EMPTY_PATH as u64 } else { 0 };
                 let fstat_like =
                     empty && (nr == libc::SYS_newfstatat as u32 || nr == libc::SYS_statx as u32);
-                let want = if nr == libc::SYS_io_uring_setup as u32 {
-                    trace | 3
+                let refused = linux::REFUSED
+                    .iter()
+                    .find(|(n, _)| *n as u32 == nr)
+                    .map(|(_, d)| *d);
+                let want = if let Some(d) = refused {
+                    trace | d
+                } else if linux::REFUSED_WITH_NEWNS.contains(&(nr as libc::c_long)) {
+                    // Without CLONE_NEWNS in its flags (args[0] = 0 here).
+                    libc::SECCOMP_RET_ALLOW
                 } else if linux::TRACED.contains(&(nr as libc::c_long)) && !fstat_like {
                     trace
                 } else {
@@ -1379,6 +1433,24 @@ mod tests {
             }
         }
         assert!(longest <= 16, "the longest path is {longest} instructions");
+        // Issue 47: unshare and clone into a new mount namespace are
+        // refused; with other flags they run unstopped.
+        for &nr in linux::REFUSED_WITH_NEWNS {
+            let newns = [
+                libc::CLONE_NEWNS as u64 | libc::CLONE_NEWUSER as u64,
+                0,
+                0,
+                0,
+                0,
+                0,
+            ];
+            assert_eq!(run_filter(&f, x86_64, nr as u32, newns).0, trace | 8);
+            let thread = [libc::CLONE_VM as u64 | libc::CLONE_FS as u64, 0, 0, 0, 0, 0];
+            assert_eq!(
+                run_filter(&f, x86_64, nr as u32, thread).0,
+                libc::SECCOMP_RET_ALLOW
+            );
+        }
     }
 
     #[test]

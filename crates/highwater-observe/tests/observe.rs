@@ -301,7 +301,7 @@ fn a_read_write_open_is_a_read_unless_the_file_changed() {
 /// A Python script that makes one kind of system call the filter cannot
 /// follow (or none), then writes `after`.
 const UNFOLLOWABLE: &str = r#"
-import ctypes, mmap, sys
+import ctypes, mmap, os, sys
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 what = sys.argv[1]
@@ -310,6 +310,18 @@ if what == "io_uring":
     libc.syscall(425, 1, params)
 elif what == "x32":
     libc.syscall(0x40000000 | 39)
+elif what == "chroot":
+    libc.syscall(161, b"/")
+elif what == "pivot_root":
+    libc.syscall(155, b"/", b"/")
+elif what == "setns":
+    libc.syscall(308, os.open("/proc/self/ns/mnt", os.O_RDONLY), 0)
+elif what == "open_by_handle_at":
+    libc.syscall(304, 0, 0, 0)
+elif what == "unshare":
+    libc.syscall(272, 0x00020000)  # CLONE_NEWNS
+elif what == "unshare-fs":
+    libc.syscall(272, 0x00000200)  # CLONE_FS: no new namespace, runs on
 elif what == "ia32":
     # mov eax, 20 (getpid); int 0x80; ret
     m = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
@@ -333,6 +345,14 @@ fn unfollowable_calls_kill_the_command_and_name_the_call() {
         ("io_uring", Some("io_uring_setup")),
         ("x32", Some("an x32 system call")),
         ("ia32", Some("a 32-bit (ia32) system call")),
+        // Issue 47: paths after these would name other files than the
+        // ones highwater resolves in its own root and mount namespace.
+        ("chroot", Some("a chroot call")),
+        ("pivot_root", Some("a pivot_root call")),
+        ("setns", Some("a setns call")),
+        ("open_by_handle_at", Some("an open_by_handle_at call")),
+        ("unshare", Some("a new mount namespace")),
+        ("unshare-fs", None),
     ];
     for (what, refused) in cases {
         let _ = std::fs::remove_file(d.join("after"));
