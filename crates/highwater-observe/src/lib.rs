@@ -443,6 +443,8 @@ mod linux {
     const REFUSE_SETNS: u32 = 6;
     const REFUSE_HANDLE: u32 = 7;
     const REFUSE_NEW_MOUNT_NS: u32 = 8;
+    /// Not a filter's data: the tracer could not read what a call names.
+    const REFUSE_UNREADABLE: u32 = 9;
 
     /// The calls refused whatever their arguments, with their data.
     pub(super) const REFUSED: &[(libc::c_long, u32)] = &[
@@ -467,6 +469,7 @@ mod linux {
             REFUSE_SETNS => "a setns call (in another namespace its paths would name other files than the ones highwater resolves)",
             REFUSE_HANDLE => "an open_by_handle_at call (it opens a file by handle, with no path to record)",
             REFUSE_NEW_MOUNT_NS => "an unshare or clone into a new mount namespace (its mounts would make its paths name other files than the ones highwater resolves)",
+            REFUSE_UNREADABLE => "a file call whose path highwater was not allowed to read (the process made itself non-dumpable, as ssh does, or runs an execute-only program; run highwater as root, or give the program read permission)",
             _ => "an io_uring_setup call (a ring opens and reads files unseen)",
         }
     }
@@ -915,6 +918,7 @@ mod linux {
             // reserved capacity; the kernel checks the remote range.
             let n = unsafe { libc::process_vm_readv(tid, &local, 1, &remote, 1, 0) };
             if n <= 0 {
+                note_denied();
                 return None;
             }
             let start = out.len();
@@ -941,11 +945,41 @@ mod linux {
         };
         // SAFETY: as in read_cstr.
         let n = unsafe { libc::process_vm_readv(tid, &local, 1, &remote, 1, 0) };
+        if n != 8 {
+            note_denied();
+        }
         (n == 8).then_some(v)
     }
 
     fn proc_link(tid: i32, what: &str) -> Option<PathBuf> {
-        std::fs::read_link(format!("/proc/{tid}/{what}")).ok()
+        match std::fs::read_link(format!("/proc/{tid}/{what}")) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                if matches!(e.raw_os_error(), Some(libc::EPERM | libc::EACCES)) {
+                    DENIED.with(|d| d.set(true));
+                }
+                None
+            }
+        }
+    }
+
+    thread_local! {
+        /// Set when the tracer was refused a look at the tracee (its
+        /// memory, its `/proc/TID/fd`): the tracee made itself
+        /// non-dumpable (`prctl(PR_SET_DUMPABLE, 0)`, as ssh does) or runs
+        /// an execute-only program, and highwater is not root. The call it
+        /// stopped at is then not let through unrecorded: the tree is
+        /// killed (issue 47). A bad address (EFAULT) is no denial: the
+        /// kernel fails that call too, and it reads nothing.
+        static DENIED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    /// Notes a failed `process_vm_readv` that was a denial.
+    fn note_denied() {
+        let e = std::io::Error::last_os_error().raw_os_error();
+        if matches!(e, Some(libc::EPERM | libc::EACCES)) {
+            DENIED.with(|d| d.set(true));
+        }
     }
 
     /// The path a `(dirfd, pathname)` pair names in the tracee.
@@ -1281,10 +1315,21 @@ mod linux {
                         }
                         // None: the tracee is gone (killed); its exit
                         // reports next.
+                        DENIED.with(|d| d.set(false));
                         let nr = call.map(|(nr, a, _)| {
                             on_call(tid, (nr, a), t, &mut obs, &mut seen, &mut fresh);
                             nr
                         });
+                        if DENIED.with(|d| d.replace(false)) {
+                            // What the call names could not be read: it
+                            // is not let through unrecorded.
+                            refused = Some(REFUSE_UNREADABLE);
+                            for &other in tracees.keys() {
+                                // SAFETY: signals only our own tracees.
+                                unsafe { libc::kill(other, libc::SIGKILL) };
+                            }
+                            continue;
+                        }
                         let req = if fresh.is_empty() {
                             libc::PTRACE_CONT
                         } else {
