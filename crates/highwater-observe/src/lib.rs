@@ -991,14 +991,49 @@ mod linux {
             return proc_link(tid, &format!("fd/{dirfd}"));
         }
         if rel.is_absolute() {
-            return Some(clean_join(Path::new("/"), &rel));
+            return Some(in_tracee_view(tid, clean_join(Path::new("/"), &rel)));
         }
         let base = if dirfd as i32 == libc::AT_FDCWD {
             proc_link(tid, "cwd")?
         } else {
             proc_link(tid, &format!("fd/{}", dirfd as i32))?
         };
-        Some(clean_join(&base, &rel))
+        Some(in_tracee_view(tid, clean_join(&base, &rel)))
+    }
+
+    /// A path under /proc, /dev or /sys as the tracee's open would resolve
+    /// it (issue 47): `/proc/self` is the tracee, not highwater, and its
+    /// magic links (`/proc/self/cwd/lib.txt`, `/proc/self/root/...`,
+    /// `/proc/self/fd/3`) and a `..` above those folders
+    /// (`/dev/../home/u/p/lib.txt`) lead to ordinary files, which count as
+    /// any other. Resolved while the tracee is stopped, so its /proc entry
+    /// exists; what lies below the deepest existing folder is kept as
+    /// named. Other paths are left as the tracee wrote them (lexically
+    /// cleaned): resolving each would cost a walk per lookup.
+    fn in_tracee_view(tid: i32, p: PathBuf) -> PathBuf {
+        if !["/proc", "/dev", "/sys"].iter().any(|r| p.starts_with(r)) {
+            return p;
+        }
+        let me = PathBuf::from(format!("/proc/{tid}"));
+        let p = if let Ok(rest) = p.strip_prefix("/proc/self") {
+            me.join(rest)
+        } else if let Ok(rest) = p.strip_prefix("/proc/thread-self") {
+            me.join(format!("task/{tid}")).join(rest)
+        } else {
+            p
+        };
+        canonical_existing(&p)
+    }
+
+    /// `p` with its deepest existing ancestor (or itself) canonicalized.
+    fn canonical_existing(p: &Path) -> PathBuf {
+        if let Ok(c) = std::fs::canonicalize(p) {
+            return c;
+        }
+        match (p.parent(), p.file_name()) {
+            (Some(parent), Some(name)) if parent != p => canonical_existing(parent).join(name),
+            _ => p.to_path_buf(),
+        }
     }
 
     /// How a lookup of `path` ends, seen by the tracer while the tracee is

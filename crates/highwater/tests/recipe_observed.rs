@@ -459,6 +459,44 @@ fn a_read_the_tracer_may_not_see_fails_the_item() {
     }
 }
 
+/// Issue 47, item 2: paths through magic links and `..` above /proc and
+/// /dev name ordinary project files, and count as such: `cat
+/// /proc/self/cwd/lib.txt` (the command's folder, not highwater's) and
+/// `/dev/../PROJECT/other.txt` were dropped as /proc and /dev paths, so
+/// editing either re-ran nothing.
+#[test]
+fn paths_through_proc_and_dev_count_as_the_files_they_reach() {
+    let p = Project::new(&config(r#"["sh", "r.sh", "{input}", "{output}"]"#, ""));
+    p.write(
+        "r.sh",
+        "set -eu\ncat /proc/self/cwd/lib.txt \"/dev/..$(pwd)/other.txt\" /proc/thread-self/cwd/third.txt > \"$2\"\n",
+    );
+    p.write("lib.txt", "lib\n");
+    p.write("other.txt", "other\n");
+    p.write("third.txt", "third\n");
+    let items: Vec<String> = (0..2).map(|i| format!("data/f{i}.txt")).collect();
+    for i in &items {
+        p.write(i, "x\n");
+    }
+    assert_eq!(run_counts(&p, &[]), (2, 0));
+    assert_eq!(p.read("out/f0.txt.out"), "lib\nother\nthird\n");
+    assert!(plan_of(&p, "t").is_empty());
+    for (file, text) in [
+        ("lib.txt", "LIB\n"),
+        ("other.txt", "OTHER\n"),
+        ("third.txt", "THIRD\n"),
+    ] {
+        p.write(file, text);
+        assert_eq!(
+            plan_of(&p, "t"),
+            all(items.clone(), "dependency", file),
+            "{file}"
+        );
+        assert_eq!(run_counts(&p, &[]), (2, 0));
+    }
+    assert_eq!(p.read("out/f1.txt.out"), "LIB\nOTHER\nTHIRD\n");
+}
+
 /// Per-item lookups: each input names the table it reads; editing one
 /// table re-runs exactly its 10 readers of 40.
 #[test]
