@@ -561,10 +561,33 @@ pub fn record(
                 written.contains(&child) || scope.never(&child)
             })
         });
+        // The names the command saw, when the tracer read them at its
+        // listing, filtered alike: a name that came or went meanwhile (by
+        // anyone but the run) makes the listing racy (issue 47).
+        let changed_meanwhile = obs.listed_names.get(p).is_some_and(|then| {
+            let then: Vec<&String> = run.with(|written| {
+                then.iter()
+                    .filter(|n| !n.contains(TEMP_MARK) && !scope.is_dropping(n))
+                    .filter(|n| {
+                        let child = if key == "." {
+                            (*n).clone()
+                        } else {
+                            format!("{key}/{n}")
+                        };
+                        !written.contains(&child) && !scope.never(&child)
+                    })
+                    .collect()
+            });
+            then.len() != kept.len() || then.iter().zip(&kept).any(|(a, b)| *a != b)
+        });
         out.push(Dep {
             path: key,
             what: DepKind::Listed {
-                names: hash_names(&kept),
+                names: if changed_meanwhile {
+                    RACY.to_string()
+                } else {
+                    hash_names(&kept)
+                },
                 excluded,
                 list: kept,
             },

@@ -125,6 +125,11 @@ pub struct Observation {
     /// How many times the tree stopped for the tracer (seccomp stops): a
     /// measure of the observation's cost, not evidence.
     pub stops: u64,
+    /// The names of each listed folder as the tracer read them when the
+    /// command first listed it (issue 47): a folder that gains or loses a
+    /// name while the command runs on is racy, like a file changed during
+    /// the run, since the listing after the command is not what it saw.
+    pub listed_names: BTreeMap<PathBuf, Vec<String>>,
 }
 
 impl Observation {
@@ -1025,6 +1030,17 @@ mod linux {
         canonical_existing(&p)
     }
 
+    /// The sorted names in folder `dir`, now.
+    fn names_of(dir: &Path) -> Option<Vec<String>> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .ok()?
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort_unstable();
+        Some(names)
+    }
+
     /// `p` with its deepest existing ancestor (or itself) canonicalized.
     fn canonical_existing(p: &Path) -> PathBuf {
         if let Ok(c) = std::fs::canonicalize(p) {
@@ -1171,8 +1187,14 @@ mod linux {
             | libc::SYS_faccessat2
             | libc::SYS_readlinkat => probed(seen, resolve(tid, a[0] as i64, a[1])),
             libc::SYS_getdents | libc::SYS_getdents64 => {
-                obs.listed
-                    .extend(proc_link(tid, &format!("fd/{}", a[0] as i32)));
+                if let Some(dir) = proc_link(tid, &format!("fd/{}", a[0] as i32)) {
+                    if !obs.listed_names.contains_key(&dir) {
+                        if let Some(names) = names_of(&dir) {
+                            obs.listed_names.insert(dir.clone(), names);
+                        }
+                    }
+                    obs.listed.insert(dir);
+                }
             }
             // Changes to the tree: told at the call's exit, if it succeeded.
             libc::SYS_unlink | libc::SYS_rmdir | libc::SYS_mkdir | libc::SYS_truncate => {

@@ -1111,6 +1111,73 @@ fn while_waiting(path: std::path::PathBuf, act: impl FnOnce()) {
     f.write_all(b"go\n").unwrap();
 }
 
+/// Issue 47, item 6: a folder the command listed that gains a name while
+/// the command runs on is racy, like a file changed meanwhile: the listing
+/// taken after the command is not what it saw, so the next plan re-runs
+/// the item, and the output then holds the new name.
+#[test]
+fn a_listed_folder_that_changes_during_the_run_reruns_its_item() {
+    let p = Project::new(&config(r#"["sh", "ls.sh", "{input}", "{output}"]"#, ""));
+    let sync = tempfile::tempdir().unwrap();
+    p.write(
+        "ls.sh",
+        "set -eu\nls plugins > \"$2\"\nread _ < \"$SYNC/go\"\n",
+    );
+    p.write("plugins/a.sh", "a\n");
+    p.write("data/f0.txt", "x\n");
+    assert!(Command::new("mkfifo")
+        .arg(sync.path().join("go"))
+        .status()
+        .unwrap()
+        .success());
+    let child = p
+        .cmd(&["run"])
+        .env("SYNC", sync.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    while_waiting(sync.path().join("go"), || p.write("plugins/b.sh", "b\n"));
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        p.read("out/f0.txt.out"),
+        "a.sh\n",
+        "listed before b.sh came"
+    );
+    let plan = plan_of(&p, "t");
+    assert_eq!(
+        plan.keys().cloned().collect::<Vec<_>>(),
+        vec!["data/f0.txt"]
+    );
+    assert_eq!(plan["data/f0.txt"].0, "dependency");
+    assert!(
+        plan["data/f0.txt"]
+            .1
+            .as_deref()
+            .unwrap()
+            .starts_with("plugins"),
+        "{plan:?}"
+    );
+    // The re-run (the fifo answered at once this time) sees b.sh.
+    let feeder = {
+        let fifo = sync.path().join("go");
+        std::thread::spawn(move || {
+            let _ = std::fs::write(fifo, "go\n");
+        })
+    };
+    let sync_dir = sync.path().to_str().unwrap().to_string();
+    let r = hw_env(&p, &["run", "--json"], 0, &[("SYNC", sync_dir.as_str())]).json();
+    assert_eq!(stage(&r, "t")["processed"], 1, "{r}");
+    feeder.join().unwrap();
+    assert_eq!(p.read("out/f0.txt.out"), "a.sh\nb.sh\n");
+    assert!(plan_of(&p, "t").is_empty());
+}
+
 /// Issue 24: evidence is taken after the command exits, so git's racy rule
 /// keeps it honest. A table edited while the command ran, one read and
 /// then deleted, and one looked up absent that appeared meanwhile: each
