@@ -194,10 +194,16 @@ enum Command {
         #[arg(long)]
         public: bool,
         /// The address clients reach this server at (https://host/prefix):
-        /// TileJSON and styles then carry absolute URLs under it. Without
-        /// it they are root-relative; never the request's Host.
+        /// the absolute URLs in TileJSON and styles start with it. Without
+        /// it they start with the address listened on; never the
+        /// request's Host.
         #[arg(long)]
         public_url: Option<String>,
+        /// An origin (https://host[:port]) whose pages may read the answers
+        /// (CORS); repeat for more. Without it, every origin may
+        /// (`Access-Control-Allow-Origin: *`).
+        #[arg(long = "cors-origin", value_name = "ORIGIN")]
+        cors_origins: Vec<String>,
         /// Seconds a request's head may take, from its first byte.
         #[arg(long, default_value_t = 10)]
         header_read_timeout_s: u64,
@@ -2053,6 +2059,7 @@ fn run(cli: Cli) -> Result<i32> {
             listen,
             public,
             public_url,
+            cors_origins,
             header_read_timeout_s,
             idle_timeout_s,
             connections_max,
@@ -2074,6 +2081,7 @@ fn run(cli: Cli) -> Result<i32> {
             let opts = highwater_serve::Options {
                 public: *public,
                 public_url: public_url.clone(),
+                cors_origins: cors_origins.clone(),
                 header_read_timeout_s: *header_read_timeout_s,
                 idle_timeout_s: *idle_timeout_s,
                 connections_max: *connections_max,

@@ -362,14 +362,19 @@ fn serve_tiles_refuse_impossible_coordinates_forged_hosts_and_honour_etag_lists(
         assert_eq!(r.code, 200, "{path}: {}", r.body);
         assert!(!r.body.contains("evil.example"), "{path}: {}", r.body);
     }
+    // Without --public-url, absolute URLs from the address listened on
+    // (issue 50).
     let tj: serde_json::Value =
         serde_json::from_str(&get(&s.addr, "/tiles/base.json", evil, &[]).body).unwrap();
-    assert_eq!(tj["tiles"][0], "/tiles/base/{z}/{x}/{y}.pbf");
+    assert_eq!(
+        tj["tiles"][0],
+        format!("http://{}/tiles/base/{{z}}/{{x}}/{{y}}.pbf", s.addr)
+    );
     let style: serde_json::Value =
         serde_json::from_str(&get(&s.addr, "/tiles/base/style.json", evil, &[]).body).unwrap();
     assert_eq!(
         style["sources"]["versatiles-shortbread"]["url"],
-        "/tiles/base.json"
+        format!("http://{}/tiles/base.json", s.addr)
     );
 
     // If-None-Match, in; status, out.
