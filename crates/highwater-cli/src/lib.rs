@@ -1022,6 +1022,18 @@ impl highwater_serve::Project for ServedProject {
             Vec::new()
         };
         let osm = self.osm(&mut errors);
+        // Issue 50: a dataset whose last drain failed is an error of the
+        // whole status until a drain succeeds, not a detail of its row.
+        for d in osm["datasets"].as_array().into_iter().flatten() {
+            if let Some(f) = d["last_failed_drain"].as_object() {
+                errors.push(format!(
+                    "osm dataset {}: the last drain failed at {}: {}",
+                    d["name"].as_str().unwrap_or("?"),
+                    f.get("at").and_then(|v| v.as_str()).unwrap_or("?"),
+                    f.get("error").and_then(|v| v.as_str()).unwrap_or("?")
+                ));
+            }
+        }
         serde_json::json!({
             "version": env!("CARGO_PKG_VERSION"),
             "generated_at": highwater_core::window::format_rfc3339(highwater_store::lease::now_ns() / 1000),
@@ -1286,9 +1298,12 @@ fn osm(
     // dataset that drains on apply current, each on its own.
     // Diffs fetched over HTTP (`fetched`) are logged with their URL and
     // sha256 in the transaction that applies them.
+    // `declare`: the sequence the store stands at after these diffs
+    // (`osm apply --sequence`), set in the same transaction.
     let apply_then_drain = |st: &mut Store,
                             d: &[ops::Diff],
                             dry_run: bool,
+                            declare: Option<i64>,
                             fetched: &[highwater_osm::fetch::Fetched],
                             expire_output: &Option<PathBuf>,
                             geojson: &Option<PathBuf>,
@@ -1315,7 +1330,10 @@ fn osm(
             }
             Ok(())
         };
-        let r = ops::apply_with(st, &cfg, d, dry_run, &mut publish)?;
+        let r = match declare {
+            Some(n) => ops::apply_declaring(st, &cfg, d, n, &mut publish)?,
+            None => ops::apply_with(st, &cfg, d, dry_run, &mut publish)?,
+        };
         for w in &r.warnings {
             eprintln!("warning: {w}");
         }
@@ -1392,15 +1410,23 @@ fn osm(
                     "--sequence is for diffs without state files; these carry their own sequence"
                 );
                 anyhow::ensure!(!*dry_run, "--sequence with --dry-run would declare nothing");
-                let code =
-                    apply_then_drain(&mut st, &d, false, &[], expire_output, geojson, *json, out)?;
-                ops::declare_sequence(&mut st, *s)?;
-                return Ok(code);
+                return apply_then_drain(
+                    &mut st,
+                    &d,
+                    false,
+                    Some(*s),
+                    &[],
+                    expire_output,
+                    geojson,
+                    *json,
+                    out,
+                );
             }
             apply_then_drain(
                 &mut st,
                 &d,
                 *dry_run,
+                None,
                 &[],
                 expire_output,
                 geojson,
@@ -1432,6 +1458,7 @@ fn osm(
                     &mut st,
                     &d,
                     false,
+                    None,
                     &[],
                     expire_output,
                     geojson,
@@ -1494,6 +1521,7 @@ fn osm(
                     &mut st,
                     &d,
                     false,
+                    None,
                     &fetched,
                     expire_output,
                     geojson,
@@ -1580,6 +1608,15 @@ fn osm(
                             .as_str()
                             .map_or(String::new(), |r| format!("; rebuild recommended: {r}"))
                     )?;
+                    // Issue 50: a failing drain is said until one succeeds.
+                    if let Some(f) = d["last_failed_drain"].as_object() {
+                        writeln!(
+                            out,
+                            "    DRAIN FAILED at {}: {} (said until a drain or rebuild succeeds)",
+                            f.get("at").and_then(|v| v.as_str()).unwrap_or("?"),
+                            f.get("error").and_then(|v| v.as_str()).unwrap_or("?")
+                        )?;
+                    }
                     // Issue 23: the hold, the measured crossover, serve's
                     // requests.
                     if d["held"].is_object() {
@@ -1916,16 +1953,7 @@ fn drain_one(
     if let (Some(h), false) = (&held, force) {
         return Ok(Drained::Refused(h.clone()));
     }
-    let r = if std::env::var("HIGHWATER_FAILPOINT")
-        .is_ok_and(|v| v == format!("fail-drain:{}", d.name()))
-    {
-        Err(format!(
-            "dataset {}: failed on purpose (HIGHWATER_FAILPOINT)",
-            d.name()
-        ))
-    } else {
-        highwater_osm::dataset::drain_recorded(d, st, limits)
-    };
+    let r = highwater_osm::dataset::drain_recorded(d, st, limits);
     Ok(match r {
         Ok(outcome) => {
             if held.is_some() {

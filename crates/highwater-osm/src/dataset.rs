@@ -588,7 +588,51 @@ pub fn record_run(
     }
     c.sequence = seq;
     let text = serde_json::to_string(&c).expect("plain data");
-    store.write(|w| w.set_meta(&costs_key(name), &text))
+    let failed = store.meta(&failed_key(name))?.is_some();
+    store.write(|w| {
+        w.set_meta(&costs_key(name), &text)?;
+        // A drain or rebuild that succeeded ends the failure status shows.
+        if failed {
+            w.del_meta(&failed_key(name))?;
+        }
+        Ok(())
+    })
+}
+
+fn failed_key(name: &str) -> String {
+    format!("drain_failed:{name}")
+}
+
+/// The last drain of a dataset that failed, kept until a drain or rebuild
+/// succeeds (issue 50: status showed only "N dirty" and the previous
+/// drain's time, green, while every drain failed).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct FailedDrain {
+    /// RFC 3339, UTC.
+    pub at: String,
+    pub error: String,
+}
+
+/// Records a failed drain; a store that cannot take it is said on stderr
+/// by the caller, the drain's own error being the one to report.
+pub fn record_failed_drain(store: &mut Store, name: &str, error: &str) -> Result<(), StoreError> {
+    let f = FailedDrain {
+        at: highwater_core::window::format_rfc3339(highwater_store::lease::now_ns() / 1000),
+        error: error.chars().take(FAILED_DRAIN_ERROR_CHARS_MAX).collect(),
+    };
+    let text = serde_json::to_string(&f).expect("plain data");
+    store.write(|w| w.set_meta(&failed_key(name), &text))
+}
+
+/// An error kept for status is cut to this many characters.
+pub const FAILED_DRAIN_ERROR_CHARS_MAX: usize = 2000;
+
+/// The failed drain [`record_failed_drain`] kept, if no drain has
+/// succeeded since.
+pub fn failed_drain(store: &Store, name: &str) -> Result<Option<FailedDrain>, StoreError> {
+    Ok(store
+        .meta(&failed_key(name))?
+        .and_then(|t| serde_json::from_str(&t).ok()))
 }
 
 /// The crossover as status shows it, for a backlog of `backlog` units.
@@ -661,7 +705,28 @@ pub fn drain_recorded(
     limits: DrainLimits,
 ) -> Result<Outcome, DatasetError> {
     let before = dirty_units(store, d).map_err(|e| error_text(&e))?;
-    let o = d.drain(store, limits)?;
+    let drained = if std::env::var("HIGHWATER_FAILPOINT")
+        .is_ok_and(|v| v == format!("fail-drain:{}", d.name()))
+    {
+        Err(format!(
+            "dataset {}: failed on purpose (HIGHWATER_FAILPOINT)",
+            d.name()
+        ))
+    } else {
+        d.drain(store, limits)
+    };
+    let o = match drained {
+        Ok(o) => o,
+        Err(e) => {
+            if let Err(r) = record_failed_drain(store, d.name(), &e) {
+                return Err(format!(
+                    "{e} (and the failure could not be recorded for status: {})",
+                    error_text(&r)
+                ));
+            }
+            return Err(e);
+        }
+    };
     let after = dirty_units(store, d).map_err(|e| error_text(&e))?;
     let rebuilt = !o.json["rebuilt"].is_null() && o.json["rebuilt"] != false;
     let units = if rebuilt {
@@ -743,6 +808,7 @@ pub fn keyed_status(
         "recorded_recipe": built,
         "rebuild": rebuild,
         "last_drain": store.meta(&format!("drained_at:{name}"))?,
+        "last_failed_drain": failed_drain(store, name)?,
     }))
 }
 

@@ -278,6 +278,23 @@ pub fn render(s: &Value) -> String {
         }
         let mut f = Family::start(
             &mut out,
+            "highwater_osm_drain_failed",
+            "gauge",
+            "1 when the dataset's last drain failed and none has succeeded since (issue 50); its error is on / and in /api/status.",
+        );
+        for d in arr(&o["datasets"]) {
+            f.sample(
+                "highwater_osm_drain_failed",
+                &[("dataset", d["name"].as_str().unwrap_or(""))],
+                if d["last_failed_drain"].is_object() {
+                    1.0
+                } else {
+                    0.0
+                },
+            );
+        }
+        let mut f = Family::start(
+            &mut out,
             "highwater_osm_held",
             "gauge",
             "1 when the affected-set guard holds the dataset (a diff far outside its recent sizes): its marker stops and its drain refuses until --force or a rebuild.",

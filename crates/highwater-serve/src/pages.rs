@@ -172,7 +172,11 @@ fn osm(s: &Value) -> Markup {
                         td class=(if d["gap"] == 0 { "fresh" } else { "stale" }) { (text(&d["gap"])) }
                         td { (text(&d["behind_server"])) }
                         td class=(if d["dirty"] == 0 { "fresh" } else { "stale" }) { (text(&d["dirty"])) }
-                        td { (text(&d["last_drain"])) }
+                        @if let Some(f) = d["last_failed_drain"].as_object() {
+                            td class="bad drain-failed" { "FAILED " (text(&f["at"])) ": " (text(&f["error"])) }
+                        } @else {
+                            td { (text(&d["last_drain"])) }
+                        }
                         td { code { (text(&d["recipe"])) } }
                         td class=(if d["held"].is_object() { "bad" } else { "" }) { (text(&d["rebuild"])) }
                         // Issue 23: what serve did with dirty tiles, and

@@ -520,3 +520,113 @@ fn gdal_reads_the_mbtiles_file_as_is() {
         .unwrap();
     assert!((820_000.0..830_000.0).contains(&x), "{line}");
 }
+
+/// Issue 50: `osm apply FILE --sequence N` (a diff without a state file
+/// whose result the operator vouches for) says the store is at N, and so
+/// do status and every dataset's marker (no "gap 1": the sequence is
+/// declared in the transaction that applies the diff); declaring a
+/// sequence the store is already at applies nothing.
+#[test]
+fn apply_with_a_declared_sequence_reports_it_as_applied() {
+    let p = imported();
+    let osc = data().join("monaco-updates/000/003/048.osc.gz");
+    std::fs::copy(&osc, p.path("048.osc.gz")).unwrap();
+    let r = p.check(&["osm", "apply", "048.osc.gz", "--sequence", "3048"], 0);
+    assert!(r.stdout.contains("now at sequence 3048"), "{}", r.stdout);
+    let s = p.check(&["osm", "status", "--json"], 0).json();
+    assert_eq!(s["sequence"], 3048, "{s}");
+    assert!(s["unsequenced"].is_null(), "{s}");
+    assert_eq!(s["datasets"][0]["marker"], 3048, "{s}");
+    assert_eq!(s["datasets"][0]["gap"], 0, "{s}");
+    let text = p.check(&["osm", "status"], 0).stdout;
+    assert!(!text.contains("gap 1"), "{text}");
+    // Declaring where the store already is: refused, nothing applied.
+    p.write("empty.osc", "<osmChange version=\"0.6\"></osmChange>");
+    let r = p.check(&["osm", "apply", "empty.osc", "--sequence", "3048"], 2);
+    assert!(
+        r.stderr.contains("already at sequence 3048"),
+        "{}",
+        r.stderr
+    );
+    let after = p.check(&["osm", "status", "--json"], 0).json();
+    assert_eq!(after["sequence"], 3048);
+    assert_eq!(after["datasets"][0]["marker"], 3048);
+}
+
+/// Issue 50: a drain that fails is shown on every surface (`osm status`,
+/// `--json`, `/`, `/api/status`'s errors, `/metrics`) with its error until
+/// a drain succeeds; then nowhere.
+#[test]
+fn a_failed_drain_is_shown_on_every_surface_until_one_succeeds() {
+    let p = built();
+    let from = data().join("monaco-updates");
+    let out = p
+        .cmd(&["osm", "replicate", "--from", from.to_str().unwrap()])
+        .env("HIGHWATER_FAILPOINT", "fail-drain:a")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let failed = |p: &Project| {
+        let s = p.check(&["osm", "status", "--json"], 0).json();
+        let a = s["datasets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["name"] == "a")
+            .unwrap()
+            .clone();
+        a["last_failed_drain"].clone()
+    };
+    let f = failed(&p);
+    assert!(
+        f["error"].as_str().unwrap().contains("failed on purpose"),
+        "{f}"
+    );
+    assert!(f["at"].is_string(), "{f}");
+    let text = p.check(&["osm", "status"], 0).stdout;
+    assert!(
+        text.contains("DRAIN FAILED") && text.contains("failed on purpose"),
+        "{text}"
+    );
+    {
+        let s = common::serve::serve(&p, &[]);
+        let (_, _, body) = common::serve::http(&s.addr, "GET", "/api/status", &[]);
+        let st: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        let errors = st["errors"].to_string();
+        assert!(
+            errors.contains("osm dataset a: the last drain failed"),
+            "{errors}"
+        );
+        let (_, _, page) = common::serve::http(&s.addr, "GET", "/", &[]);
+        let page = String::from_utf8(page).unwrap();
+        assert!(
+            page.contains("drain-failed") && page.contains("failed on purpose"),
+            "{page}"
+        );
+        let (_, _, m) = common::serve::http(&s.addr, "GET", "/metrics", &[]);
+        let m = String::from_utf8(m).unwrap();
+        assert!(
+            m.contains("highwater_osm_drain_failed{dataset=\"a\"} 1"),
+            "{m}"
+        );
+        assert!(
+            m.contains("highwater_osm_drain_failed{dataset=\"b\"} 0"),
+            "{m}"
+        );
+    }
+    // A drain that succeeds ends it everywhere.
+    p.check(&["osm", "tiles", "drain", "--dataset", "a"], 0);
+    assert!(failed(&p).is_null());
+    assert!(!p
+        .check(&["osm", "status"], 0)
+        .stdout
+        .contains("DRAIN FAILED"));
+    let s = common::serve::serve(&p, &[]);
+    let (_, _, body) = common::serve::http(&s.addr, "GET", "/api/status", &[]);
+    let st: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(st["errors"], serde_json::json!([]), "{st}");
+    let (_, _, m) = common::serve::http(&s.addr, "GET", "/metrics", &[]);
+    assert!(String::from_utf8(m)
+        .unwrap()
+        .contains("highwater_osm_drain_failed{dataset=\"a\"} 0"));
+}
