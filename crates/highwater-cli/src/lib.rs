@@ -387,6 +387,25 @@ enum OsmCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Bring datasets of every kind (tiles, search, aggregates) current
+    /// from their dirty keys: one by name, or all of them.
+    Drain {
+        /// The dataset (default: every dataset).
+        dataset: Option<String>,
+        /// Drain a dataset the affected-set guard holds (after looking at
+        /// the diff it names), and end the hold.
+        #[arg(long)]
+        force: bool,
+        /// The store folder (default: [osm] store, or .highwater/osm).
+        #[arg(long)]
+        store: Option<PathBuf>,
+        /// Wait for another writer's lease instead of exiting.
+        #[arg(long)]
+        wait: bool,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Rebuild a dataset from the store: the always-working path.
     Rebuild {
         /// The dataset to rebuild.
@@ -859,7 +878,13 @@ fn osm_status_with(
                     let b = highwater_core::window::parse_rfc3339(ts.as_str()?).ok()?;
                     Some((a - b) / 1_000_000)
                 };
-                let lag_s = lag(&v["timestamp"]);
+                // A store that took diffs without state files is at no
+                // known sequence: its lag is unknown, not 0 (issue 50).
+                let lag_s = if v["unsequenced"].is_i64() {
+                    None
+                } else {
+                    lag(&v["timestamp"])
+                };
                 if let Some(ds) = v["datasets"].as_array_mut() {
                     for d in ds {
                         let behind = d["marker"].as_i64().map(|m| t.sequence - m);
@@ -1772,6 +1797,30 @@ fn osm(
             let o = d.verify(&st, sample).map_err(anyhow::Error::msg)?;
             output::outcome(out, &o, *json)?;
             Ok(if o.differences == 0 { 0 } else { 1 })
+        }
+        OsmCommand::Drain {
+            dataset,
+            force,
+            store,
+            wait,
+            json,
+        } => {
+            let mut st = writer(store, *wait)?;
+            // Issue 50: the command a hold's advice names, for every kind
+            // (`osm tiles drain` drains tiles only).
+            let sets: Vec<&dyn Dataset> = match dataset {
+                Some(n) => vec![named(&cfg, n)?],
+                None => cfg
+                    .datasets()
+                    .into_iter()
+                    .filter(|d| {
+                        d.as_any()
+                            .downcast_ref::<TileDataset>()
+                            .is_none_or(|t| t.mbtiles.is_some())
+                    })
+                    .collect(),
+            };
+            drains_forced(&mut st, &sets, DrainLimits::default(), *force, *json, out)
         }
         OsmCommand::Rebuild {
             dataset,

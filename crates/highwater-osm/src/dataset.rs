@@ -395,7 +395,7 @@ impl Held {
     /// The refusal, for people.
     pub fn message(&self, dataset: &str) -> String {
         format!(
-            "{dataset} is held: diff {} affected {} units, more than affected_guard = {} times the median {} of its last affected sets (a mass edit, vandalism or a derivation bug?); investigate, then `highwater osm tiles drain --force` or `highwater osm rebuild {dataset}`",
+            "{dataset} is held: diff {} affected {} units, more than affected_guard = {} times the median {} of its last affected sets (a mass edit, vandalism or a derivation bug?); investigate, then `highwater osm drain {dataset} --force` (apply what is recorded and end the hold) or `highwater osm rebuild {dataset}`",
             self.diff, self.size, self.factor, self.median
         )
     }

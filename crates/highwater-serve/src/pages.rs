@@ -154,6 +154,9 @@ fn osm(s: &Value) -> Markup {
                         " · server " (text(&sv["url"])) ": the first check is under way"
                     } @else if let Some(e) = sv.get("error").and_then(|e| e.as_str()) {
                         span class="bad" { " · server " (text(&sv["url"])) " unreachable: " (e) }
+                    } @else if o["unsequenced"].is_i64() {
+                        " · server at " (text(&sv["sequence"])) " (" (text(&sv["timestamp"])) "), lag "
+                        span class="bad lag-unknown" { "unknown" }
                     } @else {
                         " · server at " (text(&sv["sequence"])) " (" (text(&sv["timestamp"])) "), lag "
                         span class=(if sv["lag_s"] == 0 { "fresh" } else { "stale" }) { (text(&sv["lag_s"])) " s" }
@@ -161,6 +164,15 @@ fn osm(s: &Value) -> Markup {
                     @if let Some(age) = sv.get("age_s").and_then(|a| a.as_i64()) {
                         " · checked " span class="server-age" { (age) } " s ago"
                     }
+                }
+            }
+            // Issue 50: said, and explained, not shown as "lag 0 s".
+            @if let Some(n) = o["unsequenced"].as_i64() {
+                p id="osm-unsequenced" class="bad" {
+                    "The store no longer follows a replication sequence: " (n)
+                    " diff(s) without a state file were applied after sequence " (text(&o["sequence"]))
+                    ", so which replication diff comes next is unknown and replication refuses to apply. "
+                    "Import a current extract with `highwater osm import EXTRACT --replace`, or, if you know the sequence those diffs end at, apply them with `highwater osm apply FILE --sequence N`."
                 }
             }
             table id="datasets" {

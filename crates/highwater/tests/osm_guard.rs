@@ -3,7 +3,8 @@
 //! outside the tile dataset's recent affected sets: it still applies to
 //! the primary store (which stands at its sequence), but the tile dataset
 //! is held (marker stopped, drain refused with exit 2 naming the diff, the
-//! size and the median) until `osm tiles drain --force`, after which
+//! size and the median) until `osm tiles drain --force` (or, for every
+//! kind, `osm drain NAME --force`: issue 50), after which
 //! `verify` equals a rebuild. Search is held by its own guard, aggregates
 //! (guard off) go on: each dataset independently. A first diff, with no
 //! history, is never held; the history survives restarts (every command
@@ -248,9 +249,24 @@ fn a_mass_edit_after_real_diffs_holds_each_dataset_by_its_own_guard() {
     assert_eq!(ds(&s, "base")["marker"], 3077);
     assert_eq!(ds(&s, "base")["dirty"], 0);
     p.check(&["osm", "verify", "base", "--all"], 0);
-    // Search's hold ends with its rebuild.
-    p.check(&["osm", "rebuild", "places"], 0);
-    assert!(ds(&datasets(&p), "places")["held"].is_null());
+    // Issue 50: the advice works for every kind. Search's names `osm
+    // drain places --force`, which applies what is recorded and ends the
+    // hold (`osm tiles drain --force` did nothing for it).
+    let places = ds(&s, "places").clone();
+    let advice = places["rebuild"].as_str().unwrap();
+    assert!(
+        advice.contains("highwater osm drain places --force"),
+        "{places}"
+    );
+    let r = p.check(&["osm", "drain", "places"], 2);
+    assert!(r.stderr.contains("places is held"), "{}", r.stderr);
+    let r = p.check(&["osm", "drain", "places", "--force"], 0);
+    assert!(r.stderr.contains("hold is ended"), "{}", r.stderr);
+    let s = datasets(&p);
+    assert!(ds(&s, "places")["held"].is_null(), "{s}");
+    assert_eq!(ds(&s, "places")["marker"], 3077, "{s}");
+    assert_eq!(ds(&s, "places")["dirty"], 0, "{s}");
+    p.check(&["osm", "verify", "places"], 0);
 }
 
 #[test]
