@@ -347,3 +347,30 @@ fn a_diff_that_changes_read_tags_yet_derives_no_tile_warns_naming_it() {
     check(Some("derive-nothing:base"), true, false);
     check(None, false, true);
 }
+
+/// Issue 50: `verify` of a search dataset whose keys are dirty (its drain
+/// failed after Monaco's real diffs) counts the documents that differ only
+/// by those keys as pending, apart from differences, and passes; after a
+/// drain nothing is pending.
+#[test]
+fn verify_counts_a_search_datasets_pending_keys_apart_from_differences() {
+    let p = project();
+    monaco_updates(&p, 48..=76);
+    let out = p
+        .cmd(&["osm", "replicate", "--from", "updates"])
+        .env("HIGHWATER_FAILPOINT", "fail-drain:places")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(ds(&datasets(&p), "places")["dirty"].as_u64().unwrap() > 0);
+    let v = p.check(&["osm", "verify", "places", "--json"], 0).json();
+    let v = &v["verify"];
+    assert_eq!(v["differences"], serde_json::json!([]), "{v}");
+    assert!(v["pending"].as_u64().unwrap() > 0, "{v}");
+    let text = p.check(&["osm", "verify", "places"], 0).stdout;
+    assert!(text.contains("dirty keys the next drain applies"), "{text}");
+    p.check(&["osm", "drain", "places"], 0);
+    let v = p.check(&["osm", "verify", "places", "--json"], 0).json();
+    assert_eq!(v["verify"]["pending"], 0, "{v}");
+    assert_eq!(v["verify"]["differences"], serde_json::json!([]), "{v}");
+}
