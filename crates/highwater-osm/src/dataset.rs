@@ -396,6 +396,26 @@ pub const AFFECTED_GUARD_DEFAULT: f64 = 50.0;
 /// median of 0 tiles and now and then dirty 80).
 pub const AFFECTED_GUARD_MIN_DEFAULT: usize = 1000;
 
+/// The share rule (issue 50): an affected set of at least this share of
+/// the dataset's units (as its last rebuild made them) is "everything",
+/// held however small the dataset (below `affected_guard_min`, a city's
+/// whole tile set is), when it is also more than
+/// [`AFFECTED_GUARD_SHARE_FACTOR`] times the recent median.
+pub const AFFECTED_GUARD_SHARE: f64 = 0.5;
+
+/// Under the share rule, "far above the median" is this many times it: a
+/// dataset smaller than `affected_guard` times its median can never be
+/// that far above it, yet a diff touching half of it after diffs that
+/// touch one unit is no routine edit.
+pub const AFFECTED_GUARD_SHARE_FACTOR: f64 = 4.0;
+
+/// Under the share rule, the diff also changes at least this many
+/// elements: one edit to a large feature (Monaco's boundary relation, in
+/// real diff 3065, one element) legitimately touches most of a small
+/// dataset; "everything moved" is many elements (every building of
+/// Monaco: 8,521 nodes). Monaco's real minutely diffs change at most 11.
+pub const AFFECTED_GUARD_SHARE_CHANGES_MIN: usize = 100;
+
 fn history_key(name: &str) -> String {
     format!("affected_sizes:{name}")
 }
@@ -414,14 +434,32 @@ pub struct Held {
     pub factor: f64,
     /// The dataset's marker when it was held (the sequence before the diff).
     pub marker: Option<i64>,
+    /// Held by the share rule: the dataset's units (its last rebuild's),
+    /// of which the diff affected at least [`AFFECTED_GUARD_SHARE`].
+    #[serde(default)]
+    pub total: Option<usize>,
 }
 
 impl Held {
     /// The refusal, for people.
     pub fn message(&self, dataset: &str) -> String {
+        let why = match self.total {
+            Some(t) => format!(
+                "{} of its {t} units (at least {:.0}%, with {} or more elements changed), more than {} times the median {} of its last affected sets",
+                self.size,
+                AFFECTED_GUARD_SHARE * 100.0,
+                AFFECTED_GUARD_SHARE_CHANGES_MIN,
+                AFFECTED_GUARD_SHARE_FACTOR,
+                self.median
+            ),
+            None => format!(
+                "{} units, more than affected_guard = {} times the median {} of its last affected sets",
+                self.size, self.factor, self.median
+            ),
+        };
         format!(
-            "{dataset} is held: diff {} affected {} units, more than affected_guard = {} times the median {} of its last affected sets (a mass edit, vandalism or a derivation bug?); investigate, then `highwater osm drain {dataset} --force` (apply what is recorded and end the hold) or `highwater osm rebuild {dataset}`",
-            self.diff, self.size, self.factor, self.median
+            "{dataset} is held: diff {} affected {why} (a mass edit, vandalism or a derivation bug?); investigate, then `highwater osm drain {dataset} --force` (apply what is recorded and end the hold) or `highwater osm rebuild {dataset}`",
+            self.diff
         )
     }
 }
@@ -490,15 +528,28 @@ pub enum Guarded {
 }
 
 /// Checks one diff's affected-set size against the dataset's history, in
-/// the apply's transaction. `factor` 0 turns the guard off; a set of at
-/// most `min` units is never held. A first diff,
-/// with no history, is never held; a held diff's size does not enter the
-/// history (it would drag the median towards the mass edit).
+/// the apply's transaction. The rule (issue 50), with `m` the median of
+/// the recent affected sets (0 counted as 1) and `T` the units the
+/// dataset's last rebuild made:
+/// - held when the set is more than `min` units and more than `factor`
+///   times `m` (large datasets: the floor keeps routine diffs of a few
+///   hundred units from being held after quiet ones), or
+/// - held when the set is at least [`AFFECTED_GUARD_SHARE`] of `T`, more
+///   than [`AFFECTED_GUARD_SHARE_FACTOR`] times `m`, and the diff changed
+///   at least [`AFFECTED_GUARD_SHARE_CHANGES_MIN`] elements ("everything",
+///   at any size: a city's whole tile set is below the floor; one edit to
+///   one large feature is not "everything").
+///
+/// `size` is (the affected set's units, the diff's changed elements).
+///
+/// `factor` 0 turns the guard off. A first diff, with no history, is never
+/// held; a held diff's size does not enter the history (it would drag the
+/// median towards the mass edit).
 pub fn guard(
     w: &mut Writer<'_>,
     name: &str,
     (factor, min): (f64, usize),
-    size: usize,
+    (size, changes): (usize, usize),
     diff: &str,
     marker: Option<i64>,
 ) -> Result<Guarded, StoreError> {
@@ -509,13 +560,24 @@ pub fn guard(
     let m = median(&sizes);
     // A median of 0 (diffs that affect nothing) counts as 1: a diff of a
     // few units after many empty ones is no mass edit.
-    if factor > 0.0 && !sizes.is_empty() && size > min && size as f64 > factor * m.max(1.0) {
+    let total: Option<usize> = w
+        .meta(&costs_key(name))?
+        .and_then(|t| serde_json::from_str::<Costs>(&t).ok())
+        .and_then(|c| c.rebuilds.last().map(|r| r.units as usize))
+        .filter(|t| *t > 0);
+    let far = |k: f64| size as f64 > k * m.max(1.0);
+    let by_floor = size > min && far(factor);
+    let by_share = total.is_some_and(|t| size as f64 >= AFFECTED_GUARD_SHARE * t as f64)
+        && far(AFFECTED_GUARD_SHARE_FACTOR.min(factor))
+        && changes >= AFFECTED_GUARD_SHARE_CHANGES_MIN;
+    if factor > 0.0 && !sizes.is_empty() && (by_floor || by_share) {
         let h = Held {
             diff: diff.to_string(),
             size,
             median: m,
             factor,
             marker,
+            total: (!by_floor).then_some(total).flatten(),
         };
         w.set_meta(
             &held_key(name),

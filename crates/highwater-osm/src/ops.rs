@@ -602,9 +602,14 @@ fn apply_sets(
                     crate::dataset::AFFECTED_GUARD_DEFAULT,
                     crate::dataset::AFFECTED_GUARD_MIN_DEFAULT,
                 ));
-                if let crate::dataset::Guarded::HeldNow(h) =
-                    crate::dataset::guard(w, d.name(), (factor, min), size, &label, before)?
-                {
+                if let crate::dataset::Guarded::HeldNow(h) = crate::dataset::guard(
+                    w,
+                    d.name(),
+                    (factor, min),
+                    (size, changes.len()),
+                    &label,
+                    before,
+                )? {
                     r.warnings.push(h.message(d.name()));
                     r.held = Some(h);
                 }

@@ -374,3 +374,66 @@ fn verify_counts_a_search_datasets_pending_keys_apart_from_differences() {
     assert_eq!(v["verify"]["pending"], 0, "{v}");
     assert_eq!(v["verify"]["differences"], serde_json::json!([]), "{v}");
 }
+
+/// Issue 50: at the default guard (`affected_guard` 50, floor 1000), a
+/// city's tile datasets are smaller than the floor: Monaco's building,
+/// highway and landuse tiles are 10 at z12-14 and 58 at z10-16. The share rule holds the mass
+/// edit (every building moved, dirtying most of each) on both, while the
+/// 29 real minutely diffs before it pass.
+const DEFAULTS: &str = r#"
+[osm]
+store = ".highwater/osm"
+
+[osm.tiles.city]
+zooms = "12-14"
+keys = ["building", "highway", "landuse"]
+mbtiles = "tiles/city.mbtiles"
+drain = "deferred"
+
+[osm.tiles.detail]
+zooms = "10-16"
+keys = ["building", "highway", "landuse"]
+mbtiles = "tiles/detail.mbtiles"
+drain = "deferred"
+"#;
+
+#[test]
+fn a_mass_edit_on_a_city_is_held_at_the_default_guard_while_real_diffs_pass() {
+    let p = Project::new(DEFAULTS);
+    let pbf = data().join("monaco-3047-20210801.osm.pbf");
+    p.check(&["osm", "import", pbf.to_str().unwrap()], 0);
+    p.check(&["osm", "tiles", "build"], 0);
+    monaco_updates(&p, 48..=76);
+    let r = p.check(&["osm", "replicate", "--from", "updates"], 0);
+    assert!(
+        !r.stderr.contains("is held"),
+        "a real diff was held: {}",
+        r.stderr
+    );
+    p.check(&["osm", "tiles", "drain"], 0);
+    let osc = move_every_building(&p, 3077, 20);
+    // Applied to the primary store; both datasets drain deferred, so the
+    // apply itself is all done (exit 0) and says the holds.
+    let r = p.check(&["osm", "apply", &osc], 0);
+    let s = datasets(&p);
+    assert_eq!(s["sequence"], 3077);
+    for name in ["city", "detail"] {
+        let d = ds(&s, name);
+        assert!(d["held"].is_object(), "{name} not held: {d}\n{}", r.stderr);
+        assert_eq!(d["marker"], 3076, "{d}");
+        let h = &d["held"];
+        let (size, total) = (h["size"].as_u64().unwrap(), h["total"].as_u64().unwrap());
+        assert!(size < 1000, "below the floor: {h}");
+        assert!(size * 2 >= total, "at least half its units: {h}");
+        assert!(
+            r.stderr.contains(&format!("{name} is held"))
+                && r.stderr.contains(&format!("of its {total} units")),
+            "{}",
+            r.stderr
+        );
+    }
+    // The drain refuses until forced, as for any hold.
+    p.check(&["osm", "tiles", "drain"], 2);
+    p.check(&["osm", "drain", "city", "--force"], 0);
+    assert!(ds(&datasets(&p), "city")["held"].is_null());
+}
