@@ -630,3 +630,73 @@ fn a_failed_drain_is_shown_on_every_surface_until_one_succeeds() {
         .unwrap()
         .contains("highwater_osm_drain_failed{dataset=\"a\"} 0"));
 }
+
+/// A JOSM-style change file: new objects with the editor's placeholder
+/// ids (-1..-4), a way over three new nodes.
+const JOSM: &str = r#"<?xml version="1.0"?>
+<osmChange version="0.6" generator="JOSM"><create>
+<node id="-1" version="0" lat="43.7301" lon="7.4201"/>
+<node id="-2" version="0" lat="43.7302" lon="7.4202"/>
+<node id="-3" version="0" lat="43.7303" lon="7.4203"><tag k="name" v="Placeholder"/></node>
+<way id="-4" version="0"><nd ref="-1"/><nd ref="-2"/><nd ref="-3"/><tag k="highway" v="service"/></way>
+</create></osmChange>
+"#;
+
+/// Issue 50: negative ids are refused everywhere (apply, on a store with
+/// or without a flat node file, and import), naming the file and the first
+/// id and saying what to do; nothing is applied.
+#[test]
+fn negative_ids_are_refused_naming_the_file_and_the_first_id() {
+    let said = |stderr: &str, file: &str| {
+        assert!(stderr.contains(file), "{stderr}");
+        assert!(
+            stderr.contains("n-1") && stderr.contains("id -1 is negative"),
+            "{stderr}"
+        );
+        assert!(
+            stderr.contains("JOSM") && stderr.contains("not a replication diff"),
+            "{stderr}"
+        );
+    };
+    let p = imported();
+    p.write("josm.osc", JOSM);
+    let r = p.check(&["osm", "apply", "josm.osc"], 2);
+    said(&r.stderr, "josm.osc");
+    let s = p.check(&["osm", "status", "--json"], 0).json();
+    assert_eq!(s["sequence"], 3047, "{s}");
+    assert!(s["unsequenced"].is_null(), "nothing applied: {s}");
+
+    // A store with a flat node file: the same refusal, not another.
+    let f = Project::new(
+        r#"
+[osm]
+store = ".highwater/osm"
+flat_nodes = "flat/nodes.flat"
+
+[osm.tiles.base]
+zooms = "12-14"
+keys = ["highway"]
+"#,
+    );
+    std::fs::create_dir_all(f.path("flat")).unwrap();
+    let pbf = data().join("monaco-3047-20210801.osm.pbf");
+    f.check(&["osm", "import", pbf.to_str().unwrap()], 0);
+    f.write("josm.osc", JOSM);
+    let r = f.check(&["osm", "apply", "josm.osc"], 2);
+    said(&r.stderr, "josm.osc");
+
+    // An extract with them: refused at import, nothing created.
+    let e = Project::new(CONFIG);
+    e.write(
+        "josm.osm",
+        &JOSM
+            .replace(
+                "<osmChange version=\"0.6\" generator=\"JOSM\"><create>",
+                "<osm version=\"0.6\" generator=\"JOSM\">",
+            )
+            .replace("</create></osmChange>", "</osm>"),
+    );
+    let r = e.check(&["osm", "import", "josm.osm"], 2);
+    said(&r.stderr, "josm.osm");
+    assert!(!e.path(".highwater/osm/store.db").exists());
+}
