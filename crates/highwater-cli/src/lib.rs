@@ -1658,6 +1658,9 @@ fn osm(
                             c["advice"].as_str().unwrap_or("not measured yet")
                         )?;
                     }
+                    if let Some(n) = c["prediction_note"].as_str() {
+                        writeln!(out, "    backlog {n}")?;
+                    }
                     if let Some(w) = c["trend_warning"].as_str() {
                         writeln!(out, "    warning: {w}")?;
                     }

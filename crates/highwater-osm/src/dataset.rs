@@ -736,7 +736,21 @@ pub struct Crossover {
     /// The seed's leading indicator: the cost per diff of recent drains
     /// rising towards the rebuild's cost.
     pub trend_warning: Option<String>,
+    /// Why there is no prediction, when the drains measured so far cleared
+    /// too few units to predict from (issue 50).
+    pub prediction_note: Option<String>,
 }
+
+/// Units the measured drains must have cleared, together, before their
+/// cost per unit predicts a backlog (issue 50: a 1-tile drain's 0.95 s,
+/// mostly fixed cost, predicted 19.2 s for 20 tiles and advised a
+/// rebuild): this many, or [`PREDICTION_SHARE_MIN`] of the units the last
+/// rebuild made, whichever is fewer (a small dataset has few units to
+/// drain at all).
+pub const PREDICTION_UNITS_MIN: u64 = 100;
+
+/// See [`PREDICTION_UNITS_MIN`].
+pub const PREDICTION_SHARE_MIN: f64 = 0.25;
 
 /// The predicted backlog drain time against the last rebuild, from
 /// measured runs only.
@@ -750,10 +764,20 @@ pub fn crossover(c: &Costs, backlog: u64) -> Crossover {
         .drains
         .iter()
         .fold((0.0, 0u64), |(s, u), r| (s + r.seconds, u + r.units));
-    if u > 0 {
+    let need = match c.rebuilds.last() {
+        Some(r) => PREDICTION_UNITS_MIN
+            .min((PREDICTION_SHARE_MIN * r.units as f64).ceil() as u64)
+            .max(1),
+        None => PREDICTION_UNITS_MIN,
+    };
+    if u >= need {
         let per = s / u as f64;
         out.drain_s_per_unit = Some(per);
         out.backlog_predicted_s = Some(per * backlog as f64);
+    } else if !c.drains.is_empty() {
+        out.prediction_note = Some(format!(
+            "not predicted: the drains measured so far cleared {u} units, and a prediction needs {need} (a small drain's time is mostly its fixed cost, which would overstate the backlog's)"
+        ));
     }
     if let (Some(p), Some(r)) = (out.backlog_predicted_s, out.last_rebuild_s) {
         out.advice = Some(if p > r { "rebuild" } else { "drain" }.to_string());
@@ -933,6 +957,14 @@ mod tests {
                 Some("rebuild"),
                 false,
             ),
+            // Issue 50: one drain of one unit predicts nothing.
+            (
+                vec![run(0.95, 1, 1)],
+                vec![run(5.0, 1000, 0)],
+                20,
+                None,
+                false,
+            ),
             // Cost per diff rising past half a rebuild: warned.
             (
                 vec![
@@ -941,7 +973,7 @@ mod tests {
                     run(3.0, 10, 1),
                     run(4.0, 10, 1),
                 ],
-                vec![run(5.0, 1000, 0)],
+                vec![run(5.0, 100, 0)],
                 0,
                 Some("drain"),
                 true,
@@ -954,7 +986,7 @@ mod tests {
                     run(0.3, 10, 1),
                     run(0.4, 10, 1),
                 ],
-                vec![run(5.0, 1000, 0)],
+                vec![run(5.0, 100, 0)],
                 0,
                 Some("drain"),
                 false,
@@ -968,6 +1000,11 @@ mod tests {
             };
             let x = crossover(&c, backlog);
             assert_eq!(x.advice.as_deref(), advice, "{drains:?} {backlog}");
+            assert_eq!(
+                x.prediction_note.is_some(),
+                !drains.is_empty() && x.backlog_predicted_s.is_none(),
+                "{drains:?}: {x:?}"
+            );
             assert_eq!(x.trend_warning.is_some(), warned, "{drains:?}: {x:?}");
         }
     }

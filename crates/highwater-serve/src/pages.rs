@@ -195,7 +195,11 @@ fn osm(s: &Value) -> Markup {
                         // the measured crossover.
                         td { (text(&d["requests"]["dirty_requested"])) }
                         td { (text(&d["requests"]["served_fresh"])) " / " (text(&d["requests"]["served_stale"])) }
-                        td { (text(&d["crossover"]["backlog_predicted_s"])) " s / " (text(&d["crossover"]["last_rebuild_s"])) " s" }
+                        @if let Some(n) = d["crossover"]["prediction_note"].as_str() {
+                            td class="prediction-note" { (n) }
+                        } @else {
+                            td { (text(&d["crossover"]["backlog_predicted_s"])) " s / " (text(&d["crossover"]["last_rebuild_s"])) " s" }
+                        }
                     }
                 }
             }
