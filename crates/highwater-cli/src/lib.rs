@@ -1203,6 +1203,30 @@ impl highwater_serve::Project for ServedProject {
         Ok((f.generation, f.gz))
     }
 
+    fn aggregates(&self, name: &str) -> Result<Option<serde_json::Value>, String> {
+        let Some(d) = self
+            .cfg
+            .of::<highwater_osm::aggregates::AggDataset>()
+            .into_iter()
+            .find(|a| a.name == name)
+        else {
+            return Ok(None);
+        };
+        // Read only, and never creating a store that is not there.
+        if !self.cfg.store.exists() {
+            return Err(self.missing_store());
+        }
+        let st = highwater_osm::open_store(&self.cfg.store).map_err(|e| e.to_string())?;
+        let (rows, sequence, dirty) = highwater_osm::aggregates::stored_totals_at(&st, d)
+            .map_err(|e| highwater_osm::dataset::error_text(&e))?;
+        Ok(Some(serde_json::json!({
+            "dataset": name,
+            "sequence": sequence,
+            "dirty": dirty,
+            "rows": rows,
+        })))
+    }
+
     fn load_requests(&self, dataset: &str) -> Option<highwater_serve::TileRequests> {
         let r = highwater_osm::tiles::fresh::load_requests(&self.cfg.store, dataset).ok()??;
         Some(highwater_serve::TileRequests {

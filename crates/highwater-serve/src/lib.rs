@@ -12,7 +12,9 @@
 //!   (TileJSON 3.0);
 //! - `/glyphs/{fontstack}/{range}.pbf`: the map's label glyphs ([`glyphs`]);
 //! - `/metrics` (Prometheus text, [`metrics`]) and `/api/status` (the data
-//!   behind `/`).
+//!   behind `/`);
+//! - `/api/aggregates/NAME?admin_level=&class=`: an aggregates dataset's
+//!   totals, one committed state with its sequence (issue 50).
 //!
 //! Layout: this file is the router and the server; [`pages`] renders HTML
 //! with maud (escaped at compile time); [`metrics`] turns the status
@@ -106,6 +108,13 @@ pub trait Project: Send + Sync + 'static {
         _y: u32,
     ) -> Result<(i64, Option<Vec<u8>>), String> {
         Err(format!("{dataset}: no store to cut from"))
+    }
+    /// Issue 50: an aggregates dataset's stored totals as one committed
+    /// state: `{"dataset", "sequence", "dirty", "rows": [...]}`, rows as
+    /// `osm aggregates --json` prints them. `Ok(None)`: no aggregates
+    /// dataset of that name.
+    fn aggregates(&self, _name: &str) -> Result<Option<serde_json::Value>, String> {
+        Ok(None)
     }
     /// The request counts recorded before (by an earlier serve), if any.
     fn load_requests(&self, _dataset: &str) -> Option<TileRequests> {
@@ -910,6 +919,7 @@ fn router(app: Shared) -> Router {
         .route("/map", get(map_page))
         .route("/api/status", get(api_status))
         .route("/api/dirty/{file}", get(dirty))
+        .route("/api/aggregates/{name}", get(aggregates))
         .route("/metrics", get(metrics_text))
         .route("/tiles/{file}", get(tilejson))
         .route("/tiles/{name}/style.json", get(style))
@@ -1010,6 +1020,91 @@ async fn dirty(State(app): State<Shared>, UrlPath(file): UrlPath<String>) -> Res
         }
     })
     .await
+}
+
+/// `/api/aggregates/NAME?admin_level=N&class=C` (issue 50): the stored
+/// totals of one committed state, with the sequence they reflect, the
+/// rows filtered by admin level and class when asked.
+async fn aggregates(
+    State(app): State<Shared>,
+    UrlPath(name): UrlPath<String>,
+    uri: axum::http::Uri,
+) -> Response {
+    let mut level: Option<u64> = None;
+    let mut class: Option<String> = None;
+    for pair in uri
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let v = percent_decode(v);
+        match k {
+            "admin_level" => match v.parse() {
+                Ok(n) => level = Some(n),
+                Err(_) => {
+                    return (
+                        StatusCode::BAD_REQUEST,
+                        format!("admin_level={v}: give a number (2 to 11)"),
+                    )
+                        .into_response()
+                }
+            },
+            "class" => class = Some(v),
+            other => {
+                return (
+                    StatusCode::BAD_REQUEST,
+                    format!("{other}: ask with admin_level= and class= only"),
+                )
+                    .into_response()
+            }
+        }
+    }
+    blocking(&app, move |app| match app.project.aggregates(&name) {
+        Ok(Some(mut doc)) => {
+            if let Some(rows) = doc["rows"].as_array_mut() {
+                rows.retain(|r| {
+                    level.is_none_or(|l| r["admin_level"].as_u64() == Some(l))
+                        && class.as_ref().is_none_or(|c| r["class"] == c.as_str())
+                });
+            }
+            (
+                [(header::CONTENT_TYPE, "application/json")],
+                doc.to_string(),
+            )
+                .into_response()
+        }
+        Ok(None) => not_found(format!("no aggregates dataset named `{name}`")),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e).into_response(),
+    })
+    .await
+}
+
+/// `%XX` and `+` of a query value decoded (invalid escapes kept as they
+/// are); the bytes read as UTF-8, lossily.
+fn percent_decode(v: &str) -> String {
+    let b = v.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < b.len() => {
+                let hex = |c: u8| (c as char).to_digit(16);
+                match (hex(b[i + 1]), hex(b[i + 2])) {
+                    (Some(h), Some(l)) => {
+                        out.push((h * 16 + l) as u8);
+                        i += 2;
+                    }
+                    _ => out.push(b'%'),
+                }
+            }
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// `/tiles/NAME.json`. Its URLs are root-relative, or under `public_url`:

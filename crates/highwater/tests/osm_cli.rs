@@ -700,3 +700,63 @@ keys = ["highway"]
     said(&r.stderr, "josm.osm");
     assert!(!e.path(".highwater/osm/store.db").exists());
 }
+
+/// Issue 50: `GET /api/aggregates/NAME` answers the rows `osm aggregates
+/// --json` prints, from one committed state with the sequence it reflects,
+/// filtered by `admin_level` and `class`; an unknown name is 404, a bad
+/// filter 400.
+#[test]
+fn aggregates_over_http_equal_the_command_and_say_their_sequence() {
+    let p = Project::new(TILES_AND_AGGREGATES);
+    let pbf = data().join("monaco-3047-20210801.osm.pbf");
+    p.check(&["osm", "import", pbf.to_str().unwrap()], 0);
+    p.check(&["osm", "tiles", "build"], 0);
+    p.check(&["osm", "rebuild", "admin"], 0);
+    let from = data().join("monaco-updates");
+    p.check(&["osm", "replicate", "--from", from.to_str().unwrap()], 0);
+    let rows = p
+        .check(&["osm", "aggregates", "--dataset", "admin", "--json"], 0)
+        .json();
+    let s = common::serve::serve(&p, &[]);
+    let get = |path: &str| {
+        let (code, _, body) = common::serve::http(&s.addr, "GET", path, &[]);
+        (code, body)
+    };
+    let (code, body) = get("/api/aggregates/admin");
+    assert_eq!(code, 200);
+    let doc: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(doc["rows"], rows);
+    assert_eq!(doc["sequence"], 3076, "{}", doc["sequence"]);
+    assert_eq!(doc["dirty"], 0);
+    assert!(rows.as_array().unwrap().len() > 10);
+    // Filtered as asked: the same rows as filtering the command's.
+    for (q, level, class) in [
+        ("?admin_level=10&class=building", Some(10), Some("building")),
+        (
+            "?class=highway%3Dresidential",
+            None,
+            Some("highway=residential"),
+        ),
+        ("?admin_level=10", Some(10), None),
+    ] {
+        let (code, body) = get(&format!("/api/aggregates/admin{q}"));
+        assert_eq!(code, 200, "{q}");
+        let doc: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        let want: Vec<&serde_json::Value> = rows
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| level.is_none_or(|l| r["admin_level"] == l))
+            .filter(|r| class.is_none_or(|c| r["class"] == c))
+            .collect();
+        assert!(!want.is_empty(), "{q}");
+        assert_eq!(doc["rows"], serde_json::json!(want), "{q}");
+    }
+    // Monaco's areas are all admin_level 10: none at 2.
+    let (code, body) = get("/api/aggregates/admin?admin_level=2");
+    assert_eq!(code, 200);
+    let doc: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(doc["rows"], serde_json::json!([]));
+    assert_eq!(get("/api/aggregates/nope").0, 404);
+    assert_eq!(get("/api/aggregates/admin?admin_level=x").0, 400);
+}
