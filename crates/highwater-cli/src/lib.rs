@@ -194,10 +194,16 @@ enum Command {
         #[arg(long)]
         public: bool,
         /// The address clients reach this server at (https://host/prefix):
-        /// TileJSON and styles then carry absolute URLs under it. Without
-        /// it they are root-relative; never the request's Host.
+        /// the absolute URLs in TileJSON and styles start with it. Without
+        /// it they start with the address listened on; never the
+        /// request's Host.
         #[arg(long)]
         public_url: Option<String>,
+        /// An origin (https://host[:port]) whose pages may read the answers
+        /// (CORS); repeat for more. Without it, every origin may
+        /// (`Access-Control-Allow-Origin: *`).
+        #[arg(long = "cors-origin", value_name = "ORIGIN")]
+        cors_origins: Vec<String>,
         /// Seconds a request's head may take, from its first byte.
         #[arg(long, default_value_t = 10)]
         header_read_timeout_s: u64,
@@ -399,6 +405,25 @@ enum OsmCommand {
         /// The store folder (default: [osm] store, or .highwater/osm).
         #[arg(long)]
         store: Option<PathBuf>,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Bring datasets of every kind (tiles, search, aggregates) current
+    /// from their dirty keys: one by name, or all of them.
+    Drain {
+        /// The dataset (default: every dataset).
+        dataset: Option<String>,
+        /// Drain a dataset the affected-set guard holds (after looking at
+        /// the diff it names), and end the hold.
+        #[arg(long)]
+        force: bool,
+        /// The store folder (default: [osm] store, or .highwater/osm).
+        #[arg(long)]
+        store: Option<PathBuf>,
+        /// Wait for another writer's lease instead of exiting.
+        #[arg(long)]
+        wait: bool,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
@@ -925,7 +950,13 @@ fn osm_status_with(
                     let b = highwater_core::window::parse_rfc3339(ts.as_str()?).ok()?;
                     Some((a - b) / 1_000_000)
                 };
-                let lag_s = lag(&v["timestamp"]);
+                // A store that took diffs without state files is at no
+                // known sequence: its lag is unknown, not 0 (issue 50).
+                let lag_s = if v["unsequenced"].is_i64() {
+                    None
+                } else {
+                    lag(&v["timestamp"])
+                };
                 if let Some(ds) = v["datasets"].as_array_mut() {
                     for d in ds {
                         let behind = d["marker"].as_i64().map(|m| t.sequence - m);
@@ -1088,6 +1119,18 @@ impl highwater_serve::Project for ServedProject {
             Vec::new()
         };
         let osm = self.osm(&mut errors);
+        // Issue 50: a dataset whose last drain failed is an error of the
+        // whole status until a drain succeeds, not a detail of its row.
+        for d in osm["datasets"].as_array().into_iter().flatten() {
+            if let Some(f) = d["last_failed_drain"].as_object() {
+                errors.push(format!(
+                    "osm dataset {}: the last drain failed at {}: {}",
+                    d["name"].as_str().unwrap_or("?"),
+                    f.get("at").and_then(|v| v.as_str()).unwrap_or("?"),
+                    f.get("error").and_then(|v| v.as_str()).unwrap_or("?")
+                ));
+            }
+        }
         serde_json::json!({
             "version": env!("CARGO_PKG_VERSION"),
             "generated_at": highwater_core::window::format_rfc3339(highwater_store::lease::now_ns() / 1000),
@@ -1232,6 +1275,30 @@ impl highwater_serve::Project for ServedProject {
         Ok((f.generation, f.gz))
     }
 
+    fn aggregates(&self, name: &str) -> Result<Option<serde_json::Value>, String> {
+        let Some(d) = self
+            .cfg
+            .of::<highwater_osm::aggregates::AggDataset>()
+            .into_iter()
+            .find(|a| a.name == name)
+        else {
+            return Ok(None);
+        };
+        // Read only, and never creating a store that is not there.
+        if !self.cfg.store.exists() {
+            return Err(self.missing_store());
+        }
+        let st = highwater_osm::open_store(&self.cfg.store).map_err(|e| e.to_string())?;
+        let (rows, sequence, dirty) = highwater_osm::aggregates::stored_totals_at(&st, d)
+            .map_err(|e| highwater_osm::dataset::error_text(&e))?;
+        Ok(Some(serde_json::json!({
+            "dataset": name,
+            "sequence": sequence,
+            "dirty": dirty,
+            "rows": rows,
+        })))
+    }
+
     fn load_requests(&self, dataset: &str) -> Option<highwater_serve::TileRequests> {
         let r = highwater_osm::tiles::fresh::load_requests(&self.cfg.store, dataset).ok()??;
         Some(highwater_serve::TileRequests {
@@ -1352,9 +1419,12 @@ fn osm(
     // dataset that drains on apply current, each on its own.
     // Diffs fetched over HTTP (`fetched`) are logged with their URL and
     // sha256 in the transaction that applies them.
+    // `declare`: the sequence the store stands at after these diffs
+    // (`osm apply --sequence`), set in the same transaction.
     let apply_then_drain = |st: &mut Store,
                             d: &[ops::Diff],
                             dry_run: bool,
+                            declare: Option<i64>,
                             fetched: &[highwater_osm::fetch::Fetched],
                             expire_output: &Option<PathBuf>,
                             geojson: &Option<PathBuf>,
@@ -1381,7 +1451,10 @@ fn osm(
             }
             Ok(())
         };
-        let r = ops::apply_with(st, &cfg, d, dry_run, &mut publish)?;
+        let r = match declare {
+            Some(n) => ops::apply_declaring(st, &cfg, d, n, &mut publish)?,
+            None => ops::apply_with(st, &cfg, d, dry_run, &mut publish)?,
+        };
         for w in &r.warnings {
             eprintln!("warning: {w}");
         }
@@ -1458,15 +1531,23 @@ fn osm(
                     "--sequence is for diffs without state files; these carry their own sequence"
                 );
                 anyhow::ensure!(!*dry_run, "--sequence with --dry-run would declare nothing");
-                let code =
-                    apply_then_drain(&mut st, &d, false, &[], expire_output, geojson, *json, out)?;
-                ops::declare_sequence(&mut st, *s)?;
-                return Ok(code);
+                return apply_then_drain(
+                    &mut st,
+                    &d,
+                    false,
+                    Some(*s),
+                    &[],
+                    expire_output,
+                    geojson,
+                    *json,
+                    out,
+                );
             }
             apply_then_drain(
                 &mut st,
                 &d,
                 *dry_run,
+                None,
                 &[],
                 expire_output,
                 geojson,
@@ -1498,6 +1579,7 @@ fn osm(
                     &mut st,
                     &d,
                     false,
+                    None,
                     &[],
                     expire_output,
                     geojson,
@@ -1560,6 +1642,7 @@ fn osm(
                     &mut st,
                     &d,
                     false,
+                    None,
                     &fetched,
                     expire_output,
                     geojson,
@@ -1646,6 +1729,15 @@ fn osm(
                             .as_str()
                             .map_or(String::new(), |r| format!("; rebuild recommended: {r}"))
                     )?;
+                    // Issue 50: a failing drain is said until one succeeds.
+                    if let Some(f) = d["last_failed_drain"].as_object() {
+                        writeln!(
+                            out,
+                            "    DRAIN FAILED at {}: {} (said until a drain or rebuild succeeds)",
+                            f.get("at").and_then(|v| v.as_str()).unwrap_or("?"),
+                            f.get("error").and_then(|v| v.as_str()).unwrap_or("?")
+                        )?;
+                    }
                     // Issue 23: the hold, the measured crossover, serve's
                     // requests.
                     if d["held"].is_object() {
@@ -1661,6 +1753,9 @@ fn osm(
                             c["last_rebuild_s"].as_f64().map_or("-".into(), |v| format!("{v:.3}")),
                             c["advice"].as_str().unwrap_or("not measured yet")
                         )?;
+                    }
+                    if let Some(n) = c["prediction_note"].as_str() {
+                        writeln!(out, "    backlog {n}")?;
                     }
                     if let Some(w) = c["trend_warning"].as_str() {
                         writeln!(out, "    warning: {w}")?;
@@ -1801,6 +1896,30 @@ fn osm(
             let o = d.verify(&st, sample).map_err(anyhow::Error::msg)?;
             output::outcome(out, &o, *json)?;
             Ok(if o.differences == 0 { 0 } else { 1 })
+        }
+        OsmCommand::Drain {
+            dataset,
+            force,
+            store,
+            wait,
+            json,
+        } => {
+            let mut st = writer(store, *wait)?;
+            // Issue 50: the command a hold's advice names, for every kind
+            // (`osm tiles drain` drains tiles only).
+            let sets: Vec<&dyn Dataset> = match dataset {
+                Some(n) => vec![named(&cfg, n)?],
+                None => cfg
+                    .datasets()
+                    .into_iter()
+                    .filter(|d| {
+                        d.as_any()
+                            .downcast_ref::<TileDataset>()
+                            .is_none_or(|t| t.mbtiles.is_some())
+                    })
+                    .collect(),
+            };
+            drains_forced(&mut st, &sets, DrainLimits::default(), *force, *json, out)
         }
         OsmCommand::Rebuild {
             dataset,
@@ -1982,16 +2101,7 @@ fn drain_one(
     if let (Some(h), false) = (&held, force) {
         return Ok(Drained::Refused(h.clone()));
     }
-    let r = if std::env::var("HIGHWATER_FAILPOINT")
-        .is_ok_and(|v| v == format!("fail-drain:{}", d.name()))
-    {
-        Err(format!(
-            "dataset {}: failed on purpose (HIGHWATER_FAILPOINT)",
-            d.name()
-        ))
-    } else {
-        highwater_osm::dataset::drain_recorded(d, st, limits)
-    };
+    let r = highwater_osm::dataset::drain_recorded(d, st, limits);
     Ok(match r {
         Ok(outcome) => {
             if held.is_some() {
@@ -2142,6 +2252,7 @@ fn run(cli: Cli) -> Result<i32> {
             listen,
             public,
             public_url,
+            cors_origins,
             header_read_timeout_s,
             idle_timeout_s,
             connections_max,
@@ -2163,6 +2274,7 @@ fn run(cli: Cli) -> Result<i32> {
             let opts = highwater_serve::Options {
                 public: *public,
                 public_url: public_url.clone(),
+                cors_origins: cors_origins.clone(),
                 header_read_timeout_s: *header_read_timeout_s,
                 idle_timeout_s: *idle_timeout_s,
                 connections_max: *connections_max,

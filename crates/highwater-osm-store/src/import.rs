@@ -622,9 +622,9 @@ fn pbf_elements(block: &osmpbf::PrimitiveBlock) -> Result<Vec<Element>, String> 
 }
 
 /// The first id of an element (its own, a node ref, a member) beyond
-/// [`crate::model::ID_ABS_MAX`].
+/// [`crate::model::ID_ABS_MAX`] or negative (issue 50).
 fn id_out_of_range(e: &Element) -> Option<i64> {
-    let ok = crate::model::id_in_range;
+    let ok = |i: i64| i >= 0 && crate::model::id_in_range(i);
     match e {
         Element::Node(n) => (!ok(n.id)).then_some(n.id),
         Element::Way(w) => std::iter::once(w.id)
@@ -633,6 +633,22 @@ fn id_out_of_range(e: &Element) -> Option<i64> {
         Element::Relation(r) => std::iter::once(r.id)
             .chain(r.members.iter().map(|m| m.id))
             .find(|&i| !ok(i)),
+    }
+}
+
+/// Why [`id_out_of_range`]'s id is refused.
+fn id_refused(e: &Element, id: i64) -> String {
+    if id < 0 {
+        format!(
+            "{}: id {id} is negative: {}; nothing was imported",
+            e.key(),
+            crate::model::NEGATIVE_ID_ADVICE
+        )
+    } else {
+        format!(
+            "{}: id {id} is beyond ±2^60, the largest id highwater stores; nothing was imported",
+            e.key()
+        )
     }
 }
 
@@ -669,10 +685,7 @@ impl Bulk {
         if let Some(id) = id_out_of_range(&e) {
             return Err(StoreError::Corrupt {
                 path: path.to_path_buf(),
-                what: format!(
-                    "{}: id {id} is beyond ±2^60, the largest id highwater stores; nothing was imported",
-                    e.key()
-                ),
+                what: id_refused(&e, id),
             });
         }
         count(&mut self.stats, &e);
@@ -867,10 +880,7 @@ impl Stream<'_> {
         if let Some(id) = id_out_of_range(&e) {
             return Err(StoreError::Corrupt {
                 path: self.path.to_path_buf(),
-                what: format!(
-                    "{}: id {id} is beyond ±2^60, the largest id highwater stores; nothing was imported",
-                    e.key()
-                ),
+                what: id_refused(&e, id),
             });
         }
         let key = match &e {

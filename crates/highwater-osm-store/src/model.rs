@@ -14,6 +14,11 @@ pub const COORD_SCALE: f64 = 1e7;
 /// and those must not wrap. OSM's ids are near 2^34 today.
 pub const ID_ABS_MAX: i64 = 1 << 60;
 
+/// Why a negative id is refused (issue 50), said after it: an editor's
+/// placeholder is no OSM id, and applying it would store objects that a
+/// second such file, reusing -1, -2, ..., silently replaces.
+pub const NEGATIVE_ID_ADVICE: &str = "negative ids are what an editor (JOSM) gives objects not yet uploaded, so this is not a replication diff or an extract, and a second such file would reuse the same ids for other objects; upload the edit to OpenStreetMap and apply the diff replication then publishes (or import a current extract)";
+
 /// Whether an element id (or a reference) is within [`ID_ABS_MAX`].
 pub fn id_in_range(id: i64) -> bool {
     id.checked_abs().is_some_and(|a| a < ID_ABS_MAX)

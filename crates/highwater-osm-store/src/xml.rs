@@ -145,10 +145,20 @@ impl Parser<'_> {
         let id: i64 = v
             .parse()
             .map_err(|_| self.bad(what, format!("`id` is not an integer: {v:?}")))?;
-        self.in_range(id, what)
+        // Named as errors name elements (`n-1`), from `node`, `way`, ...
+        let key = format!("{}{id}", what.chars().next().unwrap_or('?'));
+        self.in_range(id, &key)
     }
 
     fn in_range(&self, id: i64, what: &str) -> Result<i64, OsmError> {
+        if id < 0 {
+            // Issue 50: refused where it is read, naming the file, the
+            // line and the element: the first negative id of the file.
+            return Err(self.bad(
+                what,
+                format!("id {id} is negative: {}", crate::model::NEGATIVE_ID_ADVICE),
+            ));
+        }
         if crate::model::id_in_range(id) {
             Ok(id)
         } else {

@@ -314,15 +314,40 @@ pub trait Dataset: Send + Sync + AsAny {
 /// The outcome of comparing a dataset with its rebuild, given what was
 /// checked and a line per difference.
 pub fn verified(name: &str, t0: Instant, checked: usize, differences: Vec<String>) -> Outcome {
+    verified_pending(name, t0, checked, differences, Vec::new())
+}
+
+/// [`verified`], with the entries that differ only because their keys
+/// are dirty (recorded, not yet drained: a held dataset's, or a deferred
+/// drain's) counted apart (issue 50): they are what the next drain
+/// applies, not differences, as tile `verify` skips dirty tiles.
+pub fn verified_pending(
+    name: &str,
+    t0: Instant,
+    checked: usize,
+    differences: Vec<String>,
+    pending: Vec<String>,
+) -> Outcome {
     let mut text = format!(
         "{name}: {checked} checked against a rebuild, {} differ",
         differences.len()
     );
+    if !pending.is_empty() {
+        text += &format!(
+            "; {} more differ only by dirty keys the next drain applies (`highwater osm drain {name}`), not counted",
+            pending.len()
+        );
+    }
     for d in &differences {
         text += &format!("\n  {d}");
     }
     let n = differences.len();
-    let json = serde_json::json!({"dataset": name, "checked": checked, "differences": differences});
+    let json = serde_json::json!({
+        "dataset": name,
+        "checked": checked,
+        "differences": differences,
+        "pending": pending.len(),
+    });
     let mut o = Outcome::new("verify", json, t0, |_| text);
     o.differences = n;
     o
@@ -371,6 +396,26 @@ pub const AFFECTED_GUARD_DEFAULT: f64 = 50.0;
 /// median of 0 tiles and now and then dirty 80).
 pub const AFFECTED_GUARD_MIN_DEFAULT: usize = 1000;
 
+/// The share rule (issue 50): an affected set of at least this share of
+/// the dataset's units (as its last rebuild made them) is "everything",
+/// held however small the dataset (below `affected_guard_min`, a city's
+/// whole tile set is), when it is also more than
+/// [`AFFECTED_GUARD_SHARE_FACTOR`] times the recent median.
+pub const AFFECTED_GUARD_SHARE: f64 = 0.5;
+
+/// Under the share rule, "far above the median" is this many times it: a
+/// dataset smaller than `affected_guard` times its median can never be
+/// that far above it, yet a diff touching half of it after diffs that
+/// touch one unit is no routine edit.
+pub const AFFECTED_GUARD_SHARE_FACTOR: f64 = 4.0;
+
+/// Under the share rule, the diff also changes at least this many
+/// elements: one edit to a large feature (Monaco's boundary relation, in
+/// real diff 3065, one element) legitimately touches most of a small
+/// dataset; "everything moved" is many elements (every building of
+/// Monaco: 8,521 nodes). Monaco's real minutely diffs change at most 11.
+pub const AFFECTED_GUARD_SHARE_CHANGES_MIN: usize = 100;
+
 fn history_key(name: &str) -> String {
     format!("affected_sizes:{name}")
 }
@@ -389,14 +434,32 @@ pub struct Held {
     pub factor: f64,
     /// The dataset's marker when it was held (the sequence before the diff).
     pub marker: Option<i64>,
+    /// Held by the share rule: the dataset's units (its last rebuild's),
+    /// of which the diff affected at least [`AFFECTED_GUARD_SHARE`].
+    #[serde(default)]
+    pub total: Option<usize>,
 }
 
 impl Held {
     /// The refusal, for people.
     pub fn message(&self, dataset: &str) -> String {
+        let why = match self.total {
+            Some(t) => format!(
+                "{} of its {t} units (at least {:.0}%, with {} or more elements changed), more than {} times the median {} of its last affected sets",
+                self.size,
+                AFFECTED_GUARD_SHARE * 100.0,
+                AFFECTED_GUARD_SHARE_CHANGES_MIN,
+                AFFECTED_GUARD_SHARE_FACTOR,
+                self.median
+            ),
+            None => format!(
+                "{} units, more than affected_guard = {} times the median {} of its last affected sets",
+                self.size, self.factor, self.median
+            ),
+        };
         format!(
-            "{dataset} is held: diff {} affected {} units, more than affected_guard = {} times the median {} of its last affected sets (a mass edit, vandalism or a derivation bug?); investigate, then `highwater osm tiles drain --force` or `highwater osm rebuild {dataset}`",
-            self.diff, self.size, self.factor, self.median
+            "{dataset} is held: diff {} affected {why} (a mass edit, vandalism or a derivation bug?); investigate, then `highwater osm drain {dataset} --force` (apply what is recorded and end the hold) or `highwater osm rebuild {dataset}`",
+            self.diff
         )
     }
 }
@@ -465,15 +528,28 @@ pub enum Guarded {
 }
 
 /// Checks one diff's affected-set size against the dataset's history, in
-/// the apply's transaction. `factor` 0 turns the guard off; a set of at
-/// most `min` units is never held. A first diff,
-/// with no history, is never held; a held diff's size does not enter the
-/// history (it would drag the median towards the mass edit).
+/// the apply's transaction. The rule (issue 50), with `m` the median of
+/// the recent affected sets (0 counted as 1) and `T` the units the
+/// dataset's last rebuild made:
+/// - held when the set is more than `min` units and more than `factor`
+///   times `m` (large datasets: the floor keeps routine diffs of a few
+///   hundred units from being held after quiet ones), or
+/// - held when the set is at least [`AFFECTED_GUARD_SHARE`] of `T`, more
+///   than [`AFFECTED_GUARD_SHARE_FACTOR`] times `m`, and the diff changed
+///   at least [`AFFECTED_GUARD_SHARE_CHANGES_MIN`] elements ("everything",
+///   at any size: a city's whole tile set is below the floor; one edit to
+///   one large feature is not "everything").
+///
+/// `size` is (the affected set's units, the diff's changed elements).
+///
+/// `factor` 0 turns the guard off. A first diff, with no history, is never
+/// held; a held diff's size does not enter the history (it would drag the
+/// median towards the mass edit).
 pub fn guard(
     w: &mut Writer<'_>,
     name: &str,
     (factor, min): (f64, usize),
-    size: usize,
+    (size, changes): (usize, usize),
     diff: &str,
     marker: Option<i64>,
 ) -> Result<Guarded, StoreError> {
@@ -484,13 +560,24 @@ pub fn guard(
     let m = median(&sizes);
     // A median of 0 (diffs that affect nothing) counts as 1: a diff of a
     // few units after many empty ones is no mass edit.
-    if factor > 0.0 && !sizes.is_empty() && size > min && size as f64 > factor * m.max(1.0) {
+    let total: Option<usize> = w
+        .meta(&costs_key(name))?
+        .and_then(|t| serde_json::from_str::<Costs>(&t).ok())
+        .and_then(|c| c.rebuilds.last().map(|r| r.units as usize))
+        .filter(|t| *t > 0);
+    let far = |k: f64| size as f64 > k * m.max(1.0);
+    let by_floor = size > min && far(factor);
+    let by_share = total.is_some_and(|t| size as f64 >= AFFECTED_GUARD_SHARE * t as f64)
+        && far(AFFECTED_GUARD_SHARE_FACTOR.min(factor))
+        && changes >= AFFECTED_GUARD_SHARE_CHANGES_MIN;
+    if factor > 0.0 && !sizes.is_empty() && (by_floor || by_share) {
         let h = Held {
             diff: diff.to_string(),
             size,
             median: m,
             factor,
             marker,
+            total: (!by_floor).then_some(total).flatten(),
         };
         w.set_meta(
             &held_key(name),
@@ -588,7 +675,51 @@ pub fn record_run(
     }
     c.sequence = seq;
     let text = serde_json::to_string(&c).expect("plain data");
-    store.write(|w| w.set_meta(&costs_key(name), &text))
+    let failed = store.meta(&failed_key(name))?.is_some();
+    store.write(|w| {
+        w.set_meta(&costs_key(name), &text)?;
+        // A drain or rebuild that succeeded ends the failure status shows.
+        if failed {
+            w.del_meta(&failed_key(name))?;
+        }
+        Ok(())
+    })
+}
+
+fn failed_key(name: &str) -> String {
+    format!("drain_failed:{name}")
+}
+
+/// The last drain of a dataset that failed, kept until a drain or rebuild
+/// succeeds (issue 50: status showed only "N dirty" and the previous
+/// drain's time, green, while every drain failed).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct FailedDrain {
+    /// RFC 3339, UTC.
+    pub at: String,
+    pub error: String,
+}
+
+/// Records a failed drain; a store that cannot take it is said on stderr
+/// by the caller, the drain's own error being the one to report.
+pub fn record_failed_drain(store: &mut Store, name: &str, error: &str) -> Result<(), StoreError> {
+    let f = FailedDrain {
+        at: highwater_core::window::format_rfc3339(highwater_store::lease::now_ns() / 1000),
+        error: error.chars().take(FAILED_DRAIN_ERROR_CHARS_MAX).collect(),
+    };
+    let text = serde_json::to_string(&f).expect("plain data");
+    store.write(|w| w.set_meta(&failed_key(name), &text))
+}
+
+/// An error kept for status is cut to this many characters.
+pub const FAILED_DRAIN_ERROR_CHARS_MAX: usize = 2000;
+
+/// The failed drain [`record_failed_drain`] kept, if no drain has
+/// succeeded since.
+pub fn failed_drain(store: &Store, name: &str) -> Result<Option<FailedDrain>, StoreError> {
+    Ok(store
+        .meta(&failed_key(name))?
+        .and_then(|t| serde_json::from_str(&t).ok()))
 }
 
 /// The crossover as status shows it, for a backlog of `backlog` units.
@@ -605,7 +736,21 @@ pub struct Crossover {
     /// The seed's leading indicator: the cost per diff of recent drains
     /// rising towards the rebuild's cost.
     pub trend_warning: Option<String>,
+    /// Why there is no prediction, when the drains measured so far cleared
+    /// too few units to predict from (issue 50).
+    pub prediction_note: Option<String>,
 }
+
+/// Units the measured drains must have cleared, together, before their
+/// cost per unit predicts a backlog (issue 50: a 1-tile drain's 0.95 s,
+/// mostly fixed cost, predicted 19.2 s for 20 tiles and advised a
+/// rebuild): this many, or [`PREDICTION_SHARE_MIN`] of the units the last
+/// rebuild made, whichever is fewer (a small dataset has few units to
+/// drain at all).
+pub const PREDICTION_UNITS_MIN: u64 = 100;
+
+/// See [`PREDICTION_UNITS_MIN`].
+pub const PREDICTION_SHARE_MIN: f64 = 0.25;
 
 /// The predicted backlog drain time against the last rebuild, from
 /// measured runs only.
@@ -619,10 +764,20 @@ pub fn crossover(c: &Costs, backlog: u64) -> Crossover {
         .drains
         .iter()
         .fold((0.0, 0u64), |(s, u), r| (s + r.seconds, u + r.units));
-    if u > 0 {
+    let need = match c.rebuilds.last() {
+        Some(r) => PREDICTION_UNITS_MIN
+            .min((PREDICTION_SHARE_MIN * r.units as f64).ceil() as u64)
+            .max(1),
+        None => PREDICTION_UNITS_MIN,
+    };
+    if u >= need {
         let per = s / u as f64;
         out.drain_s_per_unit = Some(per);
         out.backlog_predicted_s = Some(per * backlog as f64);
+    } else if !c.drains.is_empty() {
+        out.prediction_note = Some(format!(
+            "not predicted: the drains measured so far cleared {u} units, and a prediction needs {need} (a small drain's time is mostly its fixed cost, which would overstate the backlog's)"
+        ));
     }
     if let (Some(p), Some(r)) = (out.backlog_predicted_s, out.last_rebuild_s) {
         out.advice = Some(if p > r { "rebuild" } else { "drain" }.to_string());
@@ -661,7 +816,28 @@ pub fn drain_recorded(
     limits: DrainLimits,
 ) -> Result<Outcome, DatasetError> {
     let before = dirty_units(store, d).map_err(|e| error_text(&e))?;
-    let o = d.drain(store, limits)?;
+    let drained = if std::env::var("HIGHWATER_FAILPOINT")
+        .is_ok_and(|v| v == format!("fail-drain:{}", d.name()))
+    {
+        Err(format!(
+            "dataset {}: failed on purpose (HIGHWATER_FAILPOINT)",
+            d.name()
+        ))
+    } else {
+        d.drain(store, limits)
+    };
+    let o = match drained {
+        Ok(o) => o,
+        Err(e) => {
+            if let Err(r) = record_failed_drain(store, d.name(), &e) {
+                return Err(format!(
+                    "{e} (and the failure could not be recorded for status: {})",
+                    error_text(&r)
+                ));
+            }
+            return Err(e);
+        }
+    };
     let after = dirty_units(store, d).map_err(|e| error_text(&e))?;
     let rebuilt = !o.json["rebuilt"].is_null() && o.json["rebuilt"] != false;
     let units = if rebuilt {
@@ -743,6 +919,7 @@ pub fn keyed_status(
         "recorded_recipe": built,
         "rebuild": rebuild,
         "last_drain": store.meta(&format!("drained_at:{name}"))?,
+        "last_failed_drain": failed_drain(store, name)?,
     }))
 }
 
@@ -780,6 +957,14 @@ mod tests {
                 Some("rebuild"),
                 false,
             ),
+            // Issue 50: one drain of one unit predicts nothing.
+            (
+                vec![run(0.95, 1, 1)],
+                vec![run(5.0, 1000, 0)],
+                20,
+                None,
+                false,
+            ),
             // Cost per diff rising past half a rebuild: warned.
             (
                 vec![
@@ -788,7 +973,7 @@ mod tests {
                     run(3.0, 10, 1),
                     run(4.0, 10, 1),
                 ],
-                vec![run(5.0, 1000, 0)],
+                vec![run(5.0, 100, 0)],
                 0,
                 Some("drain"),
                 true,
@@ -801,7 +986,7 @@ mod tests {
                     run(0.3, 10, 1),
                     run(0.4, 10, 1),
                 ],
-                vec![run(5.0, 1000, 0)],
+                vec![run(5.0, 100, 0)],
                 0,
                 Some("drain"),
                 false,
@@ -815,6 +1000,11 @@ mod tests {
             };
             let x = crossover(&c, backlog);
             assert_eq!(x.advice.as_deref(), advice, "{drains:?} {backlog}");
+            assert_eq!(
+                x.prediction_note.is_some(),
+                !drains.is_empty() && x.backlog_predicted_s.is_none(),
+                "{drains:?}: {x:?}"
+            );
             assert_eq!(x.trend_warning.is_some(), warned, "{drains:?}: {x:?}");
         }
     }

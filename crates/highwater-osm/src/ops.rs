@@ -30,6 +30,8 @@ pub enum OpsError {
     Sequence { path: PathBuf, message: String },
     #[error("{}: {message}", path.display())]
     Output { path: PathBuf, message: String },
+    #[error("--sequence {sequence}: the store is already at sequence {have}; the diffs would end at or before where it stands: nothing was applied (give the sequence the store stands at after these diffs)")]
+    Declare { sequence: i64, have: i64 },
     #[error(transparent)]
     Fetch(#[from] FetchError),
 }
@@ -489,6 +491,42 @@ pub fn apply_to(
     dry_run: bool,
     before_commit: &mut dyn FnMut(&mut Writer<'_>, &ApplyReport) -> Result<(), OpsError>,
 ) -> Result<ApplyReport, OpsError> {
+    apply_sets(store, cfg, sets, diffs, dry_run, None, before_commit)
+}
+
+/// [`apply_with`] for diffs without state files whose result the operator
+/// vouches is replication sequence `sequence` (`osm apply --sequence`):
+/// declared in the same transaction as the diffs, so the store and every
+/// dataset's marker say `sequence` at once (issue 50: declared after, the
+/// markers stayed one behind and status showed "gap 1"). Refused, with
+/// nothing applied, when the store already stands at or past `sequence`.
+pub fn apply_declaring(
+    store: &mut Store,
+    cfg: &OsmConfig,
+    diffs: &[Diff],
+    sequence: i64,
+    before_commit: &mut dyn FnMut(&mut Writer<'_>, &ApplyReport) -> Result<(), OpsError>,
+) -> Result<ApplyReport, OpsError> {
+    apply_sets(
+        store,
+        cfg,
+        &cfg.datasets(),
+        diffs,
+        false,
+        Some(sequence),
+        before_commit,
+    )
+}
+
+fn apply_sets(
+    store: &mut Store,
+    cfg: &OsmConfig,
+    sets: &[&dyn crate::dataset::Dataset],
+    diffs: &[Diff],
+    dry_run: bool,
+    declare: Option<i64>,
+    before_commit: &mut dyn FnMut(&mut Writer<'_>, &ApplyReport) -> Result<(), OpsError>,
+) -> Result<ApplyReport, OpsError> {
     let run = |w: &mut Writer<'_>| -> Result<ApplyReport, OpsError> {
         let mut per: Vec<DatasetReport> = sets
             .iter()
@@ -511,6 +549,11 @@ pub fn apply_to(
             match state {
                 Some(s) => seq = Some(s.sequence),
                 None => unsequenced = true,
+            }
+        }
+        if let (Some(n), Some(have)) = (declare, seq) {
+            if n <= have {
+                return Err(OpsError::Declare { sequence: n, have });
             }
         }
         if !diffs.is_empty() {
@@ -559,9 +602,14 @@ pub fn apply_to(
                     crate::dataset::AFFECTED_GUARD_DEFAULT,
                     crate::dataset::AFFECTED_GUARD_MIN_DEFAULT,
                 ));
-                if let crate::dataset::Guarded::HeldNow(h) =
-                    crate::dataset::guard(w, d.name(), (factor, min), size, &label, before)?
-                {
+                if let crate::dataset::Guarded::HeldNow(h) = crate::dataset::guard(
+                    w,
+                    d.name(),
+                    (factor, min),
+                    (size, changes.len()),
+                    &label,
+                    before,
+                )? {
                     r.warnings.push(h.message(d.name()));
                     r.held = Some(h);
                 }
@@ -581,6 +629,10 @@ pub fn apply_to(
                     w.set_meta("unsequenced", &(n + 1).to_string())?;
                 }
             }
+        }
+        if let Some(n) = declare {
+            w.set_meta("sequence", &n.to_string())?;
+            w.del_meta("unsequenced")?;
         }
         // The markers say up to which sequence the dirty sets are recorded:
         // the store's, whether or not these diffs carried one.

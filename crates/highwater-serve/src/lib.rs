@@ -1,6 +1,8 @@
 //! `highwater serve`: read-only pages and endpoints over a project's state.
 //!
-//! What it serves, all with GET only (anything else is 405), none writing:
+//! What it serves, all with GET only (OPTIONS answers a CORS preflight,
+//! anything else is 405), none writing, every answer readable by pages of
+//! other origins ([`cors`]):
 //! - `/`: one page that answers "is everything fresh?" (file stages, the
 //!   window grid of each source, OSM datasets against store and server);
 //! - `/map`: MapLibre GL JS (vendored, [`assets`]) over a tile dataset, with
@@ -10,7 +12,9 @@
 //!   (TileJSON 3.0);
 //! - `/glyphs/{fontstack}/{range}.pbf`: the map's label glyphs ([`glyphs`]);
 //! - `/metrics` (Prometheus text, [`metrics`]) and `/api/status` (the data
-//!   behind `/`).
+//!   behind `/`);
+//! - `/api/aggregates/NAME?admin_level=&class=`: an aggregates dataset's
+//!   totals, one committed state with its sequence (issue 50).
 //!
 //! Layout: this file is the router and the server; [`pages`] renders HTML
 //! with maud (escaped at compile time); [`metrics`] turns the status
@@ -19,6 +23,7 @@
 //! nothing of how files, sources or OSM stores keep it.
 
 pub mod conn;
+pub mod cors;
 pub mod glyphs;
 pub mod mbtiles;
 pub mod metrics;
@@ -103,6 +108,13 @@ pub trait Project: Send + Sync + 'static {
         _y: u32,
     ) -> Result<(i64, Option<Vec<u8>>), String> {
         Err(format!("{dataset}: no store to cut from"))
+    }
+    /// Issue 50: an aggregates dataset's stored totals as one committed
+    /// state: `{"dataset", "sequence", "dirty", "rows": [...]}`, rows as
+    /// `osm aggregates --json` prints them. `Ok(None)`: no aggregates
+    /// dataset of that name.
+    fn aggregates(&self, _name: &str) -> Result<Option<serde_json::Value>, String> {
+        Ok(None)
     }
     /// The request counts recorded before (by an earlier serve), if any.
     fn load_requests(&self, _dataset: &str) -> Option<TileRequests> {
@@ -204,8 +216,11 @@ type FreshEntry = (i64, Option<TileBody>);
 
 /// A tile's gzipped bytes ready to send: shared (a response takes a
 /// reference, not a copy) with their ETag computed once, when read or cut,
-/// not per request: the bytes' hash, and for a fresh tile the generation
-/// it was cut at (so a cached copy is asked again once the store moves).
+/// not per request. The ETag is the bytes' hash and nothing else (issue
+/// 50): a fresh cut and the drain that later stores the same tile gzip it
+/// with the same code, so a client that has the fresh tile revalidates
+/// the drained one with a 304 (clients revalidate every tile, `no-cache`,
+/// so an ETag naming the store's generation bought nothing but refetches).
 #[derive(Clone, Debug)]
 struct TileBody {
     bytes: axum::body::Bytes,
@@ -213,15 +228,11 @@ struct TileBody {
 }
 
 impl TileBody {
-    fn new(data: Vec<u8>, generation: Option<i64>) -> TileBody {
+    fn new(data: Vec<u8>) -> TileBody {
         let hash = &blake3::hash(&data).to_hex()[..16];
-        let etag = match generation {
-            Some(g) => format!("\"{hash}-g{g}\""),
-            None => format!("\"{hash}\""),
-        };
         TileBody {
             bytes: data.into(),
-            etag: HeaderValue::from_str(&etag).expect("hex"),
+            etag: HeaderValue::from_str(&format!("\"{hash}\"")).expect("hex"),
         }
     }
 }
@@ -235,6 +246,8 @@ pub enum ServeError {
         addr: SocketAddr,
         err: std::io::Error,
     },
+    #[error("--cors-origin {origin}: {why}")]
+    CorsOrigin { origin: String, why: &'static str },
     #[error("--public-url {url}: {why}")]
     PublicUrl { url: String, why: &'static str },
     #[error("{what} {value}: give 1 to {max} seconds")]
@@ -280,6 +293,10 @@ pub struct Options {
     pub refresh_s: u64,
     /// A dirty tile's fresh cut past this serves the stale tile (issue 23).
     pub fresh_cut_timeout_ms: u64,
+    /// Issue 50: the origins (`https://host[:port]`) whose pages may read
+    /// the answers (`--cors-origin`); empty: every origin (`*`), as
+    /// martin and tileserver-gl answer.
+    pub cors_origins: Vec<String>,
 }
 
 /// Timeouts above this many seconds are refused: a limit on everything.
@@ -296,6 +313,7 @@ impl Options {
             connections_max: None,
             refresh_s: 60,
             fresh_cut_timeout_ms: FRESH_CUT_TIMEOUT_MS_DEFAULT,
+            cors_origins: Vec::new(),
         }
     }
 }
@@ -374,8 +392,10 @@ pub fn connections_max(asked: Option<u64>, nofile: Option<u64>) -> Result<usize,
 
 struct App {
     project: Arc<dyn Project>,
-    /// Where absolute URLs start; "" for root-relative ones.
-    origin: String,
+    /// Where the absolute URLs in TileJSON and styles start (issue 50:
+    /// TileJSON 3.0 wants them absolute): `--public-url`, else the bound
+    /// address; set once bound, never from a request.
+    origin: std::sync::OnceLock<String>,
     /// Handler reads at once: each holds descriptors the limit counts on.
     reads: tokio::sync::Semaphore,
     /// Open MBTiles connections, reused (see [`mbtiles::Pool`]).
@@ -440,10 +460,10 @@ impl CleanCache {
 }
 
 impl App {
-    fn new(project: Arc<dyn Project>, origin: String, fresh_cut_timeout: Duration) -> App {
+    fn new(project: Arc<dyn Project>, fresh_cut_timeout: Duration) -> App {
         App {
             project,
-            origin,
+            origin: Default::default(),
             reads: tokio::sync::Semaphore::new(conn::BLOCKING_READS_MAX),
             pool: mbtiles::Pool::default(),
             counts: Default::default(),
@@ -453,6 +473,11 @@ impl App {
             tilesets: Default::default(),
             clean: Default::default(),
         }
+    }
+
+    /// Where absolute URLs start (set once bound).
+    fn origin(&self) -> &str {
+        self.origin.get().map_or("", String::as_str)
     }
 
     /// Counts a request, and how a dirty tile was served.
@@ -526,10 +551,11 @@ pub fn serve(
     if !listen.ip().is_loopback() && !opts.public {
         return Err(ServeError::NotLoopback { addr: listen });
     }
-    let origin = match &opts.public_url {
-        Some(u) => check_public_url(u)?,
-        None => String::new(),
+    let public_url = match &opts.public_url {
+        Some(u) => Some(check_public_url(u)?),
+        None => None,
     };
+    let cors = Arc::new(cors::Cors::new(&opts.cors_origins)?);
     for (what, value) in [
         ("--header-read-timeout-s", opts.header_read_timeout_s),
         ("--idle-timeout-s", opts.idle_timeout_s),
@@ -570,7 +596,6 @@ pub fn serve(
     let refresh = refresher(project.clone(), Duration::from_secs(opts.refresh_s));
     let shared = Arc::new(App::new(
         project,
-        origin,
         Duration::from_millis(opts.fresh_cut_timeout_ms.max(1)),
     ));
     let saver = {
@@ -597,7 +622,16 @@ pub fn serve(
         use tokio::signal::unix::{signal, SignalKind};
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
-        ready(listener.local_addr()?);
+        let bound = listener.local_addr()?;
+        let (origin, warning) = match public_url {
+            Some(u) => (u, None),
+            None => origin_of(bound),
+        };
+        let _ = shared.origin.set(origin);
+        ready(bound);
+        if let Some(w) = warning {
+            conn::log(&w);
+        }
         let why = match (opts.connections_max, nofile) {
             (Some(_), _) => "--connections-max".to_string(),
             (None, Some(n)) => format!(
@@ -612,6 +646,7 @@ pub fn serve(
             opts.idle_timeout_s
         ));
         let app = router(shared);
+        let app = Served { router: app, cors };
         let stop = async move {
             tokio::select! {
                 _ = term.recv() => {}
@@ -637,6 +672,27 @@ pub fn serve(
     // What was counted since the last save is kept.
     app_for_stop.save_counts();
     r
+}
+
+/// The origin absolute URLs start with when no `--public-url` is given:
+/// the address bound (issue 50). An unspecified address (0.0.0.0, ::) is
+/// no place a client can ask for: its loopback is named, and the second
+/// value is the warning to log (clients elsewhere need `--public-url`).
+pub fn origin_of(bound: SocketAddr) -> (String, Option<String>) {
+    let mut a = bound;
+    if !a.ip().is_unspecified() {
+        return (format!("http://{a}"), None);
+    }
+    a.set_ip(match a {
+        SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+        SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+    });
+    (
+        format!("http://{a}"),
+        Some(format!(
+            "warning: TileJSON and styles name http://{a} (listening on {bound}, which no client can ask for): give --public-url with the address clients reach this server at"
+        )),
+    )
 }
 
 /// Runs [`Project::refresh`] now and then every `every`, on a thread of
@@ -711,7 +767,7 @@ impl EventLoops {
 /// open ones finish their request and waits for them.
 async fn accept(
     listener: tokio::net::TcpListener,
-    app: Router,
+    app: Served,
     conns: Arc<conn::Conns>,
     timeouts: conn::Timeouts,
     loops: &EventLoops,
@@ -767,7 +823,7 @@ async fn accept(
 /// after its request when the server stops.
 async fn connection(
     stream: tokio::net::TcpStream,
-    app: Router,
+    app: Served,
     c: Arc<conn::Conn>,
     _slot: conn::Slot,
     timeouts: conn::Timeouts,
@@ -778,7 +834,8 @@ async fn connection(
         conn: c.clone(),
     });
     let svc = Tracked {
-        router: app,
+        router: app.router,
+        cors: app.cors,
         conn: c.clone(),
     };
     let mut b = hyper::server::conn::http1::Builder::new();
@@ -811,11 +868,21 @@ async fn connection(
     }
 }
 
+/// The router and who may read its answers, as each connection gets them.
+#[derive(Clone)]
+struct Served {
+    router: Router,
+    cors: Arc<cors::Cors>,
+}
+
 /// The router, telling the connection when it has a request and when it
-/// answered.
+/// answered; CORS is added here, around the router (issue 50), so that
+/// every answer has it, a 404 or a 405 too, and an `OPTIONS` is answered
+/// without a route of its own.
 #[derive(Clone)]
 struct Tracked {
     router: Router,
+    cors: Arc<cors::Cors>,
     conn: Arc<conn::Conn>,
 }
 
@@ -827,10 +894,19 @@ impl hyper::service::Service<axum::http::Request<hyper::body::Incoming>> for Tra
 
     fn call(&self, req: axum::http::Request<hyper::body::Incoming>) -> Self::Future {
         self.conn.handling();
+        if cors::Cors::is_options(req.method()) {
+            let r = self.cors.preflight(req.headers());
+            self.conn.answered();
+            return Box::pin(std::future::ready(Ok(r)));
+        }
+        let origin = req.headers().get(header::ORIGIN).cloned();
         let answer = tower_service::Service::call(&mut self.router.clone(), req);
-        let c = self.conn.clone();
+        let (c, cors) = (self.conn.clone(), self.cors.clone());
         Box::pin(async move {
-            let r = answer.await;
+            let mut r = answer.await;
+            if let Ok(r) = &mut r {
+                cors.decorate(origin.as_ref(), r);
+            }
             c.answered();
             r
         })
@@ -843,6 +919,7 @@ fn router(app: Shared) -> Router {
         .route("/map", get(map_page))
         .route("/api/status", get(api_status))
         .route("/api/dirty/{file}", get(dirty))
+        .route("/api/aggregates/{name}", get(aggregates))
         .route("/metrics", get(metrics_text))
         .route("/tiles/{file}", get(tilejson))
         .route("/tiles/{name}/style.json", get(style))
@@ -945,6 +1022,91 @@ async fn dirty(State(app): State<Shared>, UrlPath(file): UrlPath<String>) -> Res
     .await
 }
 
+/// `/api/aggregates/NAME?admin_level=N&class=C` (issue 50): the stored
+/// totals of one committed state, with the sequence they reflect, the
+/// rows filtered by admin level and class when asked.
+async fn aggregates(
+    State(app): State<Shared>,
+    UrlPath(name): UrlPath<String>,
+    uri: axum::http::Uri,
+) -> Response {
+    let mut level: Option<u64> = None;
+    let mut class: Option<String> = None;
+    for pair in uri
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let v = percent_decode(v);
+        match k {
+            "admin_level" => match v.parse() {
+                Ok(n) => level = Some(n),
+                Err(_) => {
+                    return (
+                        StatusCode::BAD_REQUEST,
+                        format!("admin_level={v}: give a number (2 to 11)"),
+                    )
+                        .into_response()
+                }
+            },
+            "class" => class = Some(v),
+            other => {
+                return (
+                    StatusCode::BAD_REQUEST,
+                    format!("{other}: ask with admin_level= and class= only"),
+                )
+                    .into_response()
+            }
+        }
+    }
+    blocking(&app, move |app| match app.project.aggregates(&name) {
+        Ok(Some(mut doc)) => {
+            if let Some(rows) = doc["rows"].as_array_mut() {
+                rows.retain(|r| {
+                    level.is_none_or(|l| r["admin_level"].as_u64() == Some(l))
+                        && class.as_ref().is_none_or(|c| r["class"] == c.as_str())
+                });
+            }
+            (
+                [(header::CONTENT_TYPE, "application/json")],
+                doc.to_string(),
+            )
+                .into_response()
+        }
+        Ok(None) => not_found(format!("no aggregates dataset named `{name}`")),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e).into_response(),
+    })
+    .await
+}
+
+/// `%XX` and `+` of a query value decoded (invalid escapes kept as they
+/// are); the bytes read as UTF-8, lossily.
+fn percent_decode(v: &str) -> String {
+    let b = v.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < b.len() => {
+                let hex = |c: u8| (c as char).to_digit(16);
+                match (hex(b[i + 1]), hex(b[i + 2])) {
+                    (Some(h), Some(l)) => {
+                        out.push((h * 16 + l) as u8);
+                        i += 2;
+                    }
+                    _ => out.push(b'%'),
+                }
+            }
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// `/tiles/NAME.json`. Its URLs are root-relative, or under `public_url`:
 /// never built from the request's Host (issue 20).
 async fn tilejson(State(app): State<Shared>, UrlPath(file): UrlPath<String>) -> Response {
@@ -955,7 +1117,7 @@ async fn tilejson(State(app): State<Shared>, UrlPath(file): UrlPath<String>) -> 
         let Some(t) = tileset(&app, &name) else {
             return not_found(format!("no tile dataset named `{name}`"));
         };
-        match mbtiles::tilejson(&t, &app.origin) {
+        match mbtiles::tilejson(&t, app.origin()) {
             Ok(j) => ([(header::CONTENT_TYPE, "application/json")], j.to_string()).into_response(),
             Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e).into_response(),
         }
@@ -970,7 +1132,7 @@ async fn style(State(app): State<Shared>, UrlPath(name): UrlPath<String>) -> Res
         let Some(t) = tileset(&app, &name) else {
             return not_found(format!("no tile dataset named `{name}`"));
         };
-        let tj = match mbtiles::tilejson(&t, &app.origin) {
+        let tj = match mbtiles::tilejson(&t, app.origin()) {
             Ok(j) => j,
             Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e).into_response(),
         };
@@ -984,8 +1146,8 @@ async fn style(State(app): State<Shared>, UrlPath(name): UrlPath<String>) -> Res
             .map(|v| v.iter().filter_map(|l| l["id"].as_str()).collect())
             .unwrap_or_default();
         let style = mbtiles::shortbread_style(
-            &format!("{}/tiles/{name}.json", app.origin),
-            &format!("{}/glyphs/{{fontstack}}/{{range}}.pbf", app.origin),
+            &format!("{}/tiles/{name}.json", app.origin()),
+            &format!("{}/glyphs/{{fontstack}}/{{range}}.pbf", app.origin()),
             &have,
         );
         (
@@ -1022,6 +1184,8 @@ async fn tile(
         .filter_map(|h| h.to_str().ok())
         .map(str::to_string)
         .collect();
+    let gz = accepts_gzip(&headers);
+    let if_none = Asked { if_none, gz };
     if let Some(r) = clean_tile_now(&app, &name, z, x, y, &if_none) {
         return r;
     }
@@ -1054,12 +1218,7 @@ async fn tile(
             app.count(&name, (z, x, y), None);
         }
         match app.pool.read_tile(&t.mbtiles, z, x, y) {
-            Ok(data) => tile_response(
-                data.map(|d| TileBody::new(d, None)),
-                None,
-                stale.as_deref(),
-                &if_none,
-            ),
+            Ok(data) => tile_response(data.map(TileBody::new), None, stale.as_deref(), &if_none),
             Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e).into_response(),
         }
     })
@@ -1083,7 +1242,7 @@ fn clean_tile_now(
     z: u8,
     x: u32,
     y: u32,
-    if_none: &[String],
+    if_none: &Asked,
 ) -> Option<Response> {
     // The datasets as the blocking path last listed them (the config does
     // not change while serve runs; a file that went away fails the pooled
@@ -1113,7 +1272,7 @@ fn clean_tile_now(
             let d = app
                 .pool
                 .read_tile_now(&t.mbtiles, z, x, y)?
-                .map(|d| TileBody::new(d, None));
+                .map(TileBody::new);
             if let Some(e) = epoch {
                 app.clean
                     .lock()
@@ -1164,7 +1323,7 @@ fn fresh_tile(
             let r = a
                 .project
                 .cut_fresh(&key.0, z, x, y)
-                .map(|(g, data)| (g, data.map(|d| TileBody::new(d, Some(g)))));
+                .map(|(g, data)| (g, data.map(TileBody::new)));
             if let Ok((g, data)) = &r {
                 let mut cache = a.fresh.lock().expect("not poisoned");
                 if cache.len() >= FRESH_CACHE_TILES_MAX {
@@ -1192,23 +1351,94 @@ fn fresh_tile(
     }
 }
 
-/// A tile's response: gzipped MVT with its ETag ([`TileBody`]),
+/// What a tile request asks beyond the tile: the ETags it has, and
+/// whether it takes gzip.
+struct Asked {
+    if_none: Vec<String>,
+    gz: bool,
+}
+
+/// Whether a request's `Accept-Encoding` takes gzip (RFC 9110 12.5.3):
+/// `gzip` or `x-gzip` or `*` with a non-zero weight, `gzip` named with
+/// weight 0 refusing it. A request without the header gets the tile
+/// inflated: the RFC leaves the choice to the server, and a client that
+/// sends none (curl without --compressed, a script's plain GET) is one
+/// that would otherwise be handed bytes it cannot read.
+pub fn accepts_gzip(headers: &HeaderMap) -> bool {
+    let mut named: Option<bool> = None;
+    let mut star = false;
+    for v in headers.get_all(header::ACCEPT_ENCODING) {
+        let Ok(v) = v.to_str() else { continue };
+        for item in v.split(',') {
+            let mut parts = item.split(';');
+            let coding = parts.next().unwrap_or("").trim().to_ascii_lowercase();
+            let q = parts
+                .filter_map(|p| p.trim().strip_prefix("q=").or(p.trim().strip_prefix("Q=")))
+                .find_map(|q| q.trim().parse::<f32>().ok())
+                .unwrap_or(1.0);
+            match coding.as_str() {
+                "gzip" | "x-gzip" => named = Some(named.unwrap_or(false) || q > 0.0),
+                "*" => star = q > 0.0,
+                _ => {}
+            }
+        }
+    }
+    named.unwrap_or(star)
+}
+
+/// Gzip's first two bytes: MBTiles files written elsewhere may hold
+/// tiles uncompressed, which are then sent without a Content-Encoding.
+fn is_gzip(b: &[u8]) -> bool {
+    b.starts_with(&[0x1f, 0x8b])
+}
+
+/// `bytes` inflated; `None` when they do not inflate (sent as stored).
+fn gunzip(bytes: &[u8]) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let mut out = Vec::with_capacity(bytes.len() * 4);
+    flate2::read::MultiGzDecoder::new(bytes)
+        .read_to_end(&mut out)
+        .ok()?;
+    Some(out)
+}
+
+/// A tile's response: MVT with its ETag ([`TileBody`]), gzipped as
+/// stored for a client that takes gzip and inflated for one that does not
+/// (issue 50; its ETag then says `-identity`: another representation),
 /// `no-cache` (clients revalidate: the tile may be re-cut at any diff), and
 /// for a stale dirty tile a header saying why. An empty tile is 204.
 fn tile_response(
     data: Option<TileBody>,
     generation: Option<i64>,
     stale: Option<&str>,
-    if_none: &[String],
+    asked: &Asked,
 ) -> Response {
     let mut r = match data {
         Some(TileBody { bytes, etag }) => {
+            let zipped = is_gzip(&bytes);
+            let (bytes, etag, encoding) = if zipped && !asked.gz {
+                match gunzip(&bytes) {
+                    Some(plain) => {
+                        let tag = etag.to_str().expect("hex and quotes");
+                        let tag = format!("{}-identity\"", &tag[..tag.len() - 1]);
+                        (
+                            axum::body::Bytes::from(plain),
+                            HeaderValue::from_str(&tag).expect("hex and quotes"),
+                            None,
+                        )
+                    }
+                    None => (bytes, etag, Some("gzip")),
+                }
+            } else {
+                (bytes, etag, zipped.then_some("gzip"))
+            };
             let tag = etag.to_str().expect("hex and quotes");
-            if if_none.iter().any(|h| none_match(h, tag)) {
+            if asked.if_none.iter().any(|h| none_match(h, tag)) {
                 let mut r = StatusCode::NOT_MODIFIED.into_response();
                 let h = r.headers_mut();
                 h.insert(header::ETAG, etag);
                 h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+                h.insert(header::VARY, HeaderValue::from_static("Accept-Encoding"));
                 return r;
             }
             let mut r = Response::new(axum::body::Body::from(bytes));
@@ -1217,8 +1447,9 @@ fn tile_response(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("application/vnd.mapbox-vector-tile"),
             );
-            // Stored gzipped (as the MBTiles spec has it): sent as is.
-            h.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+            if let Some(e) = encoding {
+                h.insert(header::CONTENT_ENCODING, HeaderValue::from_static(e));
+            }
             h.insert(header::ETAG, etag);
             r
         }
@@ -1227,6 +1458,7 @@ fn tile_response(
     };
     let h = r.headers_mut();
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert(header::VARY, HeaderValue::from_static("Accept-Encoding"));
     if let Some(g) = generation {
         h.insert(
             "x-highwater-fresh",

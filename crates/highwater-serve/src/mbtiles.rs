@@ -153,7 +153,16 @@ impl Pool {
     }
 }
 
-/// TileJSON 3.0 for a tileset, its tile URL under `origin`.
+/// What ODbL asks of every map made from OpenStreetMap data (issue 50),
+/// as TileJSON's and a style source's `attribution` (HTML, which MapLibre's
+/// attribution control shows as a link).
+pub const OSM_ATTRIBUTION: &str =
+    "<a href=\"https://www.openstreetmap.org/copyright\" target=\"_blank\">© OpenStreetMap contributors</a>";
+
+/// TileJSON 3.0 for a tileset, its tile URL under `origin`: absolute, as
+/// TileJSON 3.0 has it, when `origin` is (issue 50). The attribution is
+/// the MBTiles file's, else [`OSM_ATTRIBUTION`] (a file written before
+/// issue 50 has none, and every dataset here is made from OSM data).
 pub fn tilejson(t: &Tileset, origin: &str) -> Result<serde_json::Value, String> {
     let c = open(&t.mbtiles)?;
     let meta = |k: &str| -> Option<String> {
@@ -199,6 +208,7 @@ pub fn tilejson(t: &Tileset, origin: &str) -> Result<serde_json::Value, String> 
         "name": t.name,
         "scheme": "xyz",
         "tiles": [format!("{origin}/tiles/{}/{{z}}/{{x}}/{{y}}.pbf", t.name)],
+        "attribution": meta("attribution").unwrap_or_else(|| OSM_ATTRIBUTION.to_string()),
         "minzoom": t.zoom_min,
         "maxzoom": t.zoom_max,
         "bounds": bounds,
@@ -305,7 +315,7 @@ pub fn shortbread_style(tilejson: &str, glyphs: &str, have: &[&str]) -> serde_js
     if let Some(sources) = o.get_mut("sources").and_then(|v| v.as_object_mut()) {
         for (_, src) in sources.iter_mut() {
             if src["type"] == "vector" {
-                *src = serde_json::json!({"type": "vector", "url": tilejson});
+                *src = serde_json::json!({"type": "vector", "url": tilejson, "attribution": OSM_ATTRIBUTION});
             }
         }
     }

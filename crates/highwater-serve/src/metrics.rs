@@ -225,6 +225,19 @@ pub fn render(s: &Value) -> String {
             )
             .sample("highwater_osm_store_sequence", &[], q);
         }
+        if o["error"].is_null() {
+            Family::start(
+                &mut out,
+                "highwater_osm_unsequenced_diffs",
+                "gauge",
+                "Diffs without a state file applied since the store's last known replication sequence (issue 50); above 0 the store follows no sequence and replication refuses to apply.",
+            )
+            .sample(
+                "highwater_osm_unsequenced_diffs",
+                &[],
+                o["unsequenced"].as_f64().unwrap_or(0.0),
+            );
+        }
         let mut f = Family::start(
             &mut out,
             "highwater_osm_sequence",
@@ -275,6 +288,23 @@ pub fn render(s: &Value) -> String {
                     f.sample(name, &[("dataset", d["name"].as_str().unwrap_or(""))], v);
                 }
             }
+        }
+        let mut f = Family::start(
+            &mut out,
+            "highwater_osm_drain_failed",
+            "gauge",
+            "1 when the dataset's last drain failed and none has succeeded since (issue 50); its error is on / and in /api/status.",
+        );
+        for d in arr(&o["datasets"]) {
+            f.sample(
+                "highwater_osm_drain_failed",
+                &[("dataset", d["name"].as_str().unwrap_or(""))],
+                if d["last_failed_drain"].is_object() {
+                    1.0
+                } else {
+                    0.0
+                },
+            );
         }
         let mut f = Family::start(
             &mut out,

@@ -154,6 +154,9 @@ fn osm(s: &Value) -> Markup {
                         " · server " (text(&sv["url"])) ": the first check is under way"
                     } @else if let Some(e) = sv.get("error").and_then(|e| e.as_str()) {
                         span class="bad" { " · server " (text(&sv["url"])) " unreachable: " (e) }
+                    } @else if o["unsequenced"].is_i64() {
+                        " · server at " (text(&sv["sequence"])) " (" (text(&sv["timestamp"])) "), lag "
+                        span class="bad lag-unknown" { "unknown" }
                     } @else {
                         " · server at " (text(&sv["sequence"])) " (" (text(&sv["timestamp"])) "), lag "
                         span class=(if sv["lag_s"] == 0 { "fresh" } else { "stale" }) { (text(&sv["lag_s"])) " s" }
@@ -161,6 +164,15 @@ fn osm(s: &Value) -> Markup {
                     @if let Some(age) = sv.get("age_s").and_then(|a| a.as_i64()) {
                         " · checked " span class="server-age" { (age) } " s ago"
                     }
+                }
+            }
+            // Issue 50: said, and explained, not shown as "lag 0 s".
+            @if let Some(n) = o["unsequenced"].as_i64() {
+                p id="osm-unsequenced" class="bad" {
+                    "The store no longer follows a replication sequence: " (n)
+                    " diff(s) without a state file were applied after sequence " (text(&o["sequence"]))
+                    ", so which replication diff comes next is unknown and replication refuses to apply. "
+                    "Import a current extract with `highwater osm import EXTRACT --replace`, or, if you know the sequence those diffs end at, apply them with `highwater osm apply FILE --sequence N`."
                 }
             }
             table id="datasets" {
@@ -172,14 +184,22 @@ fn osm(s: &Value) -> Markup {
                         td class=(if d["gap"] == 0 { "fresh" } else { "stale" }) { (text(&d["gap"])) }
                         td { (text(&d["behind_server"])) }
                         td class=(if d["dirty"] == 0 { "fresh" } else { "stale" }) { (text(&d["dirty"])) }
-                        td { (text(&d["last_drain"])) }
+                        @if let Some(f) = d["last_failed_drain"].as_object() {
+                            td class="bad drain-failed" { "FAILED " (text(&f["at"])) ": " (text(&f["error"])) }
+                        } @else {
+                            td { (text(&d["last_drain"])) }
+                        }
                         td { code { (text(&d["recipe"])) } }
                         td class=(if d["held"].is_object() { "bad" } else { "" }) { (text(&d["rebuild"])) }
                         // Issue 23: what serve did with dirty tiles, and
                         // the measured crossover.
                         td { (text(&d["requests"]["dirty_requested"])) }
                         td { (text(&d["requests"]["served_fresh"])) " / " (text(&d["requests"]["served_stale"])) }
-                        td { (text(&d["crossover"]["backlog_predicted_s"])) " s / " (text(&d["crossover"]["last_rebuild_s"])) " s" }
+                        @if let Some(n) = d["crossover"]["prediction_note"].as_str() {
+                            td class="prediction-note" { (n) }
+                        } @else {
+                            td { (text(&d["crossover"]["backlog_predicted_s"])) " s / " (text(&d["crossover"]["last_rebuild_s"])) " s" }
+                        }
                     }
                 }
             }

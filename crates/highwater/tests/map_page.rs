@@ -5,14 +5,21 @@
 //!   along a street name's line, change when the symbol layers are hidden.
 //! - The view opens where the data is, not on the bounds one long feature
 //!   stretches; a URL hash (`#zoom/lat/lon`) opens a view and follows the map.
+//!
+//! Issue 50: tiles any web map can use. A MapLibre page served from
+//! another origin draws labelled tiles from serve, directly and through a
+//! front at `--public-url`; every answer says who may read it (CORS), a
+//! preflight is answered, TileJSON and the style carry absolute URLs and
+//! the OSM attribution, and a client without gzip gets tiles inflated.
 
 use std::path::{Path, PathBuf};
 
 mod common;
-use common::front::relay;
+use common::front::{relay, response, Front};
 use common::osm::data;
-use common::serve::{browser, serve};
+use common::serve::{browser, http, serve};
 use common::*;
+use std::sync::{Arc, Mutex};
 
 const CONFIG: &str = r#"
 [osm.tiles.base]
@@ -68,11 +75,24 @@ fn map_labels_are_drawn_with_the_servers_own_glyphs() {
     let (st, _, body) = get(&s.addr, "/tiles/base/style.json");
     assert!(st.contains(" 200"), "{st}");
     let style: serde_json::Value = serde_json::from_slice(&body).unwrap();
-    assert_eq!(style["glyphs"], "/glyphs/{fontstack}/{range}.pbf");
-    // Nothing to load from elsewhere (the metadata's licence link is text).
+    let here = format!("http://{}", s.addr);
+    assert_eq!(
+        style["glyphs"],
+        format!("{here}/glyphs/{{fontstack}}/{{range}}.pbf")
+    );
+    // Nothing to load from elsewhere (the metadata's licence link and the
+    // attribution's are text): every URL is this server's.
     let mut loads = style.clone();
     loads.as_object_mut().unwrap().remove("metadata");
-    assert!(!loads.to_string().contains("://"), "{loads}");
+    for (_, src) in loads["sources"].as_object_mut().unwrap() {
+        src.as_object_mut().unwrap().remove("attribution");
+    }
+    let text = loads.to_string();
+    assert_eq!(
+        text.matches("://").count(),
+        text.matches(&format!("{here}/")).count(),
+        "{text}"
+    );
     // What the glyph route answers: (path, status, gzipped).
     let cases = [
         ("/glyphs/noto_sans_regular/0-255.pbf", " 200", true),
@@ -248,5 +268,293 @@ fn map_draws_the_sea_in_the_water_colour() {
         "the Casino is land: {:?}, drawn {}",
         probes[2],
         features[2]
+    );
+}
+
+/// The page of another origin: serve's own `/map` page with its fetches
+/// pointed at `base` (serve, or a front before it), and MapLibre's files
+/// from this origin; the tiles, glyphs and TileJSON come from `base`.
+fn other_origin(page: String) -> Front {
+    let assets = Path::new(env!("CARGO_MANIFEST_DIR")).join("../highwater-serve/assets");
+    Front::start(move |req| {
+        let path = req.path.split(['?', '#']).next().unwrap_or("/");
+        if path == "/map" {
+            return response(
+                "200 OK",
+                &[("Content-Type", "text/html; charset=utf-8")],
+                page.as_bytes(),
+            );
+        }
+        let file = path.strip_prefix("/assets/").unwrap_or("");
+        let kind = if file.ends_with(".mjs") {
+            "text/javascript"
+        } else {
+            "text/css"
+        };
+        match std::fs::read(assets.join(file)) {
+            Ok(b) if !file.is_empty() && !file.contains('/') => {
+                response("200 OK", &[("Content-Type", kind)], &b)
+            }
+            _ => response("404 Not Found", &[], b"not here"),
+        }
+    })
+}
+
+/// Street, place and POI labels drawn on the page at `page_origin`, whose
+/// map reads everything from `base`.
+fn labels_drawn_across_origins(serve_addr: &str, base: &str, png: &str) {
+    let (_, _, page) = get(serve_addr, "/map");
+    let page = String::from_utf8(page)
+        .unwrap()
+        .replace("fetch(`/tiles/", &format!("fetch(`{base}/tiles/"))
+        .replace("data: `/api/dirty/", &format!("data: `{base}/api/dirty/"));
+    assert!(page.contains(&format!("fetch(`{base}/tiles/")), "{page}");
+    let front = other_origin(page);
+    assert_ne!(front.url, base);
+    let drew =
+        |l: &&serde_json::Value| l["changed"].as_u64().unwrap() >= 30 && l["name"].is_string();
+    for (i, (hash, layer)) in [
+        ("#17/43.73950/7.42750", "label-street-"),
+        ("#13.5/43.7380/7.4230", "label-place-"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let d = browser(
+            &format!("{}/map?labels{hash}", front.url),
+            &shots(&format!("{png}-{i}.png")),
+            "document.body.dataset.probed || document.body.dataset.error",
+            "JSON.stringify(document.body.dataset)",
+        );
+        assert!(
+            d["error"].is_null(),
+            "{png} {hash}: the map reported an error: {d}"
+        );
+        // Tiles drawn: most of the canvas is not the blank background.
+        let drawn: f64 = d["drawn"].as_str().unwrap().parse().unwrap();
+        let pixels: f64 = d["pixels"].as_str().unwrap().parse().unwrap();
+        assert!(
+            drawn > pixels / 2.0,
+            "{png} {hash}: {drawn} of {pixels} drawn"
+        );
+        let labels = json_of(&d, "labels");
+        let named: Vec<&serde_json::Value> = labels
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(drew)
+            .filter(|l| l["layer"].as_str().unwrap().starts_with(layer))
+            .collect();
+        assert!(
+            !named.is_empty(),
+            "{png} {hash}: a named {layer}* label: {labels}"
+        );
+    }
+    // The page's origin was asked for the page and MapLibre, nothing else.
+    assert_eq!(front.requests(".pbf"), 0);
+    assert_eq!(front.requests(".json"), 0);
+}
+
+/// Issue 50: a MapLibre page served from another origin draws labelled
+/// tiles (pixels checked) from serve, with the URLs serve derives from
+/// the address it listens on and, behind a front, from `--public-url`.
+#[test]
+fn a_map_on_another_origin_draws_labelled_tiles_from_serve() {
+    let p = monaco();
+    let s = serve(&p, &[]);
+    labels_drawn_across_origins(&s.addr, &format!("http://{}", s.addr), "cross-origin");
+    drop(s);
+
+    // A front at /hw relays to serve: the page, the style's TileJSON and
+    // every tile go through it, as `--public-url` names it.
+    let behind: Arc<Mutex<String>> = Arc::default();
+    let b = behind.clone();
+    let front = Front::start(move |req| match req.path.strip_prefix("/hw/") {
+        Some(rest) => relay(&b.lock().unwrap(), &format!("/{rest}")),
+        None => response("404 Not Found", &[], b"not under /hw"),
+    });
+    let public = format!("{}/hw", front.url);
+    let s = serve(&p, &["--public-url", &public]);
+    *behind.lock().unwrap() = format!("http://{}", s.addr);
+    let (_, _, tj) = get(&s.addr, "/tiles/base.json");
+    let tj: serde_json::Value = serde_json::from_slice(&tj).unwrap();
+    assert_eq!(
+        tj["tiles"][0],
+        format!("{public}/tiles/base/{{z}}/{{x}}/{{y}}.pbf")
+    );
+    labels_drawn_across_origins(&s.addr, &public, "public-url");
+    assert!(front.requests(".pbf") > 0, "no tile went through the front");
+    assert!(
+        front.requests(".json") > 0,
+        "no TileJSON went through the front"
+    );
+}
+
+/// Issue 50: every answer says who may read it, `*` unless
+/// `--cors-origin` names the origins; a preflight is answered, not 405;
+/// TileJSON, the style and the MBTiles file carry the OSM attribution; a
+/// client that takes gzip gets the tile as stored, one that does not gets
+/// it inflated, each with its own ETag.
+#[test]
+fn tiles_are_readable_from_any_origin_with_attribution_in_either_encoding() {
+    let p = monaco();
+    let mb = rusqlite::Connection::open_with_flags(
+        p.path("tiles/base.mbtiles"),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+    )
+    .unwrap();
+    let attribution: String = mb
+        .query_row(
+            "SELECT value FROM metadata WHERE name = 'attribution'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(
+        attribution.contains("© OpenStreetMap contributors"),
+        "{attribution}"
+    );
+    let (x, row, stored): (u32, u32, Vec<u8>) = mb
+        .query_row(
+            "SELECT tile_column, tile_row, tile_data FROM tiles WHERE zoom_level = 14 LIMIT 1",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .unwrap();
+    let tile = format!("/tiles/base/14/{x}/{}.pbf", (1 << 14) - 1 - row);
+    let s = serve(&p, &[]);
+    let elsewhere = [("Origin", "http://elsewhere.example:8000")];
+    for path in [
+        "/",
+        "/map",
+        "/api/status",
+        "/metrics",
+        "/tiles/base.json",
+        "/tiles/base/style.json",
+        tile.as_str(),
+        "/glyphs/noto_sans_regular/0-255.pbf",
+        "/assets/maplibre-gl.mjs",
+        "/api/dirty/base.geojson",
+        "/tiles/nope.json",
+    ] {
+        let (code, h, _) = http(&s.addr, "GET", path, &elsewhere);
+        assert!(code < 500, "{path}: {code}");
+        assert_eq!(
+            h.get("access-control-allow-origin").map(String::as_str),
+            Some("*"),
+            "{path}: {h:?}"
+        );
+    }
+    // A preflight (a page sending If-None-Match), answered.
+    let (code, h, _) = http(
+        &s.addr,
+        "OPTIONS",
+        &tile,
+        &[
+            elsewhere[0],
+            ("Access-Control-Request-Method", "GET"),
+            ("Access-Control-Request-Headers", "if-none-match"),
+        ],
+    );
+    assert_eq!(code, 204, "{h:?}");
+    assert_eq!(h["access-control-allow-origin"], "*");
+    assert!(h["access-control-allow-methods"].contains("GET"), "{h:?}");
+    assert_eq!(h["access-control-allow-headers"], "if-none-match");
+    assert_eq!(http(&s.addr, "POST", &tile, &elsewhere).0, 405);
+
+    // The attribution, in TileJSON and in the style's source.
+    let (_, _, tj) = http(&s.addr, "GET", "/tiles/base.json", &[]);
+    let tj: serde_json::Value = serde_json::from_slice(&tj).unwrap();
+    assert!(
+        tj["attribution"]
+            .as_str()
+            .unwrap()
+            .contains("© OpenStreetMap contributors"),
+        "{tj}"
+    );
+    let (_, _, style) = http(&s.addr, "GET", "/tiles/base/style.json", &[]);
+    let style: serde_json::Value = serde_json::from_slice(&style).unwrap();
+    let src = &style["sources"]["versatiles-shortbread"];
+    assert!(
+        src["attribution"]
+            .as_str()
+            .unwrap()
+            .contains("© OpenStreetMap contributors"),
+        "{src}"
+    );
+
+    // Accept-Encoding, in; what is sent, out: (header, gzipped).
+    let plain = highwater_osm::tiles::fresh::gunzip(&stored).unwrap();
+    let mut tags = std::collections::BTreeMap::new();
+    for (accept, gz) in [
+        (Some("gzip"), true),
+        (Some("gzip, deflate, br"), true),
+        (Some("br;q=1.0, gzip;q=0.5"), true),
+        (Some("*"), true),
+        (None, false),
+        (Some("identity"), false),
+        (Some("gzip;q=0"), false),
+        (Some("*, gzip;q=0"), false),
+        (Some("br"), false),
+    ] {
+        let hs: Vec<(&str, &str)> = accept.iter().map(|a| ("Accept-Encoding", *a)).collect();
+        let (code, h, body) = http(&s.addr, "GET", &tile, &hs);
+        assert_eq!(code, 200, "{accept:?}");
+        assert!(
+            h["vary"].to_ascii_lowercase().contains("accept-encoding"),
+            "{h:?}"
+        );
+        if gz {
+            assert_eq!(h["content-encoding"], "gzip", "{accept:?}");
+            assert_eq!(body, stored, "{accept:?}");
+        } else {
+            assert!(!h.contains_key("content-encoding"), "{accept:?}: {h:?}");
+            assert_eq!(body, plain, "{accept:?}: inflated");
+        }
+        tags.entry(gz)
+            .or_insert_with(Vec::new)
+            .push(h["etag"].clone());
+        // Each representation revalidates with its own ETag.
+        let mut hs = hs.clone();
+        hs.push(("If-None-Match", &h["etag"]));
+        assert_eq!(http(&s.addr, "GET", &tile, &hs).0, 304, "{accept:?}");
+    }
+    for v in tags.values() {
+        assert!(v.iter().all(|t| *t == v[0]), "{tags:?}");
+    }
+    assert_ne!(tags[&true][0], tags[&false][0]);
+    drop(s);
+
+    // --cors-origin: that origin, and no other, may read.
+    let s = serve(&p, &["--cors-origin", "https://maps.example.org"]);
+    let (_, h, _) = http(
+        &s.addr,
+        "GET",
+        &tile,
+        &[("Origin", "https://maps.example.org")],
+    );
+    assert_eq!(h["access-control-allow-origin"], "https://maps.example.org");
+    assert!(h["vary"].contains("Origin"), "{h:?}");
+    let (code, h, _) = http(&s.addr, "GET", &tile, &elsewhere);
+    assert_eq!(code, 200);
+    assert!(!h.contains_key("access-control-allow-origin"), "{h:?}");
+    let (code, h, _) = http(&s.addr, "OPTIONS", "/tiles/base.json", &elsewhere);
+    assert_eq!(code, 204);
+    assert!(!h.contains_key("access-control-allow-origin"), "{h:?}");
+    drop(s);
+    let r = p.check(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--cors-origin",
+            "https://x.example/app",
+        ],
+        2,
+    );
+    assert!(
+        r.stderr.contains("--cors-origin https://x.example/app"),
+        "{}",
+        r.stderr
     );
 }

@@ -520,3 +520,243 @@ fn gdal_reads_the_mbtiles_file_as_is() {
         .unwrap();
     assert!((820_000.0..830_000.0).contains(&x), "{line}");
 }
+
+/// Issue 50: `osm apply FILE --sequence N` (a diff without a state file
+/// whose result the operator vouches for) says the store is at N, and so
+/// do status and every dataset's marker (no "gap 1": the sequence is
+/// declared in the transaction that applies the diff); declaring a
+/// sequence the store is already at applies nothing.
+#[test]
+fn apply_with_a_declared_sequence_reports_it_as_applied() {
+    let p = imported();
+    let osc = data().join("monaco-updates/000/003/048.osc.gz");
+    std::fs::copy(&osc, p.path("048.osc.gz")).unwrap();
+    let r = p.check(&["osm", "apply", "048.osc.gz", "--sequence", "3048"], 0);
+    assert!(r.stdout.contains("now at sequence 3048"), "{}", r.stdout);
+    let s = p.check(&["osm", "status", "--json"], 0).json();
+    assert_eq!(s["sequence"], 3048, "{s}");
+    assert!(s["unsequenced"].is_null(), "{s}");
+    assert_eq!(s["datasets"][0]["marker"], 3048, "{s}");
+    assert_eq!(s["datasets"][0]["gap"], 0, "{s}");
+    let text = p.check(&["osm", "status"], 0).stdout;
+    assert!(!text.contains("gap 1"), "{text}");
+    // Declaring where the store already is: refused, nothing applied.
+    p.write("empty.osc", "<osmChange version=\"0.6\"></osmChange>");
+    let r = p.check(&["osm", "apply", "empty.osc", "--sequence", "3048"], 2);
+    assert!(
+        r.stderr.contains("already at sequence 3048"),
+        "{}",
+        r.stderr
+    );
+    let after = p.check(&["osm", "status", "--json"], 0).json();
+    assert_eq!(after["sequence"], 3048);
+    assert_eq!(after["datasets"][0]["marker"], 3048);
+}
+
+/// Issue 50: a drain that fails is shown on every surface (`osm status`,
+/// `--json`, `/`, `/api/status`'s errors, `/metrics`) with its error until
+/// a drain succeeds; then nowhere.
+#[test]
+fn a_failed_drain_is_shown_on_every_surface_until_one_succeeds() {
+    let p = built();
+    let from = data().join("monaco-updates");
+    let out = p
+        .cmd(&["osm", "replicate", "--from", from.to_str().unwrap()])
+        .env("HIGHWATER_FAILPOINT", "fail-drain:a")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let failed = |p: &Project| {
+        let s = p.check(&["osm", "status", "--json"], 0).json();
+        let a = s["datasets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["name"] == "a")
+            .unwrap()
+            .clone();
+        a["last_failed_drain"].clone()
+    };
+    let f = failed(&p);
+    assert!(
+        f["error"].as_str().unwrap().contains("failed on purpose"),
+        "{f}"
+    );
+    assert!(f["at"].is_string(), "{f}");
+    let text = p.check(&["osm", "status"], 0).stdout;
+    assert!(
+        text.contains("DRAIN FAILED") && text.contains("failed on purpose"),
+        "{text}"
+    );
+    {
+        let s = common::serve::serve(&p, &[]);
+        let (_, _, body) = common::serve::http(&s.addr, "GET", "/api/status", &[]);
+        let st: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        let errors = st["errors"].to_string();
+        assert!(
+            errors.contains("osm dataset a: the last drain failed"),
+            "{errors}"
+        );
+        let (_, _, page) = common::serve::http(&s.addr, "GET", "/", &[]);
+        let page = String::from_utf8(page).unwrap();
+        assert!(
+            page.contains("drain-failed") && page.contains("failed on purpose"),
+            "{page}"
+        );
+        let (_, _, m) = common::serve::http(&s.addr, "GET", "/metrics", &[]);
+        let m = String::from_utf8(m).unwrap();
+        assert!(
+            m.contains("highwater_osm_drain_failed{dataset=\"a\"} 1"),
+            "{m}"
+        );
+        assert!(
+            m.contains("highwater_osm_drain_failed{dataset=\"b\"} 0"),
+            "{m}"
+        );
+    }
+    // A drain that succeeds ends it everywhere.
+    p.check(&["osm", "tiles", "drain", "--dataset", "a"], 0);
+    assert!(failed(&p).is_null());
+    assert!(!p
+        .check(&["osm", "status"], 0)
+        .stdout
+        .contains("DRAIN FAILED"));
+    let s = common::serve::serve(&p, &[]);
+    let (_, _, body) = common::serve::http(&s.addr, "GET", "/api/status", &[]);
+    let st: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(st["errors"], serde_json::json!([]), "{st}");
+    let (_, _, m) = common::serve::http(&s.addr, "GET", "/metrics", &[]);
+    assert!(String::from_utf8(m)
+        .unwrap()
+        .contains("highwater_osm_drain_failed{dataset=\"a\"} 0"));
+}
+
+/// A JOSM-style change file: new objects with the editor's placeholder
+/// ids (-1..-4), a way over three new nodes.
+const JOSM: &str = r#"<?xml version="1.0"?>
+<osmChange version="0.6" generator="JOSM"><create>
+<node id="-1" version="0" lat="43.7301" lon="7.4201"/>
+<node id="-2" version="0" lat="43.7302" lon="7.4202"/>
+<node id="-3" version="0" lat="43.7303" lon="7.4203"><tag k="name" v="Placeholder"/></node>
+<way id="-4" version="0"><nd ref="-1"/><nd ref="-2"/><nd ref="-3"/><tag k="highway" v="service"/></way>
+</create></osmChange>
+"#;
+
+/// Issue 50: negative ids are refused everywhere (apply, on a store with
+/// or without a flat node file, and import), naming the file and the first
+/// id and saying what to do; nothing is applied.
+#[test]
+fn negative_ids_are_refused_naming_the_file_and_the_first_id() {
+    let said = |stderr: &str, file: &str| {
+        assert!(stderr.contains(file), "{stderr}");
+        assert!(
+            stderr.contains("n-1") && stderr.contains("id -1 is negative"),
+            "{stderr}"
+        );
+        assert!(
+            stderr.contains("JOSM") && stderr.contains("not a replication diff"),
+            "{stderr}"
+        );
+    };
+    let p = imported();
+    p.write("josm.osc", JOSM);
+    let r = p.check(&["osm", "apply", "josm.osc"], 2);
+    said(&r.stderr, "josm.osc");
+    let s = p.check(&["osm", "status", "--json"], 0).json();
+    assert_eq!(s["sequence"], 3047, "{s}");
+    assert!(s["unsequenced"].is_null(), "nothing applied: {s}");
+
+    // A store with a flat node file: the same refusal, not another.
+    let f = Project::new(
+        r#"
+[osm]
+store = ".highwater/osm"
+flat_nodes = "flat/nodes.flat"
+
+[osm.tiles.base]
+zooms = "12-14"
+keys = ["highway"]
+"#,
+    );
+    std::fs::create_dir_all(f.path("flat")).unwrap();
+    let pbf = data().join("monaco-3047-20210801.osm.pbf");
+    f.check(&["osm", "import", pbf.to_str().unwrap()], 0);
+    f.write("josm.osc", JOSM);
+    let r = f.check(&["osm", "apply", "josm.osc"], 2);
+    said(&r.stderr, "josm.osc");
+
+    // An extract with them: refused at import, nothing created.
+    let e = Project::new(CONFIG);
+    e.write(
+        "josm.osm",
+        &JOSM
+            .replace(
+                "<osmChange version=\"0.6\" generator=\"JOSM\"><create>",
+                "<osm version=\"0.6\" generator=\"JOSM\">",
+            )
+            .replace("</create></osmChange>", "</osm>"),
+    );
+    let r = e.check(&["osm", "import", "josm.osm"], 2);
+    said(&r.stderr, "josm.osm");
+    assert!(!e.path(".highwater/osm/store.db").exists());
+}
+
+/// Issue 50: `GET /api/aggregates/NAME` answers the rows `osm aggregates
+/// --json` prints, from one committed state with the sequence it reflects,
+/// filtered by `admin_level` and `class`; an unknown name is 404, a bad
+/// filter 400.
+#[test]
+fn aggregates_over_http_equal_the_command_and_say_their_sequence() {
+    let p = Project::new(TILES_AND_AGGREGATES);
+    let pbf = data().join("monaco-3047-20210801.osm.pbf");
+    p.check(&["osm", "import", pbf.to_str().unwrap()], 0);
+    p.check(&["osm", "tiles", "build"], 0);
+    p.check(&["osm", "rebuild", "admin"], 0);
+    let from = data().join("monaco-updates");
+    p.check(&["osm", "replicate", "--from", from.to_str().unwrap()], 0);
+    let rows = p
+        .check(&["osm", "aggregates", "--dataset", "admin", "--json"], 0)
+        .json();
+    let s = common::serve::serve(&p, &[]);
+    let get = |path: &str| {
+        let (code, _, body) = common::serve::http(&s.addr, "GET", path, &[]);
+        (code, body)
+    };
+    let (code, body) = get("/api/aggregates/admin");
+    assert_eq!(code, 200);
+    let doc: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(doc["rows"], rows);
+    assert_eq!(doc["sequence"], 3076, "{}", doc["sequence"]);
+    assert_eq!(doc["dirty"], 0);
+    assert!(rows.as_array().unwrap().len() > 10);
+    // Filtered as asked: the same rows as filtering the command's.
+    for (q, level, class) in [
+        ("?admin_level=10&class=building", Some(10), Some("building")),
+        (
+            "?class=highway%3Dresidential",
+            None,
+            Some("highway=residential"),
+        ),
+        ("?admin_level=10", Some(10), None),
+    ] {
+        let (code, body) = get(&format!("/api/aggregates/admin{q}"));
+        assert_eq!(code, 200, "{q}");
+        let doc: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        let want: Vec<&serde_json::Value> = rows
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| level.is_none_or(|l| r["admin_level"] == l))
+            .filter(|r| class.is_none_or(|c| r["class"] == c))
+            .collect();
+        assert!(!want.is_empty(), "{q}");
+        assert_eq!(doc["rows"], serde_json::json!(want), "{q}");
+    }
+    // Monaco's areas are all admin_level 10: none at 2.
+    let (code, body) = get("/api/aggregates/admin?admin_level=2");
+    assert_eq!(code, 200);
+    let doc: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(doc["rows"], serde_json::json!([]));
+    assert_eq!(get("/api/aggregates/nope").0, 404);
+    assert_eq!(get("/api/aggregates/admin?admin_level=x").0, 400);
+}

@@ -111,3 +111,39 @@ fn a_backlog_larger_than_a_rebuild_flips_the_advice() {
     }
     assert_eq!(s.terminate(std::time::Duration::from_secs(30)), Some(0));
 }
+
+/// Issue 50: a drain that cleared too few units predicts nothing: status
+/// (`--json`, text and `/`) says there is no prediction and why, and
+/// advises no rebuild from it.
+#[test]
+fn a_prediction_needs_enough_measured_work_and_says_so() {
+    let p = Project::new(&CONFIG.replace("zooms = \"12-14\"", "zooms = \"10-16\""));
+    let pbf = data().join("monaco-3047-20210801.osm.pbf");
+    p.check(&["osm", "import", pbf.to_str().unwrap()], 0);
+    p.check(&["osm", "tiles", "build"], 0);
+    // The build makes 58 tiles at z10-16, so a prediction needs drains
+    // that cleared 15; diffs 3048..3050 dirty 9.
+    let upd = monaco_updates(&p, 48..=51);
+    let one = |q: i64| upd.join(format!("{q:03}.osc.gz")).display().to_string();
+    p.check(&["osm", "apply", &one(48), &one(49), &one(50)], 0);
+    p.check(&["osm", "tiles", "drain"], 0);
+    p.check(&["osm", "apply", &one(51)], 0);
+    let d = base(&p);
+    let c = &d["crossover"];
+    assert!(c["last_rebuild_s"].as_f64().unwrap() > 0.0, "{c}");
+    assert!(c["backlog_predicted_s"].is_null(), "{c}");
+    assert!(c["advice"].is_null(), "{c}");
+    let note = c["prediction_note"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no note: {c}"));
+    assert!(
+        note.contains("not predicted") && note.contains("needs"),
+        "{c}"
+    );
+    assert!(d["rebuild"].is_null(), "{d}");
+    let text = p.check(&["osm", "status"], 0).stdout;
+    assert!(text.contains("backlog not predicted"), "{text}");
+    let s = common::serve::serve(&p, &[]);
+    let (_, _, page) = common::serve::http(&s.addr, "GET", "/", &[]);
+    assert!(String::from_utf8(page).unwrap().contains("prediction-note"));
+}

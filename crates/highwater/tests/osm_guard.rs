@@ -3,7 +3,8 @@
 //! outside the tile dataset's recent affected sets: it still applies to
 //! the primary store (which stands at its sequence), but the tile dataset
 //! is held (marker stopped, drain refused with exit 2 naming the diff, the
-//! size and the median) until `osm tiles drain --force`, after which
+//! size and the median) until `osm tiles drain --force` (or, for every
+//! kind, `osm drain NAME --force`: issue 50), after which
 //! `verify` equals a rebuild. Search is held by its own guard, aggregates
 //! (guard off) go on: each dataset independently. A first diff, with no
 //! history, is never held; the history survives restarts (every command
@@ -248,9 +249,24 @@ fn a_mass_edit_after_real_diffs_holds_each_dataset_by_its_own_guard() {
     assert_eq!(ds(&s, "base")["marker"], 3077);
     assert_eq!(ds(&s, "base")["dirty"], 0);
     p.check(&["osm", "verify", "base", "--all"], 0);
-    // Search's hold ends with its rebuild.
-    p.check(&["osm", "rebuild", "places"], 0);
-    assert!(ds(&datasets(&p), "places")["held"].is_null());
+    // Issue 50: the advice works for every kind. Search's names `osm
+    // drain places --force`, which applies what is recorded and ends the
+    // hold (`osm tiles drain --force` did nothing for it).
+    let places = ds(&s, "places").clone();
+    let advice = places["rebuild"].as_str().unwrap();
+    assert!(
+        advice.contains("highwater osm drain places --force"),
+        "{places}"
+    );
+    let r = p.check(&["osm", "drain", "places"], 2);
+    assert!(r.stderr.contains("places is held"), "{}", r.stderr);
+    let r = p.check(&["osm", "drain", "places", "--force"], 0);
+    assert!(r.stderr.contains("hold is ended"), "{}", r.stderr);
+    let s = datasets(&p);
+    assert!(ds(&s, "places")["held"].is_null(), "{s}");
+    assert_eq!(ds(&s, "places")["marker"], 3077, "{s}");
+    assert_eq!(ds(&s, "places")["dirty"], 0, "{s}");
+    p.check(&["osm", "verify", "places"], 0);
 }
 
 #[test]
@@ -330,4 +346,94 @@ fn a_diff_that_changes_read_tags_yet_derives_no_tile_warns_naming_it() {
     };
     check(Some("derive-nothing:base"), true, false);
     check(None, false, true);
+}
+
+/// Issue 50: `verify` of a search dataset whose keys are dirty (its drain
+/// failed after Monaco's real diffs) counts the documents that differ only
+/// by those keys as pending, apart from differences, and passes; after a
+/// drain nothing is pending.
+#[test]
+fn verify_counts_a_search_datasets_pending_keys_apart_from_differences() {
+    let p = project();
+    monaco_updates(&p, 48..=76);
+    let out = p
+        .cmd(&["osm", "replicate", "--from", "updates"])
+        .env("HIGHWATER_FAILPOINT", "fail-drain:places")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(ds(&datasets(&p), "places")["dirty"].as_u64().unwrap() > 0);
+    let v = p.check(&["osm", "verify", "places", "--json"], 0).json();
+    let v = &v["verify"];
+    assert_eq!(v["differences"], serde_json::json!([]), "{v}");
+    assert!(v["pending"].as_u64().unwrap() > 0, "{v}");
+    let text = p.check(&["osm", "verify", "places"], 0).stdout;
+    assert!(text.contains("dirty keys the next drain applies"), "{text}");
+    p.check(&["osm", "drain", "places"], 0);
+    let v = p.check(&["osm", "verify", "places", "--json"], 0).json();
+    assert_eq!(v["verify"]["pending"], 0, "{v}");
+    assert_eq!(v["verify"]["differences"], serde_json::json!([]), "{v}");
+}
+
+/// Issue 50: at the default guard (`affected_guard` 50, floor 1000), a
+/// city's tile datasets are smaller than the floor: Monaco's building,
+/// highway and landuse tiles are 10 at z12-14 and 58 at z10-16. The share rule holds the mass
+/// edit (every building moved, dirtying most of each) on both, while the
+/// 29 real minutely diffs before it pass.
+const DEFAULTS: &str = r#"
+[osm]
+store = ".highwater/osm"
+
+[osm.tiles.city]
+zooms = "12-14"
+keys = ["building", "highway", "landuse"]
+mbtiles = "tiles/city.mbtiles"
+drain = "deferred"
+
+[osm.tiles.detail]
+zooms = "10-16"
+keys = ["building", "highway", "landuse"]
+mbtiles = "tiles/detail.mbtiles"
+drain = "deferred"
+"#;
+
+#[test]
+fn a_mass_edit_on_a_city_is_held_at_the_default_guard_while_real_diffs_pass() {
+    let p = Project::new(DEFAULTS);
+    let pbf = data().join("monaco-3047-20210801.osm.pbf");
+    p.check(&["osm", "import", pbf.to_str().unwrap()], 0);
+    p.check(&["osm", "tiles", "build"], 0);
+    monaco_updates(&p, 48..=76);
+    let r = p.check(&["osm", "replicate", "--from", "updates"], 0);
+    assert!(
+        !r.stderr.contains("is held"),
+        "a real diff was held: {}",
+        r.stderr
+    );
+    p.check(&["osm", "tiles", "drain"], 0);
+    let osc = move_every_building(&p, 3077, 20);
+    // Applied to the primary store; both datasets drain deferred, so the
+    // apply itself is all done (exit 0) and says the holds.
+    let r = p.check(&["osm", "apply", &osc], 0);
+    let s = datasets(&p);
+    assert_eq!(s["sequence"], 3077);
+    for name in ["city", "detail"] {
+        let d = ds(&s, name);
+        assert!(d["held"].is_object(), "{name} not held: {d}\n{}", r.stderr);
+        assert_eq!(d["marker"], 3076, "{d}");
+        let h = &d["held"];
+        let (size, total) = (h["size"].as_u64().unwrap(), h["total"].as_u64().unwrap());
+        assert!(size < 1000, "below the floor: {h}");
+        assert!(size * 2 >= total, "at least half its units: {h}");
+        assert!(
+            r.stderr.contains(&format!("{name} is held"))
+                && r.stderr.contains(&format!("of its {total} units")),
+            "{}",
+            r.stderr
+        );
+    }
+    // The drain refuses until forced, as for any hold.
+    p.check(&["osm", "tiles", "drain"], 2);
+    p.check(&["osm", "drain", "city", "--force"], 0);
+    assert!(ds(&datasets(&p), "city")["held"].is_null());
 }

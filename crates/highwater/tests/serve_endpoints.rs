@@ -162,8 +162,12 @@ fn issue12_serve_endpoints_read_only_and_in_their_formats() {
     assert_eq!(code, 200);
     let tj: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(tj["tilejson"], "3.0.0");
-    // Root-relative: never built from the request's Host (issue 20).
-    assert_eq!(tj["tiles"][0], "/tiles/base/{z}/{x}/{y}.pbf");
+    // Absolute (TileJSON 3.0; issue 50), from the address listened on:
+    // never built from the request's Host (issue 20).
+    assert_eq!(
+        tj["tiles"][0],
+        format!("http://{}/tiles/base/{{z}}/{{x}}/{{y}}.pbf", s.addr)
+    );
     assert_eq!(tj["vector_layers"][0]["id"], "base");
     let mb = rusqlite::Connection::open_with_flags(
         p.path("tiles/base.mbtiles"),
@@ -178,7 +182,8 @@ fn issue12_serve_endpoints_read_only_and_in_their_formats() {
         )
         .unwrap();
     let y = (1 << 14) - 1 - row;
-    let (code, h, body) = http(&s.addr, "GET", &format!("/tiles/base/14/{x}/{y}.pbf"), &[]);
+    let gz = [("Accept-Encoding", "gzip")];
+    let (code, h, body) = http(&s.addr, "GET", &format!("/tiles/base/14/{x}/{y}.pbf"), &gz);
     assert_eq!(code, 200);
     assert_eq!(h["content-encoding"], "gzip");
     assert_eq!(body, stored, "the stored tile, as stored");
@@ -187,7 +192,7 @@ fn issue12_serve_endpoints_read_only_and_in_their_formats() {
         &s.addr,
         "GET",
         &format!("/tiles/base/14/{x}/{y}.pbf"),
-        &[("If-None-Match", &etag)],
+        &[("If-None-Match", &etag), gz[0]],
     );
     assert_eq!(code, 304);
     // The row itself (without the flip) is another tile, or none.

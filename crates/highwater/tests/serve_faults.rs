@@ -362,14 +362,19 @@ fn serve_tiles_refuse_impossible_coordinates_forged_hosts_and_honour_etag_lists(
         assert_eq!(r.code, 200, "{path}: {}", r.body);
         assert!(!r.body.contains("evil.example"), "{path}: {}", r.body);
     }
+    // Without --public-url, absolute URLs from the address listened on
+    // (issue 50).
     let tj: serde_json::Value =
         serde_json::from_str(&get(&s.addr, "/tiles/base.json", evil, &[]).body).unwrap();
-    assert_eq!(tj["tiles"][0], "/tiles/base/{z}/{x}/{y}.pbf");
+    assert_eq!(
+        tj["tiles"][0],
+        format!("http://{}/tiles/base/{{z}}/{{x}}/{{y}}.pbf", s.addr)
+    );
     let style: serde_json::Value =
         serde_json::from_str(&get(&s.addr, "/tiles/base/style.json", evil, &[]).body).unwrap();
     assert_eq!(
         style["sources"]["versatiles-shortbread"]["url"],
-        "/tiles/base.json"
+        format!("http://{}/tiles/base.json", s.addr)
     );
 
     // If-None-Match, in; status, out.
@@ -445,4 +450,45 @@ fn serve_names_a_missing_osm_store_and_its_fix_everywhere() {
     assert!(m.contains("highwater_osm_store_up 0"), "{m}");
     let scrape = prometheus_parse::Scrape::parse(m.lines().map(|l| Ok(l.to_string()))).unwrap();
     assert!(scrape.docs.contains_key("highwater_osm_store_up"));
+}
+
+/// Issue 50: a store that took a diff without a state file follows no
+/// replication sequence: `/` says so and what to do, its lag against the
+/// server is "unknown" (not a green "0 s", though the timestamps agree),
+/// and /metrics counts the unsequenced diffs.
+#[test]
+fn an_unsequenced_store_is_said_and_explained_not_shown_as_lag_0() {
+    // The server's newest is the store's own sequence: lag 0 by timestamp.
+    let rs = ReplicationServer::start(data().join("monaco-updates"), 3047, 3000);
+    let p = Project::new(&osm_config(&format!(
+        "replication_url = \"{}\"\nreplication_timeout_s = 10",
+        rs.url
+    )));
+    let pbf = data().join("monaco-3047-20210801.osm.pbf");
+    p.check(&["osm", "import", pbf.to_str().unwrap()], 0);
+    p.check(&["osm", "tiles", "build"], 0);
+    p.write("empty.osc", "<osmChange version=\"0.6\"></osmChange>");
+    p.check(&["osm", "apply", "empty.osc"], 0);
+    let s = serve(&p, &[]);
+    let st = loop {
+        let st: serde_json::Value = serde_json::from_str(&ok(&s.addr, "/api/status")).unwrap();
+        if !st["osm"]["server"]["checked_at"].is_null() {
+            break st;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(st["osm"]["unsequenced"], 1, "{st}");
+    assert_eq!(st["osm"]["server"]["sequence"], 3047, "{st}");
+    assert!(st["osm"]["server"]["lag_s"].is_null(), "{st}");
+    let page = ok(&s.addr, "/");
+    assert!(page.contains("lag-unknown"), "{page}");
+    assert!(!page.contains(">0 s<"), "{page}");
+    assert!(
+        page.contains("osm-unsequenced")
+            && page.contains("no longer follows a replication sequence")
+            && page.contains("--replace"),
+        "{page}"
+    );
+    let m = ok(&s.addr, "/metrics");
+    assert!(m.contains("highwater_osm_unsequenced_diffs 1"), "{m}");
 }

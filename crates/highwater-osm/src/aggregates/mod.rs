@@ -459,6 +459,27 @@ pub fn stored_totals(store: &Store, d: &AggDataset) -> Result<Vec<Row>, StoreErr
     })
 }
 
+/// [`stored_totals`], with the sequence they reflect (the dataset's
+/// marker) and its dirty keys, read in one snapshot (issue 50, serve's
+/// `/api/aggregates`): a reader while a drain commits gets the totals
+/// before it or after it, with their own sequence, never a mix.
+pub fn stored_totals_at(
+    store: &Store,
+    d: &AggDataset,
+) -> Result<(Vec<Row>, Option<i64>, usize), StoreError> {
+    store.snapshot(|s| {
+        let marker = s
+            .datasets()?
+            .into_iter()
+            .find(|(n, ..)| *n == d.name)
+            .and_then(|(_, seq, ..)| seq);
+        let dirty = s.dirty_keys(&d.name)?.len();
+        let areas = s.agg_areas(&d.name)?;
+        let contrib = s.agg_all(&d.name)?;
+        Ok((totals(&areas, &contrib), marker, dirty))
+    })
+}
+
 /// Rows that differ between the stored totals and a rebuild's.
 pub fn verify(store: &Store, d: &AggDataset) -> Result<(usize, Vec<String>), StoreError> {
     let (areas, contrib) = rebuild_contributions(store, d)?;

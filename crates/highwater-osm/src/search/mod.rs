@@ -880,11 +880,28 @@ impl crate::dataset::Dataset for SearchDataset {
     ) -> Result<crate::dataset::Outcome, crate::dataset::DatasetError> {
         let t0 = std::time::Instant::now();
         let (n, diffs) = verify(store, self).map_err(|e| crate::dataset::error_text(&e))?;
-        let diffs = diffs
-            .iter()
-            .map(|(k, have, want)| format!("{k}: index {have:?}, rebuild {want:?}"))
+        // A document whose element is a dirty key is pending, not a
+        // difference (issue 50).
+        let dirty: BTreeSet<String> = store
+            .dirty_keys(&self.name)
+            .map_err(|e| crate::dataset::error_text(&e))?
+            .into_iter()
+            .map(doc_key)
             .collect();
-        Ok(crate::dataset::verified(&self.name, t0, n, diffs))
+        let (pending, differ): (Vec<_>, Vec<_>) =
+            diffs.iter().partition(|(k, _, _)| dirty.contains(k));
+        let text = |v: Vec<&DocDiff>| {
+            v.iter()
+                .map(|(k, have, want)| format!("{k}: index {have:?}, rebuild {want:?}"))
+                .collect()
+        };
+        Ok(crate::dataset::verified_pending(
+            &self.name,
+            t0,
+            n,
+            text(differ),
+            text(pending),
+        ))
     }
 }
 

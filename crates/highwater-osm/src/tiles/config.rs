@@ -275,5 +275,6 @@ pub fn status(
         "recorded_recipe": recipe,
         "rebuild": if rebuild.is_empty() { serde_json::Value::Null } else { serde_json::json!(rebuild.join("; ")) },
         "last_drain": store.meta(&format!("drained_at:{}", d.name))?,
+        "last_failed_drain": crate::dataset::failed_drain(store, &d.name)?,
     }))
 }

@@ -198,6 +198,11 @@ thread_local! {
         ));
 }
 
+/// The MBTiles `attribution` every tile file carries (HTML, as the MBTiles
+/// spec allows): what ODbL asks of a map made from OpenStreetMap data.
+pub const OSM_ATTRIBUTION: &str =
+    "<a href=\"https://www.openstreetmap.org/copyright\" target=\"_blank\">© OpenStreetMap contributors</a>";
+
 /// A tile gzip'd at level 6 by libdeflate: zlib's ratio at twice its speed
 /// (bench/README.md); its header has no time or name: equal tiles, equal
 /// bytes.
@@ -305,6 +310,9 @@ impl Mbtiles {
             ("maxzoom", d.layer.zoom_max.to_string()),
             ("json", json.to_string()),
             ("highwater_recipe", d.recipe.clone()),
+            // ODbL: every map made from the data says where it is from
+            // (issue 50); readers (serve, martin, tileserver-gl) show it.
+            ("attribution", OSM_ATTRIBUTION.into()),
         ]
         .into_iter()
         // The schema's name tells readers (serve's map style) what the
