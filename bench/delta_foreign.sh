@@ -41,12 +41,17 @@ psql -q -c "DROP TABLE IF EXISTS orders_foreign_bench;
            timestamptz '2026-03-01' + (g - 1) * (interval '1 day' / $ROWS) AS updated_at
     FROM generate_series(1, $ROWS) g;
     ALTER TABLE orders_foreign_bench ADD PRIMARY KEY (id); ANALYZE orders_foreign_bench;"
+# The recipe-change pair: the same relation written two ways, so that each
+# round changes the recipe (and re-lands every window) by swapping them.
+RELATION_A='table = "orders_foreign_bench"'
+RELATION_B='query = "SELECT id, amount, note, updated_at FROM orders_foreign_bench"'
 src() { # name output interval [relation]
+    local relation=${4:-$RELATION_A}
     cat <<TOML
 [sources.$1]
 kind = "postgres"
 url_env = "HIGHWATER_TEST_PG_URL"
-${4:-table = "orders_foreign_bench"}
+$relation
 key = ["id"]
 mode = "updated_at"
 cursor = "updated_at"
@@ -62,10 +67,6 @@ TOML
     src compacted lake/compacted 1h
     src day lake/day 1d
 } >"$BENCH_DIR/highwater.toml"
-# The recipe-change pair: the same relation written two ways, so that each
-# round changes the recipe (and re-lands every window) by swapping them.
-RELATION_A='table = "orders_foreign_bench"'
-RELATION_B='query = "SELECT id, amount, note, updated_at FROM orders_foreign_bench"'
 periods_toml() { # relation
     src plain lake/plain 1h "$1"
     src period lake/period 1h "$1"
