@@ -718,6 +718,20 @@ fn delta_config_refusals_name_the_setting() {
 }
 
 /// `highwater compact orders` at `now`, with its exit code and JSON.
+/// The (row id, window stamp) pairs a read of the table holds, each
+/// asserted to occur once (`what` names the case in the message).
+fn row_windows(t: &Value, what: &str) -> BTreeSet<(i64, String)> {
+    let mut seen = BTreeSet::new();
+    for r in t["rows"].as_array().unwrap() {
+        let key = (
+            r["id"].as_i64().unwrap(),
+            r["_highwater_window"].as_str().unwrap().to_string(),
+        );
+        assert!(seen.insert(key.clone()), "{what}: twice: {key:?}");
+    }
+    seen
+}
+
 /// Every commit of the table's log: version and actions.
 fn log_versions(p: &Project) -> Vec<(u64, Vec<Value>)> {
     let dir = p.path("lake/orders/_delta_log");
@@ -1193,14 +1207,7 @@ fn delta_recipe_change_after_compaction_relands_through_the_period() {
     // With a 10-minute lookback, a row in a window's first 10 minutes is
     // also landed by the window before it (as the source asks): each
     // (row, window) once.
-    let mut seen = BTreeSet::new();
-    for r in t["rows"].as_array().unwrap() {
-        let key = (
-            r["id"].as_i64().unwrap(),
-            r["_highwater_window"].as_str().unwrap().to_string(),
-        );
-        assert!(seen.insert(key.clone()), "twice: {key:?}");
-    }
+    let seen = row_windows(&t, "");
     let distinct: BTreeSet<i64> = seen.iter().map(|(id, _)| *id).collect();
     assert_eq!(distinct, (0..270).collect::<BTreeSet<_>>());
     assert_eq!(t["polars_rows"], t["rows"].as_array().unwrap().len());
@@ -1266,14 +1273,7 @@ fn delta_a_killed_period_reland_settles_in_one_commit() {
             "{point}: {grid}"
         );
         let t = read(p.path("lake/orders").to_str().unwrap(), &Value::Null);
-        let mut seen = BTreeSet::new();
-        for r in t["rows"].as_array().unwrap() {
-            let key = (
-                r["id"].as_i64().unwrap(),
-                r["_highwater_window"].as_str().unwrap().to_string(),
-            );
-            assert!(seen.insert(key.clone()), "{point}: twice: {key:?}");
-        }
+        let seen = row_windows(&t, point);
         // Against a full rebuild under the new recipe: the same (row,
         // window) pairs. (A re-land that died and was recovered as fresh
         // under the new recipe would keep the old, lookback-less pairs.)
@@ -1282,17 +1282,7 @@ fn delta_a_killed_period_reland_settles_in_one_commit() {
         fill(&db(&fresh), 26, 10, "first");
         ingest_at(&fresh, now, &[], &[], 0);
         let rebuilt = read(fresh.path("lake/orders").to_str().unwrap(), &Value::Null);
-        let want: BTreeSet<(i64, String)> = rebuilt["rows"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|r| {
-                (
-                    r["id"].as_i64().unwrap(),
-                    r["_highwater_window"].as_str().unwrap().to_string(),
-                )
-            })
-            .collect();
+        let want = row_windows(&rebuilt, "the rebuild");
         assert!(want.len() > 260, "the lookback lands rows twice");
         assert_eq!(seen, want, "{point}: as a rebuild");
     }
