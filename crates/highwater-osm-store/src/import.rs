@@ -150,7 +150,7 @@ pub fn node_storage_note(stats: &ImportStats, flat: Option<&Path>) -> (bool, Str
     let density = 100.0 * stats.nodes as f64 / max_id as f64;
     let pays = stats.nodes >= FLAT_NODES_NODES_MIN && density >= FLAT_NODES_DENSITY_MIN_PERCENT;
     let facts = format!(
-        "{} nodes over ids up to {max_id} ({density:.3}% of the id range used); flat nodes pay off from {FLAT_NODES_NODES_MIN} nodes and {FLAT_NODES_DENSITY_MIN_PERCENT}% (README, \"Flat nodes\")",
+        "{} nodes over ids up to {max_id} ({density:.3}% of the id range used); flat nodes pay off from {FLAT_NODES_NODES_MIN} nodes and {FLAT_NODES_DENSITY_MIN_PERCENT}% (the book: docs/src/guides/osm.md, \"Flat nodes\")",
         stats.nodes
     );
     match (flat, pays) {

@@ -446,7 +446,7 @@ impl Delta {
         IngestError::Schema {
             name: self.t.spec.name.clone(),
             message: format!(
-                "highwater does not write Delta table `{}` (version {version}): {}. Nothing was committed. Land into a table without these features (a new source name and output), or remove them with the engine that added them (README: \"Delta tables other engines maintain\")",
+                "highwater does not write Delta table `{}` (version {version}): {}. Nothing was committed. Land into a table without these features (a new source name and output), or remove them with the engine that added them (the book: docs/src/guides/delta.md, \"Tables other engines also maintain\")",
                 self.t.spec.output,
                 why.join("; ")
             ),
