@@ -494,10 +494,21 @@ pub fn record(
         }
         let abs = scope.abs(&key);
         let ev = match evidence(cache, &key, &abs) {
-            Some(ev) if ev.mtime_ns >= started_ns || ev.ctime_ns >= started_ns => FileEvidence {
-                digest: RACY.to_string(),
-                ..ev
-            },
+            // Changed since the command started: its ctime says so (the
+            // kernel sets it; no `touch` can), or an mtime within the run.
+            // An mtime past the moment of this record (a future date from
+            // a tarball or a skewed clock) is no write during the run: it
+            // is recorded, not racy, or its items would re-run at every
+            // plan forever (issue 47); plans re-hash it, as racy stats are.
+            Some(ev)
+                if ev.ctime_ns >= started_ns
+                    || (ev.mtime_ns >= started_ns && ev.mtime_ns <= ev.observed_at_ns) =>
+            {
+                FileEvidence {
+                    digest: RACY.to_string(),
+                    ..ev
+                }
+            }
             Some(ev) => ev,
             // Not a regular file (a FIFO, a device): no content to compare.
             None if stat_of(&abs).is_ok() => continue,

@@ -1111,6 +1111,40 @@ fn while_waiting(path: std::path::PathBuf, act: impl FnOnce()) {
     f.write_all(b"go\n").unwrap();
 }
 
+/// Issue 47 (lesser): a dependency whose mtime lies in the future (a
+/// tarball's date, a skewed clock) was recorded racy at every run, so its
+/// items re-ran at every plan forever. It is recorded (its ctime shows it
+/// was not changed during the run) and plans re-hash it: nothing re-runs
+/// until its content changes.
+#[test]
+fn a_dependency_dated_in_the_future_reruns_nothing_until_it_changes() {
+    let p = Project::new(&config(
+        r#"["sh", "-c", "cat lib.txt > \"$1\"", "sh", "{output}"]"#,
+        "",
+    ));
+    p.write("lib.txt", "lib\n");
+    let future = std::time::SystemTime::now() + Duration::from_secs(86_400);
+    std::fs::File::options()
+        .write(true)
+        .open(p.path("lib.txt"))
+        .unwrap()
+        .set_modified(future)
+        .unwrap();
+    // The ctime that set_modified moved must lie before the run.
+    std::thread::sleep(Duration::from_millis(20));
+    let items: Vec<String> = (0..2).map(|i| format!("data/f{i}.txt")).collect();
+    for i in &items {
+        p.write(i, "x\n");
+    }
+    assert_eq!(run_counts(&p, &[]), (2, 0));
+    assert!(plan_of(&p, "t").is_empty(), "no re-run for a future date");
+    assert!(plan_of(&p, "t").is_empty());
+    p.write("lib.txt", "LIB\n");
+    assert_eq!(plan_of(&p, "t"), all(items, "dependency", "lib.txt"));
+    assert_eq!(run_counts(&p, &[]), (2, 0));
+    assert_eq!(p.read("out/f0.txt.out"), "LIB\n");
+}
+
 /// Issue 47, item 6: a folder the command listed that gains a name while
 /// the command runs on is racy, like a file changed meanwhile: the listing
 /// taken after the command is not what it saw, so the next plan re-runs
