@@ -266,9 +266,15 @@ impl Scope {
     }
 
     fn never(&self, key: &str) -> bool {
-        if ["/proc", "/sys", "/dev"]
-            .iter()
-            .any(|p| key == *p || key.starts_with(&format!("{p}/")))
+        // /dev/shm is a shared-memory filesystem holding ordinary files
+        // (issue 47): one another process wrote there is read like any
+        // other (those the run made, semaphores included, are its own
+        // writes and excluded as such).
+        let shm = key.starts_with("/dev/shm/");
+        if !shm
+            && ["/proc", "/sys", "/dev"]
+                .iter()
+                .any(|p| key == *p || key.starts_with(&format!("{p}/")))
         {
             return true;
         }
@@ -796,6 +802,8 @@ mod tests {
         let cases = [
             ("/proc/self/maps", true),
             ("/dev/null", true),
+            ("/dev/shm/table.csv", false),
+            ("/dev/shmx", true),
             ("/sys", true),
             ("/usr/share/zoneinfo/UTC", true),
             ("vendor/x.py", true),

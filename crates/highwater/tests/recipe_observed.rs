@@ -1111,6 +1111,44 @@ fn while_waiting(path: std::path::PathBuf, act: impl FnOnce()) {
     f.write_all(b"go\n").unwrap();
 }
 
+/// Issue 47 (lesser): a file in /dev/shm (a shared-memory filesystem of
+/// ordinary files) that another process wrote is a dependency like any
+/// other: editing it re-runs its readers. It was dropped with /dev.
+#[test]
+fn a_file_in_dev_shm_is_a_dependency() {
+    let shm = std::path::Path::new("/dev/shm");
+    assert!(shm.is_dir(), "/dev/shm is needed by this test");
+    let name = format!(
+        "highwater-test-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    )
+    .replace(['(', ')'], "");
+    let file = shm.join(&name);
+    std::fs::write(&file, "one\n").unwrap();
+    let p = Project::new(&config(
+        &format!(
+            r#"["sh", "-c", "cat {} > \"$1\"", "sh", "{{output}}"]"#,
+            file.display()
+        ),
+        "",
+    ));
+    p.write("data/f0.txt", "x\n");
+    assert_eq!(run_counts(&p, &[]), (1, 0));
+    assert!(plan_of(&p, "t").is_empty());
+    std::fs::write(&file, "two\n").unwrap();
+    let plan = plan_of(&p, "t");
+    let _ = std::fs::remove_file(&file);
+    assert_eq!(
+        plan,
+        all(
+            ["data/f0.txt".to_string()],
+            "dependency",
+            &file.to_string_lossy()
+        )
+    );
+}
+
 /// Issue 47 (lesser): a dependency whose mtime lies in the future (a
 /// tarball's date, a skewed clock) was recorded racy at every run, so its
 /// items re-ran at every plan forever. It is recorded (its ctime shows it
