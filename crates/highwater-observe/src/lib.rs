@@ -430,6 +430,10 @@ mod linux {
         libc::SYS_symlink,
         libc::SYS_symlinkat,
         libc::SYS_truncate,
+        // A `cd` into a folder that is absent is a lookup like any other
+        // (`cd conf.d 2>/dev/null && cat *.conf || echo defaults`, issue
+        // 47); into one that exists it names nothing read.
+        libc::SYS_chdir,
         // Not files: a tree that asks which CPUs it may use, or sets them,
         // is unpinned first (see `pin`), so it never sizes a pool from the
         // pin nor has its own choice overridden.
@@ -1178,9 +1182,11 @@ mod linux {
                     }
                 }
             }
-            libc::SYS_stat | libc::SYS_lstat | libc::SYS_access | libc::SYS_readlink => {
-                probed(seen, resolve(tid, cwd, a[0]))
-            }
+            libc::SYS_stat
+            | libc::SYS_lstat
+            | libc::SYS_access
+            | libc::SYS_readlink
+            | libc::SYS_chdir => probed(seen, resolve(tid, cwd, a[0])),
             libc::SYS_newfstatat
             | libc::SYS_statx
             | libc::SYS_faccessat

@@ -1111,6 +1111,28 @@ fn while_waiting(path: std::path::PathBuf, act: impl FnOnce()) {
     f.write_all(b"go\n").unwrap();
 }
 
+/// Issue 47 (lesser): `cd` into a folder that does not exist is a lookup:
+/// creating the folder (with a file the command then reads) re-runs the
+/// item. It was not traced, so the item kept its defaults.
+#[test]
+fn a_cd_into_an_absent_folder_is_a_dependency() {
+    let p = Project::new(&config(
+        r#"["sh", "-c", "out=$1; if cd conf.d 2>/dev/null; then cat *.conf > \"$out\"; else echo defaults > \"$out\"; fi", "sh", "{output}"]"#,
+        "",
+    ));
+    p.write("data/f0.txt", "x\n");
+    assert_eq!(run_counts(&p, &[]), (1, 0));
+    assert_eq!(p.read("out/f0.txt.out"), "defaults\n");
+    assert!(plan_of(&p, "t").is_empty());
+    p.write("conf.d/a.conf", "a=1\n");
+    assert_eq!(
+        plan_of(&p, "t"),
+        all(["data/f0.txt".to_string()], "dependency", "conf.d")
+    );
+    assert_eq!(run_counts(&p, &[]), (1, 0));
+    assert_eq!(p.read("out/f0.txt.out"), "a=1\n");
+}
+
 /// Issue 47 (lesser): a file in /dev/shm (a shared-memory filesystem of
 /// ordinary files) that another process wrote is a dependency like any
 /// other: editing it re-runs its readers. It was dropped with /dev.
