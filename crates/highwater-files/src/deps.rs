@@ -80,6 +80,10 @@ pub enum DepKind {
     Exec(FileEvidence),
     /// Looked up and not found (inside the project root).
     Absent,
+    /// A symbolic link whose text the command read (`readlink`), inside
+    /// the project: re-pointing it changes what the command saw even when
+    /// the new target's content is the same (issue 47).
+    Link { target: String },
     /// A folder listed: the BLAKE3 of its sorted names, without the names
     /// the run created (kept in `excluded`, so that a plan drops them too).
     Listed {
@@ -123,6 +127,7 @@ impl DepKind {
             DepKind::Exec(_) => "exec",
             DepKind::Absent => "absent",
             DepKind::Listed { .. } => "listed",
+            DepKind::Link { .. } => "link",
         }
     }
 }
@@ -554,6 +559,25 @@ pub fn record(
             });
         }
     }
+    // Links whose text was read, inside the project (outside it, the
+    // loader and interpreters read system links by the hundred).
+    for p in &obs.links {
+        let Some(key) = scope.relative(p) else {
+            continue;
+        };
+        if !keep(&key) {
+            continue;
+        }
+        if let Ok(t) = std::fs::read_link(scope.abs(&key)) {
+            out.push(Dep {
+                path: key,
+                what: DepKind::Link {
+                    target: t.to_string_lossy().into_owned(),
+                },
+                host: None,
+            });
+        }
+    }
     for p in &obs.listed {
         let Some(key) = scope.relative(p) else {
             continue;
@@ -729,6 +753,9 @@ impl<'a> Checker<'a> {
             // Followed through symlinks, as the tracer looked it up (and as
             // the command's open would): a dangling link stays absent.
             DepKind::Absent => std::fs::metadata(&abs).is_ok(),
+            DepKind::Link { target } => std::fs::read_link(&abs)
+                .map(|t| t.to_string_lossy() != target.as_str())
+                .unwrap_or(true),
             DepKind::Listed {
                 names, excluded, ..
             } => {

@@ -130,6 +130,9 @@ pub struct Observation {
     /// name while the command runs on is racy, like a file changed during
     /// the run, since the listing after the command is not what it saw.
     pub listed_names: BTreeMap<PathBuf, Vec<String>>,
+    /// Symbolic links whose text the command read (`readlink`): the link
+    /// itself, not followed; its target's content is in `read` as well.
+    pub links: BTreeSet<PathBuf>,
 }
 
 impl Observation {
@@ -1182,16 +1185,22 @@ mod linux {
                     }
                 }
             }
-            libc::SYS_stat
-            | libc::SYS_lstat
-            | libc::SYS_access
-            | libc::SYS_readlink
-            | libc::SYS_chdir => probed(seen, resolve(tid, cwd, a[0])),
-            libc::SYS_newfstatat
-            | libc::SYS_statx
-            | libc::SYS_faccessat
-            | libc::SYS_faccessat2
-            | libc::SYS_readlinkat => probed(seen, resolve(tid, a[0] as i64, a[1])),
+            libc::SYS_stat | libc::SYS_lstat | libc::SYS_access | libc::SYS_chdir => {
+                probed(seen, resolve(tid, cwd, a[0]))
+            }
+            libc::SYS_readlink => {
+                let path = resolve(tid, cwd, a[0]);
+                obs.links.extend(path.clone());
+                probed(seen, path)
+            }
+            libc::SYS_readlinkat => {
+                let path = resolve(tid, a[0] as i64, a[1]);
+                obs.links.extend(path.clone());
+                probed(seen, path)
+            }
+            libc::SYS_newfstatat | libc::SYS_statx | libc::SYS_faccessat | libc::SYS_faccessat2 => {
+                probed(seen, resolve(tid, a[0] as i64, a[1]))
+            }
             libc::SYS_getdents | libc::SYS_getdents64 => {
                 if let Some(dir) = proc_link(tid, &format!("fd/{}", a[0] as i32)) {
                     if !obs.listed_names.contains_key(&dir) {

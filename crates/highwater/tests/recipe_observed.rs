@@ -1111,6 +1111,34 @@ fn while_waiting(path: std::path::PathBuf, act: impl FnOnce()) {
     f.write_all(b"go\n").unwrap();
 }
 
+/// Issue 47 (lesser): a link whose text a command reads (`readlink`) is a
+/// dependency as a link: re-pointing it re-runs the item even when the new
+/// target's content equals the old one's. Only the target's content was
+/// recorded, so the output kept naming the old target.
+#[test]
+fn a_repointed_link_reruns_the_command_that_read_it() {
+    let p = Project::new(&config(
+        r#"["sh", "-c", "readlink current > \"$1\"", "sh", "{output}"]"#,
+        "",
+    ));
+    p.write("releases/v1.txt", "same\n");
+    p.write("releases/v2.txt", "same\n");
+    std::os::unix::fs::symlink("releases/v1.txt", p.path("current")).unwrap();
+    p.write("data/f0.txt", "x\n");
+    assert_eq!(run_counts(&p, &[]), (1, 0));
+    assert_eq!(p.read("out/f0.txt.out"), "releases/v1.txt\n");
+    assert!(plan_of(&p, "t").is_empty());
+    std::fs::remove_file(p.path("current")).unwrap();
+    std::os::unix::fs::symlink("releases/v2.txt", p.path("current")).unwrap();
+    assert_eq!(
+        plan_of(&p, "t"),
+        all(["data/f0.txt".to_string()], "dependency", "current")
+    );
+    assert_eq!(run_counts(&p, &[]), (1, 0));
+    assert_eq!(p.read("out/f0.txt.out"), "releases/v2.txt\n");
+    assert!(plan_of(&p, "t").is_empty());
+}
+
 /// Issue 47 (lesser): `cd` into a folder that does not exist is a lookup:
 /// creating the folder (with a file the command then reads) re-runs the
 /// item. It was not traced, so the item kept its defaults.
