@@ -11,7 +11,9 @@
 //! What is recorded (paths absolute, resolved against the tracee's cwd or
 //! dirfd through `/proc/TID/cwd` and `/proc/TID/fd/N`, lexically cleaned of
 //! `.` and doubled slashes but with symlinks and `..` kept as the command
-//! wrote them, so the path is the one it looked up):
+//! wrote them, so the path is the one it looked up; a path under /proc,
+//! /dev or /sys alone is resolved as the tracee's open would, magic links
+//! and `..` followed, since `/proc/self/cwd/x` is an ordinary file):
 //! - `read`: files opened read-only, or looked up (stat, access) and found
 //!   (Python stats a module's source and then opens only its cached
 //!   bytecode: the source is what it depended on), and existing files
@@ -20,14 +22,21 @@
 //!   unless the command really changed them (see `opened_rw`);
 //! - `executed`: programs executed, and the interpreters behind a shebang,
 //!   which the kernel opens itself and the filter never sees;
-//! - `absent`: paths looked up (open, stat, access, readlink, exec) that did
-//!   not exist (ENOENT / ENOTDIR);
-//! - `listed`: directories whose entries were read (getdents);
+//! - `absent`: paths looked up (open, stat, access, readlink, exec, chdir)
+//!   that did not exist (ENOENT / ENOTDIR);
+//! - `listed`: directories whose entries were read (getdents), with the
+//!   names the tracer read at the first listing (`listed_names`), so that a
+//!   folder changed while the command ran on is told apart;
+//! - `links`: symbolic links whose text was read (readlink);
 //! - `written`: files created or truncated by an open, renamed (both
 //!   names), linked, unlinked or made as folders by the traced tree, each
 //!   only when the call *succeeded* (decided at the syscall's exit: a
 //!   `mkdir -p` of an existing folder or an `rm -f` of a missing file
 //!   changed nothing), and the `opened_rw` files whose stat changed.
+//!
+//! The command's run ends when every process of its traced tree has
+//! exited: a daemon it starts (`setsid … &`) holds the run, and its item,
+//! until the daemon exits.
 //!
 //! [`Observation::finish`] then drops from `read`, `absent` and `executed`
 //! whatever the tree wrote itself: a temp file made and removed, a
