@@ -11,7 +11,8 @@ PY_ITEMS=${2:-400}
 CP_ITEMS=${3:-10000}
 JOBS=${4:-2}
 ROUNDS=${5:-1}
-PY=$(python3 -c 'import sys; print(sys.executable)')  # past pyenv's shim
+# PY=/root/.pyenv/shims/python3 measures a command started through a shim.
+PY=${PY:-$(python3 -c 'import sys; print(sys.executable)')}  # past pyenv's shim
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 cd "$W"

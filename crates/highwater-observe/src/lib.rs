@@ -451,6 +451,11 @@ mod linux {
         // pin nor has its own choice overridden.
         libc::SYS_sched_getaffinity,
         libc::SYS_sched_setaffinity,
+        // Not files: a task that waits for a child is not running, so a
+        // tree whose tasks take turns (a shell and the command it waits
+        // for, pyenv's shim) stays on one CPU (see `pin`).
+        libc::SYS_wait4,
+        libc::SYS_waitid,
     ];
 
     const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
@@ -466,6 +471,8 @@ mod linux {
     const REFUSE_NEW_MOUNT_NS: u32 = 8;
     /// Not a filter's data: the tracer could not read what a call names.
     const REFUSE_UNREADABLE: u32 = 9;
+    const REFUSE_USELIB: u32 = 10;
+    const REFUSE_PIDFD_GETFD: u32 = 11;
 
     /// The calls refused whatever their arguments, with their data.
     pub(super) const REFUSED: &[(libc::c_long, u32)] = &[
@@ -474,7 +481,16 @@ mod linux {
         (libc::SYS_pivot_root, REFUSE_PIVOT_ROOT),
         (libc::SYS_setns, REFUSE_SETNS),
         (libc::SYS_open_by_handle_at, REFUSE_HANDLE),
+        (libc::SYS_uselib, REFUSE_USELIB),
+        (libc::SYS_pidfd_getfd, REFUSE_PIDFD_GETFD),
     ];
+
+    /// The calls answered `ENOSYS` without running, so the C library falls
+    /// back to one the filter can judge: `clone3` passes its flags in
+    /// memory, out of a seccomp filter's reach (a new mount namespace
+    /// would go unseen), and glibc retries as `clone`, whose flags are an
+    /// argument (as Docker's default profile does).
+    pub(super) const ENOSYS_CALLS: &[libc::c_long] = &[libc::SYS_clone3];
 
     /// The calls refused when their first argument (flags) asks for a new
     /// mount namespace.
@@ -490,6 +506,8 @@ mod linux {
             REFUSE_SETNS => "a setns call (in another namespace its paths would name other files than the ones highwater resolves)",
             REFUSE_HANDLE => "an open_by_handle_at call (it opens a file by handle, with no path to record)",
             REFUSE_NEW_MOUNT_NS => "an unshare or clone into a new mount namespace (its mounts would make its paths name other files than the ones highwater resolves)",
+            REFUSE_USELIB => "a uselib call (it maps a library by path, unseen)",
+            REFUSE_PIDFD_GETFD => "a pidfd_getfd call (it takes a descriptor another process opened, so what it reads was never looked up in the tree)",
             REFUSE_UNREADABLE => "a file call whose path highwater was not allowed to read (the process made itself non-dumpable, as ssh does, or runs an execute-only program; run highwater as root, or give the program read permission)",
             _ => "an io_uring_setup call (a ring opens and reads files unseen)",
         }
@@ -527,6 +545,8 @@ mod linux {
             Refuse(usize),
             /// Refused when its flags ask for a new mount namespace.
             NewNs,
+            /// Answered ENOSYS (see `ENOSYS_CALLS`).
+            Enosys,
             Fstatat,
             Statx,
         }
@@ -564,6 +584,7 @@ mod linux {
                     .map(|(i, &(n, _))| (n as u32, To::Refuse(i))),
             )
             .chain(REFUSED_WITH_NEWNS.iter().map(|&n| (n as u32, To::NewNs)))
+            .chain(ENOSYS_CALLS.iter().map(|&n| (n as u32, To::Enosys)))
             .collect();
         calls.sort_unstable_by_key(|c| c.0);
         // A range of the sorted calls: split at the middle with JGE until
@@ -611,6 +632,8 @@ mod linux {
         f.push(ins(JSET, libc::CLONE_NEWNS as u32, To::Next, To::Skip(1)));
         f.push(ret(trace | REFUSE_NEW_MOUNT_NS));
         f.push(ret(libc::SECCOMP_RET_ALLOW));
+        let enosys_at = f.len();
+        f.push(ret(libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32));
         let mut blocks = [0; 2];
         for (b, flags_arg) in blocks.iter_mut().zip([3, 2]) {
             *b = f.len();
@@ -626,6 +649,7 @@ mod linux {
                 To::Trace => trace_at,
                 To::Refuse(i) => refuse_at + i,
                 To::NewNs => new_ns_at,
+                To::Enosys => enosys_at,
                 To::Fstatat => blocks[0],
                 To::Statx => blocks[1],
             };
@@ -857,9 +881,17 @@ mod linux {
     #[derive(Default)]
     struct Tracee {
         exec: Option<PathBuf>,
+        /// Inside `wait4` or `waitid`: asleep until a child changes state,
+        /// so not competing for a CPU (see `pin`).
+        waiting: bool,
         /// What the call the tracee is inside writes, if it succeeds: told
         /// at its exit stop.
         pending: Vec<PathBuf>,
+    }
+
+    /// The tree's tasks that are not asleep in a wait for a child.
+    fn running(tracees: &HashMap<i32, Tracee>) -> usize {
+        tracees.values().filter(|t| !t.waiting).count()
     }
 
     fn regs(tid: i32) -> Option<libc::user_regs_struct> {
@@ -1288,6 +1320,7 @@ mod linux {
         let mut main_execed = false;
         // A refused call was made: the tree is being killed.
         let mut refused: Option<u32> = None;
+        let mut turns = crate::pin::Turns::default();
         loop {
             let mut status = 0;
             if !main_execed {
@@ -1365,6 +1398,7 @@ mod linux {
                 // Said here, while the tracee is still stopped: a
                 // concurrent item that lists the folder later already
                 // knows the name is the run's own.
+                t.waiting = false;
                 let pending = std::mem::take(&mut t.pending);
                 let ok = regs(tid).is_some_and(|r| (r.rax as i64) >= 0);
                 if ok {
@@ -1411,7 +1445,12 @@ mod linux {
                             }
                             continue;
                         }
-                        let req = if fresh.is_empty() {
+                        let waits = matches!(nr, Some(libc::SYS_wait4 | libc::SYS_waitid));
+                        let req = if waits {
+                            // Waiting until the call's exit stop.
+                            t.waiting = true;
+                            libc::PTRACE_SYSCALL
+                        } else if fresh.is_empty() {
                             libc::PTRACE_CONT
                         } else {
                             // A change to the tree counts only if it
@@ -1421,11 +1460,14 @@ mod linux {
                         };
                         // Before the call runs: an affinity call sees
                         // (or sets) the mask the tree would have unobserved.
-                        if pin.expired()
-                            || matches!(
-                                nr,
-                                Some(libc::SYS_sched_getaffinity | libc::SYS_sched_setaffinity)
-                            )
+                        let affinity = matches!(
+                            nr,
+                            Some(libc::SYS_sched_getaffinity | libc::SYS_sched_setaffinity)
+                        );
+                        if pin.pinned()
+                            && (pin.expired()
+                                || affinity
+                                || turns.parallel(running(&tracees), waits))
                         {
                             pin.release(tracees.keys().copied());
                         }
@@ -1446,14 +1488,30 @@ mod linux {
                         }
                         resume(libc::PTRACE_CONT, tid, 0);
                     }
-                    _ => {
+                    libc::PTRACE_EVENT_FORK
+                    | libc::PTRACE_EVENT_VFORK
+                    | libc::PTRACE_EVENT_CLONE => {
                         // Fork, vfork, clone: the new tracee reports itself.
-                        // Two tasks now: the tree spreads as it would
-                        // unobserved, the new one unpinned before it runs.
-                        if pin.pinned() {
-                            let new = event_msg(tid) as i32;
+                        // A thread, or a third task running beside two,
+                        // means parallel work: the tree spreads as it
+                        // would unobserved, the new one unpinned before it
+                        // runs. A process forked by the only running task
+                        // (a shell about to wait for it) keeps the pin
+                        // while they take turns (see `pin`).
+                        let thread = event == libc::PTRACE_EVENT_CLONE;
+                        let new = event_msg(tid) as i32;
+                        if pin.pinned() && (thread || turns.forked(running(&tracees))) {
                             pin.release(tracees.keys().copied().chain([new]));
                         }
+                        // Counted from now, not from its first stop: the
+                        // parent may fork again before that reports.
+                        tracees.entry(new).or_default();
+                        resume(libc::PTRACE_CONT, tid, 0);
+                    }
+                    _ => {
+                        // A new tracee's first stop, or a group stop. Job
+                        // control inside an observed command is not
+                        // supported: resume.
                         resume(libc::PTRACE_CONT, tid, 0);
                     }
                 }
@@ -1544,6 +1602,8 @@ mod tests {
                 } else if linux::REFUSED_WITH_NEWNS.contains(&(nr as libc::c_long)) {
                     // Without CLONE_NEWNS in its flags (args[0] = 0 here).
                     libc::SECCOMP_RET_ALLOW
+                } else if linux::ENOSYS_CALLS.contains(&(nr as libc::c_long)) {
+                    libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32
                 } else if linux::TRACED.contains(&(nr as libc::c_long)) && !fstat_like {
                     trace
                 } else {
@@ -1576,6 +1636,79 @@ mod tests {
                 run_filter(&f, x86_64, nr as u32, thread).0,
                 libc::SECCOMP_RET_ALLOW
             );
+        }
+    }
+
+    /// Issue 47: every system call of the kernel's x86_64 table is
+    /// stopped, refused, answered ENOSYS, or let run for a stated reason
+    /// (`syscalls_x86_64.tbl` says which and why): the filter does exactly
+    /// what the table says, a call the table says reaches a file by name is
+    /// never let through, and no number of the table is unclassed.
+    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+    #[test]
+    fn every_system_call_is_stopped_decided_or_refused() {
+        let f = linux::filter();
+        let trace = libc::SECCOMP_RET_TRACE;
+        let x86_64 = 0xc000_003e_u32;
+        let classes = [
+            "traced",
+            "refused",
+            "refused-newns",
+            "enosys",
+            "fd",
+            "meta",
+            "mount",
+            "ipc",
+            "rule",
+            "none",
+        ];
+        let mut seen = std::collections::BTreeSet::new();
+        let table = include_str!("syscalls_x86_64.tbl");
+        for line in table
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+        {
+            let cols: Vec<&str> = line.split('\t').collect();
+            let [nr, name, class] = cols[..] else {
+                panic!("a row is number, name, class: {line:?}");
+            };
+            let nr: u32 = nr.parse().unwrap();
+            assert!(classes.contains(&class), "{name}: unknown class {class}");
+            assert!(seen.insert(nr), "{name}: number {nr} twice");
+            let (got, _) = run_filter(&f, x86_64, nr, [0; 6]);
+            let with_newns = [libc::CLONE_NEWNS as u64, 0, 0, 0, 0, 0];
+            let (got_newns, _) = run_filter(&f, x86_64, nr, with_newns);
+            match class {
+                "traced" => assert_eq!(got, trace, "{name} is stopped"),
+                "refused" => assert!(
+                    got & libc::SECCOMP_RET_ACTION_FULL == trace && got & 0xffff != 0,
+                    "{name} is refused: {got:#x}"
+                ),
+                "refused-newns" => {
+                    assert_eq!(got, libc::SECCOMP_RET_ALLOW, "{name} without CLONE_NEWNS");
+                    assert_eq!(got_newns, trace | 8, "{name} with CLONE_NEWNS");
+                }
+                "enosys" => assert_eq!(got, libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32),
+                _ => assert_eq!(got, libc::SECCOMP_RET_ALLOW, "{name} ({class}) runs"),
+            }
+        }
+        // Every number below the table's highest that the kernel has.
+        let highest = *seen.iter().max().unwrap();
+        let gaps: Vec<u32> = (0..=highest).filter(|n| !seen.contains(n)).collect();
+        assert_eq!(
+            gaps,
+            (337..424).collect::<Vec<u32>>(),
+            "only the unused range"
+        );
+        // Nothing traced or refused that the table does not know.
+        for nr in 0..1024u32 {
+            if !seen.contains(&nr) {
+                let got = run_filter(&f, x86_64, nr, [0; 6]).0;
+                assert!(
+                    nr & 0x4000_0000 != 0 || got == libc::SECCOMP_RET_ALLOW,
+                    "syscall {nr} is not in the table but the filter acts on it"
+                );
+            }
         }
     }
 

@@ -16,9 +16,16 @@
 //!   taken before the command starts, so its first wakeup of the tracer is
 //!   a local one; the starting thread gets its own mask back once the
 //!   command has exec'd.
-//! - A fork, vfork or thread clone in the tree unpins the whole tree at that
-//!   event, the new task included, before it runs: a pool of workers or a
-//!   `make -j` spreads as if it were never observed.
+//! - A tree whose tasks take turns keeps the pin (issue 47: pyenv's shim,
+//!   a shell script and the commands it waits for; 3,500 stops a start,
+//!   each 7x dearer unpinned). A task asleep in `wait4` or `waitid` is not
+//!   running; the tree's running tasks are counted at each stop
+//!   ([`Turns`]). The whole tree is unpinned, the new task included,
+//!   before it runs, at: a thread clone; a fork or vfork while two tasks
+//!   already run; a task starting to wait while two others run; two tasks
+//!   found running at stops [`TURNS_OVERLAP_MAX_MS`] apart. So a pool of
+//!   workers, a `make -j` or a pipeline spreads as if it were never
+//!   observed, at most a few milliseconds late.
 //! - A tree that asks which CPUs it may use (`sched_getaffinity`: `nproc`,
 //!   `os.sched_getaffinity`, rayon's and OpenBLAS's pool sizes) or sets them
 //!   is unpinned before the call runs: it is told, and keeps, what it would
@@ -39,6 +46,47 @@ use std::time::{Duration, Instant};
 /// How long a tree stays pinned at most (checked at its stops; see the
 /// module doc for why so long).
 pub const PIN_DURATION_MAX_MS: u64 = 10_000;
+
+/// How long two tasks of a pinned tree may be seen running at once before
+/// the tree is unpinned: a shell runs on a little between its fork and
+/// its wait; a pipeline's two ends, longer.
+pub const TURNS_OVERLAP_MAX_MS: u64 = 5;
+
+/// Whether a pinned tree's tasks take turns or run in parallel, judged at
+/// its stops from the count of its running tasks (those not asleep in a
+/// wait for a child).
+#[derive(Default)]
+pub(crate) struct Turns {
+    /// Since when two or more tasks have been seen running.
+    overlap_since: Option<Instant>,
+}
+
+impl Turns {
+    /// At a fork or vfork by a task of a tree where `running` tasks run
+    /// (the new one not counted): whether that makes it parallel.
+    pub(crate) fn forked(&mut self, running: usize) -> bool {
+        if running >= 2 {
+            return true;
+        }
+        self.overlap_since.get_or_insert_with(Instant::now);
+        false
+    }
+
+    /// At any other stop, with `running` tasks running now; `waits`: the
+    /// stopped task is starting to wait (and is not counted).
+    pub(crate) fn parallel(&mut self, running: usize, waits: bool) -> bool {
+        if running < 2 {
+            self.overlap_since = None;
+            return false;
+        }
+        if waits {
+            // It sleeps while two others run: they run in parallel.
+            return true;
+        }
+        let since = *self.overlap_since.get_or_insert_with(Instant::now);
+        since.elapsed() >= Duration::from_millis(TURNS_OVERLAP_MAX_MS)
+    }
+}
 
 /// The CPUs this process may use, as first seen, and how many pins each
 /// holds now.

@@ -39,9 +39,8 @@ fn check(what: &str, argv: &[&str]) {
 
 #[test]
 fn a_command_is_told_the_cpus_it_would_have_unobserved() {
-    let status = "grep Cpus_allowed_list /proc/self/status";
     check("nproc (sched_getaffinity)", &["nproc"]);
-    check("a forked child", &["sh", "-c", &format!("{status}; true")]);
+    check("a forked child", &["sh", "-c", "nproc; true"]);
     check(
         "a thread",
         &[
@@ -158,4 +157,31 @@ fn the_starting_thread_gets_its_own_cpus_back() {
     })
     .join()
     .unwrap();
+}
+
+/// A tree whose tasks take turns keeps the pin (issue 47: pyenv's shim is
+/// a shell that runs and waits for a dozen commands, 3,500 stops, each 7x
+/// dearer unpinned); one whose tasks run at once is unpinned before the
+/// second of them runs, so its parallelism is never taken away.
+#[test]
+fn a_shell_and_what_it_waits_for_keep_the_pin_and_parallel_work_spreads() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let status = "grep Cpus_allowed_list /proc/self/status";
+    let plain = run(&["sh", "-c", status], false);
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let turns = run(&["sh", "-c", &format!("{status}; true")], true);
+    let parallel = run(&["sh", "-c", &format!("sleep 0.3 & {status}; wait")], true);
+    if cpus >= 2 {
+        let list = turns.split(':').nth(1).unwrap().trim();
+        assert!(
+            list.parse::<usize>().is_ok(),
+            "a child the shell waits for is pinned with it: {list}"
+        );
+    } else {
+        assert_eq!(turns, plain, "one CPU: nothing to pin");
+    }
+    assert_eq!(
+        parallel, plain,
+        "a child forked while another runs is told every CPU"
+    );
 }
