@@ -32,7 +32,10 @@
 //!   names), linked, unlinked or made as folders by the traced tree, each
 //!   only when the call *succeeded* (decided at the syscall's exit: a
 //!   `mkdir -p` of an existing folder or an `rm -f` of a missing file
-//!   changed nothing), and the `opened_rw` files whose stat changed.
+//!   changed nothing), and the `opened_rw` files the tree wrote through
+//!   (a `write`, `pwrite`, truncation or shared writable `mmap` of its
+//!   descriptor, seen at the call: evidence, not a changed stat, since
+//!   another process may change the file meanwhile).
 //!
 //! The command's run ends when every process of its traced tree has
 //! exited: a daemon it starts (`setsid … &`) holds the run, and its item,
@@ -147,20 +150,14 @@ pub struct Observation {
 impl Observation {
     /// Drops what the tree wrote from what it read, looked up or executed.
     pub fn finish(&mut self) {
-        // Opened for writing, but was it changed? Its stat says so. One that
-        // was not is a plain read: recorded with the state it still has,
-        // which the next plan finds again (stable). One that was is the
-        // command's own state, excluded like any write: recording its state
-        // after the command would be stable only while nothing else changes
-        // it, and a file several items update (a shared sqlite database, a
-        // log) would re-run every item but the last one, run after run.
-        let changed: Vec<PathBuf> = self
-            .opened_rw
-            .iter()
-            .filter(|(p, s)| Stamp::of(p).as_ref() != Some(*s))
-            .map(|(p, _)| p.clone())
-            .collect();
-        self.written.extend(changed);
+        // Opened for writing: a write the tree made through the descriptor
+        // (a `write`, `pwrite`, truncation or shared writable mapping, seen
+        // at the call) already put it in `written`, the command's own state,
+        // excluded like any write (a shared sqlite database several items
+        // update must not re-run every item but the last). One the tree
+        // never wrote stays a read, even if it changed: a change by anyone
+        // else during the run makes it racy, never the command's (issue 47:
+        // `sqlite3.connect` to read a table another process updates).
         let written = &self.written;
         self.read.retain(|p| !written.contains(p));
         self.absent.retain(|p| !written.contains(p));
@@ -181,6 +178,7 @@ pub struct Stamp {
     pub mtime_ns: i64,
     pub ctime_ns: i64,
     pub ino: u64,
+    pub dev: u64,
 }
 
 impl Stamp {
@@ -192,6 +190,7 @@ impl Stamp {
             mtime_ns: m.mtime().saturating_mul(1_000_000_000) + m.mtime_nsec(),
             ctime_ns: m.ctime().saturating_mul(1_000_000_000) + m.ctime_nsec(),
             ino: m.ino(),
+            dev: m.dev(),
         })
     }
 }
@@ -492,6 +491,31 @@ mod linux {
     /// argument (as Docker's default profile does).
     pub(super) const ENOSYS_CALLS: &[libc::c_long] = &[libc::SYS_clone3];
 
+    /// The calls that write through a descriptor, with the argument that
+    /// holds it: stopped for a descriptor above stderr (and `mmap` when
+    /// shared, writable and of a file), so that a file opened read-write
+    /// counts as the command's own write only with evidence that the
+    /// command wrote it (issue 47). The cost is one stop per such call;
+    /// the standard streams are highwater's pipes and never stop.
+    pub(super) const WRITES: &[(libc::c_long, u32)] = &[
+        (libc::SYS_write, 0),
+        (libc::SYS_writev, 0),
+        (libc::SYS_pwrite64, 0),
+        (libc::SYS_pwritev, 0),
+        (libc::SYS_pwritev2, 0),
+        (libc::SYS_ftruncate, 0),
+        (libc::SYS_fallocate, 0),
+        (libc::SYS_sendfile, 0),
+        (libc::SYS_copy_file_range, 2),
+        (libc::SYS_splice, 2),
+        (libc::SYS_mmap, 4),
+        // Onto stdout or stderr (a shell's `>&4`, `cmd 1<>file`): what the
+        // command then writes there goes to the file unstopped, so the
+        // redirection itself is the evidence.
+        (libc::SYS_dup2, 0),
+        (libc::SYS_dup3, 0),
+    ];
+
     /// The calls refused when their first argument (flags) asks for a new
     /// mount namespace.
     pub(super) const REFUSED_WITH_NEWNS: &[libc::c_long] = &[libc::SYS_unshare, libc::SYS_clone];
@@ -547,6 +571,14 @@ mod linux {
             NewNs,
             /// Answered ENOSYS (see `ENOSYS_CALLS`).
             Enosys,
+            /// A write through the descriptor in argument 0 or 2: stopped
+            /// only for a descriptor above stderr (see `WRITES`).
+            FdArg0,
+            FdArg2,
+            /// An `mmap`: stopped only when shared, writable and of a file.
+            MmapShared,
+            /// A `dup2`/`dup3`: stopped only onto stdout or stderr.
+            DupOut,
             Fstatat,
             Statx,
         }
@@ -585,6 +617,15 @@ mod linux {
             )
             .chain(REFUSED_WITH_NEWNS.iter().map(|&n| (n as u32, To::NewNs)))
             .chain(ENOSYS_CALLS.iter().map(|&n| (n as u32, To::Enosys)))
+            .chain(WRITES.iter().map(|&(n, fd_arg)| {
+                let to = match (n, fd_arg) {
+                    (libc::SYS_mmap, _) => To::MmapShared,
+                    (libc::SYS_dup2 | libc::SYS_dup3, _) => To::DupOut,
+                    (_, 0) => To::FdArg0,
+                    _ => To::FdArg2,
+                };
+                (n as u32, to)
+            }))
             .collect();
         calls.sort_unstable_by_key(|c| c.0);
         // A range of the sorted calls: split at the middle with JGE until
@@ -634,6 +675,22 @@ mod linux {
         f.push(ret(libc::SECCOMP_RET_ALLOW));
         let enosys_at = f.len();
         f.push(ret(libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32));
+        let mut fd_at = [0; 2];
+        for (b, fd_arg) in fd_at.iter_mut().zip([0, 2]) {
+            *b = f.len();
+            f.push(ins(LD, arg(fd_arg), To::Next, To::Next));
+            f.push(ins(JGE, 3, To::Next, To::Skip(1)));
+            f.push(ret(trace));
+            f.push(ret(libc::SECCOMP_RET_ALLOW));
+        }
+        let mmap_at = f.len();
+        f.push(ins(LD, arg(3), To::Next, To::Next));
+        f.push(ins(JSET, libc::MAP_SHARED as u32, To::Next, To::Skip(4)));
+        f.push(ins(JSET, libc::MAP_ANONYMOUS as u32, To::Skip(3), To::Next));
+        f.push(ins(LD, arg(2), To::Next, To::Next));
+        f.push(ins(JSET, libc::PROT_WRITE as u32, To::Next, To::Skip(1)));
+        f.push(ret(trace));
+        f.push(ret(libc::SECCOMP_RET_ALLOW));
         let mut blocks = [0; 2];
         for (b, flags_arg) in blocks.iter_mut().zip([3, 2]) {
             *b = f.len();
@@ -642,6 +699,12 @@ mod linux {
             f.push(ret(libc::SECCOMP_RET_ALLOW));
             f.push(ret(trace));
         }
+        let dup_out_at = f.len();
+        f.push(ins(LD, arg(1), To::Next, To::Next));
+        f.push(ins(JEQ, 1, To::Skip(1), To::Next));
+        f.push(ins(JEQ, 2, To::Next, To::Skip(1)));
+        f.push(ret(trace));
+        f.push(ret(libc::SECCOMP_RET_ALLOW));
         let resolve = |from: usize, to: To| -> u8 {
             let abs = match to {
                 To::Next => return 0,
@@ -650,6 +713,10 @@ mod linux {
                 To::Refuse(i) => refuse_at + i,
                 To::NewNs => new_ns_at,
                 To::Enosys => enosys_at,
+                To::FdArg0 => fd_at[0],
+                To::FdArg2 => fd_at[1],
+                To::MmapShared => mmap_at,
+                To::DupOut => dup_out_at,
                 To::Fstatat => blocks[0],
                 To::Statx => blocks[1],
             };
@@ -1267,8 +1334,27 @@ mod linux {
                 w.extend(resolve(tid, a[0] as i64, a[1]));
                 w.extend(resolve(tid, a[2] as i64, a[3]));
             }
-            _ => {}
+            n => {
+                if let Some(&(_, fd_arg)) = WRITES.iter().find(|(c, _)| *c == n) {
+                    w.extend(opened_rw_at(tid, a[fd_arg as usize], obs));
+                }
+            }
         }
+    }
+
+    /// The file opened read-write (kept, not truncated) that descriptor
+    /// `fd` of `tid` refers to, if any: a write through it is the
+    /// command's evidence that it changed the file itself.
+    fn opened_rw_at(tid: i32, fd: u64, obs: &Observation) -> Option<PathBuf> {
+        if obs.opened_rw.is_empty() {
+            return None;
+        }
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(format!("/proc/{tid}/fd/{}", fd as i32)).ok()?;
+        obs.opened_rw
+            .iter()
+            .find(|(_, s)| s.ino == m.ino() && s.dev == m.dev())
+            .map(|(p, _)| p.clone())
     }
 
     fn record_exec(obs: &mut Observation, path: PathBuf) {
@@ -1604,6 +1690,12 @@ mod tests {
                     libc::SECCOMP_RET_ALLOW
                 } else if linux::ENOSYS_CALLS.contains(&(nr as libc::c_long)) {
                     libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32
+                } else if linux::WRITES
+                    .iter()
+                    .any(|&(n, fd_arg)| n as u32 == nr && fd_arg == 2 && empty)
+                {
+                    // Its descriptor argument holds the flags here (>= 3).
+                    trace
                 } else if linux::TRACED.contains(&(nr as libc::c_long)) && !fstat_like {
                     trace
                 } else {
@@ -1655,6 +1747,7 @@ mod tests {
             "refused",
             "refused-newns",
             "enosys",
+            "write",
             "fd",
             "meta",
             "mount",
@@ -1689,6 +1782,28 @@ mod tests {
                     assert_eq!(got_newns, trace | 8, "{name} with CLONE_NEWNS");
                 }
                 "enosys" => assert_eq!(got, libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32),
+                "write" => {
+                    assert_eq!(got, libc::SECCOMP_RET_ALLOW, "{name} to stdin runs");
+                    let fd_arg = linux::WRITES.iter().find(|w| w.0 as u32 == nr).unwrap().1;
+                    let mut args = [0u64; 6];
+                    args[fd_arg as usize] = 5;
+                    if name.starts_with("dup") {
+                        assert_eq!(run_filter(&f, x86_64, nr, args).0, libc::SECCOMP_RET_ALLOW);
+                        args[1] = 1;
+                        assert_eq!(run_filter(&f, x86_64, nr, args).0, trace, "{name} onto 1");
+                        args[1] = 2;
+                    }
+                    if name == "mmap" {
+                        args[2] = libc::PROT_READ as u64;
+                        args[3] = libc::MAP_SHARED as u64;
+                        assert_eq!(run_filter(&f, x86_64, nr, args).0, libc::SECCOMP_RET_ALLOW);
+                        args[2] |= libc::PROT_WRITE as u64;
+                        args[3] |= libc::MAP_ANONYMOUS as u64;
+                        assert_eq!(run_filter(&f, x86_64, nr, args).0, libc::SECCOMP_RET_ALLOW);
+                        args[3] = libc::MAP_SHARED as u64;
+                    }
+                    assert_eq!(run_filter(&f, x86_64, nr, args).0, trace, "{name} to fd 5");
+                }
                 _ => assert_eq!(got, libc::SECCOMP_RET_ALLOW, "{name} ({class}) runs"),
             }
         }

@@ -1586,3 +1586,108 @@ proptest! {
         prop_assert!(plan_of(&p, "t").is_empty());
     }
 }
+
+/// Issue 47, item 5: a database the command opens read-write only to read
+/// it (`sqlite3.connect`), updated by another process while the command
+/// runs. The output holds the old value, so the database must count as
+/// changed during the run: the next plan re-runs the item, naming it, and
+/// a later edit re-runs it too. Before, the changed stat of a read-write
+/// file was blamed on the command: the database was dropped from the
+/// dependencies and every later plan was empty.
+#[test]
+fn a_read_write_database_changed_by_another_process_during_the_run_reruns() {
+    let py = python();
+    let p = Project::new(&config(
+        &format!(r#"["{py}", "q.py", "{{input}}", "{{output}}"]"#),
+        "",
+    ));
+    p.write(
+        "q.py",
+        "import os, sqlite3, sys\n\
+         v = sqlite3.connect('ref.db').execute('select v from t').fetchone()[0]\n\
+         open(os.environ['SYNC'] + '/go').read()\n\
+         open(sys.argv[2], 'w').write(open(sys.argv[1]).read() + v)\n",
+    );
+    let set = |v: &str| {
+        let db = rusqlite::Connection::open(p.path("ref.db")).unwrap();
+        db.execute_batch("CREATE TABLE IF NOT EXISTS t (v TEXT); DELETE FROM t;")
+            .unwrap();
+        db.execute("INSERT INTO t VALUES (?1)", [v]).unwrap();
+    };
+    set("old");
+    p.write("data/f0.txt", "x:");
+    let sync = tempfile::tempdir().unwrap();
+    assert!(Command::new("mkfifo")
+        .arg(sync.path().join("go"))
+        .status()
+        .unwrap()
+        .success());
+    let child = p
+        .cmd(&["run"])
+        .env("SYNC", sync.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    while_waiting(sync.path().join("go"), || set("new"));
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(p.read("out/f0.txt.out"), "x:old", "read before the update");
+    assert_eq!(
+        plan_of(&p, "t"),
+        all(vec!["data/f0.txt".to_string()], "dependency", "ref.db")
+    );
+    let feeder = {
+        let fifo = sync.path().join("go");
+        std::thread::spawn(move || {
+            let _ = std::fs::write(fifo, "go\n");
+        })
+    };
+    let sync_dir = sync.path().to_str().unwrap().to_string();
+    hw_env(&p, &["run"], 0, &[("SYNC", sync_dir.as_str())]);
+    feeder.join().unwrap();
+    assert_eq!(p.read("out/f0.txt.out"), "x:new");
+    assert!(plan_of(&p, "t").is_empty());
+    // Still a dependency: a later edit re-runs the item.
+    set("newer");
+    assert_eq!(
+        plan_of(&p, "t"),
+        all(vec!["data/f0.txt".to_string()], "dependency", "ref.db")
+    );
+}
+
+/// Issue 47, item 5, the other side: a command that writes the database
+/// it opened read-write is the one that changed it (its `pwrite`s are the
+/// evidence), so the next plan is empty, run after run.
+#[test]
+fn a_database_the_command_writes_is_its_own_and_reruns_nothing() {
+    let py = python();
+    let p = Project::new(&config(
+        &format!(r#"["{py}", "w.py", "{{input}}", "{{output}}"]"#),
+        "",
+    ));
+    p.write(
+        "w.py",
+        "import sqlite3, sys\n\
+         db = sqlite3.connect('log.db')\n\
+         db.execute('create table if not exists runs (item text)')\n\
+         db.execute('insert into runs values (?)', (sys.argv[1],))\n\
+         db.commit()\n\
+         open(sys.argv[2], 'w').write('ok')\n",
+    );
+    {
+        let db = rusqlite::Connection::open(p.path("log.db")).unwrap();
+        db.execute_batch("CREATE TABLE runs (item TEXT);").unwrap();
+    }
+    let items: Vec<String> = (0..3).map(|i| format!("data/f{i}.txt")).collect();
+    for i in &items {
+        p.write(i, "x");
+    }
+    assert_eq!(run_counts(&p, &[]), (3, 0));
+    assert!(plan_of(&p, "t").is_empty());
+    assert_eq!(run_counts(&p, &[]), (0, 3), "nothing re-runs");
+}
