@@ -1108,16 +1108,16 @@ mod linux {
         let rel = PathBuf::from(OsString::from_vec(raw));
         if rel.as_os_str().is_empty() {
             // AT_EMPTY_PATH: the dirfd itself.
-            return proc_link(tid, &format!("fd/{dirfd}"));
+            return proc_link(tid, &format!("fd/{dirfd}")).map(named);
         }
         if rel.is_absolute() {
             return Some(in_tracee_view(tid, clean_join(Path::new("/"), &rel)));
         }
-        let base = if dirfd as i32 == libc::AT_FDCWD {
+        let base = named(if dirfd as i32 == libc::AT_FDCWD {
             proc_link(tid, "cwd")?
         } else {
             proc_link(tid, &format!("fd/{}", dirfd as i32))?
-        };
+        });
         Some(in_tracee_view(tid, clean_join(&base, &rel)))
     }
 
@@ -1143,6 +1143,64 @@ mod linux {
             p
         };
         canonical_existing(&p)
+    }
+
+    thread_local! {
+        /// Real paths of folders the tree reached through a symbolic link,
+        /// with the path it named (issue 47: `plugins -> /srv/plugins` in
+        /// the project). The kernel gives a descriptor's and the working
+        /// folder's path as the real one (`/proc/TID/fd/N`, `cwd`); what
+        /// lies under them is recorded under the named path instead, so a
+        /// listing of `plugins` or an absent `plugins/b.sh` stays the
+        /// project's. Cleared at each command's start.
+        static ALIASES: std::cell::RefCell<Vec<(PathBuf, PathBuf)>> =
+            const { std::cell::RefCell::new(Vec::new()) };
+    }
+
+    /// Notes that folder `real` was reached as `named`.
+    fn alias(real: PathBuf, named: PathBuf) {
+        if real == named {
+            return;
+        }
+        ALIASES.with(|a| {
+            let mut a = a.borrow_mut();
+            if !a.iter().any(|(r, _)| *r == real) {
+                a.push((real, named));
+            }
+        });
+    }
+
+    /// `p` (a real path from the kernel) under the name the tree reached
+    /// it by, if it lies under a folder reached through a link.
+    fn named(p: PathBuf) -> PathBuf {
+        ALIASES.with(|a| {
+            let a = a.borrow();
+            for (real, named) in a.iter() {
+                if let Ok(rest) = p.strip_prefix(real) {
+                    return if rest.as_os_str().is_empty() {
+                        named.clone()
+                    } else {
+                        named.join(rest)
+                    };
+                }
+            }
+            p
+        })
+    }
+
+    /// The folder descriptor `fd` of `tid` lists, under the path the tree
+    /// opened it by.
+    fn listed_dir(tid: i32, fd: i32, seen: &Seen) -> Option<PathBuf> {
+        use std::os::unix::fs::MetadataExt;
+        let real = proc_link(tid, &format!("fd/{fd}"))?;
+        let m = std::fs::metadata(format!("/proc/{tid}/fd/{fd}")).ok();
+        match m.and_then(|m| seen.dirs.get(&(m.dev(), m.ino()))) {
+            Some(opened_as) => {
+                alias(real, opened_as.clone());
+                Some(opened_as.clone())
+            }
+            None => Some(named(real)),
+        }
     }
 
     /// The sorted names in folder `dir`, now.
@@ -1172,14 +1230,16 @@ mod linux {
     /// give, so the call needs no second stop at its exit.
     enum Looked {
         Absent,
-        Dir,
+        /// A folder, with its identity (device, inode).
+        Dir((u64, u64)),
         Other,
         Unknown,
     }
 
     fn look(path: &Path) -> Looked {
+        use std::os::unix::fs::MetadataExt;
         match std::fs::metadata(path) {
-            Ok(m) if m.is_dir() => Looked::Dir,
+            Ok(m) if m.is_dir() => Looked::Dir((m.dev(), m.ino())),
             Ok(_) => Looked::Other,
             Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) => {
                 Looked::Absent
@@ -1195,6 +1255,9 @@ mod linux {
     struct Seen {
         read: Vec<PathBuf>,
         absent: Vec<PathBuf>,
+        /// Each folder looked up or opened, by identity, with the path the
+        /// tree first named it by (see `ALIASES`).
+        dirs: HashMap<(u64, u64), PathBuf>,
     }
 
     fn sorted_set(mut v: Vec<PathBuf>) -> BTreeSet<PathBuf> {
@@ -1242,8 +1305,12 @@ mod linux {
                     seen.absent.push(path);
                 }
                 // A directory opened only to be listed or used as a dirfd is
-                // not a read; a listing is recorded at getdents.
-                Looked::Dir | Looked::Unknown => {}
+                // not a read; a listing is recorded at getdents, under the
+                // path it was opened by.
+                Looked::Dir(id) => {
+                    seen.dirs.entry(id).or_insert(path);
+                }
+                Looked::Unknown => {}
                 Looked::Other => {
                     seen.read.push(path);
                 }
@@ -1262,7 +1329,10 @@ mod linux {
                     Looked::Other => {
                         seen.read.push(path);
                     }
-                    Looked::Dir | Looked::Unknown => {}
+                    Looked::Dir(id) => {
+                        seen.dirs.entry(id).or_insert(path);
+                    }
+                    Looked::Unknown => {}
                 }
             }
         };
@@ -1293,8 +1363,19 @@ mod linux {
                     }
                 }
             }
-            libc::SYS_stat | libc::SYS_lstat | libc::SYS_access | libc::SYS_chdir => {
+            libc::SYS_stat | libc::SYS_lstat | libc::SYS_access => {
                 probed(seen, resolve(tid, cwd, a[0]))
+            }
+            libc::SYS_chdir => {
+                let path = resolve(tid, cwd, a[0]);
+                // Later paths relative to the new folder come back from
+                // the kernel under its real path: known by its name now.
+                if let Some(p) = &path {
+                    if let Ok(real) = std::fs::canonicalize(p) {
+                        alias(real, p.clone());
+                    }
+                }
+                probed(seen, path)
             }
             libc::SYS_readlink => {
                 let path = resolve(tid, cwd, a[0]);
@@ -1310,7 +1391,7 @@ mod linux {
                 probed(seen, resolve(tid, a[0] as i64, a[1]))
             }
             libc::SYS_getdents | libc::SYS_getdents64 => {
-                if let Some(dir) = proc_link(tid, &format!("fd/{}", a[0] as i32)) {
+                if let Some(dir) = listed_dir(tid, a[0] as i32, seen) {
                     if !obs.listed_names.contains_key(&dir) {
                         if let Some(names) = names_of(&dir) {
                             obs.listed_names.insert(dir.clone(), names);
@@ -1407,6 +1488,7 @@ mod linux {
         // A refused call was made: the tree is being killed.
         let mut refused: Option<u32> = None;
         let mut turns = crate::pin::Turns::default();
+        ALIASES.with(|a| a.borrow_mut().clear());
         loop {
             let mut status = 0;
             if !main_execed {
@@ -1586,7 +1668,11 @@ mod linux {
                         // while they take turns (see `pin`).
                         let thread = event == libc::PTRACE_EVENT_CLONE;
                         let new = event_msg(tid) as i32;
-                        if pin.pinned() && (thread || turns.forked(running(&tracees))) {
+                        // The new task's own first stop may have come
+                        // first: it is not one of those running before.
+                        let before = running(&tracees)
+                            - usize::from(tracees.get(&new).is_some_and(|t| !t.waiting));
+                        if pin.pinned() && (thread || turns.forked(before)) {
                             pin.release(tracees.keys().copied().chain([new]));
                         }
                         // Counted from now, not from its first stop: the

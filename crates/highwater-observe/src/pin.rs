@@ -25,7 +25,8 @@
 //!   already run; a task starting to wait while two others run; two tasks
 //!   found running at stops [`TURNS_OVERLAP_MAX_MS`] apart. So a pool of
 //!   workers, a `make -j` or a pipeline spreads as if it were never
-//!   observed, at most a few milliseconds late.
+//!   observed, at its second fork; a parent computing beside one child, at
+//!   most 50 ms late.
 //! - A tree that asks which CPUs it may use (`sched_getaffinity`: `nproc`,
 //!   `os.sched_getaffinity`, rayon's and OpenBLAS's pool sizes) or sets them
 //!   is unpinned before the call runs: it is told, and keeps, what it would
@@ -48,9 +49,13 @@ use std::time::{Duration, Instant};
 pub const PIN_DURATION_MAX_MS: u64 = 10_000;
 
 /// How long two tasks of a pinned tree may be seen running at once before
-/// the tree is unpinned: a shell runs on a little between its fork and
-/// its wait; a pipeline's two ends, longer.
-pub const TURNS_OVERLAP_MAX_MS: u64 = 5;
+/// the tree is unpinned. A shell runs on a little between its fork and its
+/// wait, but on its one CPU the child may run first, and a busy machine
+/// may hold both off the CPU for milliseconds: 5 ms unpinned pyenv's shim
+/// under load. Parallel work shows sooner by its forks and waits (a second
+/// child forked, a parent waiting beside two), so the clock is the last
+/// resort, for a parent that computes beside its one child.
+pub const TURNS_OVERLAP_MAX_MS: u64 = 50;
 
 /// Whether a pinned tree's tasks take turns or run in parallel, judged at
 /// its stops from the count of its running tasks (those not asleep in a

@@ -1691,3 +1691,54 @@ fn a_database_the_command_writes_is_its_own_and_reruns_nothing() {
     assert!(plan_of(&p, "t").is_empty());
     assert_eq!(run_counts(&p, &[]), (0, 3), "nothing re-runs");
 }
+
+/// Issue 47, item 4: a project folder that is a symbolic link to a folder
+/// outside the project (`plugins -> /srv/plugins`). The kernel names a
+/// listed folder and the working folder by their real paths, so the
+/// listing was stored under the outside path and dropped, and so were
+/// lookups after a `cd` into it: adding `plugins/b.sh` or `plugins/opt.conf`
+/// re-ran nothing. They count under the project's name now.
+#[test]
+fn a_folder_linked_from_outside_the_project_counts_as_the_projects() {
+    let outside = tempfile::tempdir().unwrap();
+    let srv = outside.path().join("plugins");
+    std::fs::create_dir(&srv).unwrap();
+    std::fs::write(srv.join("a.sh"), "echo a\n").unwrap();
+    let p = Project::new(&config(r#"["sh", "run.sh", "{input}", "{output}"]"#, ""));
+    std::os::unix::fs::symlink(&srv, p.path("plugins")).unwrap();
+    p.write(
+        "run.sh",
+        "set -eu\nout=\"$2\"\nfor f in plugins/*.sh; do sh \"$f\"; done > \"$out\"\n\
+         cd plugins\ncat opt.conf >> \"$out\" 2>/dev/null || echo defaults >> \"$out\"\n",
+    );
+    p.write("data/f0.txt", "x\n");
+    let item = vec!["data/f0.txt".to_string()];
+    assert_eq!(run_counts(&p, &[]), (1, 0));
+    assert_eq!(p.read("out/f0.txt.out"), "a\ndefaults\n");
+    assert!(plan_of(&p, "t").is_empty());
+    std::fs::write(srv.join("b.sh"), "echo b\n").unwrap();
+    assert_eq!(
+        plan_of(&p, "t"),
+        all(item.clone(), "dependency", "plugins (+b.sh)")
+    );
+    assert_eq!(run_counts(&p, &[]), (1, 0));
+    assert_eq!(p.read("out/f0.txt.out"), "a\nb\ndefaults\n");
+    assert!(plan_of(&p, "t").is_empty());
+    // Looked up absent after the `cd`: creating it re-runs the item (the
+    // listing names it too; either reason is the truth).
+    std::fs::write(srv.join("opt.conf"), "conf\n").unwrap();
+    let plan = plan_of(&p, "t");
+    assert_eq!(plan.keys().cloned().collect::<Vec<_>>(), item);
+    assert_eq!(plan["data/f0.txt"].0, "dependency");
+    assert!(
+        plan["data/f0.txt"]
+            .1
+            .as_deref()
+            .unwrap()
+            .starts_with("plugins"),
+        "{plan:?}"
+    );
+    assert_eq!(run_counts(&p, &[]), (1, 0));
+    assert_eq!(p.read("out/f0.txt.out"), "a\nb\nconf\n");
+    assert!(plan_of(&p, "t").is_empty());
+}
