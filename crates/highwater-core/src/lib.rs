@@ -14,6 +14,7 @@
 //! - [`guard`]: the refusal of suspicious mass rebuilds.
 //! - [`mutate`]: seeded damage to inputs, for the fuzz tests.
 //! - [`recipe`]: the recipe id, a hash of everything but the input.
+//! - [`spelling`]: file names as lossless, printable text.
 //! - [`template`]: output path templates and their escape checks.
 //! - [`tile`]: Web Mercator tiles and the tiles a point, line or area covers.
 //! - [`time`]: formatting of UTC timestamps without a clock.
@@ -25,6 +26,7 @@ pub mod guard;
 pub mod mutate;
 pub mod plan;
 pub mod recipe;
+pub mod spelling;
 pub mod template;
 pub mod tile;
 pub mod time;

@@ -22,10 +22,12 @@
 use crate::discover::TEMP_MARK;
 use crate::hash::blake3_file;
 use highwater_core::evidence::is_racy;
+use highwater_core::spelling::{is_plain, spell, unspell};
 use highwater_core::Stat;
 use highwater_observe::Observation;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -178,14 +180,14 @@ impl Keyer {
         Some(if rel.as_os_str().is_empty() {
             ".".to_string()
         } else {
-            rel.to_string_lossy().into_owned()
+            spell(rel.as_os_str().as_bytes())
         })
     }
 
     /// The recorded spelling of a path.
     pub fn key(&self, p: &Path) -> String {
         self.relative(p)
-            .unwrap_or_else(|| p.to_string_lossy().into_owned())
+            .unwrap_or_else(|| spell(p.as_os_str().as_bytes()))
     }
 }
 
@@ -261,6 +263,14 @@ impl Scope {
 
     /// The path to stat for a recorded spelling.
     pub fn abs(&self, key: &str) -> PathBuf {
+        if !is_plain(key) {
+            let bytes = PathBuf::from(std::ffi::OsString::from_vec(unspell(key)));
+            return if bytes.is_absolute() {
+                bytes
+            } else {
+                self.keyer.root.join(bytes)
+            };
+        }
         if key.starts_with('/') {
             PathBuf::from(key)
         } else if key == "." {
@@ -444,7 +454,7 @@ fn list_names(abs: &Path, scope: &Scope) -> Option<Vec<String>> {
     let mut names: Vec<String> = std::fs::read_dir(abs)
         .ok()?
         .filter_map(|e| e.ok())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .map(|e| spell(e.file_name().as_bytes()))
         .filter(|n| !n.contains(TEMP_MARK) && !scope.is_dropping(n))
         .collect();
     names.sort_unstable();
@@ -572,7 +582,7 @@ pub fn record(
             out.push(Dep {
                 path: key,
                 what: DepKind::Link {
-                    target: t.to_string_lossy().into_owned(),
+                    target: spell(t.as_os_str().as_bytes()),
                 },
                 host: None,
             });
@@ -754,7 +764,7 @@ impl<'a> Checker<'a> {
             // the command's open would): a dangling link stays absent.
             DepKind::Absent => std::fs::metadata(&abs).is_ok(),
             DepKind::Link { target } => std::fs::read_link(&abs)
-                .map(|t| t.to_string_lossy() != target.as_str())
+                .map(|t| spell(t.as_os_str().as_bytes()) != *target)
                 .unwrap_or(true),
             DepKind::Listed {
                 names, excluded, ..

@@ -1208,7 +1208,7 @@ mod linux {
         let mut names: Vec<String> = std::fs::read_dir(dir)
             .ok()?
             .filter_map(|e| e.ok())
-            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .map(|e| highwater_core::spelling::spell(e.file_name().as_bytes()))
             .collect();
         names.sort_unstable();
         Some(names)

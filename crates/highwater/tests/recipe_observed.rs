@@ -1742,3 +1742,36 @@ fn a_folder_linked_from_outside_the_project_counts_as_the_projects() {
     assert_eq!(p.read("out/f0.txt.out"), "a\nb\nconf\n");
     assert!(plan_of(&p, "t").is_empty());
 }
+
+/// Issue 47 (lesser): file names that are not UTF-8 are recorded exactly
+/// (as `\xHH` in their spelling). Before, both became U+FFFD: reading
+/// `lib\xff.txt` re-ran its item at every plan (the recorded name named no
+/// file), and creating an absent `opt\xfe.conf` re-ran nothing.
+#[test]
+fn names_that_are_not_utf8_are_recorded_exactly() {
+    use std::os::unix::ffi::OsStrExt;
+    let p = Project::new(&config(r#"["sh", "run.sh", "{input}", "{output}"]"#, ""));
+    p.write(
+        "run.sh",
+        "set -eu\nlib=$(printf 'lib\\377.txt')\nopt=$(printf 'opt\\376.conf')\n\
+         { cat \"$lib\"; cat \"$opt\" 2>/dev/null || echo defaults; } > \"$2\"\n",
+    );
+    let name = |b: &[u8]| p.path("").join(std::ffi::OsStr::from_bytes(b));
+    std::fs::write(name(b"lib\xff.txt"), "lib\n").unwrap();
+    p.write("data/f0.txt", "x\n");
+    assert_eq!(run_counts(&p, &[]), (1, 0));
+    assert_eq!(p.read("out/f0.txt.out"), "lib\ndefaults\n");
+    assert!(plan_of(&p, "t").is_empty(), "a read name re-runs nothing");
+    std::fs::write(name(b"opt\xfe.conf"), "conf\n").unwrap();
+    assert_eq!(
+        plan_of(&p, "t"),
+        all(vec!["data/f0.txt".into()], "dependency", "opt\\xfe.conf")
+    );
+    assert_eq!(run_counts(&p, &[]), (1, 0));
+    assert_eq!(p.read("out/f0.txt.out"), "lib\nconf\n");
+    std::fs::write(name(b"lib\xff.txt"), "lib2\n").unwrap();
+    assert_eq!(
+        plan_of(&p, "t"),
+        all(vec!["data/f0.txt".into()], "dependency", "lib\\xff.txt")
+    );
+}
