@@ -318,6 +318,49 @@ fn is_clean(p: &[u8]) -> bool {
         .all(|c| !c.is_empty() && c != b".")
 }
 
+/// The program the kernel loads itself to run `path`, which no filter
+/// sees: the interpreter of a shebang line, or the ELF interpreter
+/// (`PT_INTERP`, the dynamic loader) of a program (issue 47: a loader kept
+/// in the project was no dependency).
+pub fn interpreter(path: &Path) -> Option<PathBuf> {
+    shebang_interpreter(path).or_else(|| elf_interpreter(path))
+}
+
+/// How many program headers are read looking for `PT_INTERP`, and the
+/// longest interpreter path taken.
+const ELF_PHDRS_MAX: usize = 64;
+const ELF_INTERP_MAX_BYTES: usize = 4096;
+
+/// The `PT_INTERP` path of a 64-bit little-endian ELF file.
+pub fn elf_interpreter(path: &Path) -> Option<PathBuf> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open(path).ok()?;
+    let mut h = [0u8; 64];
+    f.read_exact_at(&mut h, 0).ok()?;
+    // Magic, ELFCLASS64, ELFDATA2LSB.
+    if h[..4] != *b"\x7fELF" || h[4] != 2 || h[5] != 1 {
+        return None;
+    }
+    let u16_at = |b: &[u8], o: usize| u16::from_le_bytes([b[o], b[o + 1]]) as usize;
+    let u64_at = |b: &[u8], o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
+    let (phoff, phentsize, phnum) = (u64_at(&h, 32), u16_at(&h, 54), u16_at(&h, 56));
+    if phentsize < 56 || phnum == 0 {
+        return None;
+    }
+    let mut ph = vec![0u8; phentsize * phnum.min(ELF_PHDRS_MAX)];
+    f.read_exact_at(&mut ph, phoff).ok()?;
+    let interp = ph
+        .chunks_exact(phentsize)
+        .find(|p| p[..4] == 3u32.to_le_bytes())?;
+    let (off, size) = (u64_at(interp, 8), u64_at(interp, 32) as usize);
+    let mut name = vec![0u8; size.min(ELF_INTERP_MAX_BYTES)];
+    f.read_exact_at(&mut name, off).ok()?;
+    let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    name.truncate(end);
+    let p = PathBuf::from(OsString::from_vec(name));
+    p.is_absolute().then_some(p)
+}
+
 /// The interpreter named by a shebang line, if `path` starts with `#!`.
 pub fn shebang_interpreter(path: &Path) -> Option<PathBuf> {
     let mut f = std::fs::File::open(path).ok()?;
@@ -1441,7 +1484,7 @@ mod linux {
     fn record_exec(obs: &mut Observation, path: PathBuf) {
         let mut p = path;
         for _ in 0..SHEBANG_MAX_DEPTH {
-            let next = shebang_interpreter(&p);
+            let next = interpreter(&p);
             obs.executed.insert(p);
             match next {
                 Some(i) => p = i,

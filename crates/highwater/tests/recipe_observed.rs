@@ -1775,3 +1775,49 @@ fn names_that_are_not_utf8_are_recorded_exactly() {
         all(vec!["data/f0.txt".into()], "dependency", "lib\\xff.txt")
     );
 }
+
+/// Issue 47 (lesser): the ELF interpreter of a program (`PT_INTERP`, the
+/// dynamic loader the kernel maps itself, unseen by any filter) is a
+/// dependency like a shebang's interpreter: a loader kept in the project
+/// and updated re-runs the items of the programs it loads.
+#[test]
+fn a_programs_elf_interpreter_in_the_project_is_a_dependency() {
+    let p = Project::new(&config(r#"["tools/copy", "{input}", "{output}"]"#, ""));
+    std::fs::create_dir_all(p.path("tools")).unwrap();
+    std::fs::copy("/lib64/ld-linux-x86-64.so.2", p.path("tools/ld.so")).unwrap();
+    let src = tempfile::tempdir().unwrap();
+    std::fs::write(
+        src.path().join("copy.c"),
+        "#include <stdio.h>\nint main(int c, char **v) {\n  FILE *i = fopen(v[1], \"r\"), *o = fopen(v[2], \"w\");\n  int ch;\n  while ((ch = fgetc(i)) != EOF) fputc(ch, o);\n  return 0;\n}\n",
+    )
+    .unwrap();
+    let loader = format!("-Wl,--dynamic-linker={}", p.path("tools/ld.so").display());
+    let cc = Command::new("cc")
+        .arg(src.path().join("copy.c"))
+        .args(["-o", p.path("tools/copy").to_str().unwrap(), &loader])
+        .output()
+        .unwrap();
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    p.write("data/f0.txt", "x\n");
+    assert_eq!(run_counts(&p, &[]), (1, 0));
+    assert_eq!(p.read("out/f0.txt.out"), "x\n");
+    assert!(plan_of(&p, "t").is_empty());
+    // A loader with a byte appended still loads; its content changed.
+    use std::io::Write;
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(p.path("tools/ld.so"))
+        .unwrap()
+        .write_all(b"\0")
+        .unwrap();
+    assert_eq!(
+        plan_of(&p, "t"),
+        all(vec!["data/f0.txt".into()], "dependency", "tools/ld.so")
+    );
+    assert_eq!(run_counts(&p, &[]), (1, 0));
+    assert!(plan_of(&p, "t").is_empty());
+}
