@@ -98,6 +98,25 @@ pub enum ObserveError {
          on the stage and list what its command reads in `recipe.files`"
     )]
     PtraceDenied { source: std::io::Error },
+    /// Issue 47: under `strace -f`, `gdb`, or as the command of an
+    /// observed stage of another highwater, every child is traced already.
+    #[error(
+        "cannot observe commands: highwater is itself traced by `{tracer}` (pid {pid}), \
+         which traces the commands it starts too, and a process has one tracer. \
+         Run the tracer without following children (strace without -f), or set \
+         `observe = false` on the stage; when this highwater is the command of \
+         another highwater's stage, set `observe = false` on that outer stage (this \
+         one observes its own commands)"
+    )]
+    AlreadyTraced { tracer: String, pid: i32 },
+    #[error(
+        "cannot observe commands: the kernel refused the seccomp filter ({source}). \
+         Observation needs a kernel built with CONFIG_SECCOMP_FILTER, and a \
+         container whose profile allows seccomp(2) and prctl(PR_SET_NO_NEW_PRIVS); or \
+         set `observe = false` on the stage and list what its command reads in \
+         `recipe.files`"
+    )]
+    SeccompUnavailable { source: std::io::Error },
     #[error(
         "cannot observe commands on this platform ({what}); set `observe = false` \
          on the stage and list what its command reads in `recipe.files`"
@@ -863,6 +882,11 @@ mod linux {
         let (go_r, go_w) = crate::spawn::pipe().map_err(spawn_err)?;
         let prog = filter();
         let (pid_w_fd, go_r_fd) = (pid_w.as_raw_fd(), go_r.as_raw_fd());
+        // Set by the child (it shares this memory until its exec: see
+        // `spawn`) when the filter could not be installed, so that the
+        // error says seccomp, not the command.
+        let hook_failed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let hook_failed_in_child = hook_failed.clone();
         // Runs in the child just before its execve (see `spawn`): raw
         // system calls only, on memory prepared before the clone.
         let mut hook = move || -> libc::c_int {
@@ -881,7 +905,8 @@ mod linux {
                     return libc::EPERM;
                 }
                 if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
-                    return libc::EPERM;
+                    hook_failed_in_child.store(true, std::sync::atomic::Ordering::Relaxed);
+                    return *libc::__errno_location();
                 }
                 let fprog = libc::sock_fprog {
                     len: prog.len() as u16,
@@ -894,7 +919,8 @@ mod linux {
                     &fprog as *const libc::sock_fprog,
                 ) != 0
                 {
-                    return libc::EINVAL;
+                    hook_failed_in_child.store(true, std::sync::atomic::Ordering::Relaxed);
+                    return *libc::__errno_location();
                 }
                 0
             }
@@ -933,7 +959,10 @@ mod linux {
             if r != 0 {
                 let err = std::io::Error::last_os_error();
                 let _ = (&go).write_all(b"n");
-                return Err(ObserveError::PtraceDenied { source: err });
+                return Err(match own_tracer() {
+                    Some((tracer, pid)) => ObserveError::AlreadyTraced { tracer, pid },
+                    None => ObserveError::PtraceDenied { source: err },
+                });
             }
             let _ = (&go).write_all(b"y");
             drop(go);
@@ -952,7 +981,13 @@ mod linux {
             Ok(c) => c,
             Err((e, pid)) => {
                 let why = match tracer.join() {
-                    Some(Err(denied @ ObserveError::PtraceDenied { .. })) => denied,
+                    Some(Err(
+                        denied @ (ObserveError::PtraceDenied { .. }
+                        | ObserveError::AlreadyTraced { .. }),
+                    )) => denied,
+                    _ if hook_failed.load(std::sync::atomic::Ordering::Relaxed) => {
+                        ObserveError::SeccompUnavailable { source: e }
+                    }
                     _ => spawn_err(e),
                 };
                 // The tracer has let go of it (it peeks at an exit before
@@ -1135,6 +1170,24 @@ mod linux {
         /// killed (issue 47). A bad address (EFAULT) is no denial: the
         /// kernel fails that call too, and it reads nothing.
         static DENIED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    /// The program and pid tracing highwater itself, if any (`TracerPid`).
+    fn own_tracer() -> Option<(String, i32)> {
+        let status = std::fs::read_to_string("/proc/self/status").ok()?;
+        let pid: i32 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("TracerPid:"))?
+            .trim()
+            .parse()
+            .ok()?;
+        if pid == 0 {
+            return None;
+        }
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .map(|c| c.trim().to_string())
+            .unwrap_or_else(|_| "another process".into());
+        Some((comm, pid))
     }
 
     /// Notes a failed `process_vm_readv` that was a denial.

@@ -1821,3 +1821,66 @@ fn a_programs_elf_interpreter_in_the_project_is_a_dependency() {
     assert_eq!(run_counts(&p, &[]), (1, 0));
     assert!(plan_of(&p, "t").is_empty());
 }
+
+/// Issue 47 (lesser): highwater run as the command of another highwater's
+/// observed stage (or under `strace -f`) finds its commands traced
+/// already. It said ptrace was not permitted and blamed containers and
+/// Yama; now it names the tracer and the fix, and touches nothing.
+#[test]
+fn a_nested_highwater_names_its_tracer_and_the_fix() {
+    let inner = Project::new(&config(r#"["sh", "up.sh", "{input}", "{output}"]"#, ""));
+    inner.write("data/a.txt", "a\n");
+    let hw_bin = bin();
+    let outer = Project::new(&format!(
+        "[stages.nest]\ninputs = [\"data/*.txt\"]\noutput = \"out/{{relpath}}.log\"\n\
+         command = [\"sh\", \"-c\", \"cd '{}' && '{}' run > \\\"$1\\\" 2>&1; echo \\\"exit $?\\\" >> \\\"$1\\\"\", \"sh\", \"{{output}}\"]\n",
+        inner.path("").display(),
+        hw_bin,
+    ));
+    outer.write("data/x.txt", "x\n");
+    hw(&outer, &["run"], 0);
+    let log = outer.read("out/x.txt.log");
+    assert!(log.contains("is itself traced by"), "{log}");
+    assert!(
+        log.contains("set `observe = false` on that outer stage"),
+        "{log}"
+    );
+    assert!(log.ends_with("exit 2\n"), "{log}");
+    assert!(!inner.exists("out"), "the inner run touched nothing");
+}
+
+/// Issue 47 (lesser): where the kernel refuses the seccomp filter, `run`
+/// says so with the fix (exit 2, nothing touched). It said "cannot start
+/// `true`: Invalid argument".
+#[test]
+fn without_seccomp_run_names_it_and_the_fix() {
+    const DENY_SECCOMP: &str = r#"
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+class F(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+class P(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(F))]
+# load nr; if nr == seccomp (317): return ERRNO(EINVAL); else allow
+prog = (F * 4)(F(0x20, 0, 0, 0), F(0x15, 0, 1, 317), F(0x06, 0, 0, 0x00050016), F(0x06, 0, 0, 0x7fff0000))
+fp = P(4, prog)
+assert libc.prctl(38, 1, 0, 0, 0) == 0
+assert libc.prctl(22, 2, ctypes.byref(fp), 0, 0) == 0
+os.execv(sys.argv[1], sys.argv[1:])
+"#;
+    let p = Project::new(&config(r#"["sh", "up.sh", "{input}", "{output}"]"#, ""));
+    p.write("data/a.txt", "a\n");
+    let o = Command::new(python())
+        .arg("-c")
+        .arg(DENY_SECCOMP)
+        .arg(bin())
+        .arg("run")
+        .current_dir(p.path(""))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("refused the seccomp filter"), "{stderr}");
+    assert!(stderr.contains("observe = false"), "{stderr}");
+    assert!(!p.exists("out"), "nothing touched");
+}
