@@ -1884,3 +1884,195 @@ os.execv(sys.argv[1], sys.argv[1:])
     assert!(stderr.contains("observe = false"), "{stderr}");
     assert!(!p.exists("out"), "nothing touched");
 }
+
+/// A slot of the renames-and-links property test: absent, a file with its
+/// text, or a symbolic link to another slot (`tN`, relative).
+#[derive(Clone, Debug, PartialEq)]
+enum Slot {
+    Absent,
+    File(String),
+    Link(usize),
+}
+
+/// What reading slot `s` gives: a file's text, through any chain of links
+/// (a loop or a dangling end reads as absent, as `[ -e ]` says).
+fn slot_view(slots: &[Slot], mut s: usize) -> Option<String> {
+    for _ in 0..=slots.len() {
+        match &slots[s] {
+            Slot::File(t) => return Some(t.clone()),
+            Slot::Link(u) => s = *u,
+            Slot::Absent => return None,
+        }
+    }
+    None
+}
+
+/// Each item's output from the slots as they are (see `cat.sh` below).
+fn rebuilt_links(readers: &[(Vec<usize>, bool)], slots: &[Slot]) -> BTreeMap<String, Vec<u8>> {
+    let mut names: Vec<String> = vec![".".into(), "..".into()];
+    names.extend(
+        (0..slots.len())
+            .filter(|&s| slots[s] != Slot::Absent)
+            .map(|s| format!("t{s}")),
+    );
+    names.sort();
+    readers
+        .iter()
+        .enumerate()
+        .map(|(i, (ts, lists))| {
+            let mut body: String = ts
+                .iter()
+                .map(|&t| slot_view(slots, t).unwrap_or_else(|| format!("no t{t};\n")))
+                .collect();
+            if *lists {
+                for n in &names {
+                    body.push_str(n);
+                    body.push('\n');
+                }
+            }
+            (format!("i{i:02}.txt.out"), body.into_bytes())
+        })
+        .collect()
+}
+
+/// One move of the other actor on the slots' folder.
+#[derive(Clone, Debug)]
+enum Move {
+    Write(usize, String),
+    Delete(usize),
+    Rename(usize, usize),
+    Link(usize, usize),
+}
+
+fn a_move() -> impl Strategy<Value = Move> {
+    prop_oneof![
+        (0..LINK_SLOTS, "[a-z]{1,3}").prop_map(|(s, t)| Move::Write(s, format!("{t};\n"))),
+        (0..LINK_SLOTS).prop_map(Move::Delete),
+        (0..LINK_SLOTS, 0..LINK_SLOTS).prop_map(|(a, b)| Move::Rename(a, b)),
+        (0..LINK_SLOTS, 0..LINK_SLOTS).prop_map(|(a, b)| Move::Link(a, b)),
+    ]
+}
+
+const LINK_SLOTS: usize = 6;
+
+/// Makes `m` in the folder and in the model.
+fn make_move(dir: &std::path::Path, slots: &mut [Slot], m: &Move) {
+    let path = |s: usize| dir.join(format!("t{s}"));
+    match m {
+        Move::Write(s, text) => {
+            let _ = std::fs::remove_file(path(*s));
+            std::fs::write(path(*s), text).unwrap();
+            slots[*s] = Slot::File(text.clone());
+        }
+        Move::Delete(s) => {
+            let _ = std::fs::remove_file(path(*s));
+            slots[*s] = Slot::Absent;
+        }
+        Move::Rename(a, b) => {
+            if a != b && slots[*a] != Slot::Absent {
+                std::fs::rename(path(*a), path(*b)).unwrap();
+                slots[*b] = std::mem::replace(&mut slots[*a], Slot::Absent);
+            }
+        }
+        Move::Link(a, b) => {
+            if a != b {
+                let _ = std::fs::remove_file(path(*a));
+                std::os::unix::fs::symlink(format!("t{b}"), path(*a)).unwrap();
+                slots[*a] = Slot::Link(*b);
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 10, ..ProptestConfig::default() })]
+
+    /// Issue 47: random writes, deletes, renames and symbolic links among
+    /// dependency files, made by another process between runs and while
+    /// the commands run. Between runs, exactly the items whose view
+    /// changed re-run; after changes during a run, the next plan and run
+    /// make every output equal a rebuild's, and the plan after that is
+    /// empty.
+    #[test]
+    fn renames_links_and_edits_during_runs_leave_outputs_equal_to_a_rebuild(
+        readers in proptest::collection::vec(
+            (proptest::collection::btree_set(0..LINK_SLOTS, 0..=3), proptest::bool::weighted(0.25)),
+            12,
+        ),
+        initial in proptest::collection::vec(proptest::option::weighted(0.7, "[a-z]{1,3}"), LINK_SLOTS),
+        between in proptest::collection::vec(a_move(), 1..5),
+        during in proptest::collection::vec((a_move(), 0u64..120), 1..5),
+    ) {
+        let readers: Vec<(Vec<usize>, bool)> =
+            readers.into_iter().map(|(s, l)| (s.into_iter().collect(), l)).collect();
+        let p = Project::new(&config(r#"["sh", "cat.sh", "{input}", "{output}"]"#, "guard = 1.0"));
+        // As the other property test's, with a pause before the output is
+        // complete, so that moves land while commands run.
+        p.write(
+            "cat.sh",
+            concat!(
+                "set -eu\nout=\"$2\"\n: > \"$out\"\n",
+                "for t in $(cat \"$1\"); do\n",
+                "  case $t in ls) ls -f tables | sort >> \"$out\" ;;\n",
+                "  *) if [ -e \"tables/$t\" ]; then cat \"tables/$t\" >> \"$out\"; else echo \"no $t;\" >> \"$out\"; fi ;;\n",
+                "  esac\ndone\nsleep 0.05\n",
+            ),
+        );
+        let dir = p.path("tables");
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut slots: Vec<Slot> = vec![Slot::Absent; LINK_SLOTS];
+        for (s, t) in initial.iter().enumerate() {
+            if let Some(t) = t {
+                make_move(&dir, &mut slots, &Move::Write(s, format!("{t};\n")));
+            }
+        }
+        for (i, (ts, lists)) in readers.iter().enumerate() {
+            let mut words: Vec<String> = ts.iter().map(|t| format!("t{t}")).collect();
+            if *lists {
+                words.push("ls".into());
+            }
+            p.write(&format!("data/i{i:02}.txt"), &words.join(" "));
+        }
+        hw(&p, &["run", "--jobs", "3"], 0);
+        prop_assert_eq!(contents(&p.tree("out")), rebuilt_links(&readers, &slots));
+        prop_assert!(plan_of(&p, "t").is_empty());
+
+        // Between runs: exactly the items whose view changed.
+        let before = rebuilt_links(&readers, &slots);
+        for m in &between {
+            make_move(&dir, &mut slots, m);
+        }
+        let after = rebuilt_links(&readers, &slots);
+        let want: BTreeSet<String> = after
+            .iter()
+            .filter(|(k, v)| before.get(*k) != Some(*v))
+            .map(|(k, _)| format!("data/{}", k.trim_end_matches(".out")))
+            .collect();
+        prop_assert_eq!(plan_of(&p, "t").keys().cloned().collect::<BTreeSet<_>>(), want);
+        hw(&p, &["run", "--jobs", "3"], 0);
+        prop_assert_eq!(contents(&p.tree("out")), after);
+
+        // During a run: moves land while the commands read and write.
+        std::fs::write(p.path("data/i00.txt"), format!("{} ", p.read("data/i00.txt"))).unwrap();
+        let child = p
+            .cmd(&["run", "--jobs", "3"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        for (m, delay_ms) in &during {
+            std::thread::sleep(Duration::from_millis(*delay_ms));
+            make_move(&dir, &mut slots, m);
+        }
+        let out = child.wait_with_output().unwrap();
+        prop_assert!(
+            out.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        hw(&p, &["run", "--jobs", "3"], 0);
+        prop_assert_eq!(contents(&p.tree("out")), rebuilt_links(&readers, &slots));
+        prop_assert!(plan_of(&p, "t").is_empty());
+    }
+}
