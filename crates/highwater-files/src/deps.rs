@@ -38,7 +38,8 @@ use std::sync::{Arc, Mutex};
 pub const CACHE_PATHS: &[&str] = &["/etc/ld.so.cache"];
 
 /// Editor and OS droppings, by file name: swap, backup, lock and autosave
-/// files and folder metadata, which no command reads on purpose; never
+/// files and folder metadata, which no command reads on purpose, and
+/// Python's `__pycache__` folder; never
 /// dependencies and never names in a listing by default
 /// (`observe_ignore_defaults`), so a `.x.swp` beside the sources re-runs
 /// nothing.
@@ -53,6 +54,10 @@ pub const DROPPINGS: &[&str] = &[
     "._*",         // macOS resource forks on foreign filesystems
     "Thumbs.db",   // Windows thumbnails
     "desktop.ini", // Windows folder settings
+    // Python's bytecode cache, a cache of sources that count themselves:
+    // as a name in a listing, it appears when any command first imports
+    // from the folder, often after another item of the same run listed it.
+    "__pycache__",
 ];
 
 /// Names of a changed listing a plan shows (`dependency . (+a, -b)`).
@@ -95,8 +100,15 @@ pub enum DepKind {
         /// (`dependency . (+notes.txt)`). Empty in sets recorded before.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         list: Vec<String>,
+        /// Listed only by Python's import system (issue 47): only names an
+        /// import could match count ([`importable`]), so a new `notes.txt`
+        /// re-runs nothing while a new `helpers.py` does.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        imports: bool,
     },
 }
+
+pub use highwater_observe::python::importable;
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct FileEvidence {
@@ -128,6 +140,7 @@ impl DepKind {
             DepKind::Read(_) => "read",
             DepKind::Exec(_) => "exec",
             DepKind::Absent => "absent",
+            DepKind::Listed { imports: true, .. } => "imports",
             DepKind::Listed { .. } => "listed",
             DepKind::Link { .. } => "link",
         }
@@ -449,13 +462,19 @@ fn droppings() -> globset::GlobSet {
     b.build().expect("fixed globs")
 }
 
-/// The sorted names of a folder, without temp names and droppings.
-fn list_names(abs: &Path, scope: &Scope) -> Option<Vec<String>> {
+/// Whether a listed name counts: not a temp name or a dropping, and, in
+/// a listing of Python's import system, one an import could match.
+fn counts(n: &str, scope: &Scope, imports: bool) -> bool {
+    !n.contains(TEMP_MARK) && !scope.is_dropping(n) && (!imports || importable(n))
+}
+
+/// The sorted names of a folder that [`counts`].
+fn list_names(abs: &Path, scope: &Scope, imports: bool) -> Option<Vec<String>> {
     let mut names: Vec<String> = std::fs::read_dir(abs)
         .ok()?
         .filter_map(|e| e.ok())
         .map(|e| spell(e.file_name().as_bytes()))
-        .filter(|n| !n.contains(TEMP_MARK) && !scope.is_dropping(n))
+        .filter(|n| counts(n, scope, imports))
         .collect();
     names.sort_unstable();
     Some(names)
@@ -471,8 +490,13 @@ fn hash_names(names: &[String]) -> String {
 }
 
 /// The names of a folder, minus temp names and `excluded`, hashed.
-fn listing_hash(abs: &Path, excluded: &BTreeSet<String>, scope: &Scope) -> Option<String> {
-    let names: Vec<String> = list_names(abs, scope)?
+fn listing_hash(
+    abs: &Path,
+    excluded: &BTreeSet<String>,
+    scope: &Scope,
+    imports: bool,
+) -> Option<String> {
+    let names: Vec<String> = list_names(abs, scope, imports)?
         .into_iter()
         .filter(|n| !excluded.contains(n))
         .collect();
@@ -509,6 +533,12 @@ pub fn record(
     for p in &obs.read {
         files.entry(scope.key(p)).or_insert(false);
     }
+    // The file each path led to when the command read it.
+    let read_ids: HashMap<String, (u64, u64)> = obs
+        .read_ids
+        .iter()
+        .map(|(p, id)| (scope.key(p), *id))
+        .collect();
     for (key, exec) in files {
         if !keep(&key) {
             continue;
@@ -521,9 +551,13 @@ pub fn record(
             // a tarball or a skewed clock) is no write during the run: it
             // is recorded, not racy, or its items would re-run at every
             // plan forever (issue 47); plans re-hash it, as racy stats are.
+            // Or the path leads to another file than the one read (a link
+            // re-pointed, a file or folder renamed over it, during the
+            // run): the file now may be old, and not what the command saw.
             Some(ev)
                 if ev.ctime_ns >= started_ns
-                    || (ev.mtime_ns >= started_ns && ev.mtime_ns <= ev.observed_at_ns) =>
+                    || (ev.mtime_ns >= started_ns && ev.mtime_ns <= ev.observed_at_ns)
+                    || read_ids.get(&key).is_some_and(|id| *id != (ev.dev, ev.ino)) =>
             {
                 FileEvidence {
                     digest: RACY.to_string(),
@@ -588,7 +622,9 @@ pub fn record(
             });
         }
     }
-    for p in &obs.listed {
+    let listings = obs.listed.iter().map(|p| (p, false));
+    let imports = obs.import_listed.iter().map(|p| (p, true));
+    for (p, imports) in listings.chain(imports) {
         let Some(key) = scope.relative(p) else {
             continue;
         };
@@ -599,7 +635,7 @@ pub fn record(
         // One listing, and only then the run's writes: a name in the
         // listing that the run created was registered before it existed
         // (tracers say so at the call), so it is excluded, never counted.
-        let Some(names) = list_names(&abs, scope) else {
+        let Some(names) = list_names(&abs, scope, imports) else {
             continue;
         };
         let (excluded, kept): (Vec<String>, Vec<String>) = run.with(|written| {
@@ -618,7 +654,7 @@ pub fn record(
         let changed_meanwhile = obs.listed_names.get(p).is_some_and(|then| {
             let then: Vec<&String> = run.with(|written| {
                 then.iter()
-                    .filter(|n| !n.contains(TEMP_MARK) && !scope.is_dropping(n))
+                    .filter(|n| counts(n, scope, imports))
                     .filter(|n| {
                         let child = if key == "." {
                             (*n).clone()
@@ -641,6 +677,7 @@ pub fn record(
                 },
                 excluded,
                 list: kept,
+                imports,
             },
             host: None,
         });
@@ -767,10 +804,13 @@ impl<'a> Checker<'a> {
                 .map(|t| spell(t.as_os_str().as_bytes()) != *target)
                 .unwrap_or(true),
             DepKind::Listed {
-                names, excluded, ..
+                names,
+                excluded,
+                imports,
+                ..
             } => {
                 let ex: BTreeSet<String> = excluded.iter().cloned().collect();
-                listing_hash(&abs, &ex, self.scope).as_ref() != Some(names)
+                listing_hash(&abs, &ex, self.scope, *imports).as_ref() != Some(names)
             }
         };
         self.seen.insert(d.clone(), c);
@@ -789,14 +829,20 @@ impl<'a> Checker<'a> {
     /// names that appeared (+) or went (-) since it was recorded, at most
     /// [`LISTING_NAMES_SHOWN_MAX`] of them.
     pub fn describe(&self, d: &Dep) -> String {
-        let DepKind::Listed { excluded, list, .. } = &d.what else {
+        let DepKind::Listed {
+            excluded,
+            list,
+            imports,
+            ..
+        } = &d.what
+        else {
             return d.path.clone();
         };
         if list.is_empty() {
             return d.path.clone();
         }
         let ex: BTreeSet<&String> = excluded.iter().collect();
-        let Some(now) = list_names(&self.scope.abs(&d.path), self.scope) else {
+        let Some(now) = list_names(&self.scope.abs(&d.path), self.scope, *imports) else {
             return format!("{} (gone)", d.path);
         };
         let now: BTreeSet<&String> = now.iter().filter(|n| !ex.contains(n)).collect();
@@ -893,6 +939,7 @@ mod tests {
                     names: "x".into(),
                     excluded: vec!["__pycache__".into()],
                     list: Vec::new(),
+                    imports: false,
                 },
                 host: None,
             },

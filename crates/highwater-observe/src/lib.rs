@@ -52,6 +52,24 @@
 //! a dozen instructions and `libc` is already in the tree, so the crate
 //! adds no dependency and no build time.
 //!
+//! Why ptrace rather than BPF programs in the kernel (issue 47, measured
+//! with `bench/observe_bpf.sh`): BPF streams events without stopping the
+//! command, but (1) what a lookup that *failed* named (the absent
+//! dependencies: Python's probes, `cat opt.conf || echo defaults`) is seen
+//! only at syscall entry, as a user pointer read without stopping the
+//! thread, or at the exit of kernel-internal functions whose signatures
+//! change between releases, with the relative path still to be resolved
+//! against a cwd `bpf_d_path` may not read there; (2) it needs root (or
+//! CAP_BPF, CAP_PERFMON, and CAP_MAC_ADMIN for LSM hooks) and "bpf" among
+//! the active LSMs, where ptrace needs neither; (3) a BPF object is built
+//! by clang or a nightly Rust with bpf-linker, or checked in prebuilt; (4)
+//! measured by CPU time of commands plus observer, streaming the same
+//! calls' paths from tracepoints through bpftrace's perf buffer cost
+//! 1.5-2.1x plain, ptrace 1.65-1.9x: no clear win to pay (1)-(3) for. The
+//! stop latency that made ptrace slow (a halted vCPU's wakeup, 43 us a
+//! stop) is removed by the pin instead (`pin.rs`), now held while a tree's
+//! tasks take turns.
+//!
 //! Refused, not let through unobserved: 32-bit (ia32, `int 0x80`) and x32
 //! system calls, and `io_uring_setup` (a ring opens and reads files with no
 //! system call the filter sees); and the calls after which a path the
@@ -137,6 +155,9 @@ pub enum ObserveError {
     Refused { program: String, what: &'static str },
 }
 
+/// In [`Observation::read_ids`]: the path led to two files at two reads.
+pub const READ_IDS_DIFFERED: (u64, u64) = (0, 0);
+
 /// The files one observed command tree touched. See the module doc.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Observation {
@@ -164,6 +185,16 @@ pub struct Observation {
     /// Symbolic links whose text the command read (`readlink`): the link
     /// itself, not followed; its target's content is in `read` as well.
     pub links: BTreeSet<PathBuf>,
+    /// The identity (device, inode) each path in `read` led to when the
+    /// command read it ([`READ_IDS_DIFFERED`] if two reads disagreed): a
+    /// path that leads elsewhere by the record (a symbolic link re-pointed,
+    /// a folder renamed over another, while the command ran) may not be
+    /// what the command read, even though the file it leads to now is old.
+    pub read_ids: BTreeMap<PathBuf, (u64, u64)>,
+    /// Folders listed only by Python's import system (see `python.rs`),
+    /// whose names count only where an import could match them. A folder
+    /// the command also listed otherwise is in `listed` alone.
+    pub import_listed: BTreeSet<PathBuf>,
 }
 
 impl Observation {
@@ -177,6 +208,17 @@ impl Observation {
         // never wrote stays a read, even if it changed: a change by anyone
         // else during the run makes it racy, never the command's (issue 47:
         // `sqlite3.connect` to read a table another process updates).
+        // What Python reads of highwater's hook is not the command's.
+        for set in [
+            &mut self.read,
+            &mut self.absent,
+            &mut self.listed,
+            &mut self.import_listed,
+        ] {
+            set.retain(|p| !python::is_hook_path(p));
+        }
+        let listed = &self.listed;
+        self.import_listed.retain(|p| !listed.contains(p));
         let written = &self.written;
         self.read.retain(|p| !written.contains(p));
         self.absent.retain(|p| !written.contains(p));
@@ -461,6 +503,7 @@ fn program_name(cmd: &Command) -> String {
 
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 mod pin;
+pub mod python;
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 mod spawn;
 
@@ -969,6 +1012,8 @@ mod linux {
             trace_loop(pid, &tracer_program, on_write, pin)
         }));
         let started_ns = crate::coarse_now_ns();
+        // Python's import listings announce themselves (see `python.rs`).
+        crate::python::prepare(cmd);
         let spawned = crate::spawn::spawn(cmd, &mut hook);
         // The command has exec'd (or failed to): this thread goes back to
         // its own mask; the command keeps the pin until its tracer lets go.
@@ -1032,6 +1077,23 @@ mod linux {
         /// What the call the tracee is inside writes, if it succeeds: told
         /// at its exit stop.
         pending: Vec<PathBuf>,
+        /// Where a listing Python's import system announced stands.
+        import_listing: ImportListing,
+    }
+
+    /// A listing announced by Python's import system (see `python.rs`):
+    /// announced, then its folder opened, then read through one
+    /// descriptor by one or more getdents. Anything else on the way (a
+    /// user's announcement, another folder opened or read) ends it, so a
+    /// listing counts as the import system's only while it is one.
+    #[derive(Default, Clone, Copy, PartialEq, Eq)]
+    enum ImportListing {
+        #[default]
+        None,
+        /// Announced for the folder with this identity (device, inode).
+        Announced((u64, u64)),
+        /// Being read through this descriptor.
+        Reading((u64, u64), i32),
     }
 
     /// The tree's tasks that are not asleep in a wait for a child.
@@ -1328,7 +1390,8 @@ mod linux {
         Absent,
         /// A folder, with its identity (device, inode).
         Dir((u64, u64)),
-        Other,
+        /// Anything else, with its identity (device, inode).
+        Other((u64, u64)),
         Unknown,
     }
 
@@ -1336,7 +1399,7 @@ mod linux {
         use std::os::unix::fs::MetadataExt;
         match std::fs::metadata(path) {
             Ok(m) if m.is_dir() => Looked::Dir((m.dev(), m.ino())),
-            Ok(_) => Looked::Other,
+            Ok(m) => Looked::Other((m.dev(), m.ino())),
             Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) => {
                 Looked::Absent
             }
@@ -1349,7 +1412,8 @@ mod linux {
     /// set's per-insert compare of path components.
     #[derive(Default)]
     struct Seen {
-        read: Vec<PathBuf>,
+        /// With the identity (device, inode) the path led to then.
+        read: Vec<(PathBuf, (u64, u64))>,
         absent: Vec<PathBuf>,
         /// Each folder looked up or opened, by identity, with the path the
         /// tree first named it by (see `ALIASES`).
@@ -1361,6 +1425,53 @@ mod linux {
         v.dedup();
         // Nearly in component order already: the set's own sort is a pass.
         v.into_iter().collect()
+    }
+
+    /// A stat of Python's announcement path (see `python.rs`): moves the
+    /// task's `ImportListing` and ends the call's handling. `None` for any
+    /// other call.
+    fn announcement(tid: i32, nr: libc::c_long, a: &[u64; 6], t: &mut Tracee) -> Option<()> {
+        let (dirfd, ptr) = match nr {
+            libc::SYS_stat | libc::SYS_lstat => (libc::AT_FDCWD as i64, a[0]),
+            libc::SYS_newfstatat | libc::SYS_statx => (a[0] as i64, a[1]),
+            _ => return None,
+        };
+        // Absolute, as the hook names it: no folder to resolve against.
+        if dirfd as i32 != libc::AT_FDCWD || python::hook_dir().is_none() {
+            return None;
+        }
+        let raw = read_cstr(tid, ptr)?;
+        match python::announced(&raw)? {
+            python::Announced::Other => t.import_listing = ImportListing::None,
+            python::Announced::Import(dir) => {
+                use std::os::unix::fs::MetadataExt;
+                t.import_listing = match std::fs::metadata(&dir) {
+                    Ok(m) if m.is_dir() => ImportListing::Announced((m.dev(), m.ino())),
+                    _ => ImportListing::None,
+                };
+            }
+        }
+        Some(())
+    }
+
+    /// At a getdents through `fd`: whether it reads the folder Python's
+    /// import system announced (and moves the task's `ImportListing`).
+    fn by_import_system(tid: i32, fd: i32, t: &mut Tracee) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let id = std::fs::metadata(format!("/proc/{tid}/fd/{fd}"))
+            .ok()
+            .map(|m| (m.dev(), m.ino()));
+        let next = match (t.import_listing, id) {
+            (ImportListing::Announced(want), Some(id)) if want == id => {
+                ImportListing::Reading(id, fd)
+            }
+            (ImportListing::Reading(want, f), Some(id)) if want == id && f == fd => {
+                ImportListing::Reading(id, fd)
+            }
+            _ => ImportListing::None,
+        };
+        t.import_listing = next;
+        next != ImportListing::None
     }
 
     /// At the seccomp stop: records what the call `(nr, a)` names and how
@@ -1377,6 +1488,7 @@ mod linux {
         let opened = |obs: &mut Observation,
                       seen: &mut Seen,
                       w: &mut Vec<PathBuf>,
+                      il: &mut ImportListing,
                       path: Option<PathBuf>,
                       flags: u64| {
             let Some(path) = path else { return };
@@ -1386,9 +1498,9 @@ mod linux {
                 // fail) can be read through the descriptor: a read, and a
                 // write only if its stat changes (see `finish`).
                 let keeps = flags & (libc::O_TRUNC | libc::O_EXCL) as u64 == 0;
-                if keeps && matches!(look(&path), Looked::Other) {
+                if keeps && matches!(look(&path), Looked::Other(_)) {
                     if let Some(s) = crate::Stamp::of(&path) {
-                        seen.read.push(path.clone());
+                        seen.read.push((path.clone(), (s.dev, s.ino)));
                         obs.opened_rw.entry(path).or_insert(s);
                         return;
                     }
@@ -1404,11 +1516,15 @@ mod linux {
                 // not a read; a listing is recorded at getdents, under the
                 // path it was opened by.
                 Looked::Dir(id) => {
+                    // Another folder opened ends an announced listing.
+                    if *il != ImportListing::Announced(id) {
+                        *il = ImportListing::None;
+                    }
                     seen.dirs.entry(id).or_insert(path);
                 }
                 Looked::Unknown => {}
-                Looked::Other => {
-                    seen.read.push(path);
+                Looked::Other(id) => {
+                    seen.read.push((path, id));
                 }
             }
         };
@@ -1422,8 +1538,8 @@ mod linux {
                     Looked::Absent => {
                         seen.absent.push(path);
                     }
-                    Looked::Other => {
-                        seen.read.push(path);
+                    Looked::Other(id) => {
+                        seen.read.push((path, id));
                     }
                     Looked::Dir(id) => {
                         seen.dirs.entry(id).or_insert(path);
@@ -1432,15 +1548,33 @@ mod linux {
                 }
             }
         };
+        if let Some(done) = announcement(tid, nr, &a, t) {
+            return done;
+        }
         match nr {
-            libc::SYS_open => opened(obs, seen, w, resolve(tid, cwd, a[0]), a[1]),
+            libc::SYS_open => opened(
+                obs,
+                seen,
+                w,
+                &mut t.import_listing,
+                resolve(tid, cwd, a[0]),
+                a[1],
+            ),
             libc::SYS_creat => w.extend(resolve(tid, cwd, a[0])),
-            libc::SYS_openat => opened(obs, seen, w, resolve(tid, a[0] as i64, a[1]), a[2]),
+            libc::SYS_openat => opened(
+                obs,
+                seen,
+                w,
+                &mut t.import_listing,
+                resolve(tid, a[0] as i64, a[1]),
+                a[2],
+            ),
             // struct open_how { u64 flags; ... }
             libc::SYS_openat2 => opened(
                 obs,
                 seen,
                 w,
+                &mut t.import_listing,
                 resolve(tid, a[0] as i64, a[1]),
                 read_u64(tid, a[2]).unwrap_or(0),
             ),
@@ -1493,7 +1627,11 @@ mod linux {
                             obs.listed_names.insert(dir.clone(), names);
                         }
                     }
-                    obs.listed.insert(dir);
+                    if by_import_system(tid, a[0] as i32, t) {
+                        obs.import_listed.insert(dir);
+                    } else {
+                        obs.listed.insert(dir);
+                    }
                 }
             }
             // Changes to the tree: told at the call's exit, if it succeeded.
@@ -1804,7 +1942,13 @@ mod linux {
             program: program.into(),
             message: "the command's exit status was lost".into(),
         })?;
-        obs.read = sorted_set(seen.read);
+        for (p, id) in &seen.read {
+            let first = obs.read_ids.entry(p.clone()).or_insert(*id);
+            if first != id {
+                *first = READ_IDS_DIFFERED;
+            }
+        }
+        obs.read = sorted_set(seen.read.into_iter().map(|(p, _)| p).collect());
         obs.absent = sorted_set(seen.absent);
         Ok(Traced { status, obs })
     }

@@ -87,8 +87,15 @@ fn python_imports_a_helper_and_looks_up_a_missing_module() {
     let obs = run(&d, &["python3", "-B", "main.py"]);
     assert!(obs.read.contains(&d.join("main.py")), "{obs:#?}");
     assert!(obs.read.contains(&d.join("lib/helpers.py")), "{obs:#?}");
-    // Python lists each sys.path folder and looks names up in the listing.
-    assert!(obs.listed.contains(&d.join("lib")), "{obs:#?}");
+    // Python lists each sys.path folder and looks names up in the listing,
+    // and says the listing is its import system's (issue 47).
+    assert!(obs.import_listed.contains(&d.join("lib")), "{obs:#?}");
+    assert!(!obs.listed.contains(&d.join("lib")), "{obs:#?}");
+    // highwater's own hook is nobody's dependency.
+    assert!(
+        !obs.read.iter().any(|p| p.ends_with("sitecustomize.py")),
+        "{obs:#?}"
+    );
     // -B: no __pycache__ written.
     assert!(!obs.written.iter().any(|p| p.starts_with(&d)), "{obs:#?}");
     assert!(obs.executed.iter().any(|p| p.ends_with("python3")));

@@ -368,7 +368,9 @@ fn droppings_and_the_loader_cache_rebuild_nothing_by_default() {
     let deps = hw(&q, &["deps", "t", "data/f0.txt", "--json"], 0).stdout;
     let ld_cache = std::path::Path::new("/etc/ld.so.cache").exists();
     assert_eq!(deps.contains("ld.so.cache"), ld_cache, "{deps}");
-    q.write("lib/.helpers.py.swp", "x");
+    // vim's probe name: no dot, so an import could match it (a package
+    // folder named `4913`), and it counts when the defaults are off.
+    q.write("lib/4913", "x");
     assert_eq!(plan_of(&q, "t").len(), 2, "counted with the defaults off");
 }
 
@@ -2074,5 +2076,192 @@ proptest! {
         hw(&p, &["run", "--jobs", "3"], 0);
         prop_assert_eq!(contents(&p.tree("out")), rebuilt_links(&readers, &slots));
         prop_assert!(plan_of(&p, "t").is_empty());
+    }
+}
+
+/// Two Python stages beside each other: `t` imports an optional module,
+/// `u` also lists its folder itself.
+fn import_listing_project() -> Project {
+    let py = python();
+    let p = Project::new(&format!(
+        r#"
+[stages.t]
+inputs = ["data/*.txt"]
+output = "out/{{relpath}}.out"
+command = ["{py}", "t.py", "{{input}}", "{{output}}"]
+
+[stages.u]
+inputs = ["data/*.txt"]
+output = "out/lists/{{relpath}}.out"
+command = ["{py}", "u.py", "{{input}}", "{{output}}"]
+"#
+    ));
+    p.write(
+        "t.py",
+        "import sys\ntry:\n    import extra\n    S = extra.S\nexcept ImportError:\n    S = ''\n\
+         open(sys.argv[2], 'w').write(open(sys.argv[1]).read() + S)\n",
+    );
+    p.write(
+        "u.py",
+        "import os, sys\nnames = sorted(n for n in os.listdir('.') if not n.startswith('.'))\n\
+         open(sys.argv[2], 'w').write(open(sys.argv[1]).read() + ' '.join(names))\n",
+    );
+    for i in 0..3 {
+        p.write(&format!("data/f{i}.txt"), "abc");
+    }
+    p
+}
+
+/// Issue 47: a folder listed by Python's import system counts only the
+/// names an import could match (`NAME`, `NAME.py`, `NAME.pyc`, `NAME.so`,
+/// `NAME.TAG.so`). A new `report.csv` beside the script re-runs nothing of
+/// the stage that only imports, but re-runs the stage whose code lists the
+/// folder itself, naming the name; a new `extra.py` that an `import extra`
+/// inside `try` now finds re-runs every item, naming it.
+#[test]
+fn a_name_no_import_can_match_reruns_nothing_and_a_new_module_does() {
+    let p = import_listing_project();
+    hw(&p, &["run"], 0);
+    assert!(plan_of(&p, "t").is_empty());
+    assert!(plan_of(&p, "u").is_empty());
+
+    p.write("report.csv", "a,b\n");
+    let items: Vec<String> = (0..3).map(|i| format!("data/f{i}.txt")).collect();
+    assert!(plan_of(&p, "t").is_empty(), "a name no import can match");
+    assert_eq!(
+        plan_of(&p, "u"),
+        all(items.clone(), "dependency", ". (+report.csv)")
+    );
+    hw(&p, &["run"], 0);
+    assert!(p.read("out/lists/f0.txt.out").contains("report.csv"));
+
+    p.write("extra.py", "S = '+extra'\n");
+    assert_eq!(
+        plan_of(&p, "t"),
+        all(items.clone(), "dependency", ". (+extra.py)")
+    );
+    hw(&p, &["run"], 0);
+    assert_eq!(p.read("out/f0.txt.out"), "abc+extra");
+    assert!(plan_of(&p, "t").is_empty());
+    assert!(plan_of(&p, "u").is_empty());
+
+    // The recorded listing says whose it is (`highwater deps`: `imports .`).
+    let deps = hw(&p, &["deps", "t", "data/f0.txt", "--json"], 0).json();
+    let listing = deps["items"][0]["deps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["path"] == ".")
+        .unwrap_or_else(|| panic!("no listing of . in {deps}"))
+        .clone();
+    assert_eq!(listing["kind"], "imports", "{listing}");
+}
+
+/// A pool of names in the folder the generated Python items import from:
+/// modules, names no import can match, and a name with no dot (a possible
+/// package folder, so it counts).
+const POOL: &[&str] = &["a.py", "b.py", "c.py", "notes.txt", "data.csv", "README"];
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 10, ..ProptestConfig::default() })]
+
+    /// Issue 47: the import rule is never less safe than the whole
+    /// listing. Random creates, edits and deletes in a folder that Python
+    /// items import from (`try: import a except ImportError`), some of the
+    /// items also listing it themselves: after each plan and run every
+    /// output equals a rebuild's, and exactly the items re-run whose view
+    /// changed (a module they import edited, created or gone; an
+    /// importable name come or gone; for a lister, any name).
+    #[test]
+    fn the_import_rule_is_never_less_safe_than_the_whole_listing(
+        readers in proptest::collection::vec(
+            (proptest::collection::btree_set(0..3usize, 0..=2), proptest::bool::weighted(0.3)),
+            6,
+        ),
+        initial in proptest::collection::vec(proptest::option::weighted(0.5, "[a-z]{1,3}"), POOL.len()),
+        rounds in proptest::collection::vec(
+            proptest::collection::vec((0..POOL.len(), proptest::option::weighted(0.6, "[a-z]{1,4}")), 1..4),
+            1..4,
+        ),
+    ) {
+        let py = python();
+        let p = Project::new(&config(
+            &format!(r#"["{py}", "r.py", "{{input}}", "{{output}}"]"#),
+            "guard = 1.0",
+        ));
+        p.write(
+            "r.py",
+            "import os, sys\nsys.path.insert(0, 'mods')\nwords = open(sys.argv[1]).read().split()\n\
+             out = []\nfor w in words:\n    if w == 'ls':\n        out.append(' '.join(sorted(n for n in os.listdir('mods') if n != '__pycache__')))\n\
+             \x20   else:\n        try:\n            out.append(__import__(w).V)\n        except ImportError:\n            out.append('no ' + w)\n\
+             open(sys.argv[2], 'w').write(';'.join(out))\n",
+        );
+        std::fs::create_dir_all(p.path("mods")).unwrap();
+        let mut files: Vec<Option<String>> = vec![None; POOL.len()];
+        let put = |files: &mut Vec<Option<String>>, slot: usize, text: &Option<String>| {
+            let path = p.path(&format!("mods/{}", POOL[slot]));
+            match text {
+                Some(t) => std::fs::write(&path, format!("V = '{t}'\n")).unwrap(),
+                None => { let _ = std::fs::remove_file(&path); }
+            }
+            files[slot] = text.clone();
+        };
+        for (s, t) in initial.iter().enumerate() {
+            put(&mut files, s, t);
+        }
+        let modules = ["a", "b", "c"];
+        for (i, (ms, lists)) in readers.iter().enumerate() {
+            let mut words: Vec<&str> = ms.iter().map(|&m| modules[m]).collect();
+            if *lists {
+                words.push("ls");
+            }
+            p.write(&format!("data/i{i}.txt"), &words.join(" "));
+        }
+        // What an item's output is, rebuilt from the folder as it is.
+        let rebuild = |files: &[Option<String>]| -> BTreeMap<String, Vec<u8>> {
+            readers.iter().enumerate().map(|(i, (ms, lists))| {
+                let mut out: Vec<String> = ms.iter().map(|&m| match &files[m] {
+                    Some(t) => t.clone(),
+                    None => format!("no {}", modules[m]),
+                }).collect();
+                if *lists {
+                    let mut names: Vec<&str> = (0..POOL.len()).filter(|&s| files[s].is_some()).map(|s| POOL[s]).collect();
+                    names.sort_unstable();
+                    out.push(names.join(" "));
+                }
+                (format!("i{i}.txt.out"), out.join(";").into_bytes())
+            }).collect()
+        };
+        // The names an import can match, and those that exist.
+        let importable = |files: &[Option<String>]| -> Vec<usize> {
+            (0..POOL.len()).filter(|&s| files[s].is_some() && !POOL[s].contains(".txt") && !POOL[s].contains(".csv")).collect()
+        };
+        std::thread::sleep(Duration::from_millis(30));
+        hw(&p, &["run", "--jobs", "2"], 0);
+        prop_assert_eq!(contents(&p.tree("out")), rebuild(&files));
+        for round in &rounds {
+            let before = files.clone();
+            for (s, t) in round {
+                put(&mut files, *s, t);
+            }
+            // Exactly the items whose view changed (an item importing
+            // nothing never lists the folder).
+            let names_moved = importable(&before) != importable(&files);
+            let any_moved = (0..POOL.len()).any(|s| before[s].is_some() != files[s].is_some());
+            let want: BTreeSet<String> = readers.iter().enumerate().filter(|(_, (ms, lists))| {
+                (names_moved && !ms.is_empty())
+                    || (*lists && any_moved)
+                    || ms.iter().any(|&m| before[m] != files[m])
+            }).map(|(i, _)| format!("data/i{i}.txt")).collect();
+            // Past the clock tick of the edits, so that the run's record of
+            // them is never racy (which would re-run more, never fewer).
+            std::thread::sleep(Duration::from_millis(30));
+            let plan = plan_of(&p, "t");
+            prop_assert_eq!(plan.keys().cloned().collect::<BTreeSet<_>>(), want, "{:?}", plan);
+            hw(&p, &["run", "--jobs", "2"], 0);
+            prop_assert_eq!(contents(&p.tree("out")), rebuild(&files));
+            let plan = plan_of(&p, "t");
+            prop_assert!(plan.is_empty(), "{:?}", plan);
+        }
     }
 }
