@@ -2016,7 +2016,9 @@ proptest! {
                 "set -eu\nout=\"$2\"\n: > \"$out\"\n",
                 "for t in $(cat \"$1\"); do\n",
                 "  case $t in ls) ls -f tables | sort >> \"$out\" ;;\n",
-                "  *) if [ -e \"tables/$t\" ]; then cat \"tables/$t\" >> \"$out\"; else echo \"no $t;\" >> \"$out\"; fi ;;\n",
+                // One open: a table removed between a test and a read
+                // would fail the item, which is the moves' doing, not ours.
+                "  *) cat \"tables/$t\" 2>/dev/null >> \"$out\" || echo \"no $t;\" >> \"$out\" ;;\n",
                 "  esac\ndone\nsleep 0.05\n",
             ),
         );
