@@ -461,6 +461,26 @@ enum TilesCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Publish a tile dataset as a PMTiles v3 archive to a folder or a
+    /// bucket (`NAME:prefix/base.pmtiles` on a `[storage.NAME]`): whole the
+    /// first time, then only what drains re-cut since; readers follow
+    /// `base.pmtiles.json` to the current version.
+    Publish {
+        /// The tile dataset, as in `[osm.tiles.NAME]`.
+        dataset: String,
+        /// Where: `DIR/NAME.pmtiles`, or `STORAGE:prefix/NAME.pmtiles`.
+        #[arg(long, value_name = "PATH_OR_STORAGE:KEY")]
+        to: String,
+        /// The store folder (default: [osm] store, or .highwater/osm).
+        #[arg(long)]
+        store: Option<PathBuf>,
+        /// Wait for another writer's lease instead of exiting.
+        #[arg(long)]
+        wait: bool,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Re-cut dirty tiles from the store as it is; report the backlog.
     Drain {
         /// Only this tile dataset.
@@ -1393,10 +1413,14 @@ fn osm(
     // The config is optional for OSM commands: without one, the defaults.
     // One named with --config must exist: running on the defaults instead
     // would record no dirty set for the datasets it declares.
-    let cfg = if config.exists() || named_config {
-        load_config(config)?.1
+    let (cfg, storage) = if config.exists() || named_config {
+        let (_, cfg, spec) = load_config(config)?;
+        (cfg, spec.storage)
     } else {
-        ops::OsmConfig::parse(None, config, &std::env::current_dir()?)?
+        (
+            ops::OsmConfig::parse(None, config, &std::env::current_dir()?)?,
+            Default::default(),
+        )
     };
     let store_dir = |s: &Option<PathBuf>| s.clone().unwrap_or_else(|| cfg.store.clone());
     // Opens the store for writing: the writer lease first (or exit 2
@@ -1729,6 +1753,25 @@ fn osm(
                             .as_str()
                             .map_or(String::new(), |r| format!("; rebuild recommended: {r}"))
                     )?;
+                    // Issue 50: each PMTiles place and what it reflects.
+                    for p in d["pmtiles"].as_array().into_iter().flatten() {
+                        writeln!(
+                            out,
+                            "    PMTiles {}: version {}, reflects sequence {} ({} dirty tiles then); {} tiles drained since wait for the next publish; {} bytes, {} dead{}",
+                            p["target"].as_str().unwrap_or("?"),
+                            p["version"],
+                            p["sequence"],
+                            p["dirty"],
+                            p["changed_since"],
+                            p["archive_bytes"],
+                            p["dead_bytes"],
+                            if p["stale"].as_bool() == Some(true) {
+                                "; the MBTiles file was rebuilt since: the next publish is whole"
+                            } else {
+                                ""
+                            }
+                        )?;
+                    }
                     // Issue 50: a failing drain is said until one succeeds.
                     if let Some(f) = d["last_failed_drain"].as_object() {
                         writeln!(
@@ -1784,6 +1827,36 @@ fn osm(
                     let o = highwater_osm::dataset::rebuild_recorded(d, &mut st)
                         .map_err(anyhow::Error::msg)?;
                     output::outcome(out, &o, *json)?;
+                }
+                Ok(0)
+            }
+            TilesCommand::Publish {
+                dataset,
+                to,
+                store,
+                wait,
+                json,
+            } => {
+                let mut st = writer(store, *wait)?;
+                let d = tile_datasets(&cfg, Some(dataset))?[0];
+                let place = publish_place(to, &storage)?;
+                let r = highwater_osm::tiles::publish::publish(
+                    &mut st,
+                    d,
+                    place.as_ref(),
+                    highwater_osm::tiles::publish::PublishLimits {
+                        dead_share_max_pct: d.pmtiles_dead_share_max_pct,
+                        versions_kept: d.pmtiles_versions_kept,
+                    },
+                )?;
+                if *json {
+                    writeln!(out, "{}", serde_json::to_string(&r)?)?;
+                } else {
+                    writeln!(out, "{}", highwater_osm::tiles::publish::report_text(&r))?;
+                }
+                if let Some(e) = &r.sweep_error {
+                    eprintln!("warning: published, but older versions were not deleted: {e}");
+                    return Ok(1);
                 }
                 Ok(0)
             }
@@ -1934,6 +2007,174 @@ fn osm(
             Ok(0)
         }
     }
+}
+
+/// Where `osm tiles publish --to` points: `STORAGE:prefix/NAME.pmtiles`
+/// on a `[storage.STORAGE]`, else a path.
+fn publish_place(
+    to: &str,
+    storage: &std::collections::BTreeMap<String, highwater_objects::StorageSpec>,
+) -> Result<Box<dyn highwater_osm::tiles::publish::Place>> {
+    let names: Vec<&str> = storage.keys().map(String::as_str).collect();
+    match highwater_objects::split_place(to, &names) {
+        Some((name, key)) => {
+            let objects = highwater_objects::Objects::open(name, &storage[name])?;
+            Ok(Box::new(BucketPlace::new(objects, key, to)?))
+        }
+        None => {
+            if let Some((n, _)) = to.split_once(':').filter(|(n, _)| !n.contains('/')) {
+                anyhow::bail!(
+                    "--to {to:?}: the config defines no [storage.{n}]{}; add one, or give a path",
+                    if names.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (defined: {})", names.join(", "))
+                    }
+                );
+            }
+            Ok(Box::new(highwater_osm::tiles::publish::LocalPlace::new(
+                std::path::Path::new(to),
+            )?))
+        }
+    }
+}
+
+/// A prefix of a bucket as a place PMTiles archives are published to
+/// (issue 50): versions composed with server-side part copies.
+struct BucketPlace {
+    objects: highwater_objects::Objects,
+    /// The folder's key, with its trailing `/` (or empty).
+    prefix: String,
+    stem: String,
+    given: String,
+}
+
+impl BucketPlace {
+    fn new(objects: highwater_objects::Objects, key: &str, given: &str) -> Result<BucketPlace> {
+        let key = key.trim_start_matches('/');
+        anyhow::ensure!(
+            !key.split('/').any(|p| p == ".." || p == "."),
+            "--to {given:?}: no `.` or `..` in a key"
+        );
+        let (prefix, file) = match key.rsplit_once('/') {
+            Some((p, f)) => (format!("{p}/"), f),
+            None => (String::new(), key),
+        };
+        let stem = highwater_osm::tiles::publish::stem_of(file, given)?;
+        Ok(BucketPlace {
+            objects,
+            prefix,
+            stem,
+            given: given.to_string(),
+        })
+    }
+
+    fn key(&self, name: &str) -> String {
+        format!("{}{name}", self.prefix)
+    }
+}
+
+impl highwater_osm::tiles::publish::Place for BucketPlace {
+    fn describe(&self) -> String {
+        self.given.clone()
+    }
+
+    fn stem(&self) -> &str {
+        &self.stem
+    }
+
+    fn read(
+        &self,
+        name: &str,
+    ) -> Result<Option<(Vec<u8>, String)>, highwater_osm::tiles::publish::PlaceError> {
+        self.objects
+            .get(&self.key(name))
+            .map(|o| o.map(|(b, t)| (b.to_vec(), t)))
+            .map_err(place_err)
+    }
+
+    fn put_if(
+        &self,
+        name: &str,
+        bytes: Vec<u8>,
+        expected: Option<&str>,
+    ) -> Result<bool, highwater_osm::tiles::publish::PlaceError> {
+        self.objects
+            .put_if(&self.key(name), bytes, expected)
+            .map(|p| matches!(p, highwater_objects::Put::Done(_)))
+            .map_err(place_err)
+    }
+
+    fn put_file(
+        &self,
+        from: &std::path::Path,
+        name: &str,
+    ) -> Result<highwater_osm::tiles::publish::Sent, highwater_osm::tiles::publish::PlaceError>
+    {
+        let size = std::fs::metadata(from)
+            .map_err(|e| {
+                highwater_osm::tiles::publish::PlaceError(format!("{}: {e}", from.display()))
+            })?
+            .len();
+        self.objects
+            .put_file(from, &self.key(name))
+            .map_err(place_err)?;
+        Ok(highwater_osm::tiles::publish::Sent {
+            uploaded_bytes: size,
+            copied_bytes: 0,
+        })
+    }
+
+    fn compose(
+        &self,
+        name: &str,
+        previous: &str,
+        segments: &[highwater_osm::tiles::publish::Segment],
+    ) -> Result<highwater_osm::tiles::publish::Sent, highwater_osm::tiles::publish::PlaceError>
+    {
+        use highwater_objects::compose::Piece;
+        use highwater_osm::tiles::publish::Segment;
+        let from = self.key(previous);
+        let pieces: Vec<Piece> = segments
+            .iter()
+            .map(|s| match s {
+                Segment::Bytes(b) => Piece::Bytes(bytes::Bytes::from(b.clone())),
+                Segment::Previous { offset, len } => Piece::Copy {
+                    from: from.clone(),
+                    offset: *offset,
+                    len: *len,
+                },
+            })
+            .collect();
+        let c = self
+            .objects
+            .compose(&self.key(name), &pieces)
+            .map_err(place_err)?;
+        Ok(highwater_osm::tiles::publish::Sent {
+            uploaded_bytes: c.uploaded_bytes,
+            copied_bytes: c.copied_bytes,
+        })
+    }
+
+    fn names(&self) -> Result<Vec<String>, highwater_osm::tiles::publish::PlaceError> {
+        let listed = self
+            .objects
+            .list(self.prefix.trim_end_matches('/'))
+            .map_err(place_err)?;
+        Ok(listed
+            .into_iter()
+            .filter_map(|o| o.key.strip_prefix(&self.prefix).map(str::to_string))
+            .filter(|n| !n.contains('/'))
+            .collect())
+    }
+
+    fn delete(&self, name: &str) -> Result<(), highwater_osm::tiles::publish::PlaceError> {
+        self.objects.delete(&self.key(name)).map_err(place_err)
+    }
+}
+
+fn place_err(e: highwater_objects::ObjectsError) -> highwater_osm::tiles::publish::PlaceError {
+    highwater_osm::tiles::publish::PlaceError(e.to_string())
 }
 
 /// A dataset of any kind, by name (a tile dataset must have a file).
