@@ -184,7 +184,8 @@ enum Command {
     },
     /// Serve read-only pages and endpoints: `/` (is everything fresh?),
     /// `/map`, `/tiles/NAME/{z}/{x}/{y}.pbf`, `/tiles/NAME.json`,
-    /// `/metrics`, `/api/status`. Stops on SIGTERM or SIGINT.
+    /// `/metrics`, `/api/status`, `/api/aggregates/NAME`, `/search?q=` and
+    /// `/reverse?lat=&lon=` (Photon's GeoJSON). Stops on SIGTERM or SIGINT.
     Serve {
         /// The address to listen on; a loopback one unless --public.
         #[arg(long, default_value = "127.0.0.1:8080")]
@@ -1011,6 +1012,9 @@ struct ServedProject {
     /// Moves, under the view's lock, whenever a view is read again after a
     /// commit to the store (`Project::clean_epoch`).
     epoch: std::sync::atomic::AtomicU64,
+    /// Issue 50: each search dataset's index as `/search` reads it, the
+    /// last commit kept open until the next.
+    search: Vec<highwater_osm::search::live::LiveIndex>,
 }
 
 #[derive(Clone)]
@@ -1023,7 +1027,46 @@ struct ServerCheck {
 /// Windows per source on the status page: a week of hourly windows.
 const SERVE_WINDOWS_SHOWN: usize = 168;
 
+/// A search dataset that cannot answer `/search` or `/reverse` yet: built
+/// by older code, or never.
+fn stale_search(d: &highwater_osm::search::SearchDataset) -> String {
+    format!(
+        "the search dataset {} was not built by this version (its documents have no points or no sequence): run `highwater osm rebuild {}`, or `highwater osm drain {}`, which rebuilds it",
+        d.name, d.name, d.name
+    )
+}
+
+/// A search error as the HTTP status it is.
+fn search_unanswered(
+    d: &highwater_osm::search::SearchDataset,
+    e: &highwater_osm::search::SearchError,
+) -> highwater_serve::geocode::Unanswered {
+    use highwater_osm::search::SearchError;
+    use highwater_serve::geocode::Unanswered;
+    match e {
+        SearchError::Query { .. } => Unanswered::BadRequest(format!("q: {e}")),
+        SearchError::Missing { .. } => Unanswered::Unavailable(e.to_string()),
+        _ => Unanswered::Failed(format!("search dataset {}: {e}", d.name)),
+    }
+}
+
 impl ServedProject {
+    /// The search dataset a request names, or the first.
+    fn live_index(
+        &self,
+        name: Option<&str>,
+    ) -> Result<&highwater_osm::search::live::LiveIndex, highwater_serve::geocode::Unanswered> {
+        self.search
+            .iter()
+            .find(|l| name.is_none_or(|n| l.dataset().name == n))
+            .ok_or_else(|| {
+                highwater_serve::geocode::Unanswered::NotFound(match name {
+                    Some(n) => format!("no [osm.search.{n}] dataset in the config"),
+                    None => "no [osm.search.NAME] dataset in the config".into(),
+                })
+            })
+    }
+
     /// What a missing OSM store is said as, on every surface: the path and
     /// the fix.
     fn missing_store(&self) -> String {
@@ -1317,6 +1360,57 @@ impl highwater_serve::Project for ServedProject {
             "dirty": dirty,
             "rows": rows,
         })))
+    }
+
+    fn search(
+        &self,
+        ask: &highwater_serve::geocode::SearchAsk,
+    ) -> Result<serde_json::Value, highwater_serve::geocode::Unanswered> {
+        use highwater_serve::geocode::Unanswered;
+        let live = self.live_index(ask.dataset.as_deref())?;
+        let d = live.dataset();
+        let snap = live.snapshot().map_err(|e| search_unanswered(d, &e))?;
+        match &snap.state {
+            Some(st) if st.recipe == d.recipe => {}
+            _ => return Err(Unanswered::Unavailable(stale_search(d))),
+        }
+        let hits = snap
+            .search(&ask.q, ask.limit)
+            .map_err(|e| search_unanswered(d, &e))?;
+        let sequence = snap.state.as_ref().and_then(|s| s.sequence);
+        Ok(highwater_osm::search::photon::collection(
+            &hits, &d.name, sequence,
+        ))
+    }
+
+    fn reverse(
+        &self,
+        ask: &highwater_serve::geocode::ReverseAsk,
+    ) -> Result<serde_json::Value, highwater_serve::geocode::Unanswered> {
+        use highwater_serve::geocode::Unanswered;
+        let d = self.live_index(ask.dataset.as_deref())?.dataset();
+        // Read only, and never creating a store that is not there.
+        if !self.cfg.store.exists() {
+            return Err(Unanswered::Unavailable(self.missing_store()));
+        }
+        let st = highwater_osm::open_store(&self.cfg.store)
+            .map_err(|e| Unanswered::Failed(e.to_string()))?;
+        let near = highwater_osm::search::near::nearest(
+            &st,
+            d,
+            (ask.lat, ask.lon),
+            ask.radius_m,
+            ask.limit,
+        )
+        .map_err(|e| search_unanswered(d, &e))?;
+        if !near.current {
+            return Err(Unanswered::Unavailable(stale_search(d)));
+        }
+        Ok(highwater_osm::search::photon::collection(
+            near.docs.iter().map(|(doc, _)| doc),
+            &d.name,
+            near.sequence,
+        ))
     }
 
     fn load_requests(&self, dataset: &str) -> Option<highwater_serve::TileRequests> {
@@ -2501,6 +2595,11 @@ fn run(cli: Cli) -> Result<i32> {
             fresh_cut_timeout_ms,
         } => {
             let (pipeline, cfg, spec) = load_config(&config)?;
+            let search = cfg
+                .of::<highwater_osm::search::SearchDataset>()
+                .into_iter()
+                .map(|d| highwater_osm::search::live::LiveIndex::new(d.clone()))
+                .collect();
             let project = std::sync::Arc::new(ServedProject {
                 config: config.clone(),
                 pipeline,
@@ -2511,6 +2610,7 @@ fn run(cli: Cli) -> Result<i32> {
                     .map(|_| std::sync::Mutex::new(None))
                     .collect(),
                 epoch: Default::default(),
+                search,
             });
             let opts = highwater_serve::Options {
                 public: *public,
