@@ -13,7 +13,11 @@
 # published, maps:fullN/base.pmtiles), in alternating order. Medians of
 # ROUNDS.
 #
-#   ROUNDS=3 NODES=2100000 bash bench/osm_pmtiles.sh
+#   ROUNDS=3 NODES=2100000 CHANGES=3300 bash bench/osm_pmtiles.sh
+# CHANGES: the diff's size. 3,300 is a planet minute; spread over this
+# world's 607 cities it touches every city, so every tile at z10-14 (the
+# publish then rewrites whole, past pmtiles_dead_share_max_pct): a smaller
+# CHANGES is a minute's share of a world this size.
 # Needs osmium (Debian's osmium-tool) and the test venv
 # (HIGHWATER_TEST_PYTHON, scripts/deps.sh: moto, boto3). HW and GEN may
 # name prebuilt binaries (default: release builds).
@@ -21,6 +25,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
 NODES=${NODES:-2100000}
+CHANGES=${CHANGES:-3300}
 W=${BENCH_DIR:-/tmp/hw-osm-pmtiles}
 PY=${HIGHWATER_TEST_PYTHON:?run . scripts/deps.sh or set HIGHWATER_TEST_PYTHON}
 if [ -z "${HW:-}" ] || [ -z "${GEN:-}" ]; then
@@ -31,9 +36,9 @@ fi
 mkdir -p "$W"
 pbf="$W/w$NODES.osm.pbf"
 [ -s "$pbf" ] || "$GEN" extract --nodes "$NODES" --seed 25 | osmium cat -F osm - -o "$pbf" -O
-[ -s "$W/minute.osc" ] || "$GEN" diff --nodes "$NODES" --changes 3300 --seed 25 --diff-seed 2 -o "$W/minute.osc"
+[ -s "$W/minute-$CHANGES.osc" ] || "$GEN" diff --nodes "$NODES" --changes "$CHANGES" --seed 25 --diff-seed 2 -o "$W/minute-$CHANGES.osc"
 
-HW="$HW" W="$W" PBF="$pbf" ROUNDS="$ROUNDS" "$PY" - <<'PY'
+HW="$HW" W="$W" PBF="$pbf" ROUNDS="$ROUNDS" OSC="$W/minute-$CHANGES.osc" "$PY" - <<'PY'
 import json, os, shutil, socket, statistics, subprocess, sys, time
 import boto3
 
@@ -125,7 +130,7 @@ for r in range(ROUNDS):
     shutil.rmtree(P); shutil.copytree(snap, P)
     s3.put_object(Bucket="maps", Key="tiles/base.pmtiles.json", Body=pointer)
     subprocess.run(["sync"])
-    _, s_apply = hw("osm", "apply", f"{W}/minute.osc")
+    _, s_apply = hw("osm", "apply", os.environ["OSC"])
     out, s_drain = hw("osm", "tiles", "drain", "--json")
     subprocess.run(["sync"])
     order = ["inc", "full"] if r % 2 == 0 else ["full", "inc"]
