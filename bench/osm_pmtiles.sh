@@ -65,6 +65,7 @@ s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.clos
 open(LOG, "w").close()
 moto = subprocess.Popen([sys.executable, "-c", SERVER, str(port)], env={**os.environ, "LOG": LOG},
                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+import atexit; atexit.register(moto.kill)  # also when an assertion stops the run
 endpoint = f"http://127.0.0.1:{port}"
 for _ in range(200):
     try:
