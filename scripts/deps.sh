@@ -32,9 +32,9 @@ deps_install() {
 # compiler needed).
 deps_pyosmium() {
     local venv=${HIGHWATER_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/highwater/venv}
-    if [ ! -x "$venv/bin/pyosmium-get-changes" ] || [ ! -x "$venv/bin/moto_server" ] || ! "$venv/bin/python" -c 'import websocket, deltalake, polars' 2>/dev/null; then
-        echo "installing pyosmium, websocket-client, moto[server], deltalake and polars into $venv" >&2
-        python3 -m venv "$venv" && "$venv/bin/pip" install -q osmium websocket-client 'moto[server]==5.2.*' 'deltalake==1.6.*' pyarrow 'polars==2.1.*' || {
+    if [ ! -x "$venv/bin/pyosmium-get-changes" ] || [ ! -x "$venv/bin/moto_server" ] || ! "$venv/bin/python" -c 'import websocket, deltalake, polars, pmtiles' 2>/dev/null; then
+        echo "installing pyosmium, websocket-client, moto[server], deltalake, polars and pmtiles into $venv" >&2
+        python3 -m venv "$venv" && "$venv/bin/pip" install -q osmium websocket-client 'moto[server]==5.2.*' 'deltalake==1.6.*' pyarrow 'polars==2.1.*' 'pmtiles==3.8.*' || {
             echo "pyosmium, websocket-client, moto[server], deltalake, pyarrow or polars did not install from PyPI; the replication, browser, S3 and Delta tests need them" >&2
             return 1
         }

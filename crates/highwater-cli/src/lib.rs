@@ -184,7 +184,8 @@ enum Command {
     },
     /// Serve read-only pages and endpoints: `/` (is everything fresh?),
     /// `/map`, `/tiles/NAME/{z}/{x}/{y}.pbf`, `/tiles/NAME.json`,
-    /// `/metrics`, `/api/status`. Stops on SIGTERM or SIGINT.
+    /// `/metrics`, `/api/status`, `/api/aggregates/NAME`, `/search?q=` and
+    /// `/reverse?lat=&lon=` (Photon's GeoJSON). Stops on SIGTERM or SIGINT.
     Serve {
         /// The address to listen on; a loopback one unless --public.
         #[arg(long, default_value = "127.0.0.1:8080")]
@@ -451,6 +452,26 @@ enum TilesCommand {
         /// Only this tile dataset.
         #[arg(long)]
         dataset: Option<String>,
+        /// The store folder (default: [osm] store, or .highwater/osm).
+        #[arg(long)]
+        store: Option<PathBuf>,
+        /// Wait for another writer's lease instead of exiting.
+        #[arg(long)]
+        wait: bool,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Publish a tile dataset as a PMTiles v3 archive to a folder or a
+    /// bucket (`NAME:prefix/base.pmtiles` on a `[storage.NAME]`): whole the
+    /// first time, then only what drains re-cut since; readers follow
+    /// `base.pmtiles.json` to the current version.
+    Publish {
+        /// The tile dataset, as in `[osm.tiles.NAME]`.
+        dataset: String,
+        /// Where: `DIR/NAME.pmtiles`, or `STORAGE:prefix/NAME.pmtiles`.
+        #[arg(long, value_name = "PATH_OR_STORAGE:KEY")]
+        to: String,
         /// The store folder (default: [osm] store, or .highwater/osm).
         #[arg(long)]
         store: Option<PathBuf>,
@@ -991,6 +1012,9 @@ struct ServedProject {
     /// Moves, under the view's lock, whenever a view is read again after a
     /// commit to the store (`Project::clean_epoch`).
     epoch: std::sync::atomic::AtomicU64,
+    /// Issue 50: each search dataset's index as `/search` reads it, the
+    /// last commit kept open until the next.
+    search: Vec<highwater_osm::search::live::LiveIndex>,
 }
 
 #[derive(Clone)]
@@ -1003,7 +1027,46 @@ struct ServerCheck {
 /// Windows per source on the status page: a week of hourly windows.
 const SERVE_WINDOWS_SHOWN: usize = 168;
 
+/// A search dataset that cannot answer `/search` or `/reverse` yet: built
+/// by older code, or never.
+fn stale_search(d: &highwater_osm::search::SearchDataset) -> String {
+    format!(
+        "the search dataset {} was not built by this version (its documents have no points or no sequence): run `highwater osm rebuild {}`, or `highwater osm drain {}`, which rebuilds it",
+        d.name, d.name, d.name
+    )
+}
+
+/// A search error as the HTTP status it is.
+fn search_unanswered(
+    d: &highwater_osm::search::SearchDataset,
+    e: &highwater_osm::search::SearchError,
+) -> highwater_serve::geocode::Unanswered {
+    use highwater_osm::search::SearchError;
+    use highwater_serve::geocode::Unanswered;
+    match e {
+        SearchError::Query { .. } => Unanswered::BadRequest(format!("q: {e}")),
+        SearchError::Missing { .. } => Unanswered::Unavailable(e.to_string()),
+        _ => Unanswered::Failed(format!("search dataset {}: {e}", d.name)),
+    }
+}
+
 impl ServedProject {
+    /// The search dataset a request names, or the first.
+    fn live_index(
+        &self,
+        name: Option<&str>,
+    ) -> Result<&highwater_osm::search::live::LiveIndex, highwater_serve::geocode::Unanswered> {
+        self.search
+            .iter()
+            .find(|l| name.is_none_or(|n| l.dataset().name == n))
+            .ok_or_else(|| {
+                highwater_serve::geocode::Unanswered::NotFound(match name {
+                    Some(n) => format!("no [osm.search.{n}] dataset in the config"),
+                    None => "no [osm.search.NAME] dataset in the config".into(),
+                })
+            })
+    }
+
     /// What a missing OSM store is said as, on every surface: the path and
     /// the fix.
     fn missing_store(&self) -> String {
@@ -1299,6 +1362,57 @@ impl highwater_serve::Project for ServedProject {
         })))
     }
 
+    fn search(
+        &self,
+        ask: &highwater_serve::geocode::SearchAsk,
+    ) -> Result<serde_json::Value, highwater_serve::geocode::Unanswered> {
+        use highwater_serve::geocode::Unanswered;
+        let live = self.live_index(ask.dataset.as_deref())?;
+        let d = live.dataset();
+        let snap = live.snapshot().map_err(|e| search_unanswered(d, &e))?;
+        match &snap.state {
+            Some(st) if st.recipe == d.recipe => {}
+            _ => return Err(Unanswered::Unavailable(stale_search(d))),
+        }
+        let hits = snap
+            .search(&ask.q, ask.limit)
+            .map_err(|e| search_unanswered(d, &e))?;
+        let sequence = snap.state.as_ref().and_then(|s| s.sequence);
+        Ok(highwater_osm::search::photon::collection(
+            &hits, &d.name, sequence,
+        ))
+    }
+
+    fn reverse(
+        &self,
+        ask: &highwater_serve::geocode::ReverseAsk,
+    ) -> Result<serde_json::Value, highwater_serve::geocode::Unanswered> {
+        use highwater_serve::geocode::Unanswered;
+        let d = self.live_index(ask.dataset.as_deref())?.dataset();
+        // Read only, and never creating a store that is not there.
+        if !self.cfg.store.exists() {
+            return Err(Unanswered::Unavailable(self.missing_store()));
+        }
+        let st = highwater_osm::open_store(&self.cfg.store)
+            .map_err(|e| Unanswered::Failed(e.to_string()))?;
+        let near = highwater_osm::search::near::nearest(
+            &st,
+            d,
+            (ask.lat, ask.lon),
+            ask.radius_m,
+            ask.limit,
+        )
+        .map_err(|e| search_unanswered(d, &e))?;
+        if !near.current {
+            return Err(Unanswered::Unavailable(stale_search(d)));
+        }
+        Ok(highwater_osm::search::photon::collection(
+            near.docs.iter().map(|(doc, _)| doc),
+            &d.name,
+            near.sequence,
+        ))
+    }
+
     fn load_requests(&self, dataset: &str) -> Option<highwater_serve::TileRequests> {
         let r = highwater_osm::tiles::fresh::load_requests(&self.cfg.store, dataset).ok()??;
         Some(highwater_serve::TileRequests {
@@ -1393,10 +1507,14 @@ fn osm(
     // The config is optional for OSM commands: without one, the defaults.
     // One named with --config must exist: running on the defaults instead
     // would record no dirty set for the datasets it declares.
-    let cfg = if config.exists() || named_config {
-        load_config(config)?.1
+    let (cfg, storage) = if config.exists() || named_config {
+        let (_, cfg, spec) = load_config(config)?;
+        (cfg, spec.storage)
     } else {
-        ops::OsmConfig::parse(None, config, &std::env::current_dir()?)?
+        (
+            ops::OsmConfig::parse(None, config, &std::env::current_dir()?)?,
+            Default::default(),
+        )
     };
     let store_dir = |s: &Option<PathBuf>| s.clone().unwrap_or_else(|| cfg.store.clone());
     // Opens the store for writing: the writer lease first (or exit 2
@@ -1729,6 +1847,25 @@ fn osm(
                             .as_str()
                             .map_or(String::new(), |r| format!("; rebuild recommended: {r}"))
                     )?;
+                    // Issue 50: each PMTiles place and what it reflects.
+                    for p in d["pmtiles"].as_array().into_iter().flatten() {
+                        writeln!(
+                            out,
+                            "    PMTiles {}: version {}, reflects sequence {} ({} dirty tiles then); {} tiles drained since wait for the next publish; {} bytes, {} dead{}",
+                            p["target"].as_str().unwrap_or("?"),
+                            p["version"],
+                            p["sequence"],
+                            p["dirty"],
+                            p["changed_since"],
+                            p["archive_bytes"],
+                            p["dead_bytes"],
+                            if p["stale"].as_bool() == Some(true) {
+                                "; the MBTiles file was rebuilt since: the next publish is whole"
+                            } else {
+                                ""
+                            }
+                        )?;
+                    }
                     // Issue 50: a failing drain is said until one succeeds.
                     if let Some(f) = d["last_failed_drain"].as_object() {
                         writeln!(
@@ -1784,6 +1921,36 @@ fn osm(
                     let o = highwater_osm::dataset::rebuild_recorded(d, &mut st)
                         .map_err(anyhow::Error::msg)?;
                     output::outcome(out, &o, *json)?;
+                }
+                Ok(0)
+            }
+            TilesCommand::Publish {
+                dataset,
+                to,
+                store,
+                wait,
+                json,
+            } => {
+                let mut st = writer(store, *wait)?;
+                let d = tile_datasets(&cfg, Some(dataset))?[0];
+                let place = publish_place(to, &storage)?;
+                let r = highwater_osm::tiles::publish::publish(
+                    &mut st,
+                    d,
+                    place.as_ref(),
+                    highwater_osm::tiles::publish::PublishLimits {
+                        dead_share_max_pct: d.pmtiles_dead_share_max_pct,
+                        versions_kept: d.pmtiles_versions_kept,
+                    },
+                )?;
+                if *json {
+                    writeln!(out, "{}", serde_json::to_string(&r)?)?;
+                } else {
+                    writeln!(out, "{}", highwater_osm::tiles::publish::report_text(&r))?;
+                }
+                if let Some(e) = &r.sweep_error {
+                    eprintln!("warning: published, but older versions were not deleted: {e}");
+                    return Ok(1);
                 }
                 Ok(0)
             }
@@ -1934,6 +2101,174 @@ fn osm(
             Ok(0)
         }
     }
+}
+
+/// Where `osm tiles publish --to` points: `STORAGE:prefix/NAME.pmtiles`
+/// on a `[storage.STORAGE]`, else a path.
+fn publish_place(
+    to: &str,
+    storage: &std::collections::BTreeMap<String, highwater_objects::StorageSpec>,
+) -> Result<Box<dyn highwater_osm::tiles::publish::Place>> {
+    let names: Vec<&str> = storage.keys().map(String::as_str).collect();
+    match highwater_objects::split_place(to, &names) {
+        Some((name, key)) => {
+            let objects = highwater_objects::Objects::open(name, &storage[name])?;
+            Ok(Box::new(BucketPlace::new(objects, key, to)?))
+        }
+        None => {
+            if let Some((n, _)) = to.split_once(':').filter(|(n, _)| !n.contains('/')) {
+                anyhow::bail!(
+                    "--to {to:?}: the config defines no [storage.{n}]{}; add one, or give a path",
+                    if names.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (defined: {})", names.join(", "))
+                    }
+                );
+            }
+            Ok(Box::new(highwater_osm::tiles::publish::LocalPlace::new(
+                std::path::Path::new(to),
+            )?))
+        }
+    }
+}
+
+/// A prefix of a bucket as a place PMTiles archives are published to
+/// (issue 50): versions composed with server-side part copies.
+struct BucketPlace {
+    objects: highwater_objects::Objects,
+    /// The folder's key, with its trailing `/` (or empty).
+    prefix: String,
+    stem: String,
+    given: String,
+}
+
+impl BucketPlace {
+    fn new(objects: highwater_objects::Objects, key: &str, given: &str) -> Result<BucketPlace> {
+        let key = key.trim_start_matches('/');
+        anyhow::ensure!(
+            !key.split('/').any(|p| p == ".." || p == "."),
+            "--to {given:?}: no `.` or `..` in a key"
+        );
+        let (prefix, file) = match key.rsplit_once('/') {
+            Some((p, f)) => (format!("{p}/"), f),
+            None => (String::new(), key),
+        };
+        let stem = highwater_osm::tiles::publish::stem_of(file, given)?;
+        Ok(BucketPlace {
+            objects,
+            prefix,
+            stem,
+            given: given.to_string(),
+        })
+    }
+
+    fn key(&self, name: &str) -> String {
+        format!("{}{name}", self.prefix)
+    }
+}
+
+impl highwater_osm::tiles::publish::Place for BucketPlace {
+    fn describe(&self) -> String {
+        self.given.clone()
+    }
+
+    fn stem(&self) -> &str {
+        &self.stem
+    }
+
+    fn read(
+        &self,
+        name: &str,
+    ) -> Result<Option<(Vec<u8>, String)>, highwater_osm::tiles::publish::PlaceError> {
+        self.objects
+            .get(&self.key(name))
+            .map(|o| o.map(|(b, t)| (b.to_vec(), t)))
+            .map_err(place_err)
+    }
+
+    fn put_if(
+        &self,
+        name: &str,
+        bytes: Vec<u8>,
+        expected: Option<&str>,
+    ) -> Result<bool, highwater_osm::tiles::publish::PlaceError> {
+        self.objects
+            .put_if(&self.key(name), bytes, expected)
+            .map(|p| matches!(p, highwater_objects::Put::Done(_)))
+            .map_err(place_err)
+    }
+
+    fn put_file(
+        &self,
+        from: &std::path::Path,
+        name: &str,
+    ) -> Result<highwater_osm::tiles::publish::Sent, highwater_osm::tiles::publish::PlaceError>
+    {
+        let size = std::fs::metadata(from)
+            .map_err(|e| {
+                highwater_osm::tiles::publish::PlaceError(format!("{}: {e}", from.display()))
+            })?
+            .len();
+        self.objects
+            .put_file(from, &self.key(name))
+            .map_err(place_err)?;
+        Ok(highwater_osm::tiles::publish::Sent {
+            uploaded_bytes: size,
+            copied_bytes: 0,
+        })
+    }
+
+    fn compose(
+        &self,
+        name: &str,
+        previous: &str,
+        segments: &[highwater_osm::tiles::publish::Segment],
+    ) -> Result<highwater_osm::tiles::publish::Sent, highwater_osm::tiles::publish::PlaceError>
+    {
+        use highwater_objects::compose::Piece;
+        use highwater_osm::tiles::publish::Segment;
+        let from = self.key(previous);
+        let pieces: Vec<Piece> = segments
+            .iter()
+            .map(|s| match s {
+                Segment::Bytes(b) => Piece::Bytes(bytes::Bytes::from(b.clone())),
+                Segment::Previous { offset, len } => Piece::Copy {
+                    from: from.clone(),
+                    offset: *offset,
+                    len: *len,
+                },
+            })
+            .collect();
+        let c = self
+            .objects
+            .compose(&self.key(name), &pieces)
+            .map_err(place_err)?;
+        Ok(highwater_osm::tiles::publish::Sent {
+            uploaded_bytes: c.uploaded_bytes,
+            copied_bytes: c.copied_bytes,
+        })
+    }
+
+    fn names(&self) -> Result<Vec<String>, highwater_osm::tiles::publish::PlaceError> {
+        let listed = self
+            .objects
+            .list(self.prefix.trim_end_matches('/'))
+            .map_err(place_err)?;
+        Ok(listed
+            .into_iter()
+            .filter_map(|o| o.key.strip_prefix(&self.prefix).map(str::to_string))
+            .filter(|n| !n.contains('/'))
+            .collect())
+    }
+
+    fn delete(&self, name: &str) -> Result<(), highwater_osm::tiles::publish::PlaceError> {
+        self.objects.delete(&self.key(name)).map_err(place_err)
+    }
+}
+
+fn place_err(e: highwater_objects::ObjectsError) -> highwater_osm::tiles::publish::PlaceError {
+    highwater_osm::tiles::publish::PlaceError(e.to_string())
 }
 
 /// A dataset of any kind, by name (a tile dataset must have a file).
@@ -2260,6 +2595,11 @@ fn run(cli: Cli) -> Result<i32> {
             fresh_cut_timeout_ms,
         } => {
             let (pipeline, cfg, spec) = load_config(&config)?;
+            let search = cfg
+                .of::<highwater_osm::search::SearchDataset>()
+                .into_iter()
+                .map(|d| highwater_osm::search::live::LiveIndex::new(d.clone()))
+                .collect();
             let project = std::sync::Arc::new(ServedProject {
                 config: config.clone(),
                 pipeline,
@@ -2270,6 +2610,7 @@ fn run(cli: Cli) -> Result<i32> {
                     .map(|_| std::sync::Mutex::new(None))
                     .collect(),
                 epoch: Default::default(),
+                search,
             });
             let opts = highwater_serve::Options {
                 public: *public,

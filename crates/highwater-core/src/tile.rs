@@ -57,6 +57,16 @@ impl Tile {
     }
 }
 
+/// World coordinates (as [`world`] makes them) back to (lon, lat) in
+/// degrees.
+pub fn lonlat((x, y): (f64, f64)) -> (f64, f64) {
+    let lat = (std::f64::consts::PI * (1.0 - 2.0 * y))
+        .sinh()
+        .atan()
+        .to_degrees();
+    (x * 360.0 - 180.0, lat)
+}
+
 /// The latitude the projection is computed up to: short of the pole, where
 /// Mercator's y is infinite. Only its sign and size beyond `LAT_MAX` matter.
 const LAT_PROJECTED_MAX: f64 = 89.999;

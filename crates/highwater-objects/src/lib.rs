@@ -8,7 +8,9 @@
 //!
 //! Layout: this file: [`StorageSpec`] (a `[storage.NAME]` table), [`Objects`]
 //! (the blocking client), [`ObjectInfo`] (what a listing says of an object)
-//! and [`ObjectsError`]. Keys are `/`-separated and relative to the bucket.
+//! and [`ObjectsError`]; [`compose`]: an object made of new bytes and
+//! ranges of stored objects, copied inside the service (issue 50). Keys are
+//! `/`-separated and relative to the bucket.
 //!
 //! What S3 lacks, and what is done instead:
 //! - **no rename**: an output is uploaded to its final key in one PUT (or one
@@ -21,9 +23,12 @@
 //! - **no stat cache**: the listing's size, ETag and last-modified time are
 //!   the evidence; an unchanged ETag means the bytes were not re-read.
 
+pub mod compose;
+
 use bytes::Bytes;
 use futures_util::StreamExt;
-use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::aws::{AmazonS3, AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::multipart::{MultipartStore, PartId};
 use object_store::path::Path as Key;
 use object_store::{
     ObjectStore, ObjectStoreExt, PutMode, PutPayload, UpdateVersion, WriteMultipart,
@@ -54,6 +59,10 @@ pub struct StorageSpec {
     /// it, AWS's own endpoint for the region.
     pub endpoint_env: Option<String>,
     pub region: Option<String>,
+    /// The smallest part of a multipart upload but the last, which the
+    /// service enforces (default 5 MiB, S3's and MinIO's rule); what a
+    /// composed object ([`compose`]) sends at least per junction.
+    pub part_min_bytes: Option<u64>,
 }
 
 #[derive(Debug, Error)]
@@ -75,6 +84,12 @@ pub enum ObjectsError {
         path: PathBuf,
         #[source]
         source: std::io::Error,
+    },
+    #[error("storage `{name}`, {key}: {message}")]
+    Compose {
+        name: String,
+        key: String,
+        message: String,
     },
     #[error("storage `{name}`: its runtime thread stopped")]
     Gone { name: String },
@@ -108,6 +123,8 @@ pub struct Objects {
     name: String,
     store: std::sync::Arc<AmazonS3>,
     jobs: tokio::sync::mpsc::UnboundedSender<Job>,
+    signing: compose::Signing,
+    part_min_bytes: u64,
 }
 
 fn install_crypto() {
@@ -171,6 +188,19 @@ impl Objects {
                 // Path-style requests: the bucket need not be a host name.
                 .with_virtual_hosted_style_request(false);
         }
+        let signing = compose::Signing {
+            endpoint: b.get_config_value(&AmazonS3ConfigKey::Endpoint),
+            bucket: spec.bucket.clone(),
+            region: b
+                .get_config_value(&AmazonS3ConfigKey::Region)
+                .unwrap_or_else(|| "us-east-1".into()),
+        };
+        let part_min_bytes = spec.part_min_bytes.unwrap_or(compose::PART_MIN_BYTES_S3);
+        if part_min_bytes == 0 {
+            return Err(bad(
+                "part_min_bytes = 0: give the service's smallest part (S3: 5242880)".into(),
+            ));
+        }
         let store = b
             .build()
             .map_err(|e| bad(format!("cannot be opened: {e}")))?;
@@ -195,6 +225,8 @@ impl Objects {
             name: name.to_string(),
             store: std::sync::Arc::new(store),
             jobs: tx,
+            signing,
+            part_min_bytes,
         })
     }
 
@@ -418,6 +450,135 @@ impl Objects {
         }
     }
 
+    /// `len` bytes of the object from `offset`.
+    pub fn get_range(&self, key: &str, offset: u64, len: u64) -> Result<Bytes, ObjectsError> {
+        let store = self.store.clone();
+        let k = Key::from(key);
+        let r = self.call(async move { store.get_range(&k, offset..offset + len).await })?;
+        r.map_err(self.err(key))
+    }
+
+    /// The smallest part but the last this service takes.
+    pub fn part_min_bytes(&self) -> u64 {
+        self.part_min_bytes
+    }
+
+    /// Makes the object `key` from `pieces` in one multipart upload: new
+    /// bytes sent, ranges of stored objects copied inside the service
+    /// (`UploadPartCopy`), parts planned by [`compose::plan`]. The object
+    /// appears whole when the upload completes, or not at all (a failed
+    /// upload is aborted; one killed is left for the bucket's lifecycle
+    /// rule on incomplete uploads).
+    pub fn compose(
+        &self,
+        key: &str,
+        pieces: &[compose::Piece],
+    ) -> Result<compose::Composed, ObjectsError> {
+        let parts = compose::plan(pieces, self.part_min_bytes);
+        if parts.len() > compose::PARTS_MAX {
+            return Err(ObjectsError::Config {
+                name: self.name.clone(),
+                message: format!(
+                    "{key}: {} parts, more than S3's {}",
+                    parts.len(),
+                    compose::PARTS_MAX
+                ),
+            });
+        }
+        // Short ranges are read back here, before the upload starts.
+        let mut out = compose::Composed {
+            parts: parts.len(),
+            ..Default::default()
+        };
+        let mut bodies: Vec<Option<Bytes>> = Vec::with_capacity(parts.len());
+        for p in &parts {
+            match p {
+                compose::Part::Upload(chunks) => {
+                    let mut body = Vec::with_capacity(p.len() as usize);
+                    for c in chunks {
+                        match c {
+                            compose::Chunk::Bytes(b) => body.extend_from_slice(b),
+                            compose::Chunk::Download { from, offset, len } => {
+                                body.extend_from_slice(&self.get_range(from, *offset, *len)?);
+                                out.downloaded_bytes += len;
+                            }
+                        }
+                    }
+                    out.uploaded_bytes += body.len() as u64;
+                    bodies.push(Some(Bytes::from(body)));
+                }
+                compose::Part::Copy { len, .. } => {
+                    out.copied_bytes += len;
+                    bodies.push(None);
+                }
+            }
+        }
+        let store = self.store.clone();
+        let signing = self.signing.clone();
+        let k = Key::from(key);
+        let key_s = key.to_string();
+        let r = self.call(async move {
+            let id = store
+                .create_multipart(&k)
+                .await
+                .map_err(|e| e.to_string())?;
+            let run = async {
+                let client = reqwest::Client::builder()
+                    .build()
+                    .map_err(|e| format!("an HTTP client: {e}"))?;
+                let mut ids = Vec::with_capacity(parts.len());
+                for (i, (p, body)) in parts.iter().zip(bodies).enumerate() {
+                    let etag = match (p, body) {
+                        (compose::Part::Copy { from, offset, len }, _) => {
+                            let cred = object_store::CredentialProvider::get_credential(
+                                store.credentials().as_ref(),
+                            )
+                            .await
+                            .map_err(|e| e.to_string())?;
+                            signing
+                                .copy_part(
+                                    &client,
+                                    &cred,
+                                    &key_s,
+                                    &id,
+                                    i + 1,
+                                    (from, *offset, *len),
+                                )
+                                .await?
+                        }
+                        (_, body) => {
+                            store
+                                .put_part(&k, &id, i, PutPayload::from(body.unwrap_or_default()))
+                                .await
+                                .map_err(|e| e.to_string())?
+                                .content_id
+                        }
+                    };
+                    ids.push(PartId { content_id: etag });
+                }
+                store
+                    .complete_multipart(&k, &id, ids)
+                    .await
+                    .map(|r| r.e_tag.unwrap_or_default())
+                    .map_err(|e| e.to_string())
+            };
+            let r = run.await;
+            if r.is_err() {
+                let _ = store.abort_multipart(&k, &id).await;
+            }
+            r
+        })?;
+        out.etag = r
+            .map_err(|message| ObjectsError::Compose {
+                name: self.name.clone(),
+                key: key.to_string(),
+                message,
+            })?
+            .trim_matches('"')
+            .to_string();
+        Ok(out)
+    }
+
     /// Removes the object; an absent one is not an error.
     pub fn delete(&self, key: &str) -> Result<(), ObjectsError> {
         let store = self.store.clone();
@@ -471,10 +632,24 @@ import sys, threading
 from werkzeug.serving import run_simple
 from moto.moto_server.werkzeug_app import (
     DomainDispatcherApplication, MotoRequestHandler, create_backend_app)
+import json, os
 inner = DomainDispatcherApplication(create_backend_app)
 lock = threading.Lock()
+log = os.environ.get("HW_MOTO_LOG")
 def app(environ, start_response):
     with lock:
+        if log:
+            # The server's own record of each request, for tests that count
+            # what crossed the network (issue 50).
+            with open(log, "a") as f:
+                f.write(json.dumps({
+                    "method": environ.get("REQUEST_METHOD"),
+                    "path": environ.get("PATH_INFO"),
+                    "query": environ.get("QUERY_STRING", ""),
+                    "length": int(environ.get("CONTENT_LENGTH") or 0),
+                    "copy_source": environ.get("HTTP_X_AMZ_COPY_SOURCE"),
+                    "copy_range": environ.get("HTTP_X_AMZ_COPY_SOURCE_RANGE"),
+                }) + "\n")
         return list(inner(environ, start_response))
 run_simple(sys.argv[1], int(sys.argv[2]), app, threaded=True,
            request_handler=MotoRequestHandler)
@@ -486,8 +661,23 @@ run_simple(sys.argv[1], int(sys.argv[2]), app, threaded=True,
         port: u16,
     }
 
+    /// How to start the server.
+    #[derive(Default)]
+    pub struct Options {
+        /// Append one JSON line per request (method, path, query, body
+        /// length, copy source and range) to this file.
+        pub request_log: Option<std::path::PathBuf>,
+        /// moto's smallest part but the last (`S3_UPLOAD_PART_MIN_SIZE`;
+        /// default S3's 5 MiB), which it enforces when an upload completes.
+        pub part_min_bytes: Option<u64>,
+    }
+
     impl Moto {
         pub fn start() -> Moto {
+            Self::start_with(Options::default())
+        }
+
+        pub fn start_with(opts: Options) -> Moto {
             let python = std::env::var("HIGHWATER_TEST_PYTHON").unwrap_or_else(|_| {
                 panic!("HIGHWATER_TEST_PYTHON is not set: run the tests with `bash scripts/test.sh`, which installs moto[server] in its venv")
             });
@@ -495,7 +685,14 @@ run_simple(sys.argv[1], int(sys.argv[2]), app, threaded=True,
                 .and_then(|l| l.local_addr())
                 .map(|a| a.port())
                 .expect("a free port");
-            let child = Command::new(&python)
+            let mut cmd = Command::new(&python);
+            if let Some(l) = &opts.request_log {
+                cmd.env("HW_MOTO_LOG", l);
+            }
+            if let Some(m) = opts.part_min_bytes {
+                cmd.env("S3_UPLOAD_PART_MIN_SIZE", m.to_string());
+            }
+            let child = cmd
                 .args(["-c", SERIAL_MOTO, "127.0.0.1", &port.to_string()])
                 .env("MOTO_PORT", port.to_string())
                 .stdin(Stdio::null())
@@ -546,6 +743,7 @@ run_simple(sys.argv[1], int(sys.argv[2]), app, threaded=True,
                     bucket: bucket.into(),
                     endpoint_env: None,
                     region: Some("us-east-1".into()),
+                    part_min_bytes: None,
                 },
                 Some((&self.endpoint, "testing", "testing")),
             )

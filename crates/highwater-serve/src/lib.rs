@@ -14,7 +14,11 @@
 //! - `/metrics` (Prometheus text, [`metrics`]) and `/api/status` (the data
 //!   behind `/`);
 //! - `/api/aggregates/NAME?admin_level=&class=`: an aggregates dataset's
-//!   totals, one committed state with its sequence (issue 50).
+//!   totals, one committed state with its sequence (issue 50);
+//! - `/search?q=&limit=` (and Photon's `/api?q=`) and
+//!   `/reverse?lat=&lon=&radius=&limit=`: a search dataset's documents as
+//!   Photon's GeoJSON, one committed state with its sequence (issue 50,
+//!   [`geocode`]).
 //!
 //! Layout: this file is the router and the server; [`pages`] renders HTML
 //! with maud (escaped at compile time); [`metrics`] turns the status
@@ -24,6 +28,7 @@
 
 pub mod conn;
 pub mod cors;
+pub mod geocode;
 pub mod glyphs;
 pub mod mbtiles;
 pub mod metrics;
@@ -115,6 +120,22 @@ pub trait Project: Send + Sync + 'static {
     /// dataset of that name.
     fn aggregates(&self, _name: &str) -> Result<Option<serde_json::Value>, String> {
         Ok(None)
+    }
+    /// Issue 50: a search query's hits as Photon's GeoJSON
+    /// ([`geocode`]): a FeatureCollection with `dataset` and `sequence`.
+    fn search(&self, _ask: &geocode::SearchAsk) -> Result<serde_json::Value, geocode::Unanswered> {
+        Err(geocode::Unanswered::NotFound(
+            "no [osm.search.NAME] dataset in the config".into(),
+        ))
+    }
+    /// Issue 50: the documents nearest a point, as [`Project::search`].
+    fn reverse(
+        &self,
+        _ask: &geocode::ReverseAsk,
+    ) -> Result<serde_json::Value, geocode::Unanswered> {
+        Err(geocode::Unanswered::NotFound(
+            "no [osm.search.NAME] dataset in the config".into(),
+        ))
     }
     /// The request counts recorded before (by an earlier serve), if any.
     fn load_requests(&self, _dataset: &str) -> Option<TileRequests> {
@@ -390,8 +411,8 @@ pub fn connections_max(asked: Option<u64>, nofile: Option<u64>) -> Result<usize,
     }
 }
 
-struct App {
-    project: Arc<dyn Project>,
+pub(crate) struct App {
+    pub(crate) project: Arc<dyn Project>,
     /// Where the absolute URLs in TileJSON and styles start (issue 50:
     /// TileJSON 3.0 wants them absolute): `--public-url`, else the bound
     /// address; set once bound, never from a request.
@@ -538,7 +559,7 @@ impl App {
     }
 }
 
-type Shared = Arc<App>;
+pub(crate) type Shared = Arc<App>;
 
 /// Serves until SIGTERM or SIGINT. `ready` gets the bound address (port 0
 /// picks a free one).
@@ -920,6 +941,9 @@ fn router(app: Shared) -> Router {
         .route("/api/status", get(api_status))
         .route("/api/dirty/{file}", get(dirty))
         .route("/api/aggregates/{name}", get(aggregates))
+        .route("/search", get(geocode::search))
+        .route("/api", get(geocode::search))
+        .route("/reverse", get(geocode::reverse))
         .route("/metrics", get(metrics_text))
         .route("/tiles/{file}", get(tilejson))
         .route("/tiles/{name}/style.json", get(style))
@@ -932,7 +956,7 @@ fn router(app: Shared) -> Router {
 /// Runs blocking reads (SQLite, files) off the event loop, at most
 /// [`conn::BLOCKING_READS_MAX`] at once: the connection limit leaves
 /// descriptors for that many.
-async fn blocking<T: Send + 'static>(
+pub(crate) async fn blocking<T: Send + 'static>(
     app: &Shared,
     f: impl FnOnce(Shared) -> T + Send + 'static,
 ) -> T {
@@ -989,7 +1013,7 @@ async fn metrics_text(State(app): State<Shared>) -> Response {
         .into_response()
 }
 
-fn not_found(what: String) -> Response {
+pub(crate) fn not_found(what: String) -> Response {
     (StatusCode::NOT_FOUND, what).into_response()
 }
 
@@ -1083,7 +1107,7 @@ async fn aggregates(
 
 /// `%XX` and `+` of a query value decoded (invalid escapes kept as they
 /// are); the bytes read as UTF-8, lossily.
-fn percent_decode(v: &str) -> String {
+pub(crate) fn percent_decode(v: &str) -> String {
     let b = v.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;

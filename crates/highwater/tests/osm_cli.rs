@@ -760,3 +760,41 @@ fn aggregates_over_http_equal_the_command_and_say_their_sequence() {
     assert_eq!(get("/api/aggregates/nope").0, 404);
     assert_eq!(get("/api/aggregates/admin?admin_level=x").0, 400);
 }
+
+/// Issue 50: the sequence `/api/aggregates` says is the one its totals
+/// reflect. After diffs whose aggregates drain failed, the marker stands at
+/// the last diff (the dirty set records it) while the totals are still the
+/// rebuild's: the answer says the rebuild's sequence, with the dirty keys,
+/// until a drain brings both to the last diff.
+#[test]
+fn aggregates_over_http_say_the_sequence_their_totals_reflect_not_the_marker() {
+    let p = Project::new(TILES_AND_AGGREGATES);
+    let pbf = data().join("monaco-3047-20210801.osm.pbf");
+    p.check(&["osm", "import", pbf.to_str().unwrap()], 0);
+    p.check(&["osm", "tiles", "build"], 0);
+    p.check(&["osm", "rebuild", "admin"], 0);
+    let from = data().join("monaco-updates");
+    let out = p
+        .cmd(&["osm", "replicate", "--from", from.to_str().unwrap()])
+        .env("HIGHWATER_FAILPOINT", "fail-drain:admin")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let s = common::serve::serve(&p, &[]);
+    let doc = |s: &common::serve::Served| -> serde_json::Value {
+        let (code, _, body) = common::serve::http(&s.addr, "GET", "/api/aggregates/admin", &[]);
+        assert_eq!(code, 200);
+        serde_json::from_slice(&body).unwrap()
+    };
+    let before = doc(&s);
+    assert!(before["dirty"].as_u64().unwrap() > 0, "{}", before["dirty"]);
+    assert_eq!(before["sequence"], 3047, "the totals are the rebuild's");
+    let rows = p
+        .check(&["osm", "aggregates", "--dataset", "admin", "--json"], 0)
+        .json();
+    assert_eq!(before["rows"], rows);
+    p.check(&["osm", "drain", "admin"], 0);
+    let after = doc(&s);
+    assert_eq!(after["sequence"], 3076);
+    assert_eq!(after["dirty"], 0);
+}

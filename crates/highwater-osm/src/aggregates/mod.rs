@@ -348,6 +348,7 @@ pub fn rebuild(store: &mut Store, d: &AggDataset) -> Result<AggReport, StoreErro
         w.agg_set_areas(&d.name, &areas.list)?;
         w.clear_dirty_keys(&d.name, generation)?;
         w.set_meta(&built_recipe_key(&d.name), &d.recipe)?;
+        set_drained(w, &d.name, sequence.as_deref())?;
         w.set_marker(&d.name, sequence.and_then(|s| s.parse().ok()), &d.recipe)
     })?;
     Ok(AggReport {
@@ -445,6 +446,7 @@ pub fn drain(store: &mut Store, d: &AggDataset) -> Result<AggReport, StoreError>
         }
         w.agg_update_areas(&d.name, &old_areas, &new_areas.list)?;
         w.clear_dirty_keys(&d.name, generation)?;
+        set_drained(w, &d.name, sequence.as_deref())?;
         w.set_marker(&d.name, sequence.and_then(|s| s.parse().ok()), &d.recipe)
     })?;
     Ok(report)
@@ -459,21 +461,47 @@ pub fn stored_totals(store: &Store, d: &AggDataset) -> Result<Vec<Row>, StoreErr
     })
 }
 
-/// [`stored_totals`], with the sequence they reflect (the dataset's
-/// marker) and its dirty keys, read in one snapshot (issue 50, serve's
-/// `/api/aggregates`): a reader while a drain commits gets the totals
-/// before it or after it, with their own sequence, never a mix.
+/// The sequence the store stood at when the dataset was last drained or
+/// rebuilt: what its totals reflect. The marker says less: `apply` moves
+/// it to each diff's sequence while the touched keys wait in the dirty
+/// set for the drain (issue 50).
+fn drained_key(name: &str) -> String {
+    format!("agg_drained:{name}")
+}
+
+fn set_drained(
+    w: &mut crate::store::Writer<'_>,
+    name: &str,
+    sequence: Option<&str>,
+) -> Result<(), StoreError> {
+    match sequence {
+        Some(s) => w.set_meta(&drained_key(name), s),
+        None => w.del_meta(&drained_key(name)),
+    }
+}
+
+/// [`stored_totals`], with the sequence they reflect (the store's when
+/// the dataset was last drained or rebuilt) and its dirty keys, read in
+/// one snapshot (issue 50, serve's `/api/aggregates`): a reader while a
+/// drain commits gets the totals before it or after it, with their own
+/// sequence, never a mix.
 pub fn stored_totals_at(
     store: &Store,
     d: &AggDataset,
 ) -> Result<(Vec<Row>, Option<i64>, usize), StoreError> {
     store.snapshot(|s| {
-        let marker = s
-            .datasets()?
-            .into_iter()
-            .find(|(n, ..)| *n == d.name)
-            .and_then(|(_, seq, ..)| seq);
         let dirty = s.dirty_keys(&d.name)?.len();
+        // A store drained before the drained sequence was kept: the
+        // marker is what the totals reflect only when nothing waits.
+        let marker = match s.meta(&drained_key(&d.name))? {
+            Some(v) => v.parse().ok(),
+            None if dirty == 0 => s
+                .datasets()?
+                .into_iter()
+                .find(|(n, ..)| *n == d.name)
+                .and_then(|(_, seq, ..)| seq),
+            None => None,
+        };
         let areas = s.agg_areas(&d.name)?;
         let contrib = s.agg_all(&d.name)?;
         Ok((totals(&areas, &contrib), marker, dirty))

@@ -34,12 +34,18 @@ use tantivy::schema::{Field, Schema, Value, STORED, STRING, TEXT};
 use tantivy::{Index, IndexWriter, TantivyDocument, Term};
 use thiserror::Error;
 
+pub mod live;
+pub mod near;
+pub mod photon;
+
 /// The tables search keeps in the store: each document as stored (to
 /// compare before reindexing) and which context areas each embeds.
 pub const TABLES: &str = "
 CREATE TABLE IF NOT EXISTS search_docs(dataset TEXT NOT NULL, kind INTEGER NOT NULL, id INTEGER NOT NULL, doc TEXT NOT NULL, PRIMARY KEY(dataset, kind, id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS search_context(dataset TEXT NOT NULL, area_kind INTEGER NOT NULL, area_id INTEGER NOT NULL, kind INTEGER NOT NULL, id INTEGER NOT NULL, PRIMARY KEY(dataset, area_kind, area_id, kind, id)) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS search_context_doc ON search_context(dataset, kind, id);
+CREATE TABLE IF NOT EXISTS search_points(dataset TEXT NOT NULL, kind INTEGER NOT NULL, id INTEGER NOT NULL, cell INTEGER NOT NULL, lon REAL NOT NULL, lat REAL NOT NULL, PRIMARY KEY(dataset, kind, id)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS search_points_cell ON search_points(dataset, cell, lon, lat);
 ";
 
 /// The kind, for the registry.
@@ -52,7 +58,7 @@ pub const KIND: crate::dataset::Kind = crate::dataset::Kind {
 
 /// The version of the search code (documents, context): part of every
 /// search dataset's recipe.
-pub const SEARCH_CODE_VERSION: &str = "search-1";
+pub const SEARCH_CODE_VERSION: &str = "search-2";
 
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -149,7 +155,7 @@ pub type Embedded = (Doc, Vec<ElementKey>);
 pub type DocDiff = (String, Option<Doc>, Option<Doc>);
 
 /// One document, as `osm search --json` prints it.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Doc {
     pub osm_type: String,
     pub osm_id: i64,
@@ -159,6 +165,67 @@ pub struct Doc {
     /// Every configured level, with null when no area of it contains the
     /// element.
     pub admin: BTreeMap<String, Option<String>>,
+    /// `addr:housenumber` and `addr:postcode`.
+    #[serde(default)]
+    pub housenumber: Option<String>,
+    #[serde(default)]
+    pub postcode: Option<String>,
+    /// The element's main tag ([`MAIN_KEYS`]), as Photon's `osm_key` and
+    /// `osm_value`.
+    #[serde(default)]
+    pub osm_key: Option<String>,
+    #[serde(default)]
+    pub osm_value: Option<String>,
+    /// The document's point in WGS84 degrees, rounded to 7 decimals (OSM's
+    /// precision): a node's position; for a way or relation the point on
+    /// its surface ([`surface_point`]) that the context areas are looked
+    /// up at, so the place and admin names it carries contain it. `None`
+    /// for an element with no shape (a relation that is not an area).
+    #[serde(default)]
+    pub lat: Option<f64>,
+    #[serde(default)]
+    pub lon: Option<f64>,
+    /// A way's or relation's bounding box as Photon gives it: [min lon,
+    /// max lat, max lon, min lat].
+    #[serde(default)]
+    pub extent: Option<[f64; 4]>,
+}
+
+/// The keys a document's main tag is taken from, first present wins
+/// (Nominatim's and Photon's principal tags, most telling first).
+pub const MAIN_KEYS: [&str; 20] = [
+    "place",
+    "amenity",
+    "shop",
+    "tourism",
+    "leisure",
+    "historic",
+    "office",
+    "craft",
+    "healthcare",
+    "emergency",
+    "aeroway",
+    "railway",
+    "public_transport",
+    "highway",
+    "waterway",
+    "natural",
+    "man_made",
+    "landuse",
+    "boundary",
+    "building",
+];
+
+/// Degrees rounded to OSM's 7 decimals: a node's own coordinates come back
+/// exactly from the world coordinates they were projected to.
+fn deg7(v: f64) -> f64 {
+    (v * 1e7).round() / 1e7
+}
+
+/// A world point as (lon, lat) degrees at 7 decimals; `None` if not finite.
+fn degrees(p: crate::geom::P) -> Option<(f64, f64)> {
+    let (lon, lat) = highwater_core::tile::lonlat(p);
+    (lon.is_finite() && lat.is_finite()).then(|| (deg7(lon), deg7(lat)))
 }
 
 fn letter(k: MemberKind) -> &'static str {
@@ -216,7 +283,23 @@ pub fn document(
     let Some(name) = tags.get("name") else {
         return Ok(None);
     };
-    let point = shape(key)?.and_then(|f| surface_point(&f.shape));
+    let feature = shape(key)?;
+    let point = feature.as_ref().and_then(|f| surface_point(&f.shape));
+    let lonlat = point.and_then(degrees);
+    // Photon's extent, for what is more than a point; world y grows
+    // southwards, so the box's min y is its north edge.
+    let extent = feature
+        .as_ref()
+        .filter(|_| key.0 != MemberKind::Node)
+        .and_then(|f| {
+            let (x0, y0, x1, y1) = f.shape.bbox();
+            let (w, n) = degrees((x0, y0))?;
+            let (e, s) = degrees((x1, y1))?;
+            Some([w, n, e, s])
+        });
+    let main = MAIN_KEYS
+        .iter()
+        .find_map(|k| tags.get(*k).map(|v| (k.to_string(), v.clone())));
     let mut embeds = Vec::new();
     // The first (lowest key) containing area of each kind: deterministic
     // where areas overlap.
@@ -245,11 +328,19 @@ pub fn document(
             street: tags.get("addr:street").cloned(),
             place,
             admin,
+            housenumber: tags.get("addr:housenumber").cloned(),
+            postcode: tags.get("addr:postcode").cloned(),
+            osm_key: main.as_ref().map(|m| m.0.clone()),
+            osm_value: main.map(|m| m.1),
+            lat: lonlat.map(|p| p.1),
+            lon: lonlat.map(|p| p.0),
+            extent,
         },
         embeds,
     )))
 }
 
+#[derive(Clone, Copy)]
 struct Fields {
     key: Field,
     name: Field,
@@ -302,6 +393,28 @@ fn to_tantivy(f: &Fields, doc: &Doc) -> TantivyDocument {
         f.json,
         serde_json::to_string(doc).expect("documents serialize"),
     );
+    t
+}
+
+/// The key of the one document in an index that is no element: the state
+/// the index was committed at, written in the same commit as the
+/// documents, so that whoever reads a snapshot of the index knows which
+/// replication sequence it holds (issue 50). Keys of elements start with
+/// a letter; this one never matches a query's fields.
+const STATE_KEY: &str = "~state";
+
+/// What an index's commit reflects: the store's sequence when it was
+/// drained or rebuilt, and the recipe its documents were made by.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct IndexState {
+    pub sequence: Option<i64>,
+    pub recipe: String,
+}
+
+fn state_doc(f: &Fields, st: &IndexState) -> TantivyDocument {
+    let mut t = TantivyDocument::default();
+    t.add_text(f.key, STATE_KEY);
+    t.add_text(f.json, serde_json::to_string(st).expect("states serialize"));
     t
 }
 
@@ -414,6 +527,11 @@ pub fn rebuild_paged(
             }
             count += docs.len();
         }
+        let state = IndexState {
+            sequence: sequence.as_ref().and_then(|s| s.parse().ok()),
+            recipe: d.recipe.clone(),
+        };
+        iw.add_document(state_doc(&f, &state)).map_err(ierr(&tmp))?;
         iw.commit().map_err(ierr(&tmp))?;
         iw.wait_merging_threads().map_err(ierr(&tmp))?;
         drop(index);
@@ -435,6 +553,7 @@ pub fn rebuild_paged(
         w.clear_dirty_keys(&d.name, generation)?;
         w.set_meta(&built_recipe_key(&d.name), &d.recipe)?;
         w.set_meta(&documents_key(&d.name), &count.to_string())?;
+        set_drained(w, &d.name, sequence.as_deref())?;
         w.set_marker(&d.name, sequence.and_then(|s| s.parse().ok()), &d.recipe)?;
         Ok(count)
     })?;
@@ -478,6 +597,26 @@ fn affected_by_areas(
         }
     }
     Ok(changed)
+}
+
+/// The sequence the store stood at when the dataset was last drained or
+/// rebuilt: what its documents reflect. The marker says less: `apply`
+/// moves it to each diff's sequence while the keys the diff touched wait
+/// in the dirty set for the drain.
+fn drained_key(name: &str) -> String {
+    format!("search_drained:{name}")
+}
+
+fn set_drained(w: &mut Writer<'_>, name: &str, sequence: Option<&str>) -> Result<(), StoreError> {
+    match sequence {
+        Some(s) => w.set_meta(&drained_key(name), s),
+        None => w.del_meta(&drained_key(name)),
+    }
+}
+
+/// [`drained_key`]'s sequence, read in the caller's snapshot.
+pub fn drained_sequence(store: &Store, name: &str) -> Result<Option<i64>, StoreError> {
+    Ok(store.meta(&drained_key(name))?.and_then(|v| v.parse().ok()))
 }
 
 fn documents_key(name: &str) -> String {
@@ -566,7 +705,9 @@ pub fn drain(store: &mut Store, d: &SearchDataset) -> Result<SearchReport, Searc
             dataset: d.name.clone(),
         });
     }
-    if !changes.is_empty() {
+    // Committed even when no document changed: the state document moves
+    // to the sequence the marker moves to, in the commit readers see.
+    {
         let index = open(d)?;
         let f = fields(&index);
         // One indexing thread: a drain's few thousand documents make one
@@ -574,6 +715,13 @@ pub fn drain(store: &mut Store, d: &SearchDataset) -> Result<SearchReport, Searc
         // memory and another file for a few hundred of them.
         let mut w: IndexWriter = index
             .writer_with_num_threads(1, SEARCH_WRITER_BYTES)
+            .map_err(ierr(&d.index))?;
+        w.delete_term(Term::from_field_text(f.key, STATE_KEY));
+        let state = IndexState {
+            sequence: sequence.as_ref().and_then(|s| s.parse().ok()),
+            recipe: d.recipe.clone(),
+        };
+        w.add_document(state_doc(&f, &state))
             .map_err(ierr(&d.index))?;
         for (k, new) in &changes {
             w.delete_term(Term::from_field_text(f.key, &doc_key(*k)));
@@ -597,6 +745,7 @@ pub fn drain(store: &mut Store, d: &SearchDataset) -> Result<SearchReport, Searc
         report.documents = usize::try_from(before as i64 + delta)
             .expect("a drain removes only documents the index holds");
         w.set_meta(&documents_key(&d.name), &report.documents.to_string())?;
+        set_drained(w, &d.name, sequence.as_deref())?;
         w.clear_dirty_keys(&d.name, generation)?;
         w.set_marker(&d.name, sequence.and_then(|s| s.parse().ok()), &d.recipe)
     })?;
@@ -617,49 +766,124 @@ fn stored_doc(f: &Fields, t: &TantivyDocument, path: &Path) -> Result<Doc, Searc
 /// Runs a query (tantivy's query syntax over name, street, place and admin
 /// names; the name counts triple) and returns the hits, best first.
 pub fn search(d: &SearchDataset, query: &str, limit: usize) -> Result<Vec<Doc>, SearchError> {
-    let index = open(d)?;
-    let f = fields(&index);
-    let reader = index.reader().map_err(ierr(&d.index))?;
-    let searcher = reader.searcher();
-    let mut parser = QueryParser::for_index(&index, vec![f.name, f.street, f.place, f.admin]);
-    parser.set_field_boost(f.name, 3.0);
-    let q = parser.parse_query(query).map_err(|e| SearchError::Query {
-        query: query.to_string(),
-        err: e.to_string(),
-    })?;
-    let hits = searcher
-        .search(
-            &q,
-            &TopDocs::with_limit(limit.clamp(1, SEARCH_HITS_MAX)).order_by_score(),
-        )
-        .map_err(ierr(&d.index))?;
-    let mut out = Vec::new();
-    for (_, addr) in hits {
-        let t: TantivyDocument = searcher.doc(addr).map_err(ierr(&d.index))?;
-        out.push(stored_doc(&f, &t, &d.index)?);
-    }
-    Ok(out)
+    Snapshot::open(d)?.search(query, limit)
 }
 
 /// Every document in the index, ordered by type and id.
 pub fn all(d: &SearchDataset) -> Result<Vec<Doc>, SearchError> {
-    let index = open(d)?;
-    let f = fields(&index);
-    let reader = index.reader().map_err(ierr(&d.index))?;
-    let searcher = reader.searcher();
-    let n = searcher.num_docs() as usize;
-    let mut out = Vec::with_capacity(n);
-    if n > 0 {
-        for (_, addr) in searcher
-            .search(&AllQuery, &TopDocs::with_limit(n).order_by_score())
-            .map_err(ierr(&d.index))?
-        {
-            let t: TantivyDocument = searcher.doc(addr).map_err(ierr(&d.index))?;
-            out.push(stored_doc(&f, &t, &d.index)?);
-        }
+    Snapshot::open(d)?.all()
+}
+
+/// One committed state of a search index: what a query reads, with the
+/// state committed with it. A server keeps one and answers every query
+/// from it until the index commits again ([`live::LiveIndex`]).
+pub struct Snapshot {
+    index: Index,
+    fields: Fields,
+    searcher: tantivy::Searcher,
+    path: PathBuf,
+    /// `None`: an index written before the state was kept.
+    pub state: Option<IndexState>,
+}
+
+impl Snapshot {
+    /// The index's last commit.
+    pub fn open(d: &SearchDataset) -> Result<Snapshot, SearchError> {
+        let index = open(d)?;
+        let fields = fields(&index);
+        // No reload thread: a snapshot stays the commit it opened.
+        let reader = index
+            .reader_builder()
+            .reload_policy(tantivy::ReloadPolicy::Manual)
+            .try_into()
+            .map_err(ierr(&d.index))?;
+        let searcher = reader.searcher();
+        let mut me = Snapshot {
+            index,
+            fields,
+            searcher,
+            path: d.index.clone(),
+            state: None,
+        };
+        me.state = me.read_state()?;
+        Ok(me)
     }
-    out.sort_by(|a, b| (&a.osm_type, a.osm_id).cmp(&(&b.osm_type, b.osm_id)));
-    Ok(out)
+
+    fn read_state(&self) -> Result<Option<IndexState>, SearchError> {
+        let q = tantivy::query::TermQuery::new(
+            Term::from_field_text(self.fields.key, STATE_KEY),
+            tantivy::schema::IndexRecordOption::Basic,
+        );
+        let hits = self
+            .searcher
+            .search(&q, &TopDocs::with_limit(1).order_by_score())
+            .map_err(ierr(&self.path))?;
+        let Some((_, addr)) = hits.first() else {
+            return Ok(None);
+        };
+        let t: TantivyDocument = self.searcher.doc(*addr).map_err(ierr(&self.path))?;
+        let json = t
+            .get_first(self.fields.json)
+            .and_then(|v| v.as_str())
+            .unwrap_or_default();
+        Ok(serde_json::from_str(json).ok())
+    }
+
+    /// The stored document at `addr`; `None` for the state document.
+    fn doc_at(&self, addr: tantivy::DocAddress) -> Result<Option<Doc>, SearchError> {
+        let t: TantivyDocument = self.searcher.doc(addr).map_err(ierr(&self.path))?;
+        if t.get_first(self.fields.key).and_then(|v| v.as_str()) == Some(STATE_KEY) {
+            return Ok(None);
+        }
+        stored_doc(&self.fields, &t, &self.path).map(Some)
+    }
+
+    /// A query's hits, best first, at most `limit` (1 to
+    /// [`SEARCH_HITS_MAX`]).
+    pub fn search(&self, query: &str, limit: usize) -> Result<Vec<Doc>, SearchError> {
+        let f = self.fields;
+        let mut parser =
+            QueryParser::for_index(&self.index, vec![f.name, f.street, f.place, f.admin]);
+        parser.set_field_boost(f.name, 3.0);
+        let q = parser.parse_query(query).map_err(|e| SearchError::Query {
+            query: query.to_string(),
+            err: e.to_string(),
+        })?;
+        let limit = limit.clamp(1, SEARCH_HITS_MAX);
+        // One more: the state document may be among the hits of a query
+        // that names its field.
+        let hits = self
+            .searcher
+            .search(&q, &TopDocs::with_limit(limit + 1).order_by_score())
+            .map_err(ierr(&self.path))?;
+        let mut out = Vec::new();
+        for (_, addr) in hits {
+            if let Some(doc) = self.doc_at(addr)? {
+                out.push(doc);
+            }
+        }
+        out.truncate(limit);
+        Ok(out)
+    }
+
+    /// Every document, ordered by type and id.
+    pub fn all(&self) -> Result<Vec<Doc>, SearchError> {
+        let n = self.searcher.num_docs() as usize;
+        let mut out = Vec::with_capacity(n);
+        if n > 0 {
+            for (_, addr) in self
+                .searcher
+                .search(&AllQuery, &TopDocs::with_limit(n).order_by_score())
+                .map_err(ierr(&self.path))?
+            {
+                if let Some(doc) = self.doc_at(addr)? {
+                    out.push(doc);
+                }
+            }
+        }
+        out.sort_by(|a, b| (&a.osm_type, a.osm_id).cmp(&(&b.osm_type, b.osm_id)));
+        Ok(out)
+    }
 }
 
 /// Documents that differ between the index and a rebuild: (key, in the
@@ -674,10 +898,28 @@ pub fn verify(store: &Store, d: &SearchDataset) -> Result<(usize, Vec<DocDiff>),
         .into_iter()
         .map(|doc| (format!("{}{}", doc.osm_type, doc.osm_id), doc))
         .collect();
+    // The spatial index (what `/reverse` reads) is checked with the
+    // documents: a point that differs shows as the index's document with
+    // the point the spatial index holds.
+    let points = store.search_points(&d.name)?;
+    let point = |doc: Option<&Doc>| doc.and_then(|x| Some((x.lon?, x.lat?)));
     let mut diffs = Vec::new();
-    for k in have.keys().chain(want.keys()).collect::<BTreeSet<_>>() {
-        if have.get(k) != want.get(k) {
-            diffs.push((k.clone(), have.get(k).cloned(), want.get(k).cloned()));
+    let keys: BTreeSet<&String> = have
+        .keys()
+        .chain(want.keys())
+        .chain(points.keys())
+        .collect();
+    for k in keys {
+        let (h, w) = (have.get(k), want.get(k));
+        let p = points.get(k).copied();
+        if h != w || p != point(w) {
+            let shown = h.cloned().map(|mut x| {
+                if p != point(h) {
+                    (x.lon, x.lat) = (p.map(|p| p.0), p.map(|p| p.1));
+                }
+                x
+            });
+            diffs.push((k.clone(), shown, w.cloned()));
         }
     }
     Ok((have.len().max(want.len()), diffs))
@@ -701,6 +943,8 @@ pub trait SearchStore {
         area: (MemberKind, i64),
     ) -> Result<Vec<(MemberKind, i64)>, StoreError>;
     fn search_count(&self, dataset: &str) -> Result<usize, StoreError>;
+    /// The spatial index's points (lon, lat), by document key (`n123`).
+    fn search_points(&self, dataset: &str) -> Result<BTreeMap<String, (f64, f64)>, StoreError>;
 }
 
 impl SearchStore for Store {
@@ -748,6 +992,21 @@ impl SearchStore for Store {
             area,
         )
     }
+    fn search_points(&self, dataset: &str) -> Result<BTreeMap<String, (f64, f64)>, StoreError> {
+        let mut st = self
+            .conn()
+            .prepare("SELECT kind, id, lon, lat FROM search_points WHERE dataset = ?1")
+            .map_err(|e| self.err(e))?;
+        let rows = st
+            .query_map([dataset], |r| {
+                Ok((
+                    doc_key((kind_of(r.get(0)?), r.get(1)?)),
+                    (r.get(2)?, r.get(3)?),
+                ))
+            })
+            .map_err(|e| self.err(e))?;
+        rows.collect::<Result<_, _>>().map_err(|e| self.err(e))
+    }
     fn search_count(&self, dataset: &str) -> Result<usize, StoreError> {
         self.conn()
             .query_row(
@@ -776,12 +1035,13 @@ pub trait SearchWriter {
 
 impl SearchWriter for Writer<'_> {
     fn search_clear(&mut self, dataset: &str) -> Result<(), StoreError> {
-        self.clear_dataset(&["search_docs", "search_context"], dataset)
+        self.clear_dataset(&["search_docs", "search_context", "search_points"], dataset)
     }
     fn search_del(&mut self, dataset: &str, key: (MemberKind, i64)) -> Result<(), StoreError> {
         for sql in [
             "DELETE FROM search_docs WHERE dataset = ?1 AND kind = ?2 AND id = ?3",
             "DELETE FROM search_context WHERE dataset = ?1 AND kind = ?2 AND id = ?3",
+            "DELETE FROM search_points WHERE dataset = ?1 AND kind = ?2 AND id = ?3",
         ] {
             self.tx()
                 .prepare_cached(sql)
@@ -804,6 +1064,14 @@ impl SearchWriter for Writer<'_> {
             )
             .and_then(|mut st| st.execute(params![dataset, kind_code(key.0), key.1, text]))
             .map_err(|e| self.err(e))?;
+        if let (Some(lon), Some(lat)) = (doc.lon, doc.lat) {
+            self.tx()
+                .prepare_cached("INSERT INTO search_points(dataset, kind, id, cell, lon, lat) VALUES(?1, ?2, ?3, ?4, ?5, ?6)")
+                .and_then(|mut st| {
+                    st.execute(params![dataset, kind_code(key.0), key.1, near::cell_of(lon, lat), lon, lat])
+                })
+                .map_err(|e| self.err(e))?;
+        }
         for a in embeds {
             self.tx()
                 .prepare_cached("INSERT OR IGNORE INTO search_context(dataset, area_kind, area_id, kind, id) VALUES(?1, ?2, ?3, ?4, ?5)")

@@ -33,6 +33,8 @@ struct RawTiles {
     drain_rebuild_share: Option<f64>,
     affected_guard: Option<f64>,
     affected_guard_min: Option<usize>,
+    pmtiles_dead_share_max_pct: Option<f64>,
+    pmtiles_versions_kept: Option<usize>,
 }
 
 /// A tile schema by name (bundled) or project file, with its text (which
@@ -146,6 +148,18 @@ pub fn configure(
                 "[osm.tiles.{name}] drain_rebuild_share = {drain_rebuild_share}: give a share above 0 (1: rebuild when more tiles are dirty than the file holds)"
             )));
         }
+        let pmtiles_dead_share_max_pct = t.pmtiles_dead_share_max_pct.unwrap_or(25.0);
+        if !(0.0..=100.0).contains(&pmtiles_dead_share_max_pct) {
+            return Err(bad(format!(
+                "[osm.tiles.{name}] pmtiles_dead_share_max_pct = {pmtiles_dead_share_max_pct}: give a percentage from 0 (always rewrite whole) to 100"
+            )));
+        }
+        let pmtiles_versions_kept = t.pmtiles_versions_kept.unwrap_or(3);
+        if pmtiles_versions_kept < 2 {
+            return Err(bad(format!(
+                "[osm.tiles.{name}] pmtiles_versions_kept = {pmtiles_versions_kept}: keep at least 2 (the current archive and the one readers may still be reading)"
+            )));
+        }
         let mbtiles = match t.mbtiles.as_deref() {
             None => None,
             Some(f) => Some(safe_file(root, f).ok_or_else(|| {
@@ -178,6 +192,8 @@ pub fn configure(
             mbtiles,
             drain_on_apply,
             drain_rebuild_share,
+            pmtiles_dead_share_max_pct,
+            pmtiles_versions_kept,
         });
     }
     let low = Arc::new(crate::features::LowZoom::new(
@@ -276,5 +292,6 @@ pub fn status(
         "rebuild": if rebuild.is_empty() { serde_json::Value::Null } else { serde_json::json!(rebuild.join("; ")) },
         "last_drain": store.meta(&format!("drained_at:{}", d.name))?,
         "last_failed_drain": crate::dataset::failed_drain(store, &d.name)?,
+        "pmtiles": super::publish::published(store, &d.name)?,
     }))
 }

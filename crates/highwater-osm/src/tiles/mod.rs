@@ -15,7 +15,9 @@
 //!
 //! Layout: this file is the dataset (its [`Dataset`] impl, build, drain,
 //! verify); [`config`]: its config section and status; [`cut`](mod@cut): one tile cut from features; [`ocean`]: the
-//! kept sea; [`patch`]: a dirty tile patched from the file's copy; [`fresh`] and [`wal_index`]: serve's fresh tiles. Tile
+//! kept sea; [`patch`]: a dirty tile patched from the file's copy; [`fresh`] and [`wal_index`]: serve's fresh tiles;
+//! [`pmtiles`] (the format) and [`publish`] (`osm tiles publish`: the file as a PMTiles archive in a folder or a
+//! bucket, kept current incrementally). Tile
 //! schemas ([`crate::schema`], Shortbread 1.0 bundled) and the MVT
 //! encoding ([`crate::mvt`]) are below the datasets, beside the
 //! features. Expiry (which tiles a diff affects) reads the same schema
@@ -29,6 +31,8 @@ pub mod fresh;
 pub mod listing;
 pub mod ocean;
 pub mod patch;
+pub mod pmtiles;
+pub mod publish;
 pub mod wal_index;
 
 /// The schemas and the MVT encoding sit below the datasets (features read
@@ -55,7 +59,7 @@ pub const TABLES: &str = ocean::TABLES;
 /// The kind, for the registry.
 pub const KIND: crate::dataset::Kind = crate::dataset::Kind {
     name: "tiles",
-    tables: &[TABLES, patch::TABLES],
+    tables: &[TABLES, patch::TABLES, publish::TABLES],
     // After the keyed datasets: a tile drain may be bounded by --max.
     order: 1,
     configure: config::configure,
@@ -89,6 +93,13 @@ pub struct TileDataset {
     /// three-year diff, old and new tiles) took 1.0x. The default, 1,
     /// rebuilds a little early, on the side that is always correct.
     pub drain_rebuild_share: f64,
+    /// `osm tiles publish` (issue 50): above this share of dead bytes in
+    /// a PMTiles archive's tile data (percent), the next publish rewrites
+    /// it whole instead of appending.
+    pub pmtiles_dead_share_max_pct: f64,
+    /// PMTiles versions kept in the place after a publish, the current one
+    /// included (at least 2).
+    pub pmtiles_versions_kept: usize,
 }
 
 /// Keeps at most `max` tiles at the top zoom by taking parents; returns the
@@ -146,6 +157,8 @@ pub enum TilesError {
         tile: String,
         err: String,
     },
+    #[error("publishing to {target}: {message}")]
+    Publish { target: String, message: String },
     #[error("dataset {dataset}: failed on purpose (HIGHWATER_FAILPOINT)")]
     Injected { dataset: String },
     #[error("MBTiles {}: a newer writer (lease token {theirs}, ours {ours}) wrote it; this process lost its writer lease and writes nothing more. Run the command again", path.display())]
@@ -743,6 +756,7 @@ pub fn build(store: &mut Store, d: &TileDataset) -> Result<BuildReport, TilesErr
         }
         w.clear_dirty(&d.name, generation)?;
         patch::forget_all(w, &d.name, generation)?;
+        publish::note_rebuilt(w, &d.name)?;
         w.del_meta(&format!("tiles_rebuild:{}", d.name))?;
         w.set_marker(&d.name, sequence, &d.recipe)
     })?;
@@ -975,6 +989,7 @@ pub fn drain_with(
         failpoint("kill-drain-after-write", &d.name)?;
         store.write(|w| {
             w.clean(&d.name, &tiles, generation)?;
+            publish::note_drained(w, &d.name, &tiles)?;
             patch::forget(w, &d.name, &tiles, generation)
         })?;
         report.recut += tiles.len();
