@@ -36,7 +36,7 @@ def asset(pipeline: Pipeline, stage: str, **asset_kwargs: Any) -> dg.AssetsDefin
 
     @dg.asset(code_version=code_version, **asset_kwargs)
     def _materialize(context) -> dg.Output:  # noqa: ANN001 - Dagster reads the hint itself
-        result = pipeline.run(stage=stage)
+        result = pipeline.run(stage=stage, raise_on_failure=False)
         st = result.stages[stage]
         if st.failed or st.blocked:
             raise dg.Failure(

@@ -8,9 +8,11 @@ folder share one manifest.
 from __future__ import annotations
 
 import os
+import sys
 
 from highwater import _core, recipe as _recipe
 from highwater._records import Record
+from highwater.errors import DeclarationError, HighwaterError, RunFailed
 
 # Imported where they are used, not here: a no-change plan starts a Python
 # process and imports this module (issue 22's plan benchmark counts the
@@ -104,15 +106,109 @@ class _Stage(Record):
         "guard",
         "guard_items_min",
         "on_delete",
+        "in_process",
     )
 
 
+def _name_ok(name: str) -> bool:
+    """The CLI's rule for stage names (they become metric labels and file
+    names beside the state)."""
+    return bool(name) and all(c.isascii() and (c.isalnum() or c in "_-") for c in name)
+
+
+def _check_importable(name: str, fn: Callable) -> None:
+    """Refuses a stage function the worker processes could not import by
+    name (they receive it pickled by reference), saying why and the fix."""
+    qual = getattr(fn, "__qualname__", None) or repr(fn)
+    why = None
+    if not callable(fn):
+        raise DeclarationError(f"stage {name!r}: {fn!r} is not a function")
+    if "<locals>" in qual:
+        why = "it is defined inside another function"
+    elif getattr(fn, "__name__", None) == "<lambda>":
+        why = "it is a lambda, which has no name to import it by"
+    elif getattr(fn, "__module__", None) == "__main__" and not _main_has_file():
+        why = "it is defined in an interactive session, a notebook or stdin, which has no file to import"
+    if why is not None:
+        raise DeclarationError(
+            f"stage {name!r}: the worker processes cannot import {qual} ({why}). "
+            "Define the function with `def` at the top level of a module file, "
+            "or declare the stage with in_process=True to run its items in this process"
+        )
+
+
+def _main_has_file() -> bool:
+    main = sys.modules.get("__main__")
+    f = getattr(main, "__file__", None)
+    return isinstance(f, str) and os.path.isfile(f)
+
+
+def _check_picklable(stages: Iterable[_Stage]) -> None:
+    """At run time, what declaration could not know (a function rebound
+    after it was declared, say): each pooled stage's function pickles."""
+    import pickle
+
+    for s in stages:
+        if s.in_process:
+            continue
+        try:
+            pickle.dumps(s.fn)
+        except Exception as e:  # noqa: BLE001 - pickle raises many kinds
+            raise DeclarationError(
+                f"stage {s.name!r}: its function cannot be sent to the worker processes ({e}). "
+                "Define it with `def` at the top level of a module file, under its own name, "
+                "or declare the stage with in_process=True"
+            ) from None
+
+
+def _not_bootstrapping() -> None:
+    """Refuses a run started while a spawned worker imports the script
+    (the script has no `if __name__ == "__main__":` guard)."""
+    mp = sys.modules.get("multiprocessing")
+    if mp is not None and getattr(mp.current_process(), "_inheriting", False):
+        raise HighwaterError(
+            "run() was called while a worker process was importing the script that "
+            "declares the pipeline: the script runs at import. Put the call under "
+            '`if __name__ == "__main__":` so that only the command you start runs it'
+        )
+
+
+def _resolve_root(root: str | os.PathLike | None, caller_file: str | None) -> str:
+    """The pipeline's root: the folder of the file that creates the
+    Pipeline, or `root` taken relative to that folder (issue 48: never the
+    current folder, which depends on where the script is started from).
+    Without a file (a notebook, stdin), the current folder."""
+    base = os.path.dirname(os.path.abspath(caller_file)) if caller_file else os.getcwd()
+    path = base if root is None else os.path.join(base, os.fspath(root))
+    path = os.path.normpath(os.path.abspath(path))
+    if not os.path.isdir(path):
+        raise HighwaterError(
+            f"the pipeline's root {path} is not a folder (root={root!r}, taken relative to "
+            f"{base}, the folder of {caller_file or 'the current session'}). Create it, or "
+            "pass the folder that holds the stages' inputs"
+        )
+    return path
+
+
 class Pipeline:
-    def __init__(self, root: str | os.PathLike = ".", state: str | None = None):
-        self.root = os.path.abspath(os.fspath(root))
+    """A set of stages over one project folder and one state store.
+
+    `root`: the project folder, which the stages' input globs and output
+    templates are relative to. By default the folder of the file that
+    creates the Pipeline; a relative `root` is taken from that folder too,
+    never from the current folder, so a script behaves the same wherever it
+    is started from. `state`: the state store's path relative to the root
+    (`[state] path` in highwater.toml; default `.highwater/state.db`)."""
+
+    def __init__(self, root: str | os.PathLike | None = None, state: str | None = None) -> None:
+        caller = sys._getframe(1).f_globals.get("__file__")
+        self.root = _resolve_root(root, caller if isinstance(caller, str) else None)
         # Relative to root, as `[state] path` in highwater.toml.
         self.state = state
         self._stages: dict[str, _Stage] = {}
+
+    def __repr__(self) -> str:
+        return f"Pipeline(root={self.root!r}, stages={sorted(self._stages)!r})"
 
     # -- declaring ----------------------------------------------------------
     def stage(
@@ -125,27 +221,40 @@ class Pipeline:
         guard: float | None = None,
         guard_items_min: int | None = None,
         on_delete: str = "remove",
+        in_process: bool = False,
     ) -> Callable[[Callable], Callable]:
         """Declares `fn(input, output)` (each a pathlib.Path) as a stage.
 
         `version=` replaces the code recipe with that string; `ignore=` drops
-        the named components (and what only they reach) from it."""
+        the named components (and what only they reach) from it.
+        `in_process=True` runs its items in the calling process, on the
+        engine's threads, rather than in the pool of worker processes: for a
+        function the workers cannot import (a lambda, one defined in a
+        notebook)."""
         if isinstance(inputs, str):
             inputs = [inputs]
 
         def deco(fn: Callable) -> Callable:
-            n = name or fn.__name__
-            if "<locals>" in getattr(fn, "__qualname__", "<locals>"):
-                # The worker processes import the function by its name.
-                raise ValueError(
-                    f"stage {n!r}: {getattr(fn, '__qualname__', fn)!r} is not defined at module "
-                    "level; define stage functions at the top of a module so that the worker "
-                    "processes can import them"
+            n = name or getattr(fn, "__name__", None) or "stage"
+            if not _name_ok(n):
+                raise DeclarationError(
+                    f"stage name {n!r}: use only letters, digits, `_` and `-` (pass name=)"
                 )
+            if not in_process:
+                _check_importable(n, fn)
             if n in self._stages and self._stages[n].fn is not fn:
-                raise ValueError(f"stage {n!r} is declared twice; give one of them name=")
+                raise DeclarationError(f"stage {n!r} is declared twice; give one of them name=")
             self._stages[n] = _Stage(
-                n, fn, list(inputs), output, version, list(ignore), guard, guard_items_min, on_delete
+                n,
+                fn,
+                list(inputs),
+                output,
+                version,
+                list(ignore),
+                guard,
+                guard_items_min,
+                on_delete,
+                in_process,
             )
             # The function itself: the pool pickles it by reference.
             return fn
@@ -260,44 +369,45 @@ class Pipeline:
         jobs: int | None = None,
         force: bool = False,
         in_process: bool = False,
+        raise_on_failure: bool = True,
     ) -> Result:
         """Runs the changed items; a failing function fails its item only.
 
-        `in_process=True` runs items in this process, on the engine's threads
-        (for debugging; the default is a pool of spawned processes)."""
+        Raises `RunFailed` (holding the `Result`) when an item failed or a
+        stage was blocked, unless `raise_on_failure=False`; `GuardError`
+        when the guard refuses (pass `force=True`). Ctrl-C stops it from
+        starting more items, lets the running ones finish (a second Ctrl-C
+        kills them), records what finished and raises KeyboardInterrupt.
+        `in_process=True` runs every item in this process, on the engine's
+        threads (for debugging; the default is a pool of spawned
+        processes)."""
         from highwater.runner import Runner
 
+        _not_bootstrapping()
         jobs = jobs or os.cpu_count() or 1
         recipes = self.recipes()
-        runner = Runner({n: s.fn for n, s in self._stages.items()}, jobs, in_process)
-        try:
-            raw = _core.run(
-                self.root,
-                self.state,
-                self._declarations(recipes),
-                runner.dispatch,
-                jobs,
-                force,
-                stage,
+        _check_picklable(self._stages.values())
+        pooled_off = {n for n, s in self._stages.items() if s.in_process}
+        runner = Runner(
+            {n: s.fn for n, s in self._stages.items()}, jobs, True if in_process else pooled_off
+        )
+        decl = self._declarations(recipes)
+        raw, interrupted = _run_engine(
+            lambda cancel: _core.run(
+                self.root, self.state, decl, runner.dispatch, jobs, force, stage, cancel
+            ),
+            runner,
+        )
+        result = _result(raw)
+        if runner.fatal is not None:
+            raise HighwaterError(runner.fatal)
+        if interrupted:
+            raise KeyboardInterrupt(
+                "highwater: interrupted; what finished is recorded, the rest runs at the next run"
             )
-        finally:
-            runner.close()
-        out = {}
-        for s in raw["stages"]:
-            out[s["name"]] = StageResult(
-                name=s["name"],
-                recipe=raw["recipes"][s["name"]],
-                discovered=s["discovered"],
-                unchanged=s["unchanged"],
-                changed=s["changed"],
-                new=s["new"],
-                processed=s["processed"],
-                deleted=s["deleted"],
-                failed=[Failed(f["input"], f["error"]) for f in s["failed"]],
-                blocked=s.get("blocked"),
-                reasons=s["reasons"],
-            )
-        return Result(out)
+        if raise_on_failure and not result.ok:
+            raise RunFailed(_failure_message(result), result)
+        return result
 
     def status(self) -> dict[str, Any]:
         """`highwater status --json` of these stages."""
@@ -313,3 +423,99 @@ class Pipeline:
         recipes = self.recipes()
         v = _core.export(self.root, self.state, self._declarations(recipes))
         return [e for e in v["entries"] if e["stage"] == stage]
+
+
+def _run_engine(call: Callable[[Any], Any], runner: Any) -> tuple[Any, bool]:
+    """Runs `call(cancel)` (the engine) in a thread of its own while this
+    thread waits, so that a Ctrl-C reaches Python at once: the first stops
+    the engine from starting anything more, the second kills the running
+    items' workers. Returns the engine's answer and whether it was
+    interrupted. Off the main thread (no signals there) it runs inline."""
+    import threading
+
+    cancel = _core.Cancel()
+    runner.on_fatal = cancel.set
+    if threading.current_thread() is not threading.main_thread():
+        try:
+            return call(cancel), False
+        finally:
+            runner.close()
+    box: dict[str, Any] = {}
+    # An Event, not Thread.join: a join that a Ctrl-C interrupts marks the
+    # thread as ended in Python 3.11 while it still runs (bpo-45274's fix).
+    done = threading.Event()
+
+    def target() -> None:
+        try:
+            box["raw"] = call(cancel)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = e
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name="highwater-run", daemon=True).start()
+    interrupts = 0
+    while not done.is_set():
+        try:
+            done.wait(0.5)
+        except KeyboardInterrupt:
+            interrupts += 1
+            if interrupts == 1:
+                cancel.set()
+                print(
+                    "highwater: stopping; no new item starts, the running ones finish "
+                    "(Ctrl-C again to kill them)",
+                    file=sys.stderr,
+                )
+            else:
+                runner.kill()
+    runner.close()
+    if "error" in box:
+        raise box["error"]
+    return box["raw"], interrupts > 0
+
+
+def _result(raw: dict[str, Any]) -> Result:
+    out = {}
+    for s in raw["stages"]:
+        out[s["name"]] = StageResult(
+            name=s["name"],
+            recipe=raw["recipes"][s["name"]],
+            discovered=s["discovered"],
+            unchanged=s["unchanged"],
+            changed=s["changed"],
+            new=s["new"],
+            processed=s["processed"],
+            deleted=s["deleted"],
+            failed=[Failed(f["input"], f["error"]) for f in s["failed"]],
+            blocked=s.get("blocked"),
+            reasons=s["reasons"],
+        )
+    return Result(out)
+
+
+# Failed items named in RunFailed's message; the rest are counted.
+FAILED_NAMED_MAX = 5
+
+
+def _failure_message(result: Result) -> str:
+    """What RunFailed says: per stage the failed items (the first few by
+    name), the blocked stages, and the first failure's error in full."""
+    lines = []
+    first = None
+    for s in result.stages.values():
+        if s.failed:
+            names = ", ".join(f.input for f in s.failed[:FAILED_NAMED_MAX])
+            more = len(s.failed) - FAILED_NAMED_MAX
+            lines.append(
+                f"stage {s.name}: {len(s.failed)} item(s) failed ({names}"
+                + (f", and {more} more" if more > 0 else "")
+                + ")"
+            )
+            first = first or s.failed[0]
+        if s.blocked:
+            lines.append(f"stage {s.name}: blocked: {s.blocked}")
+    text = "highwater: " + "; ".join(lines) + ". Failed items run again at the next run."
+    if first is not None:
+        text += f"\nThe first, {first.input}:\n{first.error.rstrip()}"
+    return text

@@ -51,6 +51,12 @@ pub trait Progress: Sync {
     fn stage_start(&self, _stage: &str, _items: usize) {}
     fn item_done(&self, _stage: &str, _item: &str, _ok: bool) {}
     fn stage_done(&self, _stage: &str) {}
+    /// True once the caller wants the run stopped (a Python user's Ctrl-C,
+    /// issue 48): no item or stage starts after it; the items running
+    /// finish and are recorded, and the run ends with what it did.
+    fn cancelled(&self) -> bool {
+        false
+    }
 }
 
 /// A progress sink that ignores everything.
@@ -1142,6 +1148,9 @@ impl Pipeline {
         let mut report = RunReport::default();
         let mut upstream_worked = false;
         for (i, st) in selected.iter().enumerate() {
+            if progress.cancelled() {
+                break;
+            }
             let mut r = StageReport {
                 name: st.spec.name.clone(),
                 ..StageReport::default()
@@ -1381,7 +1390,7 @@ impl Pipeline {
                 let (work, next, abort, o) = (&work, &next, &abort, &o);
                 let (dep_scope, run_written, digests) = (&dep_scope, &run_written, &digests);
                 scope.spawn(move || loop {
-                    if abort.load(Ordering::Relaxed) {
+                    if abort.load(Ordering::Relaxed) || progress.cancelled() {
                         break;
                     }
                     let i = next.fetch_add(1, Ordering::Relaxed);

@@ -14,31 +14,28 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use highwater_core::plan::Reason;
 use highwater_files::{OnDelete, Pipeline, PipelineSpec, RunOptions, StageSpec, Transform};
-use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-pyo3::create_exception!(
-    _core,
-    HighwaterError,
-    PyException,
-    "The engine refused or failed; the message names what and why."
-);
-pyo3::create_exception!(
-    _core,
-    GuardError,
-    HighwaterError,
-    "The guard refused the run: too many items would be redone (pass force=True)."
-);
+// The package's own exceptions (python/highwater/errors.py, issue 48):
+// raised here as those very classes, so that they carry the package's name
+// and pickle.
+pyo3::import_exception!(highwater.errors, HighwaterError);
+pyo3::import_exception!(highwater.errors, GuardError);
 
 /// Jobs per run, whatever the caller asks for (the engine caps it again).
 const JOBS_MAX: usize = 1024;
 
 fn err(e: highwater_files::FilesError) -> PyErr {
     match e {
-        highwater_files::FilesError::Guard { .. } => GuardError::new_err(e.to_string()),
+        // The engine's message is the CLI's; a Python caller passes a
+        // keyword, not a flag.
+        highwater_files::FilesError::Guard { .. } => {
+            GuardError::new_err(e.to_string().replace("--force", "force=True"))
+        }
         _ => HighwaterError::new_err(e.to_string()),
     }
 }
@@ -305,11 +302,48 @@ fn plan<'py>(
     to_py(py, &serde_json::json!({ "stages": stages }))
 }
 
+/// A run's stop switch (issue 48): `set()` (a Ctrl-C in the calling
+/// thread) stops the engine from starting any further item or stage; the
+/// items running finish and are recorded.
+#[pyclass(frozen)]
+struct Cancel {
+    flag: Arc<AtomicBool>,
+}
+
+#[pymethods]
+impl Cancel {
+    #[new]
+    fn new() -> Self {
+        Cancel {
+            flag: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// Stops the run at the next item.
+    fn set(&self) {
+        self.flag.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether `set()` was called.
+    fn is_set(&self) -> bool {
+        self.flag.load(Ordering::SeqCst)
+    }
+}
+
+/// The engine's progress sink for a Python run: only the stop switch.
+struct Stop(Option<Arc<AtomicBool>>);
+
+impl highwater_files::Progress for Stop {
+    fn cancelled(&self) -> bool {
+        self.0.as_ref().is_some_and(|f| f.load(Ordering::SeqCst))
+    }
+}
+
 /// Runs every (or one) stage. `dispatch(stage, input, inputs, output,
 /// relpath)` runs one item and returns None, or the error (the traceback)
 /// as a string. Returns the run report.
 #[pyfunction]
-#[pyo3(signature = (root, state, stages, dispatch, jobs, force=false, only=None))]
+#[pyo3(signature = (root, state, stages, dispatch, jobs, force=false, only=None, cancel=None))]
 #[allow(clippy::too_many_arguments)]
 fn run<'py>(
     py: Python<'py>,
@@ -320,7 +354,9 @@ fn run<'py>(
     jobs: usize,
     force: bool,
     only: Option<String>,
+    cancel: Option<&Bound<'_, Cancel>>,
 ) -> PyResult<Bound<'py, PyAny>> {
+    let stop = Stop(cancel.map(|c| c.get().flag.clone()));
     let dispatch = Arc::new(dispatch);
     let make = |stage: &str| -> Transform {
         let d = dispatch.clone();
@@ -361,9 +397,7 @@ fn run<'py>(
         force,
         rehash: false,
     };
-    let report = py
-        .detach(|| p.run(&opts, &highwater_files::NoProgress))
-        .map_err(err)?;
+    let report = py.detach(|| p.run(&opts, &stop)).map_err(err)?;
     let mut v = serde_json::to_value(&report).map_err(|e| bad(e.to_string()))?;
     v["recipes"] = recipes(&p);
     to_py(py, &v)
@@ -426,6 +460,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cli_main, m)?)?;
     m.add("HighwaterError", m.py().get_type::<HighwaterError>())?;
     m.add("GuardError", m.py().get_type::<GuardError>())?;
+    m.add_class::<Cancel>()?;
     m.add("ENGINE_VERSION", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
