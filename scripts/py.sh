@@ -9,10 +9,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${HIGHWATER_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/highwater/venv}
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-if ! "$venv/bin/python" -c 'import maturin, pytest, joblib, dagster' 2>/dev/null; then
-    echo "installing maturin, pytest, joblib and dagster into $venv" >&2
-    "$venv/bin/pip" install -q 'maturin>=1.16,<2' pytest joblib dagster || {
-        echo "maturin, pytest, joblib or dagster did not install from PyPI; the Python tests need them" >&2
+if ! "$venv/bin/python" -c 'import maturin, pytest, hypothesis, joblib, dagster' 2>/dev/null; then
+    echo "installing maturin, pytest, hypothesis, joblib and dagster into $venv" >&2
+    "$venv/bin/pip" install -q 'maturin>=1.16,<2' pytest 'hypothesis>=6.100,<7' joblib dagster || {
+        echo "maturin, pytest, hypothesis, joblib or dagster did not install from PyPI; the Python tests need them" >&2
         exit 1
     }
 fi

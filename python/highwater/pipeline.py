@@ -202,7 +202,11 @@ class Pipeline:
 
     def __init__(self, root: str | os.PathLike | None = None, state: str | None = None) -> None:
         caller = sys._getframe(1).f_globals.get("__file__")
-        self.root = _resolve_root(root, caller if isinstance(caller, str) else None)
+        caller = caller if isinstance(caller, str) else None
+        self.root = _resolve_root(root, caller)
+        # The project's code: under the folder of the file that declares
+        # the pipeline as well as under the root (issue 48).
+        self.code_root = os.path.dirname(os.path.abspath(caller)) if caller else self.root
         # Relative to root, as `[state] path` in highwater.toml.
         self.state = state
         self._stages: dict[str, _Stage] = {}
@@ -268,7 +272,9 @@ class Pipeline:
             if s.version is not None:
                 out[s.name] = _recipe.Recipe(components={"version": s.version}, unresolved=[])
             else:
-                out[s.name] = _recipe.compute(s.fn, self.root, s.ignore, self._facts_path())
+                out[s.name] = _recipe.compute(
+                    s.fn, self.root, s.ignore, self._facts_path(), self.code_root
+                )
         return out
 
     def _declarations(self, recipes: dict[str, _recipe.Recipe]) -> list[dict[str, Any]]:
