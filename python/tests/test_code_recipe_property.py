@@ -1,0 +1,182 @@
+"""The code recipe, as a property (issue 48): in a generated project
+(functions, constants and constants built from others, classes with a
+reached and an unreached method, dataclasses, enums, dispatch tables,
+partials, a registry filled at import), after each random edit exactly the
+stages whose reachable code changed get a new recipe id, and so re-run:
+never one that cannot reach the edit (irrelevant churn), never too few
+(stale). A model of what each stage reaches is the oracle."""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+KINDS = ["func", "const", "derived", "class", "dataclass", "enum", "table", "partial", "register"]
+
+
+@st.composite
+def projects(draw):
+    """Elements of lib.py, each able to use earlier ones, and the stages'
+    references. An element is (kind, index, payloads, deps)."""
+    n = draw(st.integers(min_value=3, max_value=9))
+    elements = []
+    funcs, values = [], []
+    for i in range(n):
+        kinds = ["func", "const", "class", "dataclass", "enum"]
+        if values:
+            kinds.append("derived")
+        if funcs:
+            kinds += ["table", "partial", "register"]
+        kind = draw(st.sampled_from(kinds))
+        if kind == "func":
+            dep = draw(st.sampled_from([None] + funcs + values))
+            elements.append(("func", i, [1], [dep] if dep is not None else []))
+            funcs.append(i)
+        elif kind in ("const", "dataclass", "enum"):
+            elements.append((kind, i, [1], []))
+            values.append(i)
+        elif kind == "derived":
+            elements.append((kind, i, [1], [draw(st.sampled_from(values))]))
+            values.append(i)
+        elif kind == "class":
+            elements.append((kind, i, [1, 1], []))
+        elif kind == "table":
+            deps = [draw(st.sampled_from(funcs)), draw(st.sampled_from(funcs))]
+            elements.append((kind, i, [], deps))
+        elif kind == "partial":
+            elements.append((kind, i, [], [draw(st.sampled_from(funcs))]))
+        else:
+            elements.append((kind, i, [], [draw(st.sampled_from(funcs))]))
+    # What a stage may use: (element index, part): part "a"/"b" picks a
+    # class's method; a registry is used as a whole (index -1).
+    usable = []
+    for kind, i, _, _ in elements:
+        if kind == "class":
+            usable += [(i, "a"), (i, "b")]
+        elif kind != "register":
+            usable.append((i, None))
+    if any(e[0] == "register" for e in elements):
+        usable.append((-1, None))
+    stages = draw(
+        st.lists(
+            st.lists(st.sampled_from(usable), min_size=1, max_size=3),
+            min_size=2,
+            max_size=4,
+        )
+    )
+    return elements, stages
+
+
+def ref(kinds, i, part, q=""):
+    """The expression by which code uses element `i`; `q`: "lib." from
+    pipeline.py."""
+    return {
+        "func": f"{q}f{i}(x)",
+        "const": f"{q}c{i}",
+        "derived": f"{q}c{i}",
+        "dataclass": f"{q}D{i}().v",
+        "enum": f"{q}E{i}.A.value",
+        "table": f"{q}t{i}['p'](x) + {q}t{i}['q'](x)",
+        "partial": f"{q}q{i}(x)",
+        "class": f"{q}K{i}().{part}{i}(x)",
+    }[kinds[i]]
+
+
+def render(elements, stages):
+    kinds = {i: k for k, i, _, _ in elements}
+    lines = ["import functools", "from dataclasses import dataclass", "from enum import Enum", "", "R = []", ""]
+    for kind, i, pay, deps in elements:
+        if kind == "func":
+            use = ref(kinds, deps[0], None) if deps else "x"
+            lines += [f"def f{i}(x):", f"    return {use} + {pay[0]}", ""]
+        elif kind == "const":
+            lines += [f"c{i} = {pay[0]}", ""]
+        elif kind == "derived":
+            lines += [f"c{i} = {ref(kinds, deps[0], None)} * 2 + {pay[0]}", ""]
+        elif kind == "class":
+            lines += [f"class K{i}:", f"    def a{i}(self, x):", f"        return x + {pay[0]}",
+                      f"    def b{i}(self, x):", f"        return x + {pay[1]}", ""]
+        elif kind == "dataclass":
+            lines += ["@dataclass", f"class D{i}:", f"    v: int = {pay[0]}", ""]
+        elif kind == "enum":
+            lines += [f"class E{i}(Enum):", f"    A = {pay[0]}", ""]
+        elif kind == "table":
+            lines += [f"t{i} = {{'p': f{deps[0]}, 'q': f{deps[1]}}}", ""]
+        elif kind == "partial":
+            lines += [f"q{i} = functools.partial(f{deps[0]})", ""]
+        else:
+            lines += [f"R.append(f{deps[0]})", ""]
+    pipe = ["import highwater as hw", "import lib", "", "p = hw.Pipeline()", ""]
+    for k, uses in enumerate(stages):
+        pipe += [f'@p.stage(inputs=["d{k}/*.txt"], output="o{k}/{{stem}}.txt", name="s{k}")',
+                 f"def s{k}(input, output):", "    x = len(input.read_text())"]
+        for i, part in uses:
+            if i == -1:
+                pipe += ["    for g in lib.R:", "        x = g(x)"]
+            else:
+                pipe.append(f"    x = x + {ref(kinds, i, part, 'lib.')}")
+        pipe += ["    output.write_text(str(x))", ""]
+    return "\n".join(lines) + "\n", "\n".join(pipe) + "\n"
+
+
+def reach(elements, i, part):
+    """What using element `i` (or the registry, -1) reaches: a set of
+    (index, payload slot)."""
+    by = {e[1]: e for e in elements}
+    if i == -1:
+        out = set()
+        for kind, j, _, deps in elements:
+            if kind == "register":
+                out |= reach(elements, deps[0], None)
+        return out
+    kind, _, pay, deps = by[i]
+    if kind == "class":
+        return {(i, 0 if part == "a" else 1)}
+    out = {(i, s) for s in range(len(pay))}
+    for d in deps:
+        out |= reach(elements, d, None)
+    return out
+
+
+def recipe_ids(root: Path) -> dict:
+    r = subprocess.run(
+        [sys.executable, "-c", "import json; from pipeline import p; print(json.dumps(p.recipe_ids()))"],
+        cwd=root, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+    )
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(project=projects(), data=st.data())
+def test_exactly_the_stages_that_reach_an_edit_rerun(project, data):
+    elements, stages = project
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        lib, pipe = render(elements, stages)
+        (root / "lib.py").write_text(lib)
+        (root / "pipeline.py").write_text(pipe)
+        before = recipe_ids(root)
+        assert sorted(before) == [f"s{k}" for k in range(len(stages))]
+        editable = [(e[1], s) for e in elements for s in range(len(e[2]))]
+        for _ in range(3):
+            i, slot = data.draw(st.sampled_from(editable))
+            for e in elements:
+                if e[1] == i:
+                    e[2][slot] += 1
+            lib, pipe = render(elements, stages)
+            (root / "lib.py").write_text(lib)
+            after = recipe_ids(root)
+            expected = {
+                f"s{k}"
+                for k, uses in enumerate(stages)
+                if any((i, slot) in reach(elements, j, part) for j, part in uses)
+            }
+            got = {k for k in after if after[k] != before[k]}
+            assert got == expected, (i, slot, lib, pipe)
+            before = after
