@@ -14,8 +14,13 @@ functions a stage calls.
         p.run()                  # raises hw.RunFailed if an item failed
 """
 
+from highwater import reads as _reads
 from highwater.errors import DeclarationError, GuardError, HighwaterError, RunFailed
 from highwater.pipeline import Pipeline, Plan, Result
+
+# What the script reads at import from here on counts for every item of its
+# stages (see highwater.reads).
+_reads.watch()
 
 __all__ = [
     "Pipeline",

@@ -38,7 +38,7 @@ class Item(Record):
     """One changed item of a plan."""
 
     # `detail`, for reason "recipe": the components that changed, e.g.
-    # "helpers.clean".
+    # "helpers.clean"; for reason "dependency": the file read that changed.
     __slots__ = _fields = ("input", "output", "reason", "detail")
     _defaults = {"detail": None}
 
@@ -267,6 +267,10 @@ class Pipeline:
 
     # -- recipes ------------------------------------------------------------
     def recipes(self) -> dict[str, _recipe.Recipe]:
+        """Each stage's code recipe (components and what was unresolved)."""
+        from highwater import reads
+
+        reads.freeze()
         out = {}
         for s in self._stages.values():
             if s.version is not None:
@@ -289,6 +293,8 @@ class Pipeline:
                 # Shown by `highwater status` and `serve` beside the
                 # highwater.toml stages of the same state.
                 "declared_in": f"python:{_where(s.fn, self.root)}",
+                # The worker reports what each item opened (highwater.reads).
+                "reports_reads": not s.in_process,
             }
             if s.guard is not None:
                 d["guard"] = s.guard
@@ -353,7 +359,7 @@ class Pipeline:
                     c["input"],
                     c["output"],
                     c["reason"],
-                    detail if c["reason"] == "recipe" else None,
+                    detail if c["reason"] == "recipe" else c.get("dependency"),
                 )
                 for c in s["changed"]
             ]
@@ -395,7 +401,10 @@ class Pipeline:
         _check_picklable(self._stages.values())
         pooled_off = {n for n, s in self._stages.items() if s.in_process}
         runner = Runner(
-            {n: s.fn for n, s in self._stages.items()}, jobs, True if in_process else pooled_off
+            {n: s.fn for n, s in self._stages.items()},
+            jobs,
+            True if in_process else pooled_off,
+            self.root,
         )
         decl = self._declarations(recipes)
         raw, interrupted = _run_engine(

@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import concurrent.futures
 import multiprocessing
+import os
 import pathlib
 import signal
 import threading
 import traceback
 from concurrent.futures.process import BrokenProcessPool
 from typing import Callable
+
+from highwater import reads
 
 # Said when the first pool's workers died before any of them ran an item:
 # almost always a script that starts a run at import, in every worker.
@@ -38,13 +41,21 @@ _DIED_AT_START = (
 )
 
 
-def _ignore_sigint() -> None:
-    """In each worker as it starts: a Ctrl-C is the parent's to handle."""
+def _start_worker(import_reads: list[str], root: str) -> None:
+    """In each worker as it starts: a Ctrl-C is the parent's to handle; the
+    working folder is the pipeline's root, wherever the script was started
+    (relative paths in a stage's function mean the same files every run);
+    what the worker opens is watched (see `highwater.reads`).
+    `import_reads`: what the parent read as it imported the pipeline's
+    modules, part of every item's reads."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.chdir(root)
+    reads.watch()
+    reads.add_import_reads(import_reads)
 
 
-def _run_item(fn: Callable, input: str | None, inputs: list[str], output: str) -> str | None:
-    """In the worker: run one item; None, or the traceback as text."""
+def _call(fn: Callable, input: str | None, inputs: list[str], output: str) -> str | None:
+    """Runs one item's function; None, or the traceback as text."""
     try:
         out = pathlib.Path(output)
         if input is None:
@@ -56,14 +67,36 @@ def _run_item(fn: Callable, input: str | None, inputs: list[str], output: str) -
         return traceback.format_exc()
 
 
+def _run_item(
+    fn: Callable, input: str | None, inputs: list[str], output: str
+) -> tuple[str | None, list[str], list[str]]:
+    """In the worker: runs one item. Returns (None or the traceback as
+    text, the paths it read, the paths it wrote)."""
+    reads.begin_item()
+    error = _call(fn, input, inputs, output)
+    read, written = reads.end_item()
+    return (error, read, written)
+
+
+def _run_item_here(fn: Callable, input: str | None, inputs: list[str], output: str) -> str | None:
+    """In this process (`in_process`): its opens cannot be told from those
+    of the engine's other threads, so no reads are reported."""
+    return _call(fn, input, inputs, output)
+
+
 class Runner:
     """Runs items for the engine: in a pool of spawned processes, or in this
     process for the stages named in `in_process` (every stage if True)."""
 
     def __init__(
-        self, functions: dict[str, Callable], jobs: int, in_process: bool | set[str] = False
+        self,
+        functions: dict[str, Callable],
+        jobs: int,
+        in_process: bool | set[str] = False,
+        root: str = ".",
     ) -> None:
         self.functions = functions
+        self.root = root
         self.jobs = jobs
         self.in_process = set(functions) if in_process is True else set(in_process or ())
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
@@ -83,7 +116,8 @@ class Runner:
                 pool = concurrent.futures.ProcessPoolExecutor(
                     max_workers=self.jobs,
                     mp_context=multiprocessing.get_context("spawn"),
-                    initializer=_ignore_sigint,
+                    initializer=_start_worker,
+                    initargs=(reads.import_reads(), self.root),
                 )
                 if not self._started:
                     # The first pool runs nothing before one worker has
@@ -113,7 +147,7 @@ class Runner:
         """Runs one item; None, or the error as text (the engine records it)."""
         fn = self.functions[stage]
         if stage in self.in_process:
-            return _run_item(fn, input, inputs, output)
+            return _run_item_here(fn, input, inputs, output)
         if self.killed:
             return "interrupted (a second Ctrl-C) before this item started; it runs at the next run"
         pool = self._get_pool()

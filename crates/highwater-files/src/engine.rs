@@ -52,7 +52,7 @@ const TOML_DECLARATION: &str = "highwater.toml";
 /// A declaration's identity as far as stage names go: the file, not the
 /// function in it (`python:etl.py:clean` is `python:etl.py`), so that
 /// renaming the function keeps the stage.
-fn declaration_site(declared_in: &str) -> &str {
+pub(crate) fn declaration_site(declared_in: &str) -> &str {
     match declared_in.strip_prefix("python:") {
         Some(rest) => match rest.rsplit_once(':') {
             Some((file, _)) => &declared_in[..declared_in.len() - rest.len() + file.len()],
@@ -239,6 +239,17 @@ impl Stage {
     /// Whether the stage's commands run observed (issue 24).
     fn observes(&self) -> bool {
         self.spec.observe && matches!(self.spec.transform, Transform::Command(_))
+    }
+
+    /// A closure that reports its own reads (a Python stage, issue 48).
+    fn reports_reads(&self) -> bool {
+        self.spec.reports_reads && matches!(self.spec.transform, Transform::Closure(_))
+    }
+
+    /// Whether the stage's items have dependency sets: recorded from an
+    /// observed command, or from what a closure reported it read.
+    fn records_deps(&self) -> bool {
+        self.observes() || self.reports_reads()
     }
 }
 
@@ -515,7 +526,7 @@ impl Pipeline {
         settings: &PlanSettings,
     ) -> Result<BTreeMap<String, String>, FilesError> {
         let mut out = BTreeMap::new();
-        if !st.observes() || !prev.has_deps() {
+        if !st.records_deps() || !prev.has_deps() {
             return Ok(out);
         }
         let scope = self.scope(st);
@@ -1452,7 +1463,7 @@ impl Pipeline {
         let dep_scope = self.scope(st);
         let run_written = RunWritten::default();
         let digests = DigestCache::default();
-        if st.observes() {
+        if st.records_deps() {
             let sets: Vec<Vec<deps::Dep>> = o
                 .prev
                 .dep_sets
@@ -1466,7 +1477,7 @@ impl Pipeline {
                 deps::forget_stale_bytecode(&dep_scope, &sets, &st.spec.recipe.files, &mut checker);
             }
         }
-        if st.observes() && st.output_place.is_none() {
+        if st.records_deps() && st.output_place.is_none() {
             self.note_outputs(work.iter().map(|c| c.output.as_str()), &run_written);
         }
         type Done = (usize, Result<Option<(String, String)>, String>, u64);
@@ -1634,6 +1645,7 @@ impl Pipeline {
             // recorded from a scratch run.
             observe: false,
             on_write: None,
+            reports_reads: false,
         }
     }
 
@@ -1709,6 +1721,7 @@ impl Pipeline {
             relpath,
             observe: st.observes(),
             on_write,
+            reports_reads: st.reports_reads(),
         };
         let seen;
         match &st.output_place {

@@ -13,7 +13,7 @@
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use highwater_core::plan::Reason;
-use highwater_files::{OnDelete, Pipeline, PipelineSpec, RunOptions, StageSpec, Transform};
+use highwater_files::{Pipeline, PipelineSpec, RunOptions, Transform};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use std::path::PathBuf;
@@ -157,61 +157,6 @@ fn to_py<'py>(py: Python<'py>, v: &serde_json::Value) -> PyResult<Bound<'py, PyA
     })
 }
 
-/// One stage as the Python package declares it, in JSON.
-fn stage_from_json(v: &serde_json::Value, transform: Transform) -> PyResult<StageSpec> {
-    let name = v["name"]
-        .as_str()
-        .ok_or_else(|| bad(format!("a stage declaration has no name: {v}")))?;
-    // The CLI's rule for stage names: they become metric labels, page
-    // cells and file names beside the state.
-    if !highwater_files::config::name_ok(name) {
-        return Err(bad(format!(
-            "stage name {name:?}: use only letters, digits, `_` and `-`"
-        )));
-    }
-    let strs = |key: &str| -> PyResult<Vec<String>> {
-        v[key]
-            .as_array()
-            .ok_or_else(|| bad(format!("stage `{name}`: `{key}` must be a list of strings")))?
-            .iter()
-            .map(|s| {
-                s.as_str().map(str::to_string).ok_or_else(|| {
-                    bad(format!("stage `{name}`: `{key}` must be a list of strings"))
-                })
-            })
-            .collect()
-    };
-    let inputs = strs("inputs")?;
-    let output = v["output"]
-        .as_str()
-        .ok_or_else(|| bad(format!("stage `{name}`: `output` must be a string")))?;
-    let refs: Vec<&str> = inputs.iter().map(String::as_str).collect();
-    let mut s = StageSpec::new(name, &refs, output, transform);
-    if let Some(g) = v["guard"].as_f64() {
-        s.guard = g;
-    }
-    if let Some(n) = v["guard_items_min"].as_u64() {
-        s.guard_items_min = n as usize;
-    }
-    match v["on_delete"].as_str() {
-        None | Some("remove") => {}
-        Some("keep") => s.on_delete = OnDelete::Keep,
-        Some(o) => {
-            return Err(bad(format!(
-                "stage `{name}`: on_delete = {o:?}; use \"remove\" or \"keep\""
-            )))
-        }
-    }
-    // The code recipe is computed in Python and arrives as a config: each
-    // named component's digest changes the recipe id.
-    s.recipe.version = v["version"].as_str().unwrap_or_default().to_string();
-    s.recipe.config = v["recipe"].clone();
-    s.declared_in = v["declared_in"].as_str().unwrap_or("python").to_string();
-    // Closures are never observed; said here so that no note claims otherwise.
-    s.observe = false;
-    Ok(s)
-}
-
 fn spec(
     root: &str,
     state: Option<&str>,
@@ -228,9 +173,19 @@ fn spec(
         .ok_or_else(|| bad("stage declarations must be a list".into()))?
     {
         let name = v["name"].as_str().unwrap_or_default();
-        p.stages.push(stage_from_json(v, make(name))?);
+        p.stages
+            .push(highwater_files::declared::stage_from_json(v, make(name)).map_err(bad)?);
     }
     Pipeline::open(p).map_err(err)
+}
+
+/// Records the declarations beside the state, for the CLI's `plan`,
+/// `status` and `deps` (issue 48); written only when they change.
+fn record(p: &Pipeline, stages: &Bound<'_, PyAny>) -> PyResult<()> {
+    let decls = to_json(stages, 0)?;
+    let decls = decls.as_array().cloned().unwrap_or_default();
+    let path = highwater_files::declared::record_path(p.state_path());
+    highwater_files::declared::record(&path, &decls).map_err(err)
 }
 
 fn plan_only(_: &str) -> Transform {
@@ -282,6 +237,7 @@ fn plan<'py>(
             Ok((plans, last))
         })
         .map_err(err)?;
+    record(&p, stages)?;
     let recipes = recipes(&p);
     let stages: Vec<_> = plans
         .iter()
@@ -295,6 +251,7 @@ fn plan<'py>(
                 "counts": s.counts().iter().map(|(r, n)| (r.as_str(), *n)).collect::<std::collections::BTreeMap<_, _>>(),
                 "changed": s.changed.iter().map(|c| serde_json::json!({
                     "input": c.item, "reason": c.reason, "output": c.output,
+                    "dependency": c.dependency,
                 })).collect::<Vec<_>>(),
             })
         })
@@ -362,6 +319,7 @@ fn run<'py>(
         let d = dispatch.clone();
         let stage = stage.to_string();
         Transform::Closure(Arc::new(move |ctx| {
+            let started_ns = highwater_observe::coarse_now_ns();
             Python::attach(|py| {
                 let inputs = PyList::new(
                     py,
@@ -380,12 +338,34 @@ fn run<'py>(
                         ),
                     )
                     .map_err(|e| format!("the dispatcher failed: {e}"))?;
-                if r.is_none(py) {
-                    Ok(())
-                } else {
-                    Err(r
-                        .extract::<String>(py)
-                        .unwrap_or_else(|_| "the item failed".to_string()))
+                // None (done), the error as text, or (error or None, paths
+                // read, paths written): what the worker's audit hook saw.
+                let (error, reads) =
+                    match r.extract::<(Option<String>, Vec<String>, Vec<String>)>(py) {
+                        Ok((e, read, written)) => (e, Some((read, written))),
+                        Err(_) if r.is_none(py) => (None, None),
+                        Err(_) => (
+                            Some(
+                                r.extract::<String>(py)
+                                    .unwrap_or_else(|_| "the item failed".to_string()),
+                            ),
+                            None,
+                        ),
+                    };
+                if let Some((read, written)) = reads {
+                    let obs = highwater_observe::Observation {
+                        read: read.into_iter().map(PathBuf::from).collect(),
+                        written: written.into_iter().map(PathBuf::from).collect(),
+                        started_ns,
+                        ..Default::default()
+                    };
+                    if let Ok(mut slot) = ctx.reads.lock() {
+                        *slot = Some(obs);
+                    }
+                }
+                match error {
+                    None => Ok(()),
+                    Some(e) => Err(e),
                 }
             })
         }))
@@ -398,6 +378,7 @@ fn run<'py>(
         rehash: false,
     };
     let report = py.detach(|| p.run(&opts, &stop)).map_err(err)?;
+    record(&p, stages)?;
     let mut v = serde_json::to_value(&report).map_err(|e| bad(e.to_string()))?;
     v["recipes"] = recipes(&p);
     to_py(py, &v)
