@@ -16,6 +16,7 @@ functions a stage calls.
 
 from highwater import reads as _reads
 from highwater.errors import DeclarationError, GuardError, HighwaterError, RunFailed
+from highwater._core import ENGINE_VERSION as __version__
 from highwater.pipeline import Pipeline, Plan, Result
 
 # What the script reads at import from here on counts for every item of its
@@ -23,6 +24,7 @@ from highwater.pipeline import Pipeline, Plan, Result
 _reads.watch()
 
 __all__ = [
+    "__version__",
     "Pipeline",
     "Plan",
     "Result",

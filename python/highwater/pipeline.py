@@ -19,8 +19,12 @@ from highwater.errors import DeclarationError, HighwaterError, RunFailed
 # interpreter's start). Not the pool (multiprocessing, concurrent.futures: a
 # third of that import), not `json` (its `re` pulls in `enum`: the engine
 # takes and returns Python objects), not `dataclasses` or `inspect` (the
-# records are plain classes), nor `typing` (2-4 ms): with the annotations
-# future, `Any`, `Callable` and `Iterable` in the hints are never evaluated.
+# records are plain classes), nor `typing` (2-4 ms). The hints name only
+# what is here at no cost, so that `typing.get_type_hints` works (issue
+# 48): `Callable` and `Iterable` from `_collections_abc`, the module behind
+# `collections.abc` that `os` has already imported (`collections.abc`
+# itself would import `collections`), and `object` where any value goes.
+from _collections_abc import Callable, Iterable  # noqa: E402
 
 
 def _where(fn: Callable, root: str) -> str:
@@ -61,6 +65,9 @@ class StagePlan(Record):
 
 
 class Plan(Record):
+    """What `Pipeline.plan` found: `stages`, a dict of stage name to
+    `StagePlan`. `is_empty()`: no item would run."""
+
     __slots__ = _fields = ("stages",)
 
     def is_empty(self) -> bool:
@@ -68,10 +75,18 @@ class Plan(Record):
 
 
 class Failed(Record):
+    """One failed item of a run: its `input` and the `error` (the
+    function's traceback, or why the item could not run)."""
+
     __slots__ = _fields = ("input", "error")
 
 
 class StageResult(Record):
+    """One stage's run: its `recipe` id, the counts (`discovered`,
+    `unchanged`, `changed`, `new`, `processed`, `deleted`), the `failed`
+    items, `blocked` (why an aggregate did not run, or None) and the
+    `reasons` counted."""
+
     __slots__ = _fields = (
         "name",
         "recipe",
@@ -88,6 +103,9 @@ class StageResult(Record):
 
 
 class Result(Record):
+    """What `Pipeline.run` did: `stages`, a dict of stage name to
+    `StageResult`. `ok`: no item failed and no stage was blocked."""
+
     __slots__ = _fields = ("stages",)
 
     @property
@@ -281,10 +299,10 @@ class Pipeline:
                 )
         return out
 
-    def _declarations(self, recipes: dict[str, _recipe.Recipe]) -> list[dict[str, Any]]:
+    def _declarations(self, recipes: dict[str, _recipe.Recipe]) -> list[dict[str, object]]:
         decl = []
         for s in self._stages.values():
-            d: dict[str, Any] = {
+            d: dict[str, object] = {
                 "name": s.name,
                 "inputs": s.inputs,
                 "output": s.output,
@@ -316,7 +334,7 @@ class Pipeline:
     def _ledger_path(self) -> str:
         return os.path.join(self._state_dir(), "python-recipes.json")
 
-    def _ledger(self) -> dict[str, Any]:
+    def _ledger(self) -> dict[str, object]:
         import json  # a state this old is rare
 
         try:
@@ -330,8 +348,11 @@ class Pipeline:
 
     # -- plan and run -------------------------------------------------------
     def plan(self, stage: str | None = None) -> Plan:
-        recipes = self.recipes()
-        raw = _core.plan(self.root, self.state, self._declarations(recipes), stage)
+        """What a run would do, changing nothing: per stage (or only
+        `stage`), the items that changed, each with its reason and detail
+        (the code components or the file read that changed), the counts,
+        and what the code recipe could not follow (`unresolved`)."""
+        recipes, raw = self._plan_raw(stage)
         stages = {}
         for s in raw["stages"]:
             name = s["name"]
@@ -375,6 +396,12 @@ class Pipeline:
             )
         return Plan(stages)
 
+    def _plan_raw(self, stage: str | None = None) -> tuple[dict[str, _recipe.Recipe], dict]:
+        """The recipes and the engine's plan as it answers (each changed
+        item with its digests now: highwater.dagster's data version)."""
+        recipes = self.recipes()
+        return recipes, _core.plan(self.root, self.state, self._declarations(recipes), stage)
+
     def run(
         self,
         stage: str | None = None,
@@ -414,6 +441,7 @@ class Pipeline:
             runner,
         )
         result = _result(raw)
+        _log(result)
         if runner.fatal is not None:
             raise HighwaterError(runner.fatal)
         if interrupted:
@@ -424,23 +452,30 @@ class Pipeline:
             raise RunFailed(_failure_message(result), result)
         return result
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, object]:
         """`highwater status --json` of these stages."""
         recipes = self.recipes()
         return _core.status(self.root, self.state, self._declarations(recipes))
 
     def recipe_ids(self) -> dict[str, str]:
+        """Each stage's recipe id, as the engine records it."""
         recipes = self.recipes()
         return _core.recipe_ids(self.root, self.state, self._declarations(recipes))
 
-    def entries(self, stage: str) -> list[dict[str, Any]]:
+    def deps(self, stage: str) -> list[dict[str, object]]:
+        """The files each item of one stage read when it last ran, and
+        whether each changed since (as `highwater deps STAGE --json`)."""
+        recipes = self.recipes()
+        return _core.deps(self.root, self.state, self._declarations(recipes), stage)
+
+    def entries(self, stage: str) -> list[dict[str, object]]:
         """The manifest entries of one stage (as `highwater export --json`)."""
         recipes = self.recipes()
         v = _core.export(self.root, self.state, self._declarations(recipes))
         return [e for e in v["entries"] if e["stage"] == stage]
 
 
-def _run_engine(call: Callable[[Any], Any], runner: Any) -> tuple[Any, bool]:
+def _run_engine(call: Callable[[object], object], runner: object) -> tuple[object, bool]:
     """Runs `call(cancel)` (the engine) in a thread of its own while this
     thread waits, so that a Ctrl-C reaches Python at once: the first stops
     the engine from starting anything more, the second kills the running
@@ -455,7 +490,7 @@ def _run_engine(call: Callable[[Any], Any], runner: Any) -> tuple[Any, bool]:
             return call(cancel), False
         finally:
             runner.close()
-    box: dict[str, Any] = {}
+    box: dict[str, object] = {}
     # An Event, not Thread.join: a join that a Ctrl-C interrupts marks the
     # thread as ended in Python 3.11 while it still runs (bpo-45274's fix).
     done = threading.Event()
@@ -490,7 +525,7 @@ def _run_engine(call: Callable[[Any], Any], runner: Any) -> tuple[Any, bool]:
     return box["raw"], interrupts > 0
 
 
-def _result(raw: dict[str, Any]) -> Result:
+def _result(raw: dict[str, object]) -> Result:
     out = {}
     for s in raw["stages"]:
         out[s["name"]] = StageResult(
@@ -507,6 +542,24 @@ def _result(raw: dict[str, Any]) -> Result:
             reasons=s["reasons"],
         )
     return Result(out)
+
+
+def _log(result: Result) -> None:
+    """Each stage's outcome to the `highwater` logger: a line per stage
+    (INFO), a line per failed item (WARNING, the error's last line)."""
+    import logging
+
+    log = logging.getLogger("highwater")
+    for s in result.stages.values():
+        log.info(
+            "stage %s: %d processed, %d unchanged, %d deleted, %d failed",
+            s.name, s.processed, s.unchanged, s.deleted, len(s.failed),
+        )
+        for f in s.failed:
+            last = f.error.strip().splitlines()[-1] if f.error.strip() else "failed"
+            log.warning("stage %s: %s failed: %s", s.name, f.input, last)
+        if s.blocked:
+            log.warning("stage %s: blocked: %s", s.name, s.blocked)
 
 
 # Failed items named in RunFailed's message; the rest are counted.

@@ -15,8 +15,11 @@ listings, and reads of a stage declared `in_process=True` (its opens cannot
 be told from those of the engine's other threads).
 
 Reads made while the pipeline's modules are imported count for every item:
-in the worker, and, for the script itself (which a spawned worker imports
-before any hook can be installed), in the parent from `import highwater` on.
+in the worker (its imports of the stages' modules), and for the script
+itself, which a spawned worker imports before any hook can be installed,
+in the parent: the reads its own module-level code makes after `import
+highwater` (not those of a host that imports the pipeline, such as Airflow
+reading its configuration).
 """
 
 from __future__ import annotations
@@ -59,8 +62,32 @@ def _hook(event: str, args: tuple) -> None:
             _written.add(path)
     elif _item is not None:
         _item.add(path)
-    elif not _frozen:
+    elif not _frozen and (_in_worker or _by_the_script()):
         _outside.add(path)
+
+
+def _by_the_script() -> bool:
+    """In the parent: whether the open was made by the running script's own
+    module-level code (through libraries, as `json.load(open(...))` is),
+    not by a host that imports the pipeline (Airflow reading its config,
+    Dagster its instance): the first frame outside the interpreter's
+    prefixes and this package is the `__main__` module's body."""
+    f = sys._getframe(2)
+    while f is not None:
+        name = f.f_code.co_filename
+        if not name.startswith(_SKIPPED):
+            return f.f_code.co_name == "<module>" and f.f_globals.get("__name__") == "__main__"
+        f = f.f_back
+    return False
+
+
+# Frames of these are skipped by `_by_the_script` (the standard library,
+# installed packages, this package).
+_SKIPPED = tuple(
+    {p + os.sep for p in (sys.prefix, sys.base_prefix, sys.exec_prefix) if p}
+    | {os.path.dirname(os.path.abspath(__file__)) + os.sep, "<frozen "}
+)
+_in_worker = False
 
 
 def watch() -> None:
@@ -83,6 +110,10 @@ def import_reads() -> list[str]:
 
 
 def add_import_reads(paths: list[str]) -> None:
+    """In a worker: the parent script's import reads; from now on every
+    read outside an item is one (the worker's imports)."""
+    global _in_worker
+    _in_worker = True
     _outside.update(paths)
 
 

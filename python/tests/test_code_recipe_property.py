@@ -152,7 +152,7 @@ def recipe_ids(root: Path) -> dict:
     return json.loads(r.stdout)
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=12, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 @given(project=projects(), data=st.data())
 def test_exactly_the_stages_that_reach_an_edit_rerun(project, data):
     elements, stages = project

@@ -252,6 +252,10 @@ fn plan<'py>(
                 "changed": s.changed.iter().map(|c| serde_json::json!({
                     "input": c.item, "reason": c.reason, "output": c.output,
                     "dependency": c.dependency,
+                    // The input's digests now (what a run would record;
+                    // None for a deleted item): Dagster's data version of
+                    // the stage's inputs (issue 48).
+                    "digests": c.observation.as_ref().map(|o| o.digests.to_vec()),
                 })).collect::<Vec<_>>(),
             })
         })
@@ -287,12 +291,48 @@ impl Cancel {
     }
 }
 
-/// The engine's progress sink for a Python run: only the stop switch.
-struct Stop(Option<Arc<AtomicBool>>);
+/// The engine's progress sink for a Python run: the stop switch, and a
+/// progress bar on stderr when stderr is a terminal (issue 48; nothing
+/// otherwise: a library prints nothing unasked, and the Python side logs
+/// each stage's outcome to the `highwater` logger).
+struct Stop {
+    flag: Option<Arc<AtomicBool>>,
+    bar: std::sync::Mutex<Option<indicatif::ProgressBar>>,
+    tty: bool,
+}
 
 impl highwater_files::Progress for Stop {
+    fn stage_start(&self, stage: &str, items: usize) {
+        if !self.tty || items == 0 {
+            return;
+        }
+        let bar = indicatif::ProgressBar::with_draw_target(
+            Some(items as u64),
+            indicatif::ProgressDrawTarget::stderr(),
+        );
+        if let Ok(style) = indicatif::ProgressStyle::with_template(
+            "{prefix} [{bar:30}] {pos}/{len} {elapsed} eta {eta}",
+        ) {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        bar.set_prefix(stage.to_string());
+        *self.bar.lock().unwrap_or_else(|e| e.into_inner()) = Some(bar);
+    }
+
+    fn item_done(&self, _stage: &str, _item: &str, _ok: bool) {
+        if let Some(b) = self.bar.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            b.inc(1);
+        }
+    }
+
+    fn stage_done(&self, _stage: &str) {
+        if let Some(b) = self.bar.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            b.finish_and_clear();
+        }
+    }
+
     fn cancelled(&self) -> bool {
-        self.0.as_ref().is_some_and(|f| f.load(Ordering::SeqCst))
+        self.flag.as_ref().is_some_and(|f| f.load(Ordering::SeqCst))
     }
 }
 
@@ -313,7 +353,11 @@ fn run<'py>(
     only: Option<String>,
     cancel: Option<&Bound<'_, Cancel>>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let stop = Stop(cancel.map(|c| c.get().flag.clone()));
+    let stop = Stop {
+        flag: cancel.map(|c| c.get().flag.clone()),
+        bar: std::sync::Mutex::new(None),
+        tty: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+    };
     let dispatch = Arc::new(dispatch);
     let make = |stage: &str| -> Transform {
         let d = dispatch.clone();
@@ -425,6 +469,22 @@ fn export<'py>(
     to_py(py, &v)
 }
 
+/// `highwater deps STAGE --json`: each item's recorded dependencies (the
+/// files its function read) and whether each changed since.
+#[pyfunction]
+#[pyo3(signature = (root, state, stages, stage))]
+fn deps<'py>(
+    py: Python<'py>,
+    root: &str,
+    state: Option<&str>,
+    stages: &Bound<'_, PyAny>,
+    stage: &str,
+) -> PyResult<Bound<'py, PyAny>> {
+    let p = spec(root, state, stages, &plan_only)?;
+    let v = py.detach(|| p.deps(stage, None)).map_err(err)?;
+    to_py(py, &serde_json::json!(v))
+}
+
 /// The `highwater` command line, in this process; argv[0] is the program.
 #[pyfunction]
 fn cli_main(py: Python<'_>, argv: Vec<String>) -> i32 {
@@ -438,6 +498,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(recipe_ids, m)?)?;
     m.add_function(wrap_pyfunction!(status, m)?)?;
     m.add_function(wrap_pyfunction!(export, m)?)?;
+    m.add_function(wrap_pyfunction!(deps, m)?)?;
     m.add_function(wrap_pyfunction!(cli_main, m)?)?;
     m.add("HighwaterError", m.py().get_type::<HighwaterError>())?;
     m.add("GuardError", m.py().get_type::<GuardError>())?;
