@@ -421,6 +421,26 @@ def _unwrap(fn: Any) -> Any:
     return fn
 
 
+# Libraries that open files in their own C (or C++, Rust) code, past
+# Python's `open` and so past the read hook (highwater.reads): a stage that
+# reaches one lists it in `unresolved` (issue 48). Pandas, NumPy, PIL,
+# json, csv open through Python and are seen.
+OPENS_FILES_IN_C = {
+    "pyarrow": "Arrow (Parquet, Feather, CSV, datasets)",
+    "osgeo": "GDAL/OGR",
+    "fiona": "GDAL/OGR (Fiona)",
+    "pyogrio": "GDAL/OGR (pyogrio)",
+    "rasterio": "GDAL (rasterio)",
+    "h5py": "HDF5",
+    "netCDF4": "netCDF",
+    "sqlite3": "SQLite",
+    "duckdb": "DuckDB",
+    "polars": "Polars",
+    "deltalake": "delta-rs",
+    "lxml": "libxml2",
+}
+
+
 def _is_stdlib(modname: str) -> bool:
     top = modname.split(".")[0]
     return top in sys.stdlib_module_names or top == "builtins"
@@ -503,6 +523,7 @@ class _Walker:
         self.ignore = set(ignore)
         self.components: dict[str, str] = {}
         self.unresolved: list[str] = []
+        self.c_readers: set[str] = set()
         self.seen: set[int] = set()
         self.queue: list[tuple[str, Any]] = []
         self.facts = facts
@@ -548,9 +569,19 @@ class _Walker:
         return "site-packages" not in parts and "dist-packages" not in parts and f.endswith(".py")
 
     def library(self, modname: str | None) -> None:
-        if not modname or _is_stdlib(modname) or self.in_project(modname):
+        if not modname:
             return
         top = modname.split(".")[0]
+        if top in OPENS_FILES_IN_C and top not in self.c_readers and not self.in_project(modname):
+            # Never silent (issue 48): the read hook sees only what Python
+            # opens, so a stage that reaches one of these is told.
+            self.c_readers.add(top)
+            self.unresolved.append(
+                f"library {top}: files {OPENS_FILES_IN_C[top]} opens in C are not seen as "
+                "dependencies (declare them in version=, or read them through Python's open)"
+            )
+        if _is_stdlib(modname) or self.in_project(modname):
+            return
         dists = _distributions(top)
         self.components[f"library {top}"] = ",".join(dists) if dists else "unversioned"
 

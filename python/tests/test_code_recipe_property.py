@@ -1,10 +1,12 @@
 """The code recipe, as a property (issue 48): in a generated project
 (functions, constants and constants built from others, classes with a
 reached and an unreached method, dataclasses, enums, dispatch tables,
-partials, a registry filled at import), after each random edit exactly the
-stages whose reachable code changed get a new recipe id, and so re-run:
-never one that cannot reach the edit (irrelevant churn), never too few
-(stale). A model of what each stage reaches is the oracle."""
+partials, a registry filled at import, functions that read a data file),
+after each random edit, of the code or of a data file, exactly the stages
+whose reachable code or read files changed re-run: never one that cannot
+reach the edit (irrelevant churn), never too few (stale). A model of what
+each stage reaches is the oracle; the pipeline is planned and run for
+real."""
 
 import json
 import os
@@ -15,7 +17,7 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-KINDS = ["func", "const", "derived", "class", "dataclass", "enum", "table", "partial", "register"]
+KINDS = ["func", "const", "derived", "class", "dataclass", "enum", "table", "partial", "register", "file"]
 
 
 @st.composite
@@ -26,13 +28,18 @@ def projects(draw):
     elements = []
     funcs, values = [], []
     for i in range(n):
-        kinds = ["func", "const", "class", "dataclass", "enum"]
+        kinds = ["func", "const", "class", "dataclass", "enum", "file"]
         if values:
             kinds.append("derived")
         if funcs:
             kinds += ["table", "partial", "register"]
         kind = draw(st.sampled_from(kinds))
-        if kind == "func":
+        if kind == "file":
+            # A function whose value is a data file's content: its payload
+            # lives in the file, not in lib.py.
+            elements.append(("file", i, [1], []))
+            funcs.append(i)
+        elif kind == "func":
             dep = draw(st.sampled_from([None] + funcs + values))
             elements.append(("func", i, [1], [dep] if dep is not None else []))
             funcs.append(i)
@@ -76,6 +83,7 @@ def ref(kinds, i, part, q=""):
     pipeline.py."""
     return {
         "func": f"{q}f{i}(x)",
+        "file": f"{q}f{i}(x)",
         "const": f"{q}c{i}",
         "derived": f"{q}c{i}",
         "dataclass": f"{q}D{i}().v",
@@ -90,7 +98,9 @@ def render(elements, stages):
     kinds = {i: k for k, i, _, _ in elements}
     lines = ["import functools", "from dataclasses import dataclass", "from enum import Enum", "", "R = []", ""]
     for kind, i, pay, deps in elements:
-        if kind == "func":
+        if kind == "file":
+            lines += [f"def f{i}(x):", f"    with open('v{i}.txt') as f:", "        return x + int(f.read())", ""]
+        elif kind == "func":
             use = ref(kinds, deps[0], None) if deps else "x"
             lines += [f"def f{i}(x):", f"    return {use} + {pay[0]}", ""]
         elif kind == "const":
@@ -142,41 +152,67 @@ def reach(elements, i, part):
     return out
 
 
-def recipe_ids(root: Path) -> dict:
+def data_files(elements) -> dict:
+    """The data files the `file` elements read, by name: their payloads."""
+    return {f"v{i}.txt": f"{pay[0]}\n" for kind, i, pay, _ in elements if kind == "file"}
+
+
+DRIVER = """
+import json, sys
+from pipeline import p
+
+if __name__ == "__main__":
+    if sys.argv[1] == "plan":
+        print(json.dumps(sorted(n for n, s in p.plan().stages.items() if s.changed)))
+    else:
+        r = p.run(jobs=1)
+        print(json.dumps(sorted(n for n, s in r.stages.items() if s.processed)))
+"""
+
+
+def call(root: Path, what: str) -> set:
     r = subprocess.run(
-        [sys.executable, "-c", "import json; from pipeline import p; print(json.dumps(p.recipe_ids()))"],
+        [sys.executable, "driver.py", what],
         cwd=root, capture_output=True, text=True, timeout=300,
         env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
     )
     assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
+    return set(json.loads(r.stdout))
 
 
-@settings(max_examples=12, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+def write(root: Path, elements, stages) -> None:
+    lib, pipe = render(elements, stages)
+    for name, text in [("lib.py", lib), ("pipeline.py", pipe), *data_files(elements).items()]:
+        path = root / name
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+
+
+@settings(max_examples=10, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 @given(project=projects(), data=st.data())
 def test_exactly_the_stages_that_reach_an_edit_rerun(project, data):
     elements, stages = project
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        lib, pipe = render(elements, stages)
-        (root / "lib.py").write_text(lib)
-        (root / "pipeline.py").write_text(pipe)
-        before = recipe_ids(root)
-        assert sorted(before) == [f"s{k}" for k in range(len(stages))]
+        (root / "driver.py").write_text(DRIVER)
+        for k in range(len(stages)):
+            (root / f"d{k}").mkdir()
+            (root / f"d{k}/a.txt").write_text("item\n")
+        write(root, elements, stages)
+        assert call(root, "run") == {f"s{k}" for k in range(len(stages))}
+        assert call(root, "plan") == set()
         editable = [(e[1], s) for e in elements for s in range(len(e[2]))]
         for _ in range(3):
             i, slot = data.draw(st.sampled_from(editable))
             for e in elements:
                 if e[1] == i:
                     e[2][slot] += 1
-            lib, pipe = render(elements, stages)
-            (root / "lib.py").write_text(lib)
-            after = recipe_ids(root)
+            write(root, elements, stages)
             expected = {
                 f"s{k}"
                 for k, uses in enumerate(stages)
                 if any((i, slot) in reach(elements, j, part) for j, part in uses)
             }
-            got = {k for k in after if after[k] != before[k]}
-            assert got == expected, (i, slot, lib, pipe)
-            before = after
+            lib, pipe = render(elements, stages)
+            assert call(root, "plan") == expected, (i, slot, lib, pipe, data_files(elements))
+            assert call(root, "run") == expected, (i, slot, lib, pipe)

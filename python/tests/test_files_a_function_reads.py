@@ -76,3 +76,43 @@ def test_a_file_read_at_import_is_a_dependency_of_every_item(project):
     assert project.run()["tidy"]["processed"] == 2
     assert (project.root / "out/b.txt").read_text() == "b-bb-m2"
     assert changed(project) == []
+
+
+C_READER = '''
+import sqlite3
+import highwater as hw
+
+p = hw.Pipeline()
+
+@p.stage(inputs=["data/*.txt"], output="out/{stem}.txt")
+def lookup(input, output):
+    db = sqlite3.connect("names.db")
+    (name,) = db.execute("select name from names where id = ?", (input.stem,)).fetchone()
+    output.write_text(name)
+
+@p.stage(inputs=["data/*.txt"], output="plain/{stem}.txt")
+def plain(input, output):
+    output.write_text(input.read_text())
+'''
+
+
+def test_a_library_that_opens_files_in_c_is_named_as_unseen(project):
+    # SQLite opens names.db itself, past Python's open and so past the read
+    # hook: the plan says so for the stage that reaches it, and only there.
+    import sqlite3
+
+    project.write("pipeline.py", C_READER)
+    project.write("data/a.txt", "a\n")
+    db = sqlite3.connect(project.root / "names.db")
+    db.execute("create table names (id text, name text)")
+    db.execute("insert into names values ('a', 'Ada')")
+    db.commit()
+    db.close()
+    plan = project.plan()
+    assert plan["lookup"]["unresolved"] == [
+        "library sqlite3: files SQLite opens in C are not seen as dependencies "
+        "(declare them in version=, or read them through Python's open)"
+    ], plan["lookup"]
+    assert plan["plain"]["unresolved"] == []
+    r = project.run()
+    assert r["lookup"]["processed"] == 1 and (project.root / "out/a.txt").read_text() == "Ada"
