@@ -32,6 +32,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--cwd", default=".")
+    ap.add_argument("--per", type=int, default=0, help="also print (median - the last's median) / PER, in ms")
     ap.add_argument("commands", nargs="+")
     a = ap.parse_args()
     cmds = [shlex.split(c) for c in a.commands]
@@ -45,7 +46,8 @@ def main() -> None:
     peer = statistics.median(times[-1])
     for c, ts in zip(a.commands, times):
         med = statistics.median(ts)
-        print(f"{c}: min {min(ts) * 1000:.1f} ms, median {med * 1000:.1f} ms, {med / peer:.2f}x the last")
+        per = f", {(med - peer) * 1000 / a.per:+.3f} ms per item over the last" if a.per else ""
+        print(f"{c}: min {min(ts) * 1000:.1f} ms, median {med * 1000:.1f} ms, {med / peer:.2f}x the last{per}")
 
 
 if __name__ == "__main__":
