@@ -62,8 +62,16 @@ def _hook(event: str, args: tuple) -> None:
             _written.add(path)
     elif _item is not None:
         _item.add(path)
-    elif not _frozen and (_in_worker or _by_the_script()):
+    elif not _frozen and (_in_worker or _bootstrapping() or _by_the_script()):
         _outside.add(path)
+
+
+def _bootstrapping() -> bool:
+    """In a spawned worker, while it imports the parent's script (and so
+    the pipeline's modules) before its initializer runs: those reads are
+    the worker's imports."""
+    mp = sys.modules.get("multiprocessing")
+    return mp is not None and getattr(mp.current_process(), "_inheriting", False)
 
 
 def _by_the_script() -> bool:
