@@ -15,11 +15,12 @@ listings, and reads of a stage declared `in_process=True` (its opens cannot
 be told from those of the engine's other threads).
 
 Reads made while the pipeline's modules are imported count for every item:
-in the worker (its imports of the stages' modules), and for the script
-itself, which a spawned worker imports before any hook can be installed,
-in the parent: the reads its own module-level code makes after `import
-highwater` (not those of a host that imports the pipeline, such as Airflow
-reading its configuration).
+in the worker (its imports of the parent's script and the stages'
+modules), and for the script itself, which a spawned worker imports
+before any hook can be installed, in the parent, from `import highwater`
+on. Only the project's own reads count there (see `_by_project_code`):
+not those of a library or a host that imports the pipeline, such as
+Airflow reading its configuration.
 """
 
 from __future__ import annotations
@@ -62,39 +63,39 @@ def _hook(event: str, args: tuple) -> None:
             _written.add(path)
     elif _item is not None:
         _item.add(path)
-    elif not _frozen and (_in_worker or _bootstrapping() or _by_the_script()):
+    elif not _frozen and (_in_worker or _by_project_code()):
         _outside.add(path)
 
 
-def _bootstrapping() -> bool:
-    """In a spawned worker, while it imports the parent's script (and so
-    the pipeline's modules) before its initializer runs: those reads are
-    the worker's imports."""
-    mp = sys.modules.get("multiprocessing")
-    return mp is not None and getattr(mp.current_process(), "_inheriting", False)
-
-
-def _by_the_script() -> bool:
-    """In the parent: whether the open was made by the running script's own
-    module-level code (through libraries, as `json.load(open(...))` is),
-    not by a host that imports the pipeline (Airflow reading its config,
-    Dagster its instance): the first frame outside the interpreter's
-    prefixes and this package is the `__main__` module's body."""
+def _by_project_code() -> bool:
+    """Whether a read made outside any item (while modules are imported)
+    is the project's: the innermost caller outside the standard library
+    is the project's own code (`json.load(open("config.json"))` or a
+    `pathlib` read at a module's top level, or in a function it calls),
+    not an installed library reading its own configuration or data as it
+    is imported or called (Airflow reading `airflow.cfg`, Dagster its
+    instance), nor this package. A project's module-level read made
+    through a library (`pandas.read_csv` at import) is therefore not an
+    import read; the same call inside the stage's function is an item's
+    read and counts."""
     f = sys._getframe(2)
     while f is not None:
         name = f.f_code.co_filename
-        if not name.startswith(_SKIPPED):
-            return f.f_code.co_name == "<module>" and f.f_globals.get("__name__") == "__main__"
-        f = f.f_back
+        if name.startswith("<frozen ") or (name.startswith(_STDLIB) and not _installed(name)):
+            f = f.f_back
+            continue
+        return not (_installed(name) or name.startswith(_HERE))
     return False
 
 
-# Frames of these are skipped by `_by_the_script` (the standard library,
-# installed packages, this package).
-_SKIPPED = tuple(
-    {p + os.sep for p in (sys.prefix, sys.base_prefix, sys.exec_prefix) if p}
-    | {os.path.dirname(os.path.abspath(__file__)) + os.sep, "<frozen "}
-)
+def _installed(filename: str) -> bool:
+    parts = filename.split(os.sep)
+    return "site-packages" in parts or "dist-packages" in parts
+
+
+# The standard library's folder, and this package's.
+_STDLIB = os.path.dirname(os.__file__) + os.sep
+_HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _in_worker = False
 
 
