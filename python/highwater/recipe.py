@@ -128,33 +128,124 @@ def _is_docstring(st: Any) -> bool:
 #   ("d", name, computed, line)  a call of one of `_DYNAMIC_CALLS` by name;
 #                                `computed`: not getattr/setattr with a
 #                                constant name;
-#   ("a", base, chain, line)     an attribute load `base.a.b` (chain a, b);
-#   ("n", name)                  a name load.
+#   ("a", base, chain, line, opaque)  an attribute load `base.a.b` (chain
+#                                a, b), or `getattr(base, "a")` with a
+#                                literal name; `opaque`: the value is used
+#                                other than by calling it or reading an
+#                                attribute of it (passed, stored, returned);
+#   ("n", name, line, opaque)    a name load;
+#   ("m", attr)                  an attribute name read anywhere (`x.run`,
+#                                `self.run`, `Cls().run`): which methods of
+#                                a project class the code can reach;
+#   ("b", names)                 names bound in nested scopes (parameters
+#                                of lambdas and inner functions,
+#                                comprehension targets), first if any.
 # What each name means is decided when the recipe is computed, never here.
+# The same facts are taken from module-level statements (see
+# `_module_facts`): what a module-level value is built from.
 
 
-def _function_facts(node: Any) -> tuple[str, tuple]:
+def _refs(nodes: Iterable[Any]) -> tuple:
+    """The references (above) made by the syntax trees `nodes`."""
     import ast
 
+    # Nodes used by calling them or reading an attribute of them; any other
+    # load of a name or attribute chain hands the value on (opaque).
+    direct: set[int] = set()
+    walked = [n for root in nodes for n in ast.walk(root)]
+    for n in walked:
+        if isinstance(n, ast.Call):
+            direct.add(id(n.func))
+        elif isinstance(n, ast.Attribute):
+            direct.add(id(n.value))
     refs: list[tuple] = []
-    for n in ast.walk(node):
+    # Names bound in scopes nested in these trees (a lambda's or inner
+    # function's parameters, a comprehension's targets): never "not
+    # defined", though still resolved if a global has the name too.
+    bound = set()
+    for n in walked:
+        if isinstance(n, ast.arg):
+            bound.add(n.arg)
+        elif isinstance(n, ast.comprehension):
+            bound.update(t.id for t in ast.walk(n.target) if isinstance(t, ast.Name))
+        elif isinstance(n, ast.NamedExpr) and isinstance(n.target, ast.Name):
+            bound.add(n.target.id)
+    if bound:
+        refs.append(("b", tuple(sorted(bound))))
+    for n in walked:
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in _DYNAMIC_CALLS:
-            computed = n.func.id not in ("getattr", "setattr") or not (
-                len(n.args) >= 2 and isinstance(n.args[1], ast.Constant)
+            literal = (
+                n.func.id in ("getattr", "setattr")
+                and len(n.args) >= 2
+                and isinstance(n.args[1], ast.Constant)
+                and isinstance(n.args[1].value, str)
             )
-            refs.append(("d", n.func.id, computed, n.lineno))
+            refs.append(("d", n.func.id, not literal, n.lineno))
+            if literal and n.func.id == "getattr":
+                attr = n.args[1].value
+                refs.append(("m", attr))
+                if isinstance(n.args[0], ast.Name):
+                    refs.append(("a", n.args[0].id, (attr,), n.lineno, id(n) not in direct))
         if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load):
+            refs.append(("m", n.attr))
             chain = []
             cur: Any = n
             while isinstance(cur, ast.Attribute):
                 chain.append(cur.attr)
                 cur = cur.value
             if isinstance(cur, ast.Name):
-                refs.append(("a", cur.id, tuple(reversed(chain)), n.lineno))
+                refs.append(("a", cur.id, tuple(reversed(chain)), n.lineno, id(n) not in direct))
         if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
-            refs.append(("n", n.id))
+            refs.append(("n", n.id, n.lineno, id(n) not in direct))
+    return tuple(refs)
+
+
+def _function_facts(node: Any) -> tuple[str, tuple]:
     # The name is the component's name; the body is its recipe.
-    return _digest(_canon(node, skip=frozenset({"name", "decorator_list"}))), tuple(refs)
+    return _digest(_canon(node, skip=frozenset({"name", "decorator_list"}))), _refs([node])
+
+
+def _module_statements(body: list) -> Iterable[Any]:
+    """The module-level statements, those inside module-level `if`, `for`,
+    `while`, `with` and `try` too (not inside functions or classes)."""
+    import ast
+
+    for st in body:
+        yield st
+        if isinstance(st, (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try)):
+            for field in ("body", "orelse", "finalbody"):
+                yield from _module_statements(getattr(st, field, None) or [])
+            for h in getattr(st, "handlers", None) or []:
+                yield from _module_statements(h.body)
+
+
+def _state_names(st: Any) -> set[str]:
+    """The module-level names a statement builds or changes: the targets of
+    an assignment (`X = ...`, `X[k] = ...`, `X.a = ...`, `X += ...`), and
+    the object of a call made at import (`ORDER.append(f)`,
+    `REGISTRY.update(...)`)."""
+    import ast
+
+    targets: list = []
+    if isinstance(st, ast.Assign):
+        targets = st.targets
+    elif isinstance(st, (ast.AnnAssign, ast.AugAssign)):
+        targets = [st.target]
+    elif isinstance(st, (ast.For, ast.AsyncFor)):
+        targets = [st.target]
+    elif isinstance(st, (ast.With, ast.AsyncWith)):
+        targets = [i.optional_vars for i in st.items if i.optional_vars is not None]
+    elif isinstance(st, ast.Expr) and isinstance(st.value, ast.Call):
+        cur = st.value.func
+        while isinstance(cur, (ast.Attribute, ast.Subscript)):
+            cur = cur.value
+        return {cur.id} if isinstance(cur, ast.Name) and cur is not st.value.func else set()
+    names = set()
+    for t in targets:
+        for n in ast.walk(t):
+            if isinstance(n, ast.Name):
+                names.add(n.id)
+    return names
 
 
 def _module_facts(src: str) -> tuple[dict, dict, dict] | None:
@@ -165,7 +256,9 @@ def _module_facts(src: str) -> tuple[dict, dict, dict] | None:
       ambiguous, as they are to the walk;
     - classes: name -> (first line, last line, digest) of each class
       statement of that name, methods left out of the digest;
-    - assigns: name -> the digest of the module-level assignments to it."""
+    - assigns: name -> (digest, references) of the module-level statements
+      that build or change it (`_state_names`), those in `if` and `for`
+      blocks included: what its value is made from."""
     import ast
 
     try:
@@ -185,20 +278,28 @@ def _module_facts(src: str) -> tuple[dict, dict, dict] | None:
                 defs.setdefault((n.name, first), []).append(_function_facts(n))
         elif isinstance(n, ast.Lambda):
             defs.setdefault(("<lambda>", n.lineno), []).append(_function_facts(n))
-    texts: dict[str, list[str]] = {}
-    for st in tree.body:
-        targets = []
-        if isinstance(st, ast.Assign):
-            targets = st.targets
-        elif isinstance(st, (ast.AnnAssign, ast.AugAssign)):
-            targets = [st.target]
-        names = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
-        if names:
-            text = _canon(st)
-            for name in names:
-                texts.setdefault(name, []).append(text)
-    assigns = {name: _digest("\n".join(t)) for name, t in texts.items()}
+    stmts: dict[str, list] = {}
+    for st in _module_statements(tree.body):
+        for name in _state_names(st):
+            stmts.setdefault(name, []).append(st)
+    assigns = {}
+    for name, sts in stmts.items():
+        # A block statement's own line, not its body (met on its own).
+        texts = [_canon(_header(st)) for st in sts]
+        assigns[name] = (_digest("\n".join(texts)), _refs([_header(st) for st in sts]))
     return defs, classes, assigns
+
+
+def _header(st: Any) -> Any:
+    """A statement without the statements it holds: a `for` or `with`
+    line's own expressions (the statements of its body are met apart)."""
+    import ast
+
+    if isinstance(st, (ast.For, ast.AsyncFor)):
+        return ast.Tuple(elts=[st.target, st.iter], ctx=ast.Load())
+    if isinstance(st, (ast.With, ast.AsyncWith)):
+        return ast.Tuple(elts=[i.context_expr for i in st.items], ctx=ast.Load())
+    return st
 
 
 # A file changed within this long of the stat that keys its facts is not
@@ -209,7 +310,7 @@ FACTS_MARGIN_NS = 2_000_000_000
 # Modules kept in one cache file; beyond it the oldest entries go.
 FACTS_MODULES_MAX = 10_000
 # Bumped whenever what `_module_facts` returns changes shape or meaning.
-FACTS_VERSION = 1
+FACTS_VERSION = 2
 # A facts file opens with this and the BLAKE2b digest (24 bytes) of the rest.
 _FACTS_MAGIC = b"highwater-recipe-facts\n"
 
@@ -320,6 +421,26 @@ def _unwrap(fn: Any) -> Any:
     return fn
 
 
+# Libraries that open files in their own C (or C++, Rust) code, past
+# Python's `open` and so past the read hook (highwater.reads): a stage that
+# reaches one lists it in `unresolved` (issue 48). Pandas, NumPy, PIL,
+# json, csv open through Python and are seen.
+OPENS_FILES_IN_C = {
+    "pyarrow": "Arrow (Parquet, Feather, CSV, datasets)",
+    "osgeo": "GDAL/OGR",
+    "fiona": "GDAL/OGR (Fiona)",
+    "pyogrio": "GDAL/OGR (pyogrio)",
+    "rasterio": "GDAL (rasterio)",
+    "h5py": "HDF5",
+    "netCDF4": "netCDF",
+    "sqlite3": "SQLite",
+    "duckdb": "DuckDB",
+    "polars": "Polars",
+    "deltalake": "delta-rs",
+    "lxml": "libxml2",
+}
+
+
 def _is_stdlib(modname: str) -> bool:
     top = modname.split(".")[0]
     return top in sys.stdlib_module_names or top == "builtins"
@@ -388,8 +509,11 @@ def _declared_top_level(top: str) -> list[str]:
 
 
 class _Walker:
-    def __init__(self, root: str, ignore: Iterable[str], facts: _Facts):
-        self.root = os.path.realpath(root)
+    def __init__(self, roots: Iterable[str], ignore: Iterable[str], facts: _Facts):
+        # The project's code: under any of the roots (the pipeline's data
+        # root, the folder of the file that declares it), or any module
+        # with a source file that is not installed (see `_in_project`).
+        self.roots = [os.path.realpath(r) for r in roots]
         # Installed code is a library even when the venv lies in the project.
         self.excluded = {
             os.path.realpath(p)
@@ -399,11 +523,19 @@ class _Walker:
         self.ignore = set(ignore)
         self.components: dict[str, str] = {}
         self.unresolved: list[str] = []
+        self.c_readers: set[str] = set()
         self.seen: set[int] = set()
         self.queue: list[tuple[str, Any]] = []
         self.facts = facts
         self._module_facts: dict[str, tuple[dict, dict, dict] | None] = {}
         self._in_project: dict[str, bool] = {}
+        # Method reachability (see `visit_class`): attribute names the
+        # reachable code reads, methods waiting for their name to be read,
+        # and classes that count whole.
+        self.attrs: set[str] = set()
+        self.pending: dict[str, list[tuple[str, Any]]] = {}
+        self.whole: set[int] = set()
+        self.classes: dict[int, tuple[str, type]] = {}
 
     # -- where things live ----------------------------------------------
     def in_project(self, modname: str | None) -> bool:
@@ -415,21 +547,41 @@ class _Walker:
         return known
 
     def _in_project_uncached(self, modname: str) -> bool:
+        """A module is the project's when its file lies under a root, or is
+        a source file that no installation holds (outside the interpreter's
+        prefixes and any site-packages): such code has no version to stand
+        for it, so it is followed, never recorded as `unversioned`."""
+        if _is_stdlib(modname):
+            return False
         mod = sys.modules.get(modname)
         f = getattr(mod, "__file__", None)
         if not f:
             return False
         f = os.path.realpath(f)
-        if any(f.startswith(e + os.sep) for e in self.excluded if not self.root.startswith(e + os.sep)):
+        if any(f.startswith(r + os.sep) for r in self.roots):
+            installed = any(
+                f.startswith(e + os.sep) for e in self.excluded if not any(r.startswith(e + os.sep) for r in self.roots)
+            )
+            return not installed and "site-packages" not in f.split(os.sep)
+        if any(f.startswith(e + os.sep) for e in self.excluded):
             return False
-        if "site-packages" in f.split(os.sep):
-            return False
-        return f.startswith(self.root + os.sep)
+        parts = f.split(os.sep)
+        return "site-packages" not in parts and "dist-packages" not in parts and f.endswith(".py")
 
     def library(self, modname: str | None) -> None:
-        if not modname or _is_stdlib(modname) or self.in_project(modname):
+        if not modname:
             return
         top = modname.split(".")[0]
+        if top in OPENS_FILES_IN_C and top not in self.c_readers and not self.in_project(modname):
+            # Never silent (issue 48): the read hook sees only what Python
+            # opens, so a stage that reaches one of these is told.
+            self.c_readers.add(top)
+            self.unresolved.append(
+                f"library {top}: files {OPENS_FILES_IN_C[top]} opens in C are not seen as "
+                "dependencies (declare them in version=, or read them through Python's open)"
+            )
+        if _is_stdlib(modname) or self.in_project(modname):
+            return
         dists = _distributions(top)
         self.components[f"library {top}"] = ",".join(dists) if dists else "unversioned"
 
@@ -515,73 +667,136 @@ class _Walker:
         else:
             digest, refs = found
             self.components[name] = digest
-            self.references(name, fn, refs)
+            self.references(name, fn.__module__, fn.__globals__, _closure(fn), _locals(fn), refs)
 
     def visit_class(self, name: str, cls: type) -> None:
-        # The class statement of its module whose lines hold its methods.
-        lines = [
-            f.__code__.co_firstlineno
-            for v in vars(cls).values()
-            for f in [v.__func__ if isinstance(v, (staticmethod, classmethod)) else v]
-            if isinstance(f, types.FunctionType)
-        ]
-        digest = None
-        facts = self.module_facts(cls.__module__) if cls.__module__ in sys.modules else None
-        candidates = facts[1].get(cls.__name__, []) if facts else []
-        for first, end, d in candidates:
-            if all(first <= ln <= end for ln in lines) and (lines or len(candidates) == 1):
-                digest = d
-                break
+        """A class: its statement without its methods (fields, defaults,
+        decorators, members: what a dataclass, NamedTuple or Enum generates
+        its methods from), its bases, and the methods the stage can reach:
+        those whose name the reachable code reads as an attribute anywhere,
+        the dunder methods (Python calls them), and every method when the
+        class counts whole (see `whole_class`)."""
+        self.classes[id(cls)] = (name, cls)
+        digest = self.class_digest(name, cls)
         if digest is None:
-            self.components[name] = _digest(repr(sorted(vars(cls).keys())))
-            self.unresolved.append(f"{name}: its source could not be read")
             return
         self.components[name] = digest
         for base in cls.__mro__[1:]:
             self.value(name, base.__name__, base)
-        for attr, v in vars(cls).items():
-            f = v.__func__ if isinstance(v, (staticmethod, classmethod)) else v
-            if isinstance(f, property):
-                for part in (f.fget, f.fset, f.fdel):
-                    if part is not None:
-                        self.add(f"{name}.{attr}", part)
-            elif isinstance(f, types.FunctionType):
-                self.add(f"{name}.{attr}", f)
+        if self.counts_whole(cls):
+            self.whole.add(id(cls))
+        for attr, f in _own_methods(cls):
+            self.method(name, cls, attr, f)
 
-    # -- what a function references ------------------------------------
-    def references(self, owner: str, fn: types.FunctionType, refs: tuple) -> None:
-        g = fn.__globals__
-        closure = {}
-        if fn.__closure__:
-            for var, cell in zip(fn.__code__.co_freevars, fn.__closure__):
-                try:
-                    closure[var] = cell.cell_contents
-                except ValueError:
-                    pass
-        local = set(fn.__code__.co_varnames) | set(fn.__code__.co_cellvars)
+    def class_digest(self, name: str, cls: type) -> str | None:
+        # The class statement of its module whose lines hold its methods
+        # (those written there: a dataclass's generated `__init__` has no
+        # lines of the file).
+        mod = sys.modules.get(cls.__module__)
+        where = os.path.realpath(mod.__file__) if getattr(mod, "__file__", None) else None
+        lines = [
+            f.__code__.co_firstlineno
+            for _, f in _methods(cls)
+            if isinstance(f, types.FunctionType)
+            and where is not None
+            and os.path.realpath(f.__code__.co_filename) == where
+        ]
+        facts = self.module_facts(cls.__module__) if mod is not None else None
+        candidates = facts[1].get(cls.__name__, []) if facts else []
+        for first, end, d in candidates:
+            if all(first <= ln <= end for ln in lines) and (lines or len(candidates) == 1):
+                return d
+        # Made by a call (`P = NamedTuple("P", ...)`, `Color = Enum(...)`):
+        # the statement that made it.
+        assigned = facts[2].get(cls.__name__) if facts else None
+        if assigned is not None:
+            digest, refs = assigned
+            self.references(name, cls.__module__, vars(mod), {}, set(), refs)
+            return digest
+        self.components[name] = _digest(repr(sorted(vars(cls).keys())))
+        self.unresolved.append(f"{name}: its source could not be read")
+        return None
+
+    def counts_whole(self, cls: type) -> bool:
+        """A class counts whole when code outside the project may call its
+        methods by name: it derives from a class other than `object` that
+        is not the project's (an Enum, an Exception, a library's base)."""
+        return id(cls) in self.whole or any(
+            b is not object and not self.in_project(getattr(b, "__module__", None))
+            for b in cls.__mro__[1:]
+        )
+
+    def method(self, cname: str, cls: type, attr: str, f: Any) -> None:
+        mname = f"{cname}.{attr}"
+        dunder = attr.startswith("__") and attr.endswith("__")
+        if dunder or attr in self.attrs or id(cls) in self.whole:
+            self.add(mname, f)
+        else:
+            self.pending.setdefault(attr, []).append((mname, f))
+
+    def make_whole(self, cls: type) -> None:
+        """A class handed on as a value (passed, stored, returned): every
+        method of it, and of its project bases, counts."""
+        for c in cls.__mro__:
+            if c is object or id(c) in self.whole or not self.in_project(getattr(c, "__module__", None)):
+                continue
+            self.whole.add(id(c))
+            known = self.classes.get(id(c))
+            if known is not None:
+                for attr, f in _own_methods(c):
+                    self.add(f"{known[0]}.{attr}", f)
+
+    def attribute_read(self, attr: str) -> None:
+        if attr not in self.attrs:
+            self.attrs.add(attr)
+            for mname, f in self.pending.pop(attr, []):
+                self.add(mname, f)
+
+    # -- what code references ------------------------------------------
+    def references(
+        self,
+        owner: str,
+        modname: str,
+        g: dict[str, Any],
+        closure: dict[str, Any],
+        local: set[str],
+        refs: tuple,
+    ) -> None:
+        """Resolves the references `refs` of code in module `modname` whose
+        globals are `g` (a function's, or the module's own for module-level
+        statements)."""
+        bound: tuple = ()
         for r in refs:
             kind, ident = r[0], r[1]
-            if kind == "d":
+            if kind == "b":
+                bound = ident
+            elif kind == "m":
+                self.attribute_read(ident)
+            elif kind == "d":
                 _, _, computed, line = r
                 if computed and ident not in local and ident not in g:
                     self.unresolved.append(f"{owner}: {_DYNAMIC_CALLS[ident]} (line {line})")
             elif kind == "a":
-                _, _, chain, line = r
+                _, _, chain, line, opaque = r
                 if ident not in local:
                     base = closure.get(ident, g.get(ident, _MISSING))
                     if isinstance(base, types.ModuleType):
                         if base.__name__.split(".")[0] == "importlib" and "import_module" in chain:
                             self.unresolved.append(f"{owner}: importlib.import_module (line {line})")
-                        self.attribute(owner, base, list(chain))
+                        self.attribute(owner, base, list(chain), opaque)
             elif ident not in local:
+                _, _, line, opaque = r
                 if ident in closure:
-                    self.value(owner, f"{owner}.<closure {ident}>", closure[ident], closure=True)
+                    self.closure_value(owner, f"{owner}.<closure {ident}>", closure[ident])
                 elif ident in g:
-                    self.global_value(owner, fn.__module__, ident, g[ident])
-                elif not hasattr(builtins, ident):
-                    self.unresolved.append(f"{owner}: name {ident!r} is not defined")
+                    value = g[ident]
+                    if value is _import_module():
+                        self.unresolved.append(f"{owner}: importlib.import_module (line {line})")
+                    self.global_value(owner, modname, ident, value, opaque)
+                elif not hasattr(builtins, ident) and ident not in bound:
+                    self.unresolved.append(f"{owner}: name {ident!r} is not defined (line {line})")
 
-    def attribute(self, owner: str, module: types.ModuleType, chain: list[str]) -> None:
+    def attribute(self, owner: str, module: types.ModuleType, chain: list[str], opaque: bool) -> None:
         """`helpers.clean`, `pkg.sub.CONST`: resolved through the module."""
         obj: Any = module
         modname = module.__name__
@@ -597,17 +812,20 @@ class _Walker:
             if isinstance(nxt, types.ModuleType):
                 obj = nxt
                 continue
-            self.global_value(owner, modname, attr, nxt)
+            # `helpers.Cleaner` handed on whole only when the chain ends here.
+            self.global_value(owner, modname, attr, nxt, opaque and i == len(chain) - 1)
             return
         if isinstance(obj, types.ModuleType):
             self.library(obj.__name__)
 
-    def global_value(self, owner: str, modname: str, name: str, value: Any) -> None:
+    def global_value(self, owner: str, modname: str, name: str, value: Any, opaque: bool = False) -> None:
         if isinstance(value, types.ModuleType):
             self.library(value.__name__)
             return
         if isinstance(value, (types.FunctionType, type)):
             self.value(owner, name, value)
+            if opaque and isinstance(value, type) and self.in_project(value.__module__):
+                self.make_whole(value)
             return
         if isinstance(value, types.BuiltinFunctionType):
             self.library(getattr(value, "__module__", None))
@@ -615,56 +833,180 @@ class _Walker:
         if not self.in_project(modname):
             self.library(modname)
             return
-        # A module-level value of the project: its assignment, as written.
+        # A module-level value of the project: the statements that build
+        # it, as written, and what they reference.
         cname = f"{modname}.{name}"
         if cname in self.components or cname in self.ignore:
             return
         facts = self.module_facts(modname)
         assigned = facts[2].get(name) if facts else None
-        if assigned is not None:
-            self.components[cname] = assigned
+        mod = sys.modules.get(modname)
+        if assigned is not None and mod is not None:
+            digest, refs = assigned
+            self.components[cname] = digest
+            self.references(cname, modname, vars(mod), {}, set(), refs)
+            # Its class's methods, reachable through the instance.
+            if not _is_plain(value):
+                self.value(cname, type(value).__name__, type(value))
         else:
-            try:
-                self.components[cname] = _digest(repr(value))
-            except Exception:  # noqa: BLE001 - a repr may raise anything
-                self.unresolved.append(f"{owner}: {cname} has neither an assignment nor a repr")
+            self.components[cname] = _digest(self.value_text(owner, cname, value, 0, set()))
 
-    def value(self, owner: str, name: str, value: Any, closure: bool = False) -> None:
+    def value(self, owner: str, name: str, value: Any) -> None:
         if isinstance(value, (types.FunctionType, type)):
             mod = getattr(value, "__module__", None)
             if value is object or not self.in_project(mod):
                 self.library(mod)
                 return
-            qual = value.__qualname__
             if value.__name__ == "<lambda>":
                 # A lambda is named by what holds it.
-                qual = name if closure else name
-                cname = qual if closure else f"{mod}.{name}"
+                cname = name if name.startswith(owner) else f"{mod}.{name}"
             else:
-                cname = f"{mod}.{qual}"
+                cname = f"{mod}.{value.__qualname__}"
             self.add(cname, value)
             return
-        if closure:
-            try:
-                self.components[name] = _digest(repr(value))
-            except Exception:  # noqa: BLE001
-                self.unresolved.append(f"{owner}: closure variable {name} has no repr")
-            return
         self.library(getattr(type(value), "__module__", None))
+
+    def closure_value(self, owner: str, name: str, value: Any) -> None:
+        if isinstance(value, (types.FunctionType, type)):
+            self.value(owner, name, value)
+            return
+        self.components[name] = _digest(self.value_text(owner, name, value, 0, set()))
+
+    def value_text(self, owner: str, name: str, value: Any, depth: int, seen: set[int]) -> str:
+        """A text that stands for a value held at run time (a closure
+        variable, a value no statement of its module builds): its structure,
+        never a repr holding an address; the code it holds followed as
+        components. What has no stable form is listed in `unresolved`."""
+        if _is_plain(value):
+            return repr(value)
+        if depth > VALUE_DEPTH_MAX or id(value) in seen:
+            self.unresolved.append(f"{owner}: {name} nests deeper than {VALUE_DEPTH_MAX} (or in itself)")
+            return "..."
+        seen = seen | {id(value)}
+
+        def sub(v: Any) -> str:
+            return self.value_text(owner, name, v, depth + 1, seen)
+
+        if isinstance(value, (list, tuple)):
+            return f"{type(value).__name__}[{','.join(sub(v) for v in value)}]"
+        if isinstance(value, (set, frozenset)):
+            return f"{type(value).__name__}[{','.join(sorted(sub(v) for v in value))}]"
+        if isinstance(value, dict):
+            items = sorted(f"{sub(k)}:{sub(v)}" for k, v in value.items())
+            return f"dict[{','.join(items)}]"
+        if isinstance(value, types.ModuleType):
+            self.library(value.__name__)
+            return f"module {value.__name__}"
+        if isinstance(value, (types.FunctionType, type)):
+            self.value(owner, name, value)
+            if isinstance(value, type):
+                self.make_whole(value)
+            return f"code {getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', '?')}"
+        if isinstance(value, types.MethodType):
+            return f"method {sub(value.__func__)} of {sub(value.__self__)}"
+        functools = sys.modules.get("functools")
+        if functools is not None and isinstance(value, functools.partial):
+            return f"partial {sub(value.func)} {sub(value.args)} {sub(value.keywords)}"
+        if isinstance(value, types.BuiltinFunctionType):
+            self.library(getattr(value, "__module__", None))
+            return f"builtin {getattr(value, '__module__', '?')}.{value.__name__}"
+        cls = type(value)
+        self.value(owner, cls.__name__, cls)
+        if self.in_project(cls.__module__):
+            self.make_whole(cls)
+        state = getattr(value, "__dict__", None)
+        if isinstance(state, dict):
+            return f"{cls.__module__}.{cls.__qualname__}{sub(state)}"
+        try:
+            text = repr(value)
+        except Exception:  # noqa: BLE001 - a repr may raise anything
+            text = " at 0x"
+        if " at 0x" in text:
+            self.unresolved.append(
+                f"{owner}: {name} holds a {cls.__qualname__} whose state cannot be read "
+                "(its repr holds an address); a change to it is not seen"
+            )
+            return f"{cls.__module__}.{cls.__qualname__}"
+        return text
+
+
+# Nesting followed in a value (`value_text`).
+VALUE_DEPTH_MAX = 16
+
+
+def _is_plain(value: Any) -> bool:
+    return value is None or type(value) in (bool, int, float, complex, str, bytes)
+
+
+def _own_methods(cls: type) -> list[tuple[str, Any]]:
+    """`_methods` written in the class's own file: not those a decorator or
+    metaclass generated (a dataclass's `__init__`, a NamedTuple's `_make`),
+    which the class statement's digest stands for."""
+    mod = sys.modules.get(cls.__module__)
+    f = getattr(mod, "__file__", None)
+    if not f:
+        return []
+    where = os.path.realpath(f)
+    return [
+        (a, m)
+        for a, m in _methods(cls)
+        if isinstance(m, types.FunctionType) and os.path.realpath(m.__code__.co_filename) == where
+    ]
+
+
+def _methods(cls: type) -> list[tuple[str, Any]]:
+    """The functions a class's own body defines, by attribute name
+    (properties' parts included)."""
+    out = []
+    for attr, v in vars(cls).items():
+        f = v.__func__ if isinstance(v, (staticmethod, classmethod)) else v
+        if isinstance(f, property):
+            out.extend((attr, part) for part in (f.fget, f.fset, f.fdel) if part is not None)
+        elif isinstance(f, types.FunctionType):
+            out.append((attr, f))
+    return out
+
+
+def _closure(fn: types.FunctionType) -> dict[str, Any]:
+    closure = {}
+    if fn.__closure__:
+        for var, cell in zip(fn.__code__.co_freevars, fn.__closure__):
+            try:
+                closure[var] = cell.cell_contents
+            except ValueError:
+                pass
+    return closure
+
+
+def _locals(fn: types.FunctionType) -> set[str]:
+    return set(fn.__code__.co_varnames) | set(fn.__code__.co_cellvars)
+
+
+def _import_module() -> Any:
+    """`importlib.import_module` if it was imported (else nothing can be it)."""
+    mod = sys.modules.get("importlib")
+    return getattr(mod, "import_module", _MISSING) if mod is not None else _MISSING
 
 
 _MISSING = object()
 
 
-def compute(fn: Any, root: str, ignore: Iterable[str] = (), cache: str | None = None) -> Recipe:
-    """The recipe of stage function `fn`, with the project at `root`.
+def compute(
+    fn: Any,
+    root: str,
+    ignore: Iterable[str] = (),
+    cache: str | None = None,
+    code_root: str | None = None,
+) -> Recipe:
+    """The recipe of stage function `fn`, with the project at `root` and
+    its code under `code_root` too (the folder of the pipeline's script).
     `cache`: the file that keeps module facts between processes (None: no
     file; modules are still read once per process and cache)."""
     facts = _facts_at(cache)
     main = _main_name()
     # `ignore=` may name the script's components either way.
     ignore = [_as_main(i, main) for i in ignore]
-    w = _Walker(root, ignore, facts)
+    w = _Walker([root] + ([code_root] if code_root else []), ignore, facts)
     fn = _unwrap(fn)
     w.run(fn, f"{fn.__module__}.{fn.__qualname__}")
     facts.save()

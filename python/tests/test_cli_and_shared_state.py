@@ -131,3 +131,54 @@ def test_status_and_serve_show_the_python_stage(project):
     finally:
         serve.kill()
         serve.wait(timeout=30)
+
+
+def test_the_cli_lists_and_plans_a_python_stage(project):
+    """Issue 48: in a folder whose only stages are Python's, `highwater
+    plan`, `status` and `deps` show them (from the declarations the last
+    Python plan or run recorded beside the state), and beside a
+    highwater.toml `plan` includes them; `run` leaves them to Python."""
+    project.write("pipeline.py", PIPELINE)
+    project.write("data/a.txt", " a \n")
+    project.write("data/b.txt", " b \n")
+    assert project.run()["tidy"]["processed"] == 2
+
+    r = cli(project, "plan", "--json")
+    assert r.returncode == 0, r.stderr
+    [stage] = json.loads(r.stdout)["stages"]
+    assert (stage["name"], stage["changed"]) == ("tidy", []), stage
+    assert "stage `tidy` is declared in Python (python:pipeline.py:tidy)" in r.stderr, r.stderr
+
+    # An input edit: the CLI's plan and Python's agree, item and reason.
+    project.write("data/b.txt", " b, edited \n")
+    r = cli(project, "plan", "--json")
+    assert r.returncode == 0, r.stderr
+    [stage] = json.loads(r.stdout)["stages"]
+    assert [(c["input"], c["reason"]) for c in stage["changed"]] == [("data/b.txt", "size")]
+    py = project.plan()["tidy"]
+    assert [(c["input"], c["reason"]) for c in py["changed"]] == [("data/b.txt", "size")]
+
+    r = cli(project, "status", "--json")
+    assert r.returncode == 0, r.stderr
+    [st] = json.loads(r.stdout)["stages"]
+    assert (st["name"], st["declared_in"], st["entries"]) == ("tidy", "python:pipeline.py:tidy", 2)
+    assert st["recipe"] == py["recipe"]
+
+    # Its items and what each read (its input is its own, not a
+    # dependency), as the worker's audit hook saw them.
+    r = cli(project, "deps", "tidy", "--json")
+    assert r.returncode == 0, r.stderr
+    items = json.loads(r.stdout)["items"]
+    assert sorted(i["item"] for i in items) == ["data/a.txt", "data/b.txt"], items
+    assert all(i["stage"] == "tidy" for i in items)
+
+    # Beside a highwater.toml: plan lists both; run runs only the toml's.
+    project.write("highwater.toml", TOML)
+    project.write("raw/r.txt", "raw\n")
+    r = cli(project, "plan", "--json")
+    assert r.returncode == 0, r.stderr
+    assert sorted(s["name"] for s in json.loads(r.stdout)["stages"]) == ["copy", "tidy"]
+    r = cli(project, "run", "--json")
+    assert r.returncode == 0, r.stderr
+    assert [s["name"] for s in json.loads(r.stdout)["stages"]] == ["copy"]
+    assert project.run()["tidy"]["processed"] == 1

@@ -770,6 +770,50 @@ fn load_config(
     Ok((pipeline, cfg, spec))
 }
 
+/// The pipeline of `config` with the stages a Python pipeline recorded
+/// beside its state (`python-stages.json`, issue 48) added: those of names
+/// the config does not declare (a name declared in both is refused by the
+/// plan, naming both). In a folder with no config, only those, with the
+/// default state store. Each recorded stage is planned with the code recipe
+/// its last Python plan or run computed, and a note on stderr says so.
+fn load_with_python(config: &std::path::Path) -> Result<Pipeline> {
+    let mut spec = match highwater_files::config::load(config) {
+        Ok(s) => s,
+        Err(e) if !config.exists() => {
+            let root = match config.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+                _ => std::path::PathBuf::from("."),
+            };
+            let spec = highwater_files::PipelineSpec::new(root);
+            let record = highwater_files::declared::record_path(&spec.root.join(&spec.state));
+            if !record.exists() {
+                return Err(e.into());
+            }
+            spec
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let record = highwater_files::declared::record_path(&spec.root.join(&spec.state));
+    for v in highwater_files::declared::load(&record)? {
+        let name = v["name"].as_str().unwrap_or_default();
+        if spec.stages.iter().any(|s| s.name == name) {
+            continue;
+        }
+        let declared_in = v["declared_in"].as_str().unwrap_or("python");
+        let stage = highwater_files::declared::stage_from_json(
+            &v,
+            highwater_files::declared::not_here(declared_in),
+        )
+        .map_err(|e| anyhow::anyhow!("{}: {e}", record.display()))?;
+        eprintln!(
+            "note: stage `{name}` is declared in Python ({declared_in}): planned with the code recipe its last Python plan or run recorded ({}); a code edit since then shows in the Python plan only",
+            record.display()
+        );
+        spec.stages.push(stage);
+    }
+    Ok(Pipeline::open(spec)?)
+}
+
 /// The output roots of the config's sources, as places that no other
 /// place (another source's output, a stage's output root, the state
 /// store) may overlap (issue 46). Sources in object storage are compared
@@ -2641,7 +2685,16 @@ fn run(cli: Cli) -> Result<i32> {
         }
         _ => {}
     }
-    let (pipeline, _, _) = load_config(&config)?;
+    // `plan`, `status` and `deps` show the stages a Python pipeline
+    // recorded beside the state too (issue 48); nothing else runs them.
+    let pipeline = if matches!(
+        cli.command,
+        Command::Plan { .. } | Command::Status { .. } | Command::Deps { .. }
+    ) {
+        load_with_python(&config)?
+    } else {
+        load_config(&config)?.0
+    };
     match cli.command {
         Command::Plan {
             stage,

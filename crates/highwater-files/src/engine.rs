@@ -46,11 +46,33 @@ pub const JOBS_MAX: usize = 1024;
 /// What an aggregate's one output is rendered from, in messages.
 const AGGREGATE_INPUTS: &str = "(all its inputs)";
 
+/// What a `highwater.toml` stage records as where it was declared.
+const TOML_DECLARATION: &str = "highwater.toml";
+
+/// A declaration's identity as far as stage names go: the file, not the
+/// function in it (`python:etl.py:clean` is `python:etl.py`), so that
+/// renaming the function keeps the stage.
+pub(crate) fn declaration_site(declared_in: &str) -> &str {
+    match declared_in.strip_prefix("python:") {
+        Some(rest) => match rest.rsplit_once(':') {
+            Some((file, _)) => &declared_in[..declared_in.len() - rest.len() + file.len()],
+            None => declared_in,
+        },
+        None => declared_in,
+    }
+}
+
 /// Receives progress. Every method has a no-op default.
 pub trait Progress: Sync {
     fn stage_start(&self, _stage: &str, _items: usize) {}
     fn item_done(&self, _stage: &str, _item: &str, _ok: bool) {}
     fn stage_done(&self, _stage: &str) {}
+    /// True once the caller wants the run stopped (a Python user's Ctrl-C,
+    /// issue 48): no item or stage starts after it; the items running
+    /// finish and are recorded, and the run ends with what it did.
+    fn cancelled(&self) -> bool {
+        false
+    }
 }
 
 /// A progress sink that ignores everything.
@@ -217,6 +239,17 @@ impl Stage {
     /// Whether the stage's commands run observed (issue 24).
     fn observes(&self) -> bool {
         self.spec.observe && matches!(self.spec.transform, Transform::Command(_))
+    }
+
+    /// A closure that reports its own reads (a Python stage, issue 48).
+    fn reports_reads(&self) -> bool {
+        self.spec.reports_reads && matches!(self.spec.transform, Transform::Closure(_))
+    }
+
+    /// Whether the stage's items have dependency sets: recorded from an
+    /// observed command, or from what a closure reported it read.
+    fn records_deps(&self) -> bool {
+        self.observes() || self.reports_reads()
     }
 }
 
@@ -493,7 +526,7 @@ impl Pipeline {
         settings: &PlanSettings,
     ) -> Result<BTreeMap<String, String>, FilesError> {
         let mut out = BTreeMap::new();
-        if !st.observes() || !prev.has_deps() {
+        if !st.records_deps() || !prev.has_deps() {
             return Ok(out);
         }
         let scope = self.scope(st);
@@ -1068,9 +1101,12 @@ impl Pipeline {
     /// against the files as they are now, before upstream runs.
     pub fn plan(&self, only: Option<&str>, rehash: bool) -> Result<Vec<StagePlan>, FilesError> {
         // Opened once so that a first plan creates and migrates the store.
-        drop(self.open_store()?);
+        let store = self.open_store()?;
+        let selected = self.select(only)?;
+        self.check_declarations(store.as_ref(), &selected)?;
+        drop(store);
         let mut observed = Vec::new();
-        for st in self.select(only)? {
+        for st in selected {
             observed.push((st.spec.name.as_str(), self.observe(st, rehash, None)?));
         }
         self.check_against_all(
@@ -1087,6 +1123,73 @@ impl Pipeline {
         Ok(plans)
     }
 
+    /// Refuses a stage whose name another declaration in this root also
+    /// uses (issue 48): a Python stage named like a `highwater.toml` stage,
+    /// or a stage whose last run was declared in another file that still
+    /// names it. Stage names are one namespace per state store; two
+    /// declarations of one name would delete each other's outputs.
+    fn check_declarations(
+        &self,
+        store: &dyn StateStore,
+        selected: &[&Stage],
+    ) -> Result<(), FilesError> {
+        let mut runs = None;
+        for st in selected {
+            let (name, ours) = (st.spec.name.as_str(), st.spec.declared_in.as_str());
+            let twice = |theirs: &str| FilesError::StageDeclaredTwice {
+                stage: name.to_string(),
+                ours: ours.to_string(),
+                theirs: theirs.to_string(),
+            };
+            if ours.starts_with("python:") && self.toml_declares(name) {
+                return Err(twice(TOML_DECLARATION));
+            }
+            if runs.is_none() {
+                runs = Some(store.last_runs()?);
+            }
+            let last = runs.iter().flatten().find(|r| r.stage == name);
+            let Some(theirs) = last.and_then(|r| r.summary["declared_in"].as_str()) else {
+                continue;
+            };
+            if declaration_site(theirs) != declaration_site(ours)
+                && self.still_declares(theirs, name)
+            {
+                return Err(twice(theirs));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether this root's `highwater.toml` has a `[stages.NAME]` table. A
+    /// file that does not parse declares nothing here (the CLI says why).
+    fn toml_declares(&self, name: &str) -> bool {
+        let Ok(text) = std::fs::read_to_string(self.root.join(TOML_DECLARATION)) else {
+            return false;
+        };
+        text.parse::<toml::Table>().is_ok_and(|t| {
+            t.get("stages")
+                .and_then(|s| s.as_table())
+                .is_some_and(|s| s.contains_key(name))
+        })
+    }
+
+    /// Whether the declaration a run recorded still stands: the
+    /// highwater.toml still has the stage, or the Python file still exists
+    /// and names it (a file that no longer mentions the name cannot declare
+    /// it; that is how a stage moves to another file).
+    fn still_declares(&self, declared_in: &str, name: &str) -> bool {
+        if declared_in == TOML_DECLARATION {
+            return self.toml_declares(name);
+        }
+        let site = declaration_site(declared_in);
+        match site.strip_prefix("python:") {
+            Some(file) if file.ends_with(".py") => {
+                std::fs::read_to_string(self.root.join(file)).is_ok_and(|text| text.contains(name))
+            }
+            _ => false,
+        }
+    }
+
     /// Runs every (or one) stage in dependency order.
     pub fn run(&self, opts: &RunOptions, progress: &dyn Progress) -> Result<RunReport, FilesError> {
         if self.is_shared() {
@@ -1095,6 +1198,7 @@ impl Pipeline {
         let _lock = self.lock()?;
         let mut store = self.open_store()?;
         let selected = self.select(opts.stage.as_deref())?;
+        self.check_declarations(store.as_ref(), &selected)?;
         // Every stage is planned and guarded before anything is touched.
         let mut observed = Vec::with_capacity(selected.len());
         let mut refusals: Vec<Refusal> = Vec::new();
@@ -1142,6 +1246,9 @@ impl Pipeline {
         let mut report = RunReport::default();
         let mut upstream_worked = false;
         for (i, st) in selected.iter().enumerate() {
+            if progress.cancelled() {
+                break;
+            }
             let mut r = StageReport {
                 name: st.spec.name.clone(),
                 ..StageReport::default()
@@ -1356,7 +1463,7 @@ impl Pipeline {
         let dep_scope = self.scope(st);
         let run_written = RunWritten::default();
         let digests = DigestCache::default();
-        if st.observes() {
+        if st.records_deps() {
             let sets: Vec<Vec<deps::Dep>> = o
                 .prev
                 .dep_sets
@@ -1370,7 +1477,7 @@ impl Pipeline {
                 deps::forget_stale_bytecode(&dep_scope, &sets, &st.spec.recipe.files, &mut checker);
             }
         }
-        if st.observes() && st.output_place.is_none() {
+        if st.records_deps() && st.output_place.is_none() {
             self.note_outputs(work.iter().map(|c| c.output.as_str()), &run_written);
         }
         type Done = (usize, Result<Option<(String, String)>, String>, u64);
@@ -1381,7 +1488,7 @@ impl Pipeline {
                 let (work, next, abort, o) = (&work, &next, &abort, &o);
                 let (dep_scope, run_written, digests) = (&dep_scope, &run_written, &digests);
                 scope.spawn(move || loop {
-                    if abort.load(Ordering::Relaxed) {
+                    if abort.load(Ordering::Relaxed) || progress.cancelled() {
                         break;
                     }
                     let i = next.fetch_add(1, Ordering::Relaxed);
@@ -1538,6 +1645,7 @@ impl Pipeline {
             // recorded from a scratch run.
             observe: false,
             on_write: None,
+            reports_reads: false,
         }
     }
 
@@ -1613,6 +1721,7 @@ impl Pipeline {
             relpath,
             observe: st.observes(),
             on_write,
+            reports_reads: st.reports_reads(),
         };
         let seen;
         match &st.output_place {

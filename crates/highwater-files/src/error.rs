@@ -103,6 +103,12 @@ pub enum FilesError {
     UnknownStage { name: String, known: String },
     #[error("{}", refusals.iter().map(|r| r.to_string()).collect::<Vec<_>>().join("\n"))]
     Guard { refusals: Vec<Refusal> },
+    #[error("stage `{stage}` is declared in two places: {ours} and {theirs}. Stage names are one namespace per state store, and the two would delete each other's outputs; nothing was run. Rename one of them (`name=` on the Python decorator, or the `[stages.{stage}]` table in highwater.toml), or give one a state store of its own; if {theirs} no longer declares `{stage}`, remove the name from it")]
+    StageDeclaredTwice {
+        stage: String,
+        ours: String,
+        theirs: String,
+    },
     #[error("stages `{first_stage}` and `{second_stage}` both write `{output}` (from `{first_input}` and `{second_input}`): the later would overwrite the earlier, and both would be recorded as done. Give the stages separate output roots or templates")]
     StagesShareOutput {
         output: String,

@@ -56,6 +56,8 @@ pub struct Job<'a> {
     pub observe: bool,
     /// Told each path the observed command is about to write.
     pub on_write: Option<highwater_observe::OnWrite>,
+    /// Keep what a closure reports it read (`StageSpec::reports_reads`).
+    pub reports_reads: bool,
 }
 
 /// What an item's transform was seen to touch: `None` when it was not
@@ -93,32 +95,45 @@ pub fn run_transform(job: &Job<'_>, out: &Path) -> Result<Seen, String> {
 
 fn run_transform_inner(job: &Job<'_>, out: &Path) -> Result<Seen, String> {
     let mut seen = None;
-    let result = match job.transform {
-        Transform::Command(_) => run_command(job, out).map(|s| seen = s),
-        Transform::Closure(f) => {
-            let input_abs = job.input.map(|i| job.root.join(i));
-            let inputs_abs: Vec<PathBuf> = match job.input {
-                Some(i) => vec![job.root.join(i)],
-                None => job.inputs.iter().map(|i| job.root.join(i)).collect(),
-            };
-            let ctx = ItemContext {
-                input: input_abs.as_deref(),
-                inputs: &inputs_abs,
-                output: out,
-                relpath: job.relpath,
-            };
-            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&ctx))) {
-                Ok(r) => r,
-                Err(p) => Err(format!(
-                    "the transform panicked: {}",
-                    p.downcast_ref::<&str>()
-                        .map(|s| s.to_string())
-                        .or_else(|| p.downcast_ref::<String>().cloned())
-                        .unwrap_or_default()
-                )),
+    let result =
+        match job.transform {
+            Transform::Command(_) => run_command(job, out).map(|s| seen = s),
+            Transform::Closure(f) => {
+                let input_abs = job.input.map(|i| job.root.join(i));
+                let inputs_abs: Vec<PathBuf> = match job.input {
+                    Some(i) => vec![job.root.join(i)],
+                    None => job.inputs.iter().map(|i| job.root.join(i)).collect(),
+                };
+                let reads = std::sync::Mutex::new(None);
+                let ctx = ItemContext {
+                    input: input_abs.as_deref(),
+                    inputs: &inputs_abs,
+                    output: out,
+                    relpath: job.relpath,
+                    reads: &reads,
+                };
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&ctx))) {
+                    Ok(r) => {
+                        if job.reports_reads {
+                            seen = reads.into_inner().unwrap_or_else(|p| p.into_inner()).map(
+                                |mut o| {
+                                    o.finish();
+                                    o
+                                },
+                            );
+                        }
+                        r
+                    }
+                    Err(p) => Err(format!(
+                        "the transform panicked: {}",
+                        p.downcast_ref::<&str>()
+                            .map(|s| s.to_string())
+                            .or_else(|| p.downcast_ref::<String>().cloned())
+                            .unwrap_or_default()
+                    )),
+                }
             }
-        }
-    };
+        };
     let result = result.and_then(|()| match std::fs::symlink_metadata(out) {
         Ok(m) if m.is_file() => Ok(seen),
         Ok(_) => Err(format!(

@@ -13,6 +13,8 @@
 //! Layout:
 //! - [`config`]: `highwater.toml` into [`PipelineSpec`], with errors that name the file.
 //! - [`spec`]: the declarations: stages, transforms, recipes.
+//! - [`declared`]: stages a Python pipeline declared, as it recorded them
+//!   beside the state for the CLI (issue 48).
 //! - [`discover`]: glob walking and stat, and the output-root listing.
 //! - [`hash`]: BLAKE3 digests and fingerprints of files.
 //! - [`stat`]: many stats, fast, one open folder at a time (`fstatat`).
@@ -24,6 +26,7 @@
 //! - [`error`]: the error type.
 
 pub mod config;
+pub mod declared;
 pub mod deps;
 pub mod discover;
 pub mod engine;

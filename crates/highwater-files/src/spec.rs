@@ -40,6 +40,12 @@ pub struct ItemContext<'a> {
     pub output: &'a Path,
     /// The input's path relative to its glob's base folder.
     pub relpath: &'a str,
+    /// Where a closure that sees its own reads reports them (issue 48: a
+    /// Python stage's worker, by audit hooks): `read` and `written` as a
+    /// command's observation would hold them, `started_ns` when the item
+    /// started. Recorded as the item's dependencies when the stage says
+    /// `reports_reads`; ignored otherwise.
+    pub reads: &'a std::sync::Mutex<Option<highwater_observe::Observation>>,
 }
 
 /// What happens to an output when its input disappears.
@@ -98,6 +104,11 @@ pub struct StageSpec {
     /// recorded with each run, so that `status` and `serve` can show a stage
     /// that another program declared and ran on the same state (issue 22).
     pub declared_in: String,
+    /// A closure transform that reports what it read through
+    /// `ItemContext::reads` (a Python stage, issue 48): those reads are
+    /// the item's dependencies, with the same evidence, racy rule and
+    /// noise rules as an observed command's.
+    pub reports_reads: bool,
 }
 
 impl StageSpec {
@@ -120,6 +131,7 @@ impl StageSpec {
             observe_ignore: Vec::new(),
             observe_ignore_defaults: true,
             declared_in: "highwater.toml".to_string(),
+            reports_reads: false,
         }
     }
 

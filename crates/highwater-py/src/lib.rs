@@ -13,32 +13,29 @@
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use highwater_core::plan::Reason;
-use highwater_files::{OnDelete, Pipeline, PipelineSpec, RunOptions, StageSpec, Transform};
-use pyo3::exceptions::PyException;
+use highwater_files::{Pipeline, PipelineSpec, RunOptions, Transform};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-pyo3::create_exception!(
-    _core,
-    HighwaterError,
-    PyException,
-    "The engine refused or failed; the message names what and why."
-);
-pyo3::create_exception!(
-    _core,
-    GuardError,
-    HighwaterError,
-    "The guard refused the run: too many items would be redone (pass force=True)."
-);
+// The package's own exceptions (python/highwater/errors.py, issue 48):
+// raised here as those very classes, so that they carry the package's name
+// and pickle.
+pyo3::import_exception!(highwater.errors, HighwaterError);
+pyo3::import_exception!(highwater.errors, GuardError);
 
 /// Jobs per run, whatever the caller asks for (the engine caps it again).
 const JOBS_MAX: usize = 1024;
 
 fn err(e: highwater_files::FilesError) -> PyErr {
     match e {
-        highwater_files::FilesError::Guard { .. } => GuardError::new_err(e.to_string()),
+        // The engine's message is the CLI's; a Python caller passes a
+        // keyword, not a flag.
+        highwater_files::FilesError::Guard { .. } => {
+            GuardError::new_err(e.to_string().replace("--force", "force=True"))
+        }
         _ => HighwaterError::new_err(e.to_string()),
     }
 }
@@ -160,61 +157,6 @@ fn to_py<'py>(py: Python<'py>, v: &serde_json::Value) -> PyResult<Bound<'py, PyA
     })
 }
 
-/// One stage as the Python package declares it, in JSON.
-fn stage_from_json(v: &serde_json::Value, transform: Transform) -> PyResult<StageSpec> {
-    let name = v["name"]
-        .as_str()
-        .ok_or_else(|| bad(format!("a stage declaration has no name: {v}")))?;
-    // The CLI's rule for stage names: they become metric labels, page
-    // cells and file names beside the state.
-    if !highwater_files::config::name_ok(name) {
-        return Err(bad(format!(
-            "stage name {name:?}: use only letters, digits, `_` and `-`"
-        )));
-    }
-    let strs = |key: &str| -> PyResult<Vec<String>> {
-        v[key]
-            .as_array()
-            .ok_or_else(|| bad(format!("stage `{name}`: `{key}` must be a list of strings")))?
-            .iter()
-            .map(|s| {
-                s.as_str().map(str::to_string).ok_or_else(|| {
-                    bad(format!("stage `{name}`: `{key}` must be a list of strings"))
-                })
-            })
-            .collect()
-    };
-    let inputs = strs("inputs")?;
-    let output = v["output"]
-        .as_str()
-        .ok_or_else(|| bad(format!("stage `{name}`: `output` must be a string")))?;
-    let refs: Vec<&str> = inputs.iter().map(String::as_str).collect();
-    let mut s = StageSpec::new(name, &refs, output, transform);
-    if let Some(g) = v["guard"].as_f64() {
-        s.guard = g;
-    }
-    if let Some(n) = v["guard_items_min"].as_u64() {
-        s.guard_items_min = n as usize;
-    }
-    match v["on_delete"].as_str() {
-        None | Some("remove") => {}
-        Some("keep") => s.on_delete = OnDelete::Keep,
-        Some(o) => {
-            return Err(bad(format!(
-                "stage `{name}`: on_delete = {o:?}; use \"remove\" or \"keep\""
-            )))
-        }
-    }
-    // The code recipe is computed in Python and arrives as a config: each
-    // named component's digest changes the recipe id.
-    s.recipe.version = v["version"].as_str().unwrap_or_default().to_string();
-    s.recipe.config = v["recipe"].clone();
-    s.declared_in = v["declared_in"].as_str().unwrap_or("python").to_string();
-    // Closures are never observed; said here so that no note claims otherwise.
-    s.observe = false;
-    Ok(s)
-}
-
 fn spec(
     root: &str,
     state: Option<&str>,
@@ -231,9 +173,19 @@ fn spec(
         .ok_or_else(|| bad("stage declarations must be a list".into()))?
     {
         let name = v["name"].as_str().unwrap_or_default();
-        p.stages.push(stage_from_json(v, make(name))?);
+        p.stages
+            .push(highwater_files::declared::stage_from_json(v, make(name)).map_err(bad)?);
     }
     Pipeline::open(p).map_err(err)
+}
+
+/// Records the declarations beside the state, for the CLI's `plan`,
+/// `status` and `deps` (issue 48); written only when they change.
+fn record(p: &Pipeline, stages: &Bound<'_, PyAny>) -> PyResult<()> {
+    let decls = to_json(stages, 0)?;
+    let decls = decls.as_array().cloned().unwrap_or_default();
+    let path = highwater_files::declared::record_path(p.state_path());
+    highwater_files::declared::record(&path, &decls).map_err(err)
 }
 
 fn plan_only(_: &str) -> Transform {
@@ -285,6 +237,7 @@ fn plan<'py>(
             Ok((plans, last))
         })
         .map_err(err)?;
+    record(&p, stages)?;
     let recipes = recipes(&p);
     let stages: Vec<_> = plans
         .iter()
@@ -298,6 +251,11 @@ fn plan<'py>(
                 "counts": s.counts().iter().map(|(r, n)| (r.as_str(), *n)).collect::<std::collections::BTreeMap<_, _>>(),
                 "changed": s.changed.iter().map(|c| serde_json::json!({
                     "input": c.item, "reason": c.reason, "output": c.output,
+                    "dependency": c.dependency,
+                    // The input's digests now (what a run would record;
+                    // None for a deleted item): Dagster's data version of
+                    // the stage's inputs (issue 48).
+                    "digests": c.observation.as_ref().map(|o| o.digests.to_vec()),
                 })).collect::<Vec<_>>(),
             })
         })
@@ -305,11 +263,84 @@ fn plan<'py>(
     to_py(py, &serde_json::json!({ "stages": stages }))
 }
 
+/// A run's stop switch (issue 48): `set()` (a Ctrl-C in the calling
+/// thread) stops the engine from starting any further item or stage; the
+/// items running finish and are recorded.
+#[pyclass(frozen)]
+struct Cancel {
+    flag: Arc<AtomicBool>,
+}
+
+#[pymethods]
+impl Cancel {
+    #[new]
+    fn new() -> Self {
+        Cancel {
+            flag: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// Stops the run at the next item.
+    fn set(&self) {
+        self.flag.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether `set()` was called.
+    fn is_set(&self) -> bool {
+        self.flag.load(Ordering::SeqCst)
+    }
+}
+
+/// The engine's progress sink for a Python run: the stop switch, and a
+/// progress bar on stderr when stderr is a terminal (issue 48; nothing
+/// otherwise: a library prints nothing unasked, and the Python side logs
+/// each stage's outcome to the `highwater` logger).
+struct Stop {
+    flag: Option<Arc<AtomicBool>>,
+    bar: std::sync::Mutex<Option<indicatif::ProgressBar>>,
+    tty: bool,
+}
+
+impl highwater_files::Progress for Stop {
+    fn stage_start(&self, stage: &str, items: usize) {
+        if !self.tty || items == 0 {
+            return;
+        }
+        let bar = indicatif::ProgressBar::with_draw_target(
+            Some(items as u64),
+            indicatif::ProgressDrawTarget::stderr(),
+        );
+        if let Ok(style) = indicatif::ProgressStyle::with_template(
+            "{prefix} [{bar:30}] {pos}/{len} {elapsed} eta {eta}",
+        ) {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        bar.set_prefix(stage.to_string());
+        *self.bar.lock().unwrap_or_else(|e| e.into_inner()) = Some(bar);
+    }
+
+    fn item_done(&self, _stage: &str, _item: &str, _ok: bool) {
+        if let Some(b) = self.bar.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            b.inc(1);
+        }
+    }
+
+    fn stage_done(&self, _stage: &str) {
+        if let Some(b) = self.bar.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            b.finish_and_clear();
+        }
+    }
+
+    fn cancelled(&self) -> bool {
+        self.flag.as_ref().is_some_and(|f| f.load(Ordering::SeqCst))
+    }
+}
+
 /// Runs every (or one) stage. `dispatch(stage, input, inputs, output,
 /// relpath)` runs one item and returns None, or the error (the traceback)
 /// as a string. Returns the run report.
 #[pyfunction]
-#[pyo3(signature = (root, state, stages, dispatch, jobs, force=false, only=None))]
+#[pyo3(signature = (root, state, stages, dispatch, jobs, force=false, only=None, cancel=None))]
 #[allow(clippy::too_many_arguments)]
 fn run<'py>(
     py: Python<'py>,
@@ -320,12 +351,19 @@ fn run<'py>(
     jobs: usize,
     force: bool,
     only: Option<String>,
+    cancel: Option<&Bound<'_, Cancel>>,
 ) -> PyResult<Bound<'py, PyAny>> {
+    let stop = Stop {
+        flag: cancel.map(|c| c.get().flag.clone()),
+        bar: std::sync::Mutex::new(None),
+        tty: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+    };
     let dispatch = Arc::new(dispatch);
     let make = |stage: &str| -> Transform {
         let d = dispatch.clone();
         let stage = stage.to_string();
         Transform::Closure(Arc::new(move |ctx| {
+            let started_ns = highwater_observe::coarse_now_ns();
             Python::attach(|py| {
                 let inputs = PyList::new(
                     py,
@@ -344,12 +382,34 @@ fn run<'py>(
                         ),
                     )
                     .map_err(|e| format!("the dispatcher failed: {e}"))?;
-                if r.is_none(py) {
-                    Ok(())
-                } else {
-                    Err(r
-                        .extract::<String>(py)
-                        .unwrap_or_else(|_| "the item failed".to_string()))
+                // None (done), the error as text, or (error or None, paths
+                // read, paths written): what the worker's audit hook saw.
+                let (error, reads) =
+                    match r.extract::<(Option<String>, Vec<String>, Vec<String>)>(py) {
+                        Ok((e, read, written)) => (e, Some((read, written))),
+                        Err(_) if r.is_none(py) => (None, None),
+                        Err(_) => (
+                            Some(
+                                r.extract::<String>(py)
+                                    .unwrap_or_else(|_| "the item failed".to_string()),
+                            ),
+                            None,
+                        ),
+                    };
+                if let Some((read, written)) = reads {
+                    let obs = highwater_observe::Observation {
+                        read: read.into_iter().map(PathBuf::from).collect(),
+                        written: written.into_iter().map(PathBuf::from).collect(),
+                        started_ns,
+                        ..Default::default()
+                    };
+                    if let Ok(mut slot) = ctx.reads.lock() {
+                        *slot = Some(obs);
+                    }
+                }
+                match error {
+                    None => Ok(()),
+                    Some(e) => Err(e),
                 }
             })
         }))
@@ -361,9 +421,8 @@ fn run<'py>(
         force,
         rehash: false,
     };
-    let report = py
-        .detach(|| p.run(&opts, &highwater_files::NoProgress))
-        .map_err(err)?;
+    let report = py.detach(|| p.run(&opts, &stop)).map_err(err)?;
+    record(&p, stages)?;
     let mut v = serde_json::to_value(&report).map_err(|e| bad(e.to_string()))?;
     v["recipes"] = recipes(&p);
     to_py(py, &v)
@@ -410,6 +469,22 @@ fn export<'py>(
     to_py(py, &v)
 }
 
+/// `highwater deps STAGE --json`: each item's recorded dependencies (the
+/// files its function read) and whether each changed since.
+#[pyfunction]
+#[pyo3(signature = (root, state, stages, stage))]
+fn deps<'py>(
+    py: Python<'py>,
+    root: &str,
+    state: Option<&str>,
+    stages: &Bound<'_, PyAny>,
+    stage: &str,
+) -> PyResult<Bound<'py, PyAny>> {
+    let p = spec(root, state, stages, &plan_only)?;
+    let v = py.detach(|| p.deps(stage, None)).map_err(err)?;
+    to_py(py, &serde_json::json!(v))
+}
+
 /// The `highwater` command line, in this process; argv[0] is the program.
 #[pyfunction]
 fn cli_main(py: Python<'_>, argv: Vec<String>) -> i32 {
@@ -423,9 +498,11 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(recipe_ids, m)?)?;
     m.add_function(wrap_pyfunction!(status, m)?)?;
     m.add_function(wrap_pyfunction!(export, m)?)?;
+    m.add_function(wrap_pyfunction!(deps, m)?)?;
     m.add_function(wrap_pyfunction!(cli_main, m)?)?;
     m.add("HighwaterError", m.py().get_type::<HighwaterError>())?;
     m.add("GuardError", m.py().get_type::<GuardError>())?;
+    m.add_class::<Cancel>()?;
     m.add("ENGINE_VERSION", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
