@@ -36,7 +36,8 @@ class Item(Record):
     """One changed item of a plan."""
 
     # `detail`, for reason "recipe": the components that changed, e.g.
-    # "helpers.clean".
+    # "helpers.clean"; for "content" over landed windows (issue 49): the
+    # windows re-landed with changed rows.
     __slots__ = _fields = ("input", "output", "reason", "detail")
     _defaults = {"detail": None}
 
@@ -108,16 +109,24 @@ class _Stage(Record):
 
 
 class Pipeline:
-    def __init__(self, root: str | os.PathLike = ".", state: str | None = None):
+    def __init__(
+        self,
+        root: str | os.PathLike = ".",
+        state: str | None = None,
+        config: str | None = None,
+    ):
         self.root = os.path.abspath(os.fspath(root))
         # Relative to root, as `[state] path` in highwater.toml.
         self.state = state
+        # The highwater.toml whose [sources] stages over windows read
+        # (relative to root); its stages are not this pipeline's.
+        self.config = config
         self._stages: dict[str, _Stage] = {}
 
     # -- declaring ----------------------------------------------------------
     def stage(
         self,
-        inputs: Iterable[str],
+        inputs: Iterable[str] | dict[str, str],
         output: str,
         name: str | None = None,
         version: str | None = None,
@@ -129,9 +138,19 @@ class Pipeline:
         """Declares `fn(input, output)` (each a pathlib.Path) as a stage.
 
         `version=` replaces the code recipe with that string; `ignore=` drops
-        the named components (and what only they reach) from it."""
+        the named components (and what only they reach) from it.
+
+        `inputs={"source": "orders", "by": "day"}` makes the items a
+        source's landed windows (issue 49; the source is read from
+        `Pipeline(config=...)`): `fn(files, output, window)` gets the
+        window's current data files, the output and `(start, end)`."""
         if isinstance(inputs, str):
             inputs = [inputs]
+        if isinstance(inputs, dict) and self.config is None:
+            raise ValueError(
+                "a stage over a source's windows reads the source from a config: "
+                'give Pipeline(config="highwater.toml")'
+            )
 
         def deco(fn: Callable) -> Callable:
             n = name or fn.__name__
@@ -145,7 +164,15 @@ class Pipeline:
             if n in self._stages and self._stages[n].fn is not fn:
                 raise ValueError(f"stage {n!r} is declared twice; give one of them name=")
             self._stages[n] = _Stage(
-                n, fn, list(inputs), output, version, list(ignore), guard, guard_items_min, on_delete
+                n,
+                fn,
+                dict(inputs) if isinstance(inputs, dict) else list(inputs),
+                output,
+                version,
+                list(ignore),
+                guard,
+                guard_items_min,
+                on_delete,
             )
             # The function itself: the pool pickles it by reference.
             return fn
@@ -175,6 +202,8 @@ class Pipeline:
                 # highwater.toml stages of the same state.
                 "declared_in": f"python:{_where(s.fn, self.root)}",
             }
+            if isinstance(s.inputs, dict):
+                d["sources_from"] = self.config
             if s.guard is not None:
                 d["guard"] = s.guard
             if s.guard_items_min is not None:
@@ -238,7 +267,7 @@ class Pipeline:
                     c["input"],
                     c["output"],
                     c["reason"],
-                    detail if c["reason"] == "recipe" else None,
+                    detail if c["reason"] == "recipe" else c.get("detail"),
                 )
                 for c in s["changed"]
             ]
@@ -269,7 +298,12 @@ class Pipeline:
 
         jobs = jobs or os.cpu_count() or 1
         recipes = self.recipes()
-        runner = Runner({n: s.fn for n, s in self._stages.items()}, jobs, in_process)
+        runner = Runner(
+            {n: s.fn for n, s in self._stages.items()},
+            jobs,
+            in_process,
+            windows={n for n, s in self._stages.items() if isinstance(s.inputs, dict)},
+        )
         try:
             raw = _core.run(
                 self.root,

@@ -22,11 +22,21 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable
 
 
-def _run_item(fn: Callable, input: str | None, inputs: list[str], output: str) -> str | None:
+def _run_item(
+    fn: Callable,
+    input: str | None,
+    inputs: list[str],
+    output: str,
+    window: tuple[str, str] | None = None,
+) -> str | None:
     """In the worker: run one item; None, or the traceback as text."""
     try:
         out = pathlib.Path(output)
-        if input is None:
+        if window is not None:
+            # A stage over landed windows (issue 49): its data files, the
+            # output and the item's (start, end), RFC 3339.
+            fn([pathlib.Path(p) for p in inputs], out, window)
+        elif input is None:
             fn([pathlib.Path(p) for p in inputs], out)
         else:
             fn(pathlib.Path(input), out)
@@ -36,8 +46,16 @@ def _run_item(fn: Callable, input: str | None, inputs: list[str], output: str) -
 
 
 class Runner:
-    def __init__(self, functions: dict[str, Callable], jobs: int, in_process: bool = False):
+    def __init__(
+        self,
+        functions: dict[str, Callable],
+        jobs: int,
+        in_process: bool = False,
+        windows: set[str] = frozenset(),
+    ):
         self.functions = functions
+        # Stages over landed windows: their items' relpath is START/END.
+        self.windows = windows
         self.jobs = jobs
         self.in_process = in_process
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
@@ -61,11 +79,12 @@ class Runner:
         self, stage: str, input: str | None, inputs: list[str], output: str, relpath: str
     ) -> str | None:
         fn = self.functions[stage]
+        window = tuple(relpath.split("/", 1)) if stage in self.windows else None
         if self.in_process:
-            return _run_item(fn, input, inputs, output)
+            return _run_item(fn, input, inputs, output, window)
         pool = self._get_pool()
         try:
-            return pool.submit(_run_item, fn, input, inputs, output).result()
+            return pool.submit(_run_item, fn, input, inputs, output, window).result()
         except BrokenProcessPool as e:
             self._replace_broken(pool)
             return (

@@ -48,8 +48,12 @@ pub fn plan(out: &mut impl Write, plans: &[StagePlan], as_json: bool) -> io::Res
                         if let Some(d) = &c.dependency {
                             v["dependency"] = json!(d);
                         }
+                        if let Some(d) = p.details.get(&c.item) {
+                            v["detail"] = json!(d);
+                        }
                         v
                     }).collect::<Vec<_>>(),
+                    "held": p.held,
                     "notes": p.notes,
                 })
             })
@@ -73,12 +77,16 @@ pub fn plan(out: &mut impl Write, plans: &[StagePlan], as_json: bool) -> io::Res
         for n in &p.notes {
             writeln!(out, "  note: {n}")?;
         }
+        if !p.held.is_empty() {
+            writeln!(out, "  held {} of {}", p.held.len(), p.total)?;
+        }
         for c in &p.changed {
-            match &c.dependency {
+            match c.dependency.as_ref().or(p.details.get(&c.item)) {
                 Some(d) => writeln!(out, "  {:<8} {} ({d})", c.reason.as_str(), c.item)?,
                 None => writeln!(out, "  {:<8} {}", c.reason.as_str(), c.item)?,
             }
         }
+        held_lines(out, &p.held)?;
         if !p.changed.is_empty() {
             writeln!(
                 out,
@@ -98,6 +106,15 @@ pub fn plan(out: &mut impl Write, plans: &[StagePlan], as_json: bool) -> io::Res
                 writeln!(out, "  dependency {d}: {n}")?;
             }
         }
+    }
+    Ok(())
+}
+
+/// Items held back (issue 49), one line each.
+fn held_lines(out: &mut impl Write, held: &[highwater_core::plan::Held]) -> io::Result<()> {
+    for h in held {
+        let what = if h.waiting { "waiting" } else { "held" };
+        writeln!(out, "  {what:<8} {}: {}", h.item, h.why)?;
     }
     Ok(())
 }
@@ -137,6 +154,7 @@ fn stage_lines(out: &mut impl Write, s: &StageReport) -> io::Result<()> {
     if let Some(b) = &s.blocked {
         writeln!(out, "  {b}")?;
     }
+    held_lines(out, &s.held)?;
     Ok(())
 }
 

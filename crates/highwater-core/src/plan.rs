@@ -172,6 +172,25 @@ pub struct StagePlan {
     /// Said once per stage with the plan, e.g. that its recipe is declared
     /// only (`observe = false`).
     pub notes: Vec<String>,
+    /// Items that may not run now, since part of what they cover is not
+    /// ready (a stage over landed windows, issue 49: a window missing,
+    /// failed or stale). Neither changed nor unchanged; counted in `total`.
+    pub held: Vec<Held>,
+    /// What changed inside a changed item, beyond its reason, by item (a
+    /// window re-landed with other rows, issue 49).
+    pub details: BTreeMap<String, String>,
+}
+
+/// An item held back from running (issue 49).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Held {
+    pub item: String,
+    pub output: String,
+    /// Why, naming the first part that is not ready and how many are not.
+    pub why: String,
+    /// Only waiting for parts not produced yet (windows after the newest
+    /// landed one): normal at the frontier, not a failure.
+    pub waiting: bool,
 }
 
 impl StagePlan {

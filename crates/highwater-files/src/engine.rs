@@ -32,6 +32,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 mod fleet;
+mod items;
 
 /// The committer writes a transaction at least every this many results...
 pub const COMMIT_BATCH_ITEMS_MAX: usize = 512;
@@ -97,6 +98,10 @@ pub struct StageReport {
     pub blocked: Option<String>,
     pub reasons: BTreeMap<String, usize>,
     pub changes: Vec<ChangeRow>,
+    /// Items held back: part of what they cover is not ready (issue 49).
+    /// One that is not only waiting makes the run partial (exit 1).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub held: Vec<plan::Held>,
     pub duration_ms: u64,
     /// On shared state: what this process did of the fleet's work.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -139,6 +144,7 @@ impl StageReport {
                     output: c.output.clone(),
                 })
                 .collect(),
+            held: plan.held.clone(),
             ..StageReport::default()
         }
     }
@@ -154,7 +160,11 @@ impl RunReport {
     pub fn failed(&self) -> usize {
         self.stages
             .iter()
-            .map(|s| s.failed.len() + usize::from(s.blocked.is_some()))
+            .map(|s| {
+                s.failed.len()
+                    + usize::from(s.blocked.is_some())
+                    + s.held.iter().filter(|h| !h.waiting).count()
+            })
             .sum()
     }
 }
@@ -211,6 +221,8 @@ struct Stage {
     settings: PlanSettings,
     /// The stages whose outputs this one reads.
     upstream: Vec<String>,
+    /// Set: the items come from this source, not from globs (issue 49).
+    items: Option<Box<dyn crate::inputs::ItemSource>>,
 }
 
 impl Stage {
@@ -256,6 +268,9 @@ struct Observed {
     /// (an aggregate: its one output), for the check that no two stages
     /// write one path.
     rendered: Vec<(String, String)>,
+    /// A stage over another kind of input (issue 49): each changed item's
+    /// parts, recorded with its output.
+    parts: HashMap<String, Vec<crate::inputs::Part>>,
 }
 
 /// A validated pipeline, ready to plan and run.
@@ -325,7 +340,17 @@ impl Pipeline {
         }
         let mut stages = Vec::new();
         let storage_names: Vec<&str> = spec.storage.keys().map(String::as_str).collect();
-        for s in spec.stages {
+        for mut s in spec.stages {
+            let items = match &s.items {
+                Some(i) => Some(crate::inputs::open(&s.name, i, &spec.providers)?),
+                None => None,
+            };
+            let vars = items.as_ref().map_or(Default::default(), |i| i.vars());
+            if let Some(i) = &items {
+                // What the items' commands read of their inputs is evidence
+                // through the parts' digests, never as dependencies.
+                s.observe_ignore.extend(i.input_globs());
+            }
             let tpl_err = |source| FilesError::Template {
                 stage: s.name.clone(),
                 source,
@@ -370,7 +395,16 @@ impl Pipeline {
                 input_globs.push(rest);
             }
             let (output_place, output_rest) = place("output", &s.output)?;
-            let template = OutputTemplate::parse(&output_rest).map_err(tpl_err)?;
+            let template = OutputTemplate::parse_in(&output_rest, vars).map_err(tpl_err)?;
+            if items.is_some() && template.is_aggregate() {
+                return Err(FilesError::Inputs {
+                    stage: s.name.clone(),
+                    message: format!(
+                        "output `{}` names one file for every item; put {{window_start}}, {{day}} or {{month}} in it",
+                        s.output
+                    ),
+                });
+            }
             if input_place.is_some() && template.is_aggregate() {
                 return Err(FilesError::Places {
                     stage: s.name.clone(),
@@ -389,7 +423,7 @@ impl Pipeline {
                         }
                     })?;
                     argv.iter()
-                        .map(|a| ArgTemplate::parse(a))
+                        .map(|a| ArgTemplate::parse_in(a, vars))
                         .collect::<Result<Vec<_>, _>>()
                         .map_err(tpl_err)?
                 }
@@ -435,6 +469,7 @@ impl Pipeline {
                 args,
                 settings,
                 upstream: Vec::new(),
+                items,
             });
         }
         let stages = topo_order(stages)?;
@@ -733,6 +768,9 @@ impl Pipeline {
         rehash: bool,
         prev: Option<StageEntries>,
     ) -> Result<Observed, FilesError> {
+        if let Some(src) = &st.items {
+            return self.observe_items(st, src.as_ref(), rehash, prev);
+        }
         let name = &st.spec.name;
         let load = || -> Result<StageEntries, FilesError> {
             match prev {
@@ -945,6 +983,7 @@ impl Pipeline {
             found,
             inputs,
             rendered,
+            parts: HashMap::new(),
         })
     }
 
@@ -952,6 +991,9 @@ impl Pipeline {
     /// digest), with the input of each: the cross-stage check of a shared
     /// run, which does not observe every stage before the first one runs.
     fn rendered_outputs(&self, st: &Stage) -> Result<Vec<(String, String)>, FilesError> {
+        if let Some(src) = &st.items {
+            return self.rendered_items(st, src.as_ref());
+        }
         let name = &st.spec.name;
         let found: Vec<Found> = match &st.input_place {
             Some(place) => {
@@ -1389,7 +1431,7 @@ impl Pipeline {
                     let t0 = Instant::now();
                     let sink = run_written.sink(dep_scope.keyer());
                     let r = self.make_item(st, c, o, Some(sink)).map(|seen| {
-                        seen.map(|seen| {
+                        let set = seen.map(|seen| {
                             run_written.add(seen.written.iter().map(|p| dep_scope.key(p)));
                             let mut own: Vec<String> = if st.template.is_aggregate() {
                                 o.inputs.clone()
@@ -1397,14 +1439,9 @@ impl Pipeline {
                                 vec![c.item.clone()]
                             };
                             own.push(c.output.clone());
-                            deps::encode(&deps::record(
-                                dep_scope,
-                                &seen,
-                                &own,
-                                run_written,
-                                digests,
-                            ))
-                        })
+                            deps::record(dep_scope, &seen, &own, run_written, digests)
+                        });
+                        items::with_parts(set, o.parts.get(&c.item))
                     });
                     let ms = t0.elapsed().as_millis() as u64;
                     if tx.send((i, r, ms)).is_err() {
@@ -1488,13 +1525,19 @@ impl Pipeline {
             "deleted": report.deleted,
             "failed": report.failed.len(),
             "reasons": report.reasons,
+            "held": report.held,
             "declared_in": st.spec.declared_in,
             // What the recipe id stands for, kept in the state beside the
             // run, so that the next plan can name which part changed (a
             // Python stage's code components, issue 22).
             "recipe": {"id": st.settings.recipe, "config": st.spec.recipe.config},
         });
-        let exit = if report.failed.is_empty() { 0 } else { 1 };
+        let held = report.held.iter().any(|h| !h.waiting);
+        let exit = if report.failed.is_empty() && !held {
+            0
+        } else {
+            1
+        };
         store.finish_run(run_id, now_ns(), &summary, exit)?;
         Ok(())
     }
@@ -1539,6 +1582,13 @@ impl Pipeline {
             observe: false,
             on_write: None,
         }
+    }
+
+    /// The relpath of `item` as discovered, or "".
+    fn relpath_of<'o>(&self, o: &'o Observed, item: &str) -> &'o str {
+        o.found
+            .binary_search_by(|f| f.item.as_str().cmp(item))
+            .map_or("", |i| o.found[i].relpath())
     }
 
     /// Makes one item's output durable and visible, or says why not.
@@ -1590,7 +1640,14 @@ impl Pipeline {
         } else {
             None
         };
+        // A stage over windows (issue 49): `{files}` are the item's
+        // current data files, found as it runs.
+        let files = match &st.items {
+            Some(src) => Some(src.files(relpath)?),
+            None => None,
+        };
         let input: Option<String> = match (&st.input_place, aggregate) {
+            _ if files.is_some() => None,
             (_, true) => None,
             (None, false) => Some(item.to_string()),
             (Some(place), false) => {
@@ -1609,7 +1666,11 @@ impl Pipeline {
             args: &st.args,
             input: input.as_deref(),
             // A per-item job's `{inputs}` is its one input (see `exec`).
-            inputs: if aggregate { inputs } else { &[] },
+            inputs: match &files {
+                Some(f) => f,
+                None if aggregate => inputs,
+                None => &[],
+            },
             relpath,
             observe: st.observes(),
             on_write,
@@ -1743,7 +1804,20 @@ impl Pipeline {
                     let temp = scratch
                         .join(format!("item-{n}"))
                         .join(Path::new(&e.output).file_name().unwrap_or_default());
-                    let outcome = match exec::run_transform(&self.job(st, &e.item, &o), &temp) {
+                    // A stage over windows: the item's data files now.
+                    let files = match &st.items {
+                        Some(src) => src.files(self.relpath_of(&o, &e.item)).map(Some),
+                        None => Ok(None),
+                    };
+                    let run = files.and_then(|files| {
+                        let mut job = self.job(st, &e.item, &o);
+                        if let Some(f) = &files {
+                            job.input = None;
+                            job.inputs = f;
+                        }
+                        exec::run_transform(&job, &temp)
+                    });
+                    let outcome = match run {
                         Err(error) => VerifyOutcome::Failed { error },
                         Ok(_) => compare_files(&temp, &self.root.join(&e.output)),
                     };
@@ -1853,6 +1927,12 @@ impl Pipeline {
                 "entries": entries.items.len(),
                 "ok": entries.items.len() - failed.len(),
                 "failed": failed,
+                // Items the last run held back (issue 49), as it said.
+                "held": runs
+                    .iter()
+                    .find(|r| r.stage == name)
+                    .and_then(|r| r.summary["held"].as_array().cloned())
+                    .unwrap_or_default(),
                 "last_run": last,
             }))
         };

@@ -14,6 +14,8 @@
 //! - [`config`]: `highwater.toml` into [`PipelineSpec`], with errors that name the file.
 //! - [`spec`]: the declarations: stages, transforms, recipes.
 //! - [`discover`]: glob walking and stat, and the output-root listing.
+//! - [`inputs`]: the other kinds of item discovery behind one trait, one
+//!   file per kind (`windows`: a source's landed windows, issue 49).
 //! - [`hash`]: BLAKE3 digests and fingerprints of files.
 //! - [`stat`]: many stats, fast, one open folder at a time (`fstatat`).
 //! - [`recipe`]: gathers recipe parts (code files, tool versions).
@@ -30,6 +32,7 @@ pub mod engine;
 pub mod error;
 pub mod exec;
 pub mod hash;
+pub mod inputs;
 pub mod recipe;
 pub mod spec;
 pub mod stat;

@@ -184,12 +184,25 @@ fn stage_from_json(v: &serde_json::Value, transform: Transform) -> PyResult<Stag
             })
             .collect()
     };
-    let inputs = strs("inputs")?;
+    // A table of inputs names a source's landed windows (issue 49).
+    let items = match &v["inputs"] {
+        serde_json::Value::Object(_) => Some(
+            highwater_files::inputs::InputsSpec::from_json(&v["inputs"])
+                .map_err(|m| bad(format!("stage `{name}`: {m}")))?,
+        ),
+        _ => None,
+    };
+    let inputs = if items.is_some() {
+        Vec::new()
+    } else {
+        strs("inputs")?
+    };
     let output = v["output"]
         .as_str()
         .ok_or_else(|| bad(format!("stage `{name}`: `output` must be a string")))?;
     let refs: Vec<&str> = inputs.iter().map(String::as_str).collect();
     let mut s = StageSpec::new(name, &refs, output, transform);
+    s.items = items;
     if let Some(g) = v["guard"].as_f64() {
         s.guard = g;
     }
@@ -226,12 +239,24 @@ fn spec(
     if let Some(s) = state {
         p.state = PathBuf::from(s);
     }
-    for v in stages
+    let list = stages
         .as_array()
-        .ok_or_else(|| bad("stage declarations must be a list".into()))?
-    {
+        .ok_or_else(|| bad("stage declarations must be a list".into()))?;
+    for v in list {
         let name = v["name"].as_str().unwrap_or_default();
         p.stages.push(stage_from_json(v, make(name))?);
+    }
+    // Stages over a source's windows (issue 49) name the config that
+    // declares the source: its [sources] and [storage] are read from it.
+    if let Some(cfg) = list.iter().find_map(|v| v["sources_from"].as_str()) {
+        let root = PathBuf::from(root);
+        let path = root.join(cfg);
+        let c = highwater_files::config::load(&path).map_err(err)?;
+        p.sources = c.sources;
+        p.storage = c.storage;
+        p.providers.landed = Some(Arc::new(highwater_cli::landed::IngestLanded::new(
+            &p, &path, &root,
+        )));
     }
     Pipeline::open(p).map_err(err)
 }
@@ -298,7 +323,9 @@ fn plan<'py>(
                 "counts": s.counts().iter().map(|(r, n)| (r.as_str(), *n)).collect::<std::collections::BTreeMap<_, _>>(),
                 "changed": s.changed.iter().map(|c| serde_json::json!({
                     "input": c.item, "reason": c.reason, "output": c.output,
+                    "detail": s.details.get(&c.item),
                 })).collect::<Vec<_>>(),
+                "held": s.held,
             })
         })
         .collect();

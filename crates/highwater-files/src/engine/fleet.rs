@@ -71,6 +71,10 @@ struct Payload {
     /// An aggregate's inputs (empty for a per-item stage).
     #[serde(default)]
     inputs: Vec<String>,
+    /// A stage over an item source (issue 49): the parts the item is made
+    /// from, recorded with its entry.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    parts: Vec<crate::inputs::Part>,
 }
 
 impl Payload {
@@ -557,6 +561,7 @@ impl Pipeline {
                 } else {
                     Vec::new()
                 },
+                parts: o.parts.get(&c.item).cloned().unwrap_or_default(),
             };
             let text = serde_json::to_string(&payload).expect("a payload is plain data");
             items.push((c.item.clone(), text));
@@ -741,7 +746,7 @@ impl Pipeline {
             Some(sink),
         )?;
         Ok(made.map(|seen| {
-            seen.map(|seen| {
+            let set = seen.map(|seen| {
                 let scope = &seeing.scope;
                 seeing
                     .written
@@ -752,14 +757,10 @@ impl Pipeline {
                     vec![c.item.clone()]
                 };
                 own.push(payload.output.clone());
-                deps::encode(&deps::record(
-                    scope,
-                    &seen,
-                    &own,
-                    &seeing.written,
-                    &seeing.digests,
-                ))
-            })
+                deps::record(scope, &seen, &own, &seeing.written, &seeing.digests)
+            });
+            let parts = (!payload.parts.is_empty()).then_some(&payload.parts);
+            super::items::with_parts(set, parts)
         }))
     }
 }
