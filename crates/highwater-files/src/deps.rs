@@ -94,11 +94,6 @@ pub enum DepKind {
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         list: Vec<String>,
     },
-    /// A part the item was made from that is not a file (issue 49: a
-    /// landed window, `SOURCE@START`), with the digest of its content
-    /// then. The item's own evidence covers it, so it never counts as
-    /// changed here; it is kept so that a plan can name which part did.
-    Window { digest: String },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -133,7 +128,6 @@ impl DepKind {
             DepKind::Absent => "absent",
             DepKind::Listed { .. } => "listed",
             DepKind::Link { .. } => "link",
-            DepKind::Window { .. } => "window",
         }
     }
 }
@@ -735,7 +729,7 @@ impl<'a> Checker<'a> {
     /// machine's file (a fleet) is that machine's plan's to check: here it
     /// counts as unchanged.
     pub fn changed(&mut self, d: &Dep) -> bool {
-        if !self.scope.checkable(d) || matches!(d.what, DepKind::Window { .. }) {
+        if !self.scope.checkable(d) {
             return false;
         }
         if let Some(&c) = self.seen.get(d) {
@@ -768,7 +762,6 @@ impl<'a> Checker<'a> {
                 let ex: BTreeSet<String> = excluded.iter().cloned().collect();
                 listing_hash(&abs, &ex, self.scope).as_ref() != Some(names)
             }
-            DepKind::Window { .. } => false,
         };
         self.seen.insert(d.clone(), c);
         c

@@ -268,9 +268,6 @@ struct Observed {
     /// (an aggregate: its one output), for the check that no two stages
     /// write one path.
     rendered: Vec<(String, String)>,
-    /// A stage over another kind of input (issue 49): each changed item's
-    /// parts, recorded with its output.
-    parts: HashMap<String, Vec<crate::inputs::Part>>,
 }
 
 /// A validated pipeline, ready to plan and run.
@@ -983,7 +980,6 @@ impl Pipeline {
             found,
             inputs,
             rendered,
-            parts: HashMap::new(),
         })
     }
 
@@ -1431,7 +1427,7 @@ impl Pipeline {
                     let t0 = Instant::now();
                     let sink = run_written.sink(dep_scope.keyer());
                     let r = self.make_item(st, c, o, Some(sink)).map(|seen| {
-                        let set = seen.map(|seen| {
+                        seen.map(|seen| {
                             run_written.add(seen.written.iter().map(|p| dep_scope.key(p)));
                             let mut own: Vec<String> = if st.template.is_aggregate() {
                                 o.inputs.clone()
@@ -1439,9 +1435,14 @@ impl Pipeline {
                                 vec![c.item.clone()]
                             };
                             own.push(c.output.clone());
-                            deps::record(dep_scope, &seen, &own, run_written, digests)
-                        });
-                        items::with_parts(set, o.parts.get(&c.item))
+                            deps::encode(&deps::record(
+                                dep_scope,
+                                &seen,
+                                &own,
+                                run_written,
+                                digests,
+                            ))
+                        })
                     });
                     let ms = t0.elapsed().as_millis() as u64;
                     if tx.send((i, r, ms)).is_err() {

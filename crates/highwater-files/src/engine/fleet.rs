@@ -71,10 +71,6 @@ struct Payload {
     /// An aggregate's inputs (empty for a per-item stage).
     #[serde(default)]
     inputs: Vec<String>,
-    /// A stage over an item source (issue 49): the parts the item is made
-    /// from, recorded with its entry.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    parts: Vec<crate::inputs::Part>,
 }
 
 impl Payload {
@@ -561,7 +557,6 @@ impl Pipeline {
                 } else {
                     Vec::new()
                 },
-                parts: o.parts.get(&c.item).cloned().unwrap_or_default(),
             };
             let text = serde_json::to_string(&payload).expect("a payload is plain data");
             items.push((c.item.clone(), text));
@@ -746,7 +741,7 @@ impl Pipeline {
             Some(sink),
         )?;
         Ok(made.map(|seen| {
-            let set = seen.map(|seen| {
+            seen.map(|seen| {
                 let scope = &seeing.scope;
                 seeing
                     .written
@@ -757,10 +752,14 @@ impl Pipeline {
                     vec![c.item.clone()]
                 };
                 own.push(payload.output.clone());
-                deps::record(scope, &seen, &own, &seeing.written, &seeing.digests)
-            });
-            let parts = (!payload.parts.is_empty()).then_some(&payload.parts);
-            super::items::with_parts(set, parts)
+                deps::encode(&deps::record(
+                    scope,
+                    &seen,
+                    &own,
+                    &seeing.written,
+                    &seeing.digests,
+                ))
+            })
         }))
     }
 }

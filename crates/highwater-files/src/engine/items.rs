@@ -2,17 +2,25 @@
 //! globs (issue 49): the same plan as over files, with each item's
 //! evidence the digest of its parts, held items kept out of the plan, and
 //! each changed item's parts compared with those its output was made from.
+//!
+//! What an output is made from is kept as one member entry per part
+//! (`kind = member`, the part's key, the BLAKE3 of its digest, `output`
+//! naming the item), refreshed with the plan that runs the item: a run
+//! makes each item from the parts its plan saw, as it records the item's
+//! evidence from that plan. They are read only for a changed item, so a
+//! no-change plan pays one load of small rows for them, and they stay out
+//! of the dependency sets, which the items of a stage share.
 
 use super::{Names, Observed, Pipeline, Stage};
-use crate::deps::{self, Dep, DepKind};
 use crate::discover::{self, Found, OutputScan};
 use crate::error::FilesError;
 use crate::inputs::{self, Discovered, ItemSource, Part};
 use crate::now_ns;
-use highwater_core::plan::{plan_items_with_deps, Held, Observation, Reason};
-use highwater_core::{Entries, Entry, Stat};
+use highwater_core::evidence::{Algo, Digest};
+use highwater_core::plan::{plan_items_with_deps, Held, Observation, Reason, StagePlan};
+use highwater_core::{Entries, Entry, EntryKind, Stat, Status};
 use highwater_store::StageEntries;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 impl Pipeline {
     /// Discovery, evidence and the plan of a stage over an item source.
@@ -86,13 +94,17 @@ impl Pipeline {
             &dep,
         );
         for c in plan.changed.iter().filter(|c| c.reason == Reason::Content) {
-            let now = parts.get(&c.item).map_or(&[][..], Vec::as_slice);
-            if let Some(why) = src.explain(&recorded_parts(&prev, &c.item), now) {
+            let now: Vec<Part> = parts
+                .get(&c.item)
+                .map_or(&[][..], Vec::as_slice)
+                .iter()
+                .map(hashed)
+                .collect();
+            if let Some(why) = src.explain(&recorded_parts(&prev.members, &c.item), &now) {
                 plan.details.insert(c.item.clone(), why);
             }
         }
-        // Only the changed items' parts are recorded (with their outputs).
-        parts.retain(|item, _| plan.changed.binary_search_by(|c| c.item.cmp(item)).is_ok());
+        record_parts(&mut plan, &prev.members, &parts, &found_items, &held, at);
         plan.total += held.len();
         plan.held = held;
         Ok(Observed {
@@ -103,7 +115,6 @@ impl Pipeline {
             found: found_items,
             inputs: Vec::new(),
             rendered,
-            parts,
         })
     }
 
@@ -196,48 +207,76 @@ fn without_held(items: &Entries, held: &[Held]) -> Option<Entries> {
     Some(Entries::from_sorted(keep))
 }
 
-/// The parts an item's output was made from, as recorded with it.
-fn recorded_parts(prev: &StageEntries, item: &str) -> Vec<Part> {
-    let Some(i) = prev
-        .items
-        .as_slice()
-        .binary_search_by(|e| e.item.as_str().cmp(item))
-        .ok()
-    else {
-        return Vec::new();
-    };
-    let Some((_, body)) = prev.dep_set_of(i) else {
-        return Vec::new();
-    };
-    deps::decode(body)
-        .unwrap_or_default()
-        .into_iter()
-        .filter_map(|d| match d.what {
-            DepKind::Window { digest } => Some(Part {
-                key: d.path,
-                digest,
-            }),
-            _ => None,
+/// A part as its member entry keeps it: the BLAKE3 of its digest.
+fn hashed(p: &Part) -> Part {
+    Part {
+        key: p.key.clone(),
+        digest: member_digest(p).to_string(),
+    }
+}
+
+fn member_digest(p: &Part) -> Digest {
+    Digest::new(Algo::Set1, &blake3::hash(p.digest.as_bytes()))
+}
+
+/// The parts `item`'s output was made from, as its member entries say.
+fn recorded_parts(members: &Entries, item: &str) -> Vec<Part> {
+    members
+        .values()
+        .filter(|m| m.output == item)
+        .filter_map(|m| {
+            Some(Part {
+                key: m.item.clone(),
+                digest: m.digest?.to_string(),
+            })
         })
         .collect()
 }
 
-/// An item's dependency set with its parts added (a stage over an item
-/// source records them whether or not its command is observed), encoded.
-pub(super) fn with_parts(
-    set: Option<Vec<Dep>>,
-    parts: Option<&Vec<Part>>,
-) -> Option<(String, String)> {
-    let Some(parts) = parts else {
-        return set.map(|s| deps::encode(&s));
-    };
-    let mut set = set.unwrap_or_default();
-    set.extend(parts.iter().map(|p| Dep {
-        path: p.key.clone(),
-        what: DepKind::Window {
-            digest: p.digest.clone(),
-        },
-        host: None,
-    }));
-    Some(deps::encode(&set))
+/// Adds to the plan's own writes the member entries of the parts each
+/// changed item is made from (those that differ from the record), and
+/// prunes those of items no longer found.
+fn record_parts(
+    plan: &mut StagePlan,
+    members: &Entries,
+    parts: &HashMap<String, Vec<Part>>,
+    found: &[Found],
+    held: &[Held],
+    at: i64,
+) {
+    for c in plan.changed.iter().filter(|c| c.reason != Reason::Deleted) {
+        for p in parts.get(&c.item).map_or(&[][..], Vec::as_slice) {
+            let digest = member_digest(p);
+            let recorded = members.get(&p.key);
+            if recorded.is_some_and(|m| m.digest == Some(digest) && m.output == c.item) {
+                continue;
+            }
+            plan.refresh.push(Entry {
+                kind: EntryKind::Member,
+                item: p.key.clone(),
+                digest: Some(digest),
+                stat: Stat::default(),
+                observed_at_ns: at,
+                recipe: String::new(),
+                output: c.item.clone(),
+                status: Status::Ok,
+                error: None,
+                processed_at_ns: 0,
+                duration_ms: 0,
+            });
+        }
+    }
+    if members.is_empty() {
+        return;
+    }
+    let live: HashSet<&str> = found
+        .iter()
+        .map(|f| f.item.as_str())
+        .chain(held.iter().map(|h| h.item.as_str()))
+        .collect();
+    plan.prune_members = members
+        .values()
+        .filter(|m| !live.contains(m.output.as_str()))
+        .map(|m| m.item.clone())
+        .collect();
 }
