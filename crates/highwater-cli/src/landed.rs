@@ -7,7 +7,7 @@ use highwater_files::inputs::windows::{Landed, LandedGrid, LandedWindow, WindowS
 use highwater_ingest::landed::{DataFile, Standing};
 use highwater_ingest::{Ingestor, SourceSpec};
 use highwater_objects::{Objects, StorageSpec};
-use highwater_store::StateLocation;
+use highwater_store::{StateLocation, WindowRecord};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -20,6 +20,11 @@ pub struct IngestLanded {
     sources: BTreeMap<String, toml::Value>,
     storage: BTreeMap<String, StorageSpec>,
     open: Mutex<BTreeMap<String, Arc<Ingestor>>>,
+    /// Each source's records as the last plan read them: an item's files
+    /// are found from them, not from a load of every record per window (a
+    /// record replaced since is refused by its format, and the item fails
+    /// to run again, never runs on other rows than planned).
+    records: Mutex<BTreeMap<String, Arc<BTreeMap<i64, WindowRecord>>>>,
 }
 
 impl IngestLanded {
@@ -41,6 +46,7 @@ impl IngestLanded {
             sources: spec.sources.clone(),
             storage: spec.storage.clone(),
             open: Mutex::new(BTreeMap::new()),
+            records: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -95,9 +101,16 @@ impl Landed for IngestLanded {
 
     fn windows(&self, source: &str) -> Result<Vec<LandedWindow>, String> {
         let ing = self.ingestor(source)?;
-        Ok(ing
-            .landed_windows()
-            .map_err(|e| e.to_string())?
+        let records = ing.window_records().map_err(|e| e.to_string())?;
+        let landed = ing.landed_windows(&records);
+        self.records
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(
+                source.to_string(),
+                Arc::new(records.into_iter().map(|r| (r.start_us, r)).collect()),
+            );
+        Ok(landed
             .into_iter()
             .map(|w| LandedWindow {
                 start_us: w.start_us,
@@ -112,7 +125,34 @@ impl Landed for IngestLanded {
 
     fn files(&self, source: &str, start_us: i64, end_us: i64) -> Result<Vec<String>, String> {
         let ing = self.ingestor(source)?;
-        ing.window_data_files(start_us, end_us)?
+        let cached = self
+            .records
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(source)
+            .cloned();
+        let records = match cached {
+            Some(r) => r,
+            None => {
+                let all = ing.window_records().map_err(|e| e.to_string())?;
+                let r = Arc::new(all.into_iter().map(|r| (r.start_us, r)).collect());
+                self.records
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(source.to_string(), Arc::clone(&r));
+                r
+            }
+        };
+        let r = records
+            .get(&start_us)
+            .filter(|r| r.end_us == end_us)
+            .ok_or_else(|| {
+                format!(
+                    "source `{source}` has no record of window {}",
+                    highwater_core::window::format_rfc3339(start_us)
+                )
+            })?;
+        ing.window_data_files(r)?
             .into_iter()
             .map(|f| match f {
                 DataFile::Local(p) => Ok(p.to_string_lossy().into_owned()),

@@ -58,18 +58,22 @@ impl Ingestor {
             .then(|| self.t.spec.output_root())
     }
 
-    /// Every window with a record, by start, and where it stands.
-    pub fn landed_windows(&self) -> Result<Vec<LandedWindow>, IngestError> {
-        let records = self.state.open()?.windows(&self.t.spec.name)?;
+    /// Every window record of the source, by start.
+    pub fn window_records(&self) -> Result<Vec<WindowRecord>, IngestError> {
+        Ok(self.state.open()?.windows(&self.t.spec.name)?)
+    }
+
+    /// Where each window of `records` stands.
+    pub fn landed_windows(&self, records: &[WindowRecord]) -> Vec<LandedWindow> {
         let mut periods = BTreeMap::new();
-        Ok(records
+        records
             .iter()
             .map(|r| LandedWindow {
                 start_us: r.start_us,
                 end_us: r.end_us,
                 standing: self.standing(r, &mut periods),
             })
-            .collect())
+            .collect()
     }
 
     fn standing(
@@ -100,24 +104,20 @@ impl Ingestor {
     }
 
     /// The current data files holding the rows of published window
-    /// `[start, end)`. A compacted period's or a Delta table's files may
-    /// hold other windows' rows too.
-    pub fn window_data_files(&self, start_us: i64, end_us: i64) -> Result<Vec<DataFile>, String> {
-        let records = self
-            .state
-            .open()
-            .and_then(|s| s.windows(&self.t.spec.name))
-            .map_err(|e| e.to_string())?;
-        let w = Window { start_us, end_us };
-        let r = records
-            .iter()
-            .find(|r| r.start_us == start_us && r.status == WindowStatus::Published)
-            .ok_or_else(|| {
-                format!(
-                    "window {w} of source `{}` is not published",
-                    self.t.spec.name
-                )
-            })?;
+    /// record `r`. A compacted period's or a Delta table's files may hold
+    /// other windows' rows too; a record another run has replaced since it
+    /// was read is refused by the format (its token no longer matches).
+    pub fn window_data_files(&self, r: &WindowRecord) -> Result<Vec<DataFile>, String> {
+        let w = Window {
+            start_us: r.start_us,
+            end_us: r.end_us,
+        };
+        if r.status != WindowStatus::Published {
+            return Err(format!(
+                "window {w} of source `{}` is not published",
+                self.t.spec.name
+            ));
+        }
         let wf = self.format.window_files(&w, r)?;
         Ok(wf
             .files
