@@ -42,6 +42,8 @@ pub enum FilesError {
     },
     #[error("stage `{stage}`: {message}")]
     Places { stage: String, message: String },
+    #[error("stage `{stage}`: compare: {message}")]
+    Compare { stage: String, message: String },
     #[error("stage `{stage}`: input glob `{pattern}` is invalid: {message}")]
     Glob {
         stage: String,

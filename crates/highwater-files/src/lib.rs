@@ -15,6 +15,8 @@
 //! - [`spec`]: the declarations: stages, transforms, recipes.
 //! - [`discover`]: glob walking and stat, and the output-root listing.
 //! - [`hash`]: BLAKE3 digests and fingerprints of files.
+//! - [`compare`]: containers compared as data (issue 49), one module per
+//!   format behind the [`compare::DataDigest`] trait.
 //! - [`stat`]: many stats, fast, one open folder at a time (`fstatat`).
 //! - [`recipe`]: gathers recipe parts (code files, tool versions).
 //! - [`exec`]: runs one item into a temp file and publishes it atomically,
@@ -23,6 +25,7 @@
 //! - [`engine`]: plan, run, adopt, verify, export, status.
 //! - [`error`]: the error type.
 
+pub mod compare;
 pub mod config;
 pub mod deps;
 pub mod discover;
