@@ -45,7 +45,8 @@ class Item(Record):
 class StagePlan(Record):
     """One stage's plan. `unresolved`: what the code recipe could not follow
     statically (getattr by a computed name, importlib, ...); changes there
-    are not seen."""
+    are not seen. `layout`: inputs compared as data (`compare=`) whose bytes
+    changed and whose data did not; they are counted as unchanged."""
 
     __slots__ = _fields = (
         "name",
@@ -56,6 +57,7 @@ class StagePlan(Record):
         "changed",
         "unresolved",
         "components",
+        "layout",
     )
 
 
@@ -83,6 +85,7 @@ class StageResult(Record):
         "failed",
         "blocked",
         "reasons",
+        "layout",
     )
 
 
@@ -105,6 +108,7 @@ class _Stage(Record):
         "guard",
         "guard_items_min",
         "on_delete",
+        "compare",
     )
 
 
@@ -134,11 +138,15 @@ class Pipeline:
         guard: float | None = None,
         guard_items_min: int | None = None,
         on_delete: str = "remove",
+        compare: str | dict[str, Any] | None = None,
     ) -> Callable[[Callable], Callable]:
         """Declares `fn(input, output)` (each a pathlib.Path) as a stage.
 
         `version=` replaces the code recipe with that string; `ignore=` drops
-        the named components (and what only they reach) from it.
+        the named components (and what only they reach) from it. `compare=`
+        is highwater.toml's `compare`: "bytes" (the default), "data" (a
+        GeoPackage, Parquet, gzip or zip input whose bytes changed but whose
+        data did not re-runs nothing), or a dict of glob -> mode.
 
         `inputs={"source": "orders", "by": "day"}` makes the items a
         source's landed windows (issue 49; the source is read from
@@ -173,6 +181,7 @@ class Pipeline:
                 guard,
                 guard_items_min,
                 on_delete,
+                compare,
             )
             # The function itself: the pool pickles it by reference.
             return fn
@@ -208,6 +217,8 @@ class Pipeline:
                 d["guard"] = s.guard
             if s.guard_items_min is not None:
                 d["guard_items_min"] = s.guard_items_min
+            if s.compare is not None:
+                d["compare"] = s.compare
             decl.append(d)
         return decl
 
@@ -280,6 +291,7 @@ class Pipeline:
                 items,
                 recipes[name].unresolved,
                 comps,
+                [c["input"] for c in s.get("layout", [])],
             )
         return Plan(stages)
 
@@ -330,6 +342,7 @@ class Pipeline:
                 failed=[Failed(f["input"], f["error"]) for f in s["failed"]],
                 blocked=s.get("blocked"),
                 reasons=s["reasons"],
+                layout=s.get("layout", []),
             )
         return Result(out)
 

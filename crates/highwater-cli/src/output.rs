@@ -55,6 +55,9 @@ pub fn plan(out: &mut impl Write, plans: &[StagePlan], as_json: bool) -> io::Res
                     }).collect::<Vec<_>>(),
                     "held": p.held,
                     "notes": p.notes,
+                    // Unchanged although their bytes changed: compared as
+                    // data, only the layout did (issue 49).
+                    "layout": p.layout.iter().map(|i| json!({"input": i, "reason": "layout"})).collect::<Vec<_>>(),
                 })
             })
             .collect();
@@ -106,6 +109,15 @@ pub fn plan(out: &mut impl Write, plans: &[StagePlan], as_json: bool) -> io::Res
                 writeln!(out, "  dependency {d}: {n}")?;
             }
         }
+        // Inputs whose bytes changed and whose data did not (issue 49),
+        // with the number of items each leaves unchanged.
+        let mut by_input: std::collections::BTreeMap<&str, usize> = Default::default();
+        for i in &p.layout {
+            *by_input.entry(i.as_str()).or_insert(0) += 1;
+        }
+        for (i, n) in by_input {
+            writeln!(out, "  layout {i}: {n}")?;
+        }
     }
     Ok(())
 }
@@ -132,6 +144,9 @@ fn stage_lines(out: &mut impl Write, s: &StageReport) -> io::Result<()> {
             "  reasons: {}",
             reasons_line(s.reasons.clone().into_iter())
         )?;
+    }
+    for i in &s.layout {
+        writeln!(out, "  layout {i}: 1")?;
     }
     writeln!(
         out,

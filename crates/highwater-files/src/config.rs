@@ -51,6 +51,7 @@ struct RawStage {
     #[serde(default)]
     observe_ignore: Vec<String>,
     observe_ignore_defaults: Option<bool>,
+    compare: Option<toml::Value>,
 }
 
 #[derive(Deserialize)]
@@ -251,6 +252,10 @@ pub fn parse(text: &str, path: &Path, root: &Path) -> Result<PipelineSpec, Files
         }
         stage.observe_ignore = s.observe_ignore;
         stage.observe_ignore_defaults = s.observe_ignore_defaults.unwrap_or(true);
+        if let Some(c) = &s.compare {
+            stage.compare = crate::compare::parse_spec(c)
+                .map_err(|e| bad(format!("[stages.{name}] compare: {e}")))?;
+        }
         spec.stages.push(stage);
     }
     Ok(spec)

@@ -5,6 +5,7 @@
 //! threads, and one committer (the calling thread), which alone writes the
 //! state store, in batched transactions, after each output is durable.
 
+use crate::compare;
 use crate::deps::{self, DigestCache, RunWritten, Scope};
 use crate::discover::{self, Found, OutputScan};
 use crate::error::FilesError;
@@ -13,6 +14,7 @@ use crate::hash::digest_file;
 use crate::now_ns;
 use crate::recipe::stage_recipe_id;
 use crate::spec::{OnDelete, PipelineSpec, StageSpec, Transform};
+use highwater_core::evidence::Algo;
 use highwater_core::guard::{self, Refusal};
 use highwater_core::plan::{
     self, digest_needed, plan_aggregate_with_deps, plan_items_with_deps, reuse_cached_digest,
@@ -102,6 +104,10 @@ pub struct StageReport {
     /// One that is not only waiting makes the run partial (exit 1).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub held: Vec<plan::Held>,
+    /// Inputs left unchanged although their bytes changed: compared as
+    /// data, only their layout did (issue 49).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub layout: Vec<String>,
     pub duration_ms: u64,
     /// On shared state: what this process did of the fleet's work.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -145,6 +151,7 @@ impl StageReport {
                 })
                 .collect(),
             held: plan.held.clone(),
+            layout: plan.layout.clone(),
             ..StageReport::default()
         }
     }
@@ -223,6 +230,8 @@ struct Stage {
     upstream: Vec<String>,
     /// Set: the items come from this source, not from globs (issue 49).
     items: Option<Box<dyn crate::inputs::ItemSource>>,
+    /// How inputs whose bytes changed are compared (issue 49).
+    compare: crate::compare::CompareRules,
 }
 
 impl Stage {
@@ -450,6 +459,16 @@ impl Pipeline {
                     });
                 }
             }
+            if s.compare.any_data() && s.signal != highwater_core::Signal::Hash {
+                return Err(FilesError::Compare {
+                    stage: s.name.clone(),
+                    message: format!(
+                        "comparing as data needs signal = \"hash\" (the byte hash is its first check), not {:?}; remove `signal` or `compare`",
+                        s.signal.as_str()
+                    ),
+                });
+            }
+            let compare = crate::compare::CompareRules::new(&s.name, &s.compare)?;
             let recipe = stage_recipe_id(&root, &s)?;
             let settings = PlanSettings {
                 signal: s.signal,
@@ -467,6 +486,7 @@ impl Pipeline {
                 settings,
                 upstream: Vec::new(),
                 items,
+                compare,
             });
         }
         let stages = topo_order(stages)?;
@@ -709,6 +729,7 @@ impl Pipeline {
         settings: &PlanSettings,
         output: String,
         output_exists: bool,
+        notes: &std::sync::Mutex<Vec<String>>,
     ) -> Result<Observation, FilesError> {
         let unreadable = |source| FilesError::InputUnreadable {
             stage: st.spec.name.clone(),
@@ -720,7 +741,9 @@ impl Pipeline {
             return Err(unreadable(std::io::Error::other("not a regular file")));
         }
         let mut digests = highwater_core::plan::Digests::new();
-        let needed = digest_needed(prev, &stat, settings);
+        let mode = st.compare.mode_for(&f.item);
+        let prev_digest = prev.and_then(|e| e.digest.as_ref());
+        let needed = compare::needed(digest_needed(prev, &stat, settings), mode, prev_digest);
         // An object is read only when its listing cannot vouch for it (the
         // same rule as a file's stat), into a scratch file that goes after.
         let mut _scratch = None;
@@ -741,7 +764,19 @@ impl Pipeline {
             _ => self.root.join(&f.item),
         };
         for algo in needed {
-            digests.push(digest_file(&abs, algo).map_err(unreadable)?);
+            let d = match (algo, mode) {
+                (Algo::Data1, compare::Mode::Data { order }) => {
+                    let (d, note) =
+                        compare::data1_file(&abs, order, prev_digest).map_err(unreadable)?;
+                    if let Some(n) = note {
+                        let mut notes = notes.lock().unwrap_or_else(|p| p.into_inner());
+                        notes.push(format!("{}: {n}", f.item));
+                    }
+                    d
+                }
+                _ => digest_file(&abs, algo).map_err(unreadable)?,
+            };
+            digests.push(d);
         }
         let mut obs = Observation {
             item: f.item.clone(),
@@ -853,6 +888,8 @@ impl Pipeline {
             }
         };
         let mut rendered = Vec::new();
+        // Inputs compared as data that had to be compared by bytes.
+        let notes = std::sync::Mutex::new(Vec::new());
         let (plan, listing, output_dirs) = if st.template.is_aggregate() {
             let output = render("")?;
             if found.iter().any(|f| f.item == output) {
@@ -878,6 +915,7 @@ impl Pipeline {
                         &settings,
                         String::new(),
                         true,
+                        &notes,
                     )
                 })
                 .collect::<Result<Vec<_>, _>>()?;
@@ -956,7 +994,9 @@ impl Pipeline {
                 .zip(prevs.into_par_iter())
                 .map(|(((f, out), (statted, at)), prev_item)| {
                     let exists = listing.exists(&out, prev_item.is_some_and(|e| e.output == out));
-                    self.observe_one(st, f, statted, at, prev_item, &settings, out, exists)
+                    self.observe_one(
+                        st, f, statted, at, prev_item, &settings, out, exists, &notes,
+                    )
                 })
                 .collect_into_vec(&mut observed);
             let observations = observed.into_iter().collect::<Result<Vec<_>, _>>()?;
@@ -967,6 +1007,9 @@ impl Pipeline {
             )
         };
         let mut plan = plan;
+        let mut notes = notes.into_inner().unwrap_or_else(|p| p.into_inner());
+        notes.sort();
+        plan.notes.extend(notes);
         if matches!(st.spec.transform, Transform::Command(_)) && !st.spec.observe {
             plan.notes.push(format!(
                 "stage `{name}`: observe = false, so its recipe is declared only: a change to a file its command reads is seen only if `recipe.files` lists it"

@@ -46,6 +46,8 @@ pub enum FilesError {
     /// cannot be read: its source unknown, its windows unreadable.
     #[error("stage `{stage}`: {message}")]
     Inputs { stage: String, message: String },
+    #[error("stage `{stage}`: compare: {message}")]
+    Compare { stage: String, message: String },
     #[error("stage `{stage}`: input glob `{pattern}` is invalid: {message}")]
     Glob {
         stage: String,

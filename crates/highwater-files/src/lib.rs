@@ -17,6 +17,8 @@
 //! - [`inputs`]: the other kinds of item discovery behind one trait, one
 //!   file per kind (`windows`: a source's landed windows, issue 49).
 //! - [`hash`]: BLAKE3 digests and fingerprints of files.
+//! - [`compare`]: containers compared as data (issue 49), one module per
+//!   format behind the [`compare::DataDigest`] trait.
 //! - [`stat`]: many stats, fast, one open folder at a time (`fstatat`).
 //! - [`recipe`]: gathers recipe parts (code files, tool versions).
 //! - [`exec`]: runs one item into a temp file and publishes it atomically,
@@ -25,6 +27,7 @@
 //! - [`engine`]: plan, run, adopt, verify, export, status.
 //! - [`error`]: the error type.
 
+pub mod compare;
 pub mod config;
 pub mod deps;
 pub mod discover;

@@ -102,6 +102,9 @@ pub struct StageSpec {
     /// recorded with each run, so that `status` and `serve` can show a stage
     /// that another program declared and ran on the same state (issue 22).
     pub declared_in: String,
+    /// How an input whose bytes changed is compared (issue 49): by bytes,
+    /// or read as data by its format.
+    pub compare: crate::compare::CompareSpec,
 }
 
 impl StageSpec {
@@ -125,6 +128,7 @@ impl StageSpec {
             observe_ignore_defaults: true,
             items: None,
             declared_in: "highwater.toml".to_string(),
+            compare: Default::default(),
         }
     }
 

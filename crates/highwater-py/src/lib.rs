@@ -218,6 +218,11 @@ fn stage_from_json(v: &serde_json::Value, transform: Transform) -> PyResult<Stag
             )))
         }
     }
+    // `compare=` (issue 49): as `compare` in highwater.toml.
+    if !v["compare"].is_null() {
+        s.compare = highwater_files::compare::parse_spec_json(&v["compare"])
+            .map_err(|e| bad(format!("stage `{name}`: compare: {e}")))?;
+    }
     // The code recipe is computed in Python and arrives as a config: each
     // named component's digest changes the recipe id.
     s.recipe.version = v["version"].as_str().unwrap_or_default().to_string();
@@ -326,6 +331,10 @@ fn plan<'py>(
                     "detail": s.details.get(&c.item),
                 })).collect::<Vec<_>>(),
                 "held": s.held,
+                // Unchanged: bytes changed, data did not (issue 49).
+                "layout": s.layout.iter().map(|i| serde_json::json!({
+                    "input": i, "reason": "layout",
+                })).collect::<Vec<_>>(),
             })
         })
         .collect();
