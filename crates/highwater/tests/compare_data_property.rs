@@ -109,15 +109,13 @@ fn fill(c: &rusqlite::Connection, db: &Db, reverse: bool) {
 fn apply_sql(path: &Path, db: &mut Db, op: &SqlOp) {
     let c = rusqlite::Connection::open(path).unwrap();
     match op {
-        SqlOp::Insert(id, n, v) => {
-            if !db.t.contains_key(id) {
-                c.execute(
-                    "INSERT INTO t VALUES (?1, ?2, ?3)",
-                    rusqlite::params![id, n, v],
-                )
-                .unwrap();
-                db.t.insert(*id, (n.clone(), *v));
-            }
+        SqlOp::Insert(id, n, v) if !db.t.contains_key(id) => {
+            c.execute(
+                "INSERT INTO t VALUES (?1, ?2, ?3)",
+                rusqlite::params![id, n, v],
+            )
+            .unwrap();
+            db.t.insert(*id, (n.clone(), *v));
         }
         SqlOp::Delete(i) if !db.t.is_empty() => {
             let id = *db.t.keys().nth(i % db.t.len()).unwrap();

@@ -302,6 +302,21 @@ fn stage_over_hourly_windows_by_day_reruns_exactly_the_changed_day() {
         status.to_string().contains("2026-03-03T05 failed"),
         "{status}"
     );
+    // The status page of `highwater serve` shows the held day and why.
+    let served = common::serve::serve(&p, &[]);
+    let (code, _, body) = common::serve::http(&served.addr, "GET", "/", &[]);
+    assert_eq!(code, 200);
+    let page = String::from_utf8(body).unwrap();
+    let row = page
+        .split("<tr class=\"held\">")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no held row on the status page: {page}"));
+    let row = &row[..row.find("</tr>").unwrap()];
+    assert!(
+        row.contains("held ") && row.contains(D3) && row.contains("2026-03-03T05 failed"),
+        "{row}"
+    );
+    drop(served);
 
     // The window fixed and landed: the day runs, on all 24 windows.
     c.execute(
