@@ -96,7 +96,7 @@ done
 
 now() { date +%s.%N; }
 declare -A T
-add() { T[$1]+="$2 "; }
+add() { T[$1]+="$2 "; echo "round $i: $1: $2 s" >&2; }
 timed() { # name, command...
   local name=$1; shift
   local t0 t1; t0=$(now); "$@" >/dev/null 2>&1; t1=$(now)
@@ -134,7 +134,8 @@ for i in $(seq "$RUNS"); do
   done
 done
 echo
-for k in $(printf '%s\n' "${!T[@]}" | sort | tr ' ' '\x1f'); do
-  k=${k//$'\x1f'/ }
+# Keys hold spaces: one a line. (Each figure is also printed as it is taken,
+# above, so a failure here loses nothing.)
+while IFS= read -r k; do
   printf '%-52s best %8.3f s   all: %s\n' "$k" "$(echo "${T[$k]}" | tr ' ' '\n' | grep . | sort -g | head -1)" "${T[$k]}"
-done
+done < <(printf '%s\n' "${!T[@]}" | sort)
