@@ -42,7 +42,9 @@ class Item(Record):
     """One changed item of a plan."""
 
     # `detail`, for reason "recipe": the components that changed, e.g.
-    # "helpers.clean"; for reason "dependency": the file read that changed.
+    # "helpers.clean"; for reason "dependency": the file read that changed;
+    # for "content" over landed windows (issue 49): the windows re-landed
+    # with changed rows.
     __slots__ = _fields = ("input", "output", "reason", "detail")
     _defaults = {"detail": None}
 
@@ -50,7 +52,8 @@ class Item(Record):
 class StagePlan(Record):
     """One stage's plan. `unresolved`: what the code recipe could not follow
     statically (getattr by a computed name, importlib, ...); changes there
-    are not seen."""
+    are not seen. `layout`: inputs compared as data (`compare=`) whose bytes
+    changed and whose data did not; they are counted as unchanged."""
 
     __slots__ = _fields = (
         "name",
@@ -61,6 +64,7 @@ class StagePlan(Record):
         "changed",
         "unresolved",
         "components",
+        "layout",
     )
 
 
@@ -99,6 +103,7 @@ class StageResult(Record):
         "failed",
         "blocked",
         "reasons",
+        "layout",
     )
 
 
@@ -125,6 +130,7 @@ class _Stage(Record):
         "guard_items_min",
         "on_delete",
         "in_process",
+        "compare",
     )
 
 
@@ -216,9 +222,17 @@ class Pipeline:
     creates the Pipeline; a relative `root` is taken from that folder too,
     never from the current folder, so a script behaves the same wherever it
     is started from. `state`: the state store's path relative to the root
-    (`[state] path` in highwater.toml; default `.highwater/state.db`)."""
+    (`[state] path` in highwater.toml; default `.highwater/state.db`).
+    `config`: a highwater.toml (relative to the root) whose `[sources]`
+    stages over landed windows read (issue 49); its stages are not this
+    pipeline's."""
 
-    def __init__(self, root: str | os.PathLike | None = None, state: str | None = None) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike | None = None,
+        state: str | None = None,
+        config: str | None = None,
+    ) -> None:
         caller = sys._getframe(1).f_globals.get("__file__")
         caller = caller if isinstance(caller, str) else None
         self.root = _resolve_root(root, caller)
@@ -227,6 +241,9 @@ class Pipeline:
         self.code_root = os.path.dirname(os.path.abspath(caller)) if caller else self.root
         # Relative to root, as `[state] path` in highwater.toml.
         self.state = state
+        # The highwater.toml whose [sources] stages over windows read
+        # (relative to root); its stages are not this pipeline's.
+        self.config = config
         self._stages: dict[str, _Stage] = {}
 
     def __repr__(self) -> str:
@@ -235,7 +252,7 @@ class Pipeline:
     # -- declaring ----------------------------------------------------------
     def stage(
         self,
-        inputs: Iterable[str],
+        inputs: Iterable[str] | dict[str, str],
         output: str,
         name: str | None = None,
         version: str | None = None,
@@ -244,6 +261,7 @@ class Pipeline:
         guard_items_min: int | None = None,
         on_delete: str = "remove",
         in_process: bool = False,
+        compare: str | dict[str, Any] | None = None,
     ) -> Callable[[Callable], Callable]:
         """Declares `fn(input, output)` (each a pathlib.Path) as a stage.
 
@@ -252,9 +270,22 @@ class Pipeline:
         `in_process=True` runs its items in the calling process, on the
         engine's threads, rather than in the pool of worker processes: for a
         function the workers cannot import (a lambda, one defined in a
-        notebook)."""
+        notebook). `compare=` is highwater.toml's `compare`: "bytes" (the
+        default), "data" (a GeoPackage, Parquet, gzip or zip input whose
+        bytes changed but whose data did not re-runs nothing), or a dict of
+        glob -> mode.
+
+        `inputs={"source": "orders", "by": "day"}` makes the items a
+        source's landed windows (issue 49; the source is read from
+        `Pipeline(config=...)`): `fn(files, output, window)` gets the
+        window's current data files, the output and `(start, end)`."""
         if isinstance(inputs, str):
             inputs = [inputs]
+        if isinstance(inputs, dict) and self.config is None:
+            raise ValueError(
+                "a stage over a source's windows reads the source from a config: "
+                'give Pipeline(config="highwater.toml")'
+            )
 
         def deco(fn: Callable) -> Callable:
             n = name or getattr(fn, "__name__", None) or "stage"
@@ -269,7 +300,7 @@ class Pipeline:
             self._stages[n] = _Stage(
                 n,
                 fn,
-                list(inputs),
+                dict(inputs) if isinstance(inputs, dict) else list(inputs),
                 output,
                 version,
                 list(ignore),
@@ -277,6 +308,7 @@ class Pipeline:
                 guard_items_min,
                 on_delete,
                 in_process,
+                compare,
             )
             # The function itself: the pool pickles it by reference.
             return fn
@@ -314,10 +346,14 @@ class Pipeline:
                 # The worker reports what each item opened (highwater.reads).
                 "reports_reads": not s.in_process,
             }
+            if isinstance(s.inputs, dict):
+                d["sources_from"] = self.config
             if s.guard is not None:
                 d["guard"] = s.guard
             if s.guard_items_min is not None:
                 d["guard_items_min"] = s.guard_items_min
+            if s.compare is not None:
+                d["compare"] = s.compare
             decl.append(d)
         return decl
 
@@ -380,7 +416,9 @@ class Pipeline:
                     c["input"],
                     c["output"],
                     c["reason"],
-                    detail if c["reason"] == "recipe" else c.get("dependency"),
+                    detail
+                    if c["reason"] == "recipe"
+                    else (c.get("detail") or c.get("dependency")),
                 )
                 for c in s["changed"]
             ]
@@ -393,6 +431,7 @@ class Pipeline:
                 items,
                 recipes[name].unresolved,
                 comps,
+                [c["input"] for c in s.get("layout", [])],
             )
         return Plan(stages)
 
@@ -432,6 +471,7 @@ class Pipeline:
             jobs,
             True if in_process else pooled_off,
             self.root,
+            windows={n for n, s in self._stages.items() if isinstance(s.inputs, dict)},
         )
         decl = self._declarations(recipes)
         raw, interrupted = _run_engine(
@@ -540,6 +580,7 @@ def _result(raw: dict[str, object]) -> Result:
             failed=[Failed(f["input"], f["error"]) for f in s["failed"]],
             blocked=s.get("blocked"),
             reasons=s["reasons"],
+            layout=s.get("layout", []),
         )
     return Result(out)
 

@@ -54,11 +54,21 @@ def _start_worker(import_reads: list[str], root: str) -> None:
     reads.add_import_reads(import_reads)
 
 
-def _call(fn: Callable, input: str | None, inputs: list[str], output: str) -> str | None:
+def _call(
+    fn: Callable,
+    input: str | None,
+    inputs: list[str],
+    output: str,
+    window: tuple[str, str] | None = None,
+) -> str | None:
     """Runs one item's function; None, or the traceback as text."""
     try:
         out = pathlib.Path(output)
-        if input is None:
+        if window is not None:
+            # A stage over landed windows (issue 49): its data files, the
+            # output and the item's (start, end), RFC 3339.
+            fn([pathlib.Path(p) for p in inputs], out, window)
+        elif input is None:
             fn([pathlib.Path(p) for p in inputs], out)
         else:
             fn(pathlib.Path(input), out)
@@ -68,20 +78,30 @@ def _call(fn: Callable, input: str | None, inputs: list[str], output: str) -> st
 
 
 def _run_item(
-    fn: Callable, input: str | None, inputs: list[str], output: str
+    fn: Callable,
+    input: str | None,
+    inputs: list[str],
+    output: str,
+    window: tuple[str, str] | None = None,
 ) -> tuple[str | None, list[str], list[str]]:
     """In the worker: runs one item. Returns (None or the traceback as
     text, the paths it read, the paths it wrote)."""
     reads.begin_item()
-    error = _call(fn, input, inputs, output)
+    error = _call(fn, input, inputs, output, window)
     read, written = reads.end_item()
     return (error, read, written)
 
 
-def _run_item_here(fn: Callable, input: str | None, inputs: list[str], output: str) -> str | None:
+def _run_item_here(
+    fn: Callable,
+    input: str | None,
+    inputs: list[str],
+    output: str,
+    window: tuple[str, str] | None = None,
+) -> str | None:
     """In this process (`in_process`): its opens cannot be told from those
     of the engine's other threads, so no reads are reported."""
-    return _call(fn, input, inputs, output)
+    return _call(fn, input, inputs, output, window)
 
 
 class Runner:
@@ -94,9 +114,12 @@ class Runner:
         jobs: int,
         in_process: bool | set[str] = False,
         root: str = ".",
+        windows: set[str] = frozenset(),
     ) -> None:
         self.functions = functions
         self.root = root
+        # Stages over landed windows: their items' relpath is START/END.
+        self.windows = windows
         self.jobs = jobs
         self.in_process = set(functions) if in_process is True else set(in_process or ())
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
@@ -146,15 +169,16 @@ class Runner:
     ) -> str | None:
         """Runs one item; None, or the error as text (the engine records it)."""
         fn = self.functions[stage]
+        window = tuple(relpath.split("/", 1)) if stage in self.windows else None
         if stage in self.in_process:
-            return _run_item_here(fn, input, inputs, output)
+            return _run_item_here(fn, input, inputs, output, window)
         if self.killed:
             return "interrupted (a second Ctrl-C) before this item started; it runs at the next run"
         pool = self._get_pool()
         if pool is None:
             return f"not run: {self.fatal}"
         try:
-            return pool.submit(_run_item, fn, input, inputs, output).result()
+            return pool.submit(_run_item, fn, input, inputs, output, window).result()
         except BrokenProcessPool as e:
             self._replace_broken(pool)
             return self._died(e)

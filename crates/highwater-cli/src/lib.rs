@@ -13,6 +13,7 @@
 //!
 //! A closed stdout (`highwater plan | head`) ends the program quietly with 0.
 
+pub mod landed;
 mod output;
 
 use anyhow::Result;
@@ -766,6 +767,10 @@ fn load_config(
         spec.places.extend(cfg.paths());
     }
     spec.places.extend(source_outputs(&spec, config, &root)?);
+    // Stages over landed windows (issue 49) read them through ingestion.
+    spec.providers.landed = Some(std::sync::Arc::new(landed::IngestLanded::new(
+        &spec, config, &root,
+    )));
     let pipeline = Pipeline::open(spec.clone())?;
     Ok((pipeline, cfg, spec))
 }

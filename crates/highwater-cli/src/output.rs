@@ -48,9 +48,16 @@ pub fn plan(out: &mut impl Write, plans: &[StagePlan], as_json: bool) -> io::Res
                         if let Some(d) = &c.dependency {
                             v["dependency"] = json!(d);
                         }
+                        if let Some(d) = p.details.get(&c.item) {
+                            v["detail"] = json!(d);
+                        }
                         v
                     }).collect::<Vec<_>>(),
+                    "held": p.held,
                     "notes": p.notes,
+                    // Unchanged although their bytes changed: compared as
+                    // data, only the layout did (issue 49).
+                    "layout": p.layout.iter().map(|i| json!({"input": i, "reason": "layout"})).collect::<Vec<_>>(),
                 })
             })
             .collect();
@@ -73,12 +80,16 @@ pub fn plan(out: &mut impl Write, plans: &[StagePlan], as_json: bool) -> io::Res
         for n in &p.notes {
             writeln!(out, "  note: {n}")?;
         }
+        if !p.held.is_empty() {
+            writeln!(out, "  held {} of {}", p.held.len(), p.total)?;
+        }
         for c in &p.changed {
-            match &c.dependency {
+            match c.dependency.as_ref().or(p.details.get(&c.item)) {
                 Some(d) => writeln!(out, "  {:<8} {} ({d})", c.reason.as_str(), c.item)?,
                 None => writeln!(out, "  {:<8} {}", c.reason.as_str(), c.item)?,
             }
         }
+        held_lines(out, &p.held)?;
         if !p.changed.is_empty() {
             writeln!(
                 out,
@@ -98,6 +109,24 @@ pub fn plan(out: &mut impl Write, plans: &[StagePlan], as_json: bool) -> io::Res
                 writeln!(out, "  dependency {d}: {n}")?;
             }
         }
+        // Inputs whose bytes changed and whose data did not (issue 49),
+        // with the number of items each leaves unchanged.
+        let mut by_input: std::collections::BTreeMap<&str, usize> = Default::default();
+        for i in &p.layout {
+            *by_input.entry(i.as_str()).or_insert(0) += 1;
+        }
+        for (i, n) in by_input {
+            writeln!(out, "  layout {i}: {n}")?;
+        }
+    }
+    Ok(())
+}
+
+/// Items held back (issue 49), one line each.
+fn held_lines(out: &mut impl Write, held: &[highwater_core::plan::Held]) -> io::Result<()> {
+    for h in held {
+        let what = if h.waiting { "waiting" } else { "held" };
+        writeln!(out, "  {what:<8} {}: {}", h.item, h.why)?;
     }
     Ok(())
 }
@@ -115,6 +144,9 @@ fn stage_lines(out: &mut impl Write, s: &StageReport) -> io::Result<()> {
             "  reasons: {}",
             reasons_line(s.reasons.clone().into_iter())
         )?;
+    }
+    for i in &s.layout {
+        writeln!(out, "  layout {i}: 1")?;
     }
     writeln!(
         out,
@@ -137,6 +169,7 @@ fn stage_lines(out: &mut impl Write, s: &StageReport) -> io::Result<()> {
     if let Some(b) = &s.blocked {
         writeln!(out, "  {b}")?;
     }
+    held_lines(out, &s.held)?;
     Ok(())
 }
 

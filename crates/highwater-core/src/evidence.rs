@@ -69,6 +69,12 @@ pub enum Algo {
     /// BLAKE3 over a sorted set of (path, member evidence): the evidence of
     /// an aggregate item.
     Set1,
+    /// A container compared as data (issue 49): the first 128 bits are
+    /// BLAKE3 of every byte (the quick first check, comparable with a
+    /// [`Algo::Blake3`] digest's first half), the last 128 bits a digest of
+    /// what a reader sees (schema and rows, decompressed members). Bytes
+    /// that differ with equal data are a layout change, not a change.
+    Data1,
 }
 
 impl Algo {
@@ -77,6 +83,7 @@ impl Algo {
             Algo::Blake3 => "b3",
             Algo::Fingerprint1 => "fp1",
             Algo::Set1 => "set1",
+            Algo::Data1 => "data1",
         }
     }
 
@@ -85,6 +92,7 @@ impl Algo {
             "b3" => Some(Algo::Blake3),
             "fp1" => Some(Algo::Fingerprint1),
             "set1" => Some(Algo::Set1),
+            "data1" => Some(Algo::Data1),
             _ => None,
         }
     }
@@ -143,6 +151,64 @@ impl Digest {
     /// The inverse of [`Digest::algo`] and [`Digest::as_bytes`].
     pub fn from_bytes(algo: Algo, bytes: [u8; 32]) -> Digest {
         Digest { algo, bytes }
+    }
+
+    /// A [`Algo::Data1`] digest from the hash of the bytes and the hash of
+    /// the data, 128 bits of each.
+    pub fn data1(bytes: &blake3::Hash, data: &blake3::Hash) -> Digest {
+        let mut b = [0u8; 32];
+        b[..16].copy_from_slice(&bytes.as_bytes()[..16]);
+        b[16..].copy_from_slice(&data.as_bytes()[..16]);
+        Digest {
+            algo: Algo::Data1,
+            bytes: b,
+        }
+    }
+
+    /// The part that hashes the file's bytes (128 bits), for a digest that
+    /// has one: the first half of a BLAKE3 or a data digest.
+    pub fn byte_half(&self) -> Option<&[u8]> {
+        matches!(self.algo, Algo::Blake3 | Algo::Data1).then(|| &self.bytes[..16])
+    }
+
+    /// The data half of a [`Algo::Data1`] digest.
+    pub fn data_half(&self) -> Option<&[u8]> {
+        (self.algo == Algo::Data1).then(|| &self.bytes[16..])
+    }
+}
+
+/// How a recorded digest compares with the ones observed now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sameness {
+    Same,
+    /// The bytes differ, the data does not (both were compared as data).
+    Layout,
+    Changed,
+    /// No observed digest can be compared with the recorded one.
+    Unknown,
+}
+
+/// Compares a recorded digest with the observed ones: the same format
+/// directly; a BLAKE3 and a data digest through their byte halves (a stage
+/// that switched `compare` mode neither re-runs everything nor claims a
+/// layout change it cannot prove); two data digests by bytes, then data.
+pub fn compare_digests(recorded: &Digest, observed: &[Digest]) -> Sameness {
+    if let Some(now) = observed.iter().find(|d| d.algo == recorded.algo) {
+        if now == recorded {
+            return Sameness::Same;
+        }
+        return match (recorded.data_half(), now.data_half()) {
+            (Some(a), Some(b)) if a == b => Sameness::Layout,
+            _ => Sameness::Changed,
+        };
+    }
+    let Some(rb) = recorded.byte_half() else {
+        return Sameness::Unknown;
+    };
+    match observed.iter().find_map(Digest::byte_half) {
+        Some(ob) if ob == rb => Sameness::Same,
+        Some(_) => Sameness::Changed,
+        None => Sameness::Unknown,
     }
 }
 

@@ -4,7 +4,7 @@
 //! files it must read, fills in the digests, and hands the observations here.
 
 use crate::entry::{Entries, Entry, EntryKind, Status};
-use crate::evidence::{is_racy, Algo, Digest, Signal, Stat};
+use crate::evidence::{compare_digests, is_racy, Algo, Digest, Sameness, Signal, Stat};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashSet};
 
@@ -109,7 +109,7 @@ pub fn digest_needed(prev: Option<&Entry>, stat: &Stat, s: &PlanSettings) -> Vec
     let prev_algo = prev
         .and_then(|e| e.digest.as_ref())
         .map(Digest::algo)
-        .filter(|a| *a == Algo::Blake3 || *a == Algo::Fingerprint1);
+        .filter(|a| matches!(a, Algo::Blake3 | Algo::Fingerprint1 | Algo::Data1));
     let cache_hit = match prev {
         Some(e) => {
             !s.rehash
@@ -126,7 +126,11 @@ pub fn digest_needed(prev: Option<&Entry>, stat: &Stat, s: &PlanSettings) -> Vec
         _ => {}
     }
     // The format the signal records now, when it is not the one on record.
-    if prev_algo != Some(want) && !algos.contains(&want) {
+    // A data digest carries the byte hash, so it stands for BLAKE3; whether
+    // an item is compared as data is the reader's call (issue 49).
+    let satisfied =
+        prev_algo == Some(want) || (want == Algo::Blake3 && prev_algo == Some(Algo::Data1));
+    if !satisfied && !algos.contains(&want) {
         algos.push(want);
     }
     algos
@@ -134,9 +138,16 @@ pub fn digest_needed(prev: Option<&Entry>, stat: &Stat, s: &PlanSettings) -> Vec
 
 /// Carries the stat cache: when [`digest_needed`] asked for nothing, the
 /// recorded digest stands for the content.
+///
+/// A recorded digest is not carried when the reader computed another one
+/// over the same bytes (a BLAKE3 and a data digest, issue 49): the two are
+/// compared by their byte halves, and a stale copy of the recorded one
+/// would vouch for bytes that changed.
 pub fn reuse_cached_digest(prev: Option<&Entry>, obs: &mut Observation) {
     if let Some(d) = prev.and_then(|e| e.digest.as_ref()) {
-        if obs.digest(d.algo()).is_none() {
+        let covered =
+            d.byte_half().is_some() && obs.digests.iter().any(|o| o.byte_half().is_some());
+        if obs.digest(d.algo()).is_none() && !covered {
             obs.digests.push(*d);
         }
     }
@@ -172,6 +183,30 @@ pub struct StagePlan {
     /// Said once per stage with the plan, e.g. that its recipe is declared
     /// only (`observe = false`).
     pub notes: Vec<String>,
+    /// Items that may not run now, since part of what they cover is not
+    /// ready (a stage over landed windows, issue 49: a window missing,
+    /// failed or stale). Neither changed nor unchanged; counted in `total`.
+    pub held: Vec<Held>,
+    /// What changed inside a changed item, beyond its reason, by item (a
+    /// window re-landed with other rows, issue 49).
+    pub details: BTreeMap<String, String>,
+    /// Unchanged items (or an aggregate's members) whose bytes changed but
+    /// whose data, compared as data, did not (issue 49): a `VACUUM`, a
+    /// re-export, a new gzip header. Counted in `unchanged`; their new byte
+    /// hash is in `refresh`.
+    pub layout: Vec<String>,
+}
+
+/// An item held back from running (issue 49).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Held {
+    pub item: String,
+    pub output: String,
+    /// Why, naming the first part that is not ready and how many are not.
+    pub why: String,
+    /// Only waiting for parts not produced yet (windows after the newest
+    /// landed one): normal at the frontier, not a failure.
+    pub waiting: bool,
 }
 
 impl StagePlan {
@@ -221,7 +256,10 @@ fn evidence_changed(prev: &Entry, obs: &Observation, s: &PlanSettings) -> Option
             }
         }
         Signal::Hash | Signal::Fingerprint => {
-            if prev.stat.size != obs.stat.size {
+            // Compared as data, a new size proves nothing (issue 49).
+            let as_data = |d: &Digest| d.algo() == Algo::Data1;
+            let data = prev.digest.as_ref().is_some_and(as_data) || obs.digests.iter().any(as_data);
+            if prev.stat.size != obs.stat.size && !data {
                 return Some(Reason::Size);
             }
             let Some(recorded) = prev.digest.as_ref() else {
@@ -229,10 +267,10 @@ fn evidence_changed(prev: &Entry, obs: &Observation, s: &PlanSettings) -> Option
                 // evidence of sameness, so the safe answer is "changed".
                 return Some(Reason::Content);
             };
-            match obs.digest(recorded.algo()) {
-                Some(now) if now == recorded => None,
-                Some(_) => Some(Reason::Content),
-                None => {
+            match compare_digests(recorded, &obs.digests) {
+                Sameness::Same | Sameness::Layout => None,
+                Sameness::Changed => Some(Reason::Content),
+                Sameness::Unknown => {
                     debug_assert!(false, "reader did not supply {:?}", recorded.algo());
                     Some(Reason::Content)
                 }
@@ -241,11 +279,22 @@ fn evidence_changed(prev: &Entry, obs: &Observation, s: &PlanSettings) -> Option
     }
 }
 
+/// Whether an unchanged item's bytes changed while its data did not.
+fn is_layout(prev: &Entry, obs: &Observation) -> bool {
+    prev.digest
+        .as_ref()
+        .is_some_and(|d| compare_digests(d, &obs.digests) == Sameness::Layout)
+}
+
 /// The digest a new entry records: the signal's current format if computed,
-/// else whatever the observation carries.
+/// else whatever the observation carries. A data digest is computed only for
+/// an item compared as data, and it stands for BLAKE3 (issue 49).
 fn recorded_digest(obs: &Observation, s: &PlanSettings) -> Option<Digest> {
     let want = s.signal.algo()?;
-    obs.digest(want).or(obs.digests.first()).cloned()
+    let data = (want == Algo::Blake3)
+        .then(|| obs.digest(Algo::Data1))
+        .flatten();
+    data.or(obs.digest(want)).or(obs.digests.first()).cloned()
 }
 
 /// Builds the manifest entry of an item from its observation. Used by the
@@ -343,6 +392,9 @@ pub fn plan_items_with_deps(
             None => {
                 plan.unchanged += 1;
                 let p = p.expect("unchanged implies a previous entry");
+                if is_layout(p, &obs) {
+                    plan.layout.push(obs.item.clone());
+                }
                 if needs_refresh(p, &obs, s) {
                     let mut e = p.clone();
                     e.stat = obs.stat;
@@ -368,9 +420,18 @@ fn member_evidence(obs: &Observation, s: &PlanSettings) -> String {
     match s.signal {
         Signal::Exists => String::new(),
         Signal::Mtime => format!("{}:{}", obs.stat.size, obs.stat.mtime_ns),
-        Signal::Hash | Signal::Fingerprint => recorded_digest(obs, s)
-            .map(|d| d.to_string())
-            .unwrap_or_default(),
+        // Compared as data, only the data half: a layout change of a
+        // member leaves the aggregate as it was (issue 49).
+        Signal::Hash | Signal::Fingerprint => match recorded_digest(obs, s) {
+            Some(d) => match d.data_half() {
+                Some(half) => half.iter().fold(String::from("data1:"), |mut s, b| {
+                    s.push_str(&format!("{b:02x}"));
+                    s
+                }),
+                None => d.to_string(),
+            },
+            None => String::new(),
+        },
     }
 }
 
@@ -427,6 +488,9 @@ pub fn plan_aggregate_with_deps(
             None => true,
             Some(p) => needs_refresh(p, m, s) || evidence_changed(p, m, s).is_some(),
         };
+        if p.is_some_and(|p| evidence_changed(p, m, s).is_none() && is_layout(p, m)) {
+            plan.layout.push(m.item.clone());
+        }
         if refresh {
             let mut e = entry_for(m, s, Status::Ok, None, 0, 0);
             e.kind = EntryKind::Member;

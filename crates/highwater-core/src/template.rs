@@ -32,6 +32,20 @@ pub enum TemplateError {
     },
     #[error("`{{inputs}}` must stand alone as one argument in `{arg}`; it expands to one argument per input")]
     InputsNotAlone { arg: String },
+    #[error("`{{files}}` must stand alone as one argument in `{arg}`; it expands to one argument per data file")]
+    FilesNotAlone { arg: String },
+}
+
+/// Which placeholders a stage's templates may use: those of an input path
+/// (a stage over globs), or those of a window (a stage over a source's
+/// landed windows, issue 49). A template of one kind refuses the other's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Vars {
+    #[default]
+    Paths,
+    /// The item's relpath is `START/END` (RFC 3339): `{window_start}`,
+    /// `{window_end}`, `{day}` and `{month}` are read from it.
+    Windows,
 }
 
 /// The placeholders an output template may use, derived from an input's path
@@ -47,9 +61,18 @@ enum Var {
     Input,
     Output,
     Inputs,
+    /// Window placeholders (issue 49), read from a `START/END` relpath.
+    WindowStart,
+    WindowEnd,
+    Day,
+    Month,
+    /// Only in command arguments of a stage over windows: the window's
+    /// current data files, one argument each.
+    Files,
 }
 
 const OUTPUT_VARS: &str = "{relpath} {dir} {stem} {name} {ext}";
+const WINDOW_OUTPUT_VARS: &str = "{window_start} {window_end} {day} {month}";
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Part {
@@ -57,7 +80,11 @@ enum Part {
     Var(Var),
 }
 
-fn parse_parts(template: &str, allow_command_vars: bool) -> Result<Vec<Part>, TemplateError> {
+fn parse_parts(
+    template: &str,
+    allow_command_vars: bool,
+    vars: Vars,
+) -> Result<Vec<Part>, TemplateError> {
     let mut parts = Vec::new();
     let mut rest = template;
     while let Some(open) = rest.find('{') {
@@ -69,23 +96,34 @@ fn parse_parts(template: &str, allow_command_vars: bool) -> Result<Vec<Part>, Te
             template: template.to_string(),
         })?;
         let name = &after[..close];
+        let paths = vars == Vars::Paths;
         let var = match name {
-            "relpath" => Var::RelPath,
-            "dir" => Var::Dir,
-            "stem" => Var::Stem,
-            "name" => Var::Name,
-            "ext" => Var::Ext,
-            "input" if allow_command_vars => Var::Input,
+            "relpath" if paths => Var::RelPath,
+            "dir" if paths => Var::Dir,
+            "stem" if paths => Var::Stem,
+            "name" if paths => Var::Name,
+            "ext" if paths => Var::Ext,
+            "input" if paths && allow_command_vars => Var::Input,
+            "inputs" if paths && allow_command_vars => Var::Inputs,
             "output" if allow_command_vars => Var::Output,
-            "inputs" if allow_command_vars => Var::Inputs,
+            "window_start" if !paths => Var::WindowStart,
+            "window_end" if !paths => Var::WindowEnd,
+            "day" if !paths => Var::Day,
+            "month" if !paths => Var::Month,
+            "files" if !paths && allow_command_vars => Var::Files,
             _ => {
                 return Err(TemplateError::Unknown {
                     template: template.to_string(),
                     name: name.to_string(),
-                    known: if allow_command_vars {
-                        "{input} {output} {inputs} {relpath} {dir} {stem} {name} {ext}"
-                    } else {
-                        OUTPUT_VARS
+                    known: match (vars, allow_command_vars) {
+                        (Vars::Paths, true) => {
+                            "{input} {output} {inputs} {relpath} {dir} {stem} {name} {ext}"
+                        }
+                        (Vars::Paths, false) => OUTPUT_VARS,
+                        (Vars::Windows, true) => {
+                            "{output} {files} {window_start} {window_end} {day} {month}"
+                        }
+                        (Vars::Windows, false) => WINDOW_OUTPUT_VARS,
                     },
                 })
             }
@@ -138,7 +176,18 @@ impl<'a> PathVars<'a> {
             Var::Stem => self.stem,
             Var::Name => self.name,
             Var::Ext => self.ext,
-            Var::Input | Var::Output | Var::Inputs => unreachable!("not a path placeholder"),
+            // A window item's relpath is `START/END`, both RFC 3339, so
+            // the day and the month are the start's first characters.
+            Var::WindowStart => self
+                .relpath
+                .split_once('/')
+                .map_or(self.relpath, |(s, _)| s),
+            Var::WindowEnd => self.relpath.split_once('/').map_or("", |(_, e)| e),
+            Var::Day => self.relpath.get(..10).unwrap_or(self.relpath),
+            Var::Month => self.relpath.get(..7).unwrap_or(self.relpath),
+            Var::Input | Var::Output | Var::Inputs | Var::Files => {
+                unreachable!("not a path placeholder")
+            }
         }
     }
 }
@@ -153,12 +202,17 @@ pub struct OutputTemplate {
 
 impl OutputTemplate {
     pub fn parse(raw: &str) -> Result<OutputTemplate, TemplateError> {
+        OutputTemplate::parse_in(raw, Vars::Paths)
+    }
+
+    /// Parses a template whose placeholders are of kind `vars`.
+    pub fn parse_in(raw: &str, vars: Vars) -> Result<OutputTemplate, TemplateError> {
         if raw.trim().is_empty() {
             return Err(TemplateError::Empty {
                 template: raw.to_string(),
             });
         }
-        let parts = parse_parts(raw, false)?;
+        let parts = parse_parts(raw, false, vars)?;
         let literal_prefix = match parts.first() {
             Some(Part::Lit(s)) if parts.len() > 1 => s.as_str(),
             Some(Part::Lit(s)) => s.as_str(),
@@ -295,9 +349,19 @@ pub struct ArgValues<'a> {
 
 impl ArgTemplate {
     pub fn parse(arg: &str) -> Result<ArgTemplate, TemplateError> {
-        let parts = parse_parts(arg, true)?;
+        ArgTemplate::parse_in(arg, Vars::Paths)
+    }
+
+    /// Parses an argument whose placeholders are of kind `vars`.
+    pub fn parse_in(arg: &str, vars: Vars) -> Result<ArgTemplate, TemplateError> {
+        let parts = parse_parts(arg, true, vars)?;
         if parts.contains(&Part::Var(Var::Inputs)) && parts.len() != 1 {
             return Err(TemplateError::InputsNotAlone {
+                arg: arg.to_string(),
+            });
+        }
+        if parts.contains(&Part::Var(Var::Files)) && parts.len() != 1 {
+            return Err(TemplateError::FilesNotAlone {
                 arg: arg.to_string(),
             });
         }
@@ -307,7 +371,7 @@ impl ArgTemplate {
     /// Appends this argument's expansion to `argv`. Each value becomes (part
     /// of) one argument: nothing is ever split or interpreted by a shell.
     pub fn expand_into(&self, v: &ArgValues<'_>, argv: &mut Vec<String>) {
-        if self.parts == [Part::Var(Var::Inputs)] {
+        if self.parts == [Part::Var(Var::Inputs)] || self.parts == [Part::Var(Var::Files)] {
             argv.extend(v.inputs.iter().cloned());
             return;
         }
@@ -318,7 +382,7 @@ impl ArgTemplate {
                 Part::Lit(l) => s.push_str(l),
                 Part::Var(Var::Input) => s.push_str(v.input),
                 Part::Var(Var::Output) => s.push_str(v.output),
-                Part::Var(Var::Inputs) => unreachable!("checked in parse"),
+                Part::Var(Var::Inputs | Var::Files) => unreachable!("checked in parse"),
                 Part::Var(var) => s.push_str(vars.get(*var)),
             }
         }
@@ -378,6 +442,42 @@ mod tests {
             Err(TemplateError::Unclosed { .. })
         ));
         assert!(ArgTemplate::parse("x{inputs}").is_err());
+    }
+
+    #[test]
+    fn window_placeholders_come_from_the_window() {
+        let t = OutputTemplate::parse_in("marts/{month}/{day}.parquet", Vars::Windows).unwrap();
+        assert_eq!(t.root(), "marts");
+        let rel = "2026-03-14T00:00:00Z/2026-03-15T00:00:00Z";
+        assert_eq!(t.render(rel).unwrap(), "marts/2026-03/2026-03-14.parquet");
+        assert!(OutputTemplate::parse_in("m/{stem}", Vars::Windows).is_err());
+        assert!(OutputTemplate::parse("m/{day}").is_err());
+        let files = vec!["a.parquet".to_string(), "b c.parquet".to_string()];
+        let v = ArgValues {
+            input: "",
+            output: "o",
+            inputs: &files,
+            relpath: rel,
+        };
+        let mut argv = Vec::new();
+        for a in ["{window_start}", "--to={window_end}", "{files}", "{output}"] {
+            ArgTemplate::parse_in(a, Vars::Windows)
+                .unwrap()
+                .expand_into(&v, &mut argv);
+        }
+        assert_eq!(
+            argv,
+            [
+                "2026-03-14T00:00:00Z",
+                "--to=2026-03-15T00:00:00Z",
+                "a.parquet",
+                "b c.parquet",
+                "o"
+            ]
+        );
+        assert!(ArgTemplate::parse_in("x{files}", Vars::Windows).is_err());
+        assert!(ArgTemplate::parse_in("{input}", Vars::Windows).is_err());
+        assert!(ArgTemplate::parse("{files}").is_err());
     }
 
     #[test]

@@ -34,7 +34,10 @@ struct RawState {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawStage {
-    inputs: Vec<String>,
+    /// A list of globs, or a table naming another kind of input (issue
+    /// 49: `{ source = "orders", by = "day" }`): read by hand, so that a
+    /// mistake in either is named as such.
+    inputs: toml::Value,
     output: String,
     command: Vec<String>,
     signal: Option<Signal>,
@@ -48,6 +51,7 @@ struct RawStage {
     #[serde(default)]
     observe_ignore: Vec<String>,
     observe_ignore_defaults: Option<bool>,
+    compare: Option<toml::Value>,
 }
 
 #[derive(Deserialize)]
@@ -169,11 +173,38 @@ pub fn parse(text: &str, path: &Path, root: &Path) -> Result<PipelineSpec, Files
                 "stage name {name:?}: use only letters, digits, `_` and `-`"
             )));
         }
-        if s.inputs.is_empty() {
-            return Err(bad(format!(
-                "[stages.{name}] inputs is empty; give at least one glob"
-            )));
-        }
+        let (globs, items) = match s.inputs {
+            toml::Value::Array(a) if a.is_empty() => {
+                return Err(bad(format!(
+                    "[stages.{name}] inputs is empty; give at least one glob"
+                )))
+            }
+            toml::Value::Array(a) => (
+                a.into_iter()
+                    .map(|g| match g {
+                        toml::Value::String(g) => Ok(g),
+                        other => Err(bad(format!(
+                            "[stages.{name}] inputs: a {} is not a glob; give strings such as \"data/*.csv\"",
+                            other.type_str()
+                        ))),
+                    })
+                    .collect::<Result<Vec<_>, _>>()?,
+                None,
+            ),
+            toml::Value::Table(t) => (
+                Vec::new(),
+                Some(
+                    crate::inputs::InputsSpec::parse(t)
+                        .map_err(|m| bad(format!("[stages.{name}] inputs: {m}")))?,
+                ),
+            ),
+            other => {
+                return Err(bad(format!(
+                    "[stages.{name}] inputs is a {}: give a list of globs, or a source's windows as {{ source = \"NAME\", by = \"day\" }}",
+                    other.type_str()
+                )))
+            }
+        };
         if s.command.is_empty() || s.command[0].is_empty() {
             return Err(bad(format!(
                 "[stages.{name}] command is empty; give an argv such as [\"cp\", \"{{input}}\", \"{{output}}\"]"
@@ -199,7 +230,8 @@ pub fn parse(text: &str, path: &Path, root: &Path) -> Result<PipelineSpec, Files
             None => RecipeSpec::default(),
         };
         let mut stage = StageSpec::new(&name, &[], &s.output, Transform::Command(s.command));
-        stage.inputs = s.inputs;
+        stage.inputs = globs;
+        stage.items = items;
         stage.signal = s.signal.unwrap_or_default();
         stage.guard = guard;
         stage.guard_items_min = s.guard_items_min.unwrap_or(10);
@@ -220,6 +252,10 @@ pub fn parse(text: &str, path: &Path, root: &Path) -> Result<PipelineSpec, Files
         }
         stage.observe_ignore = s.observe_ignore;
         stage.observe_ignore_defaults = s.observe_ignore_defaults.unwrap_or(true);
+        if let Some(c) = &s.compare {
+            stage.compare = crate::compare::parse_spec(c)
+                .map_err(|e| bad(format!("[stages.{name}] compare: {e}")))?;
+        }
         spec.stages.push(stage);
     }
     Ok(spec)

@@ -25,9 +25,10 @@ pub fn record_path(state_path: &Path) -> PathBuf {
 }
 
 /// One stage from its declaration as JSON (the Python package's form):
-/// `name`, `inputs`, `output`, and optionally `on_delete`, `guard`,
-/// `guard_items_min`, `version`, `recipe` (the code recipe's config) and
-/// `declared_in`. The message names the stage and the field.
+/// `name`, `inputs` (a list of globs, or a table naming a source's
+/// windows), `output`, and optionally `on_delete`, `guard`,
+/// `guard_items_min`, `compare`, `version`, `recipe` (the code recipe's
+/// config) and `declared_in`. The message names the stage and the field.
 pub fn stage_from_json(v: &Value, transform: Transform) -> Result<StageSpec, String> {
     let name = v["name"]
         .as_str()
@@ -51,12 +52,25 @@ pub fn stage_from_json(v: &Value, transform: Transform) -> Result<StageSpec, Str
             })
             .collect()
     };
-    let inputs = strs("inputs")?;
+    // A table of inputs names a source's landed windows (issue 49).
+    let items = match &v["inputs"] {
+        Value::Object(_) => Some(
+            crate::inputs::InputsSpec::from_json(&v["inputs"])
+                .map_err(|m| format!("stage `{name}`: {m}"))?,
+        ),
+        _ => None,
+    };
+    let inputs = if items.is_some() {
+        Vec::new()
+    } else {
+        strs("inputs")?
+    };
     let output = v["output"]
         .as_str()
         .ok_or_else(|| format!("stage `{name}`: `output` must be a string"))?;
     let refs: Vec<&str> = inputs.iter().map(String::as_str).collect();
     let mut s = StageSpec::new(name, &refs, output, transform);
+    s.items = items;
     if let Some(g) = v["guard"].as_f64() {
         s.guard = g;
     }
@@ -71,6 +85,11 @@ pub fn stage_from_json(v: &Value, transform: Transform) -> Result<StageSpec, Str
                 "stage `{name}`: on_delete = {o:?}; use \"remove\" or \"keep\""
             ))
         }
+    }
+    // `compare=` (issue 49): as `compare` in highwater.toml.
+    if !v["compare"].is_null() {
+        s.compare = crate::compare::parse_spec_json(&v["compare"])
+            .map_err(|e| format!("stage `{name}`: compare: {e}"))?;
     }
     // The code recipe is computed in Python and arrives as a config: each
     // named component's digest changes the recipe id.

@@ -5,6 +5,7 @@
 //! threads, and one committer (the calling thread), which alone writes the
 //! state store, in batched transactions, after each output is durable.
 
+use crate::compare;
 use crate::deps::{self, DigestCache, RunWritten, Scope};
 use crate::discover::{self, Found, OutputScan};
 use crate::error::FilesError;
@@ -13,6 +14,7 @@ use crate::hash::digest_file;
 use crate::now_ns;
 use crate::recipe::stage_recipe_id;
 use crate::spec::{OnDelete, PipelineSpec, StageSpec, Transform};
+use highwater_core::evidence::Algo;
 use highwater_core::guard::{self, Refusal};
 use highwater_core::plan::{
     self, digest_needed, plan_aggregate_with_deps, plan_items_with_deps, reuse_cached_digest,
@@ -32,6 +34,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 mod fleet;
+mod items;
 
 /// The committer writes a transaction at least every this many results...
 pub const COMMIT_BATCH_ITEMS_MAX: usize = 512;
@@ -119,6 +122,14 @@ pub struct StageReport {
     pub blocked: Option<String>,
     pub reasons: BTreeMap<String, usize>,
     pub changes: Vec<ChangeRow>,
+    /// Items held back: part of what they cover is not ready (issue 49).
+    /// One that is not only waiting makes the run partial (exit 1).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub held: Vec<plan::Held>,
+    /// Inputs left unchanged although their bytes changed: compared as
+    /// data, only their layout did (issue 49).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub layout: Vec<String>,
     pub duration_ms: u64,
     /// On shared state: what this process did of the fleet's work.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -161,6 +172,8 @@ impl StageReport {
                     output: c.output.clone(),
                 })
                 .collect(),
+            held: plan.held.clone(),
+            layout: plan.layout.clone(),
             ..StageReport::default()
         }
     }
@@ -176,7 +189,11 @@ impl RunReport {
     pub fn failed(&self) -> usize {
         self.stages
             .iter()
-            .map(|s| s.failed.len() + usize::from(s.blocked.is_some()))
+            .map(|s| {
+                s.failed.len()
+                    + usize::from(s.blocked.is_some())
+                    + s.held.iter().filter(|h| !h.waiting).count()
+            })
             .sum()
     }
 }
@@ -233,6 +250,10 @@ struct Stage {
     settings: PlanSettings,
     /// The stages whose outputs this one reads.
     upstream: Vec<String>,
+    /// Set: the items come from this source, not from globs (issue 49).
+    items: Option<Box<dyn crate::inputs::ItemSource>>,
+    /// How inputs whose bytes changed are compared (issue 49).
+    compare: crate::compare::CompareRules,
 }
 
 impl Stage {
@@ -358,7 +379,17 @@ impl Pipeline {
         }
         let mut stages = Vec::new();
         let storage_names: Vec<&str> = spec.storage.keys().map(String::as_str).collect();
-        for s in spec.stages {
+        for mut s in spec.stages {
+            let items = match &s.items {
+                Some(i) => Some(crate::inputs::open(&s.name, i, &spec.providers)?),
+                None => None,
+            };
+            let vars = items.as_ref().map_or(Default::default(), |i| i.vars());
+            if let Some(i) = &items {
+                // What the items' commands read of their inputs is evidence
+                // through the parts' digests, never as dependencies.
+                s.observe_ignore.extend(i.input_globs());
+            }
             let tpl_err = |source| FilesError::Template {
                 stage: s.name.clone(),
                 source,
@@ -403,7 +434,16 @@ impl Pipeline {
                 input_globs.push(rest);
             }
             let (output_place, output_rest) = place("output", &s.output)?;
-            let template = OutputTemplate::parse(&output_rest).map_err(tpl_err)?;
+            let template = OutputTemplate::parse_in(&output_rest, vars).map_err(tpl_err)?;
+            if items.is_some() && template.is_aggregate() {
+                return Err(FilesError::Inputs {
+                    stage: s.name.clone(),
+                    message: format!(
+                        "output `{}` names one file for every item; put {{window_start}}, {{day}} or {{month}} in it",
+                        s.output
+                    ),
+                });
+            }
             if input_place.is_some() && template.is_aggregate() {
                 return Err(FilesError::Places {
                     stage: s.name.clone(),
@@ -422,7 +462,7 @@ impl Pipeline {
                         }
                     })?;
                     argv.iter()
-                        .map(|a| ArgTemplate::parse(a))
+                        .map(|a| ArgTemplate::parse_in(a, vars))
                         .collect::<Result<Vec<_>, _>>()
                         .map_err(tpl_err)?
                 }
@@ -452,6 +492,16 @@ impl Pipeline {
                     });
                 }
             }
+            if s.compare.any_data() && s.signal != highwater_core::Signal::Hash {
+                return Err(FilesError::Compare {
+                    stage: s.name.clone(),
+                    message: format!(
+                        "comparing as data needs signal = \"hash\" (the byte hash is its first check), not {:?}; remove `signal` or `compare`",
+                        s.signal.as_str()
+                    ),
+                });
+            }
+            let compare = crate::compare::CompareRules::new(&s.name, &s.compare)?;
             let recipe = stage_recipe_id(&root, &s)?;
             let settings = PlanSettings {
                 signal: s.signal,
@@ -468,6 +518,8 @@ impl Pipeline {
                 args,
                 settings,
                 upstream: Vec::new(),
+                items,
+                compare,
             });
         }
         let stages = topo_order(stages)?;
@@ -710,6 +762,7 @@ impl Pipeline {
         settings: &PlanSettings,
         output: String,
         output_exists: bool,
+        notes: &std::sync::Mutex<Vec<String>>,
     ) -> Result<Observation, FilesError> {
         let unreadable = |source| FilesError::InputUnreadable {
             stage: st.spec.name.clone(),
@@ -721,7 +774,9 @@ impl Pipeline {
             return Err(unreadable(std::io::Error::other("not a regular file")));
         }
         let mut digests = highwater_core::plan::Digests::new();
-        let needed = digest_needed(prev, &stat, settings);
+        let mode = st.compare.mode_for(&f.item);
+        let prev_digest = prev.and_then(|e| e.digest.as_ref());
+        let needed = compare::needed(digest_needed(prev, &stat, settings), mode, prev_digest);
         // An object is read only when its listing cannot vouch for it (the
         // same rule as a file's stat), into a scratch file that goes after.
         let mut _scratch = None;
@@ -742,7 +797,19 @@ impl Pipeline {
             _ => self.root.join(&f.item),
         };
         for algo in needed {
-            digests.push(digest_file(&abs, algo).map_err(unreadable)?);
+            let d = match (algo, mode) {
+                (Algo::Data1, compare::Mode::Data { order }) => {
+                    let (d, note) =
+                        compare::data1_file(&abs, order, prev_digest).map_err(unreadable)?;
+                    if let Some(n) = note {
+                        let mut notes = notes.lock().unwrap_or_else(|p| p.into_inner());
+                        notes.push(format!("{}: {n}", f.item));
+                    }
+                    d
+                }
+                _ => digest_file(&abs, algo).map_err(unreadable)?,
+            };
+            digests.push(d);
         }
         let mut obs = Observation {
             item: f.item.clone(),
@@ -766,6 +833,9 @@ impl Pipeline {
         rehash: bool,
         prev: Option<StageEntries>,
     ) -> Result<Observed, FilesError> {
+        if let Some(src) = &st.items {
+            return self.observe_items(st, src.as_ref(), rehash, prev);
+        }
         let name = &st.spec.name;
         let load = || -> Result<StageEntries, FilesError> {
             match prev {
@@ -851,6 +921,8 @@ impl Pipeline {
             }
         };
         let mut rendered = Vec::new();
+        // Inputs compared as data that had to be compared by bytes.
+        let notes = std::sync::Mutex::new(Vec::new());
         let (plan, listing, output_dirs) = if st.template.is_aggregate() {
             let output = render("")?;
             if found.iter().any(|f| f.item == output) {
@@ -876,6 +948,7 @@ impl Pipeline {
                         &settings,
                         String::new(),
                         true,
+                        &notes,
                     )
                 })
                 .collect::<Result<Vec<_>, _>>()?;
@@ -954,7 +1027,9 @@ impl Pipeline {
                 .zip(prevs.into_par_iter())
                 .map(|(((f, out), (statted, at)), prev_item)| {
                     let exists = listing.exists(&out, prev_item.is_some_and(|e| e.output == out));
-                    self.observe_one(st, f, statted, at, prev_item, &settings, out, exists)
+                    self.observe_one(
+                        st, f, statted, at, prev_item, &settings, out, exists, &notes,
+                    )
                 })
                 .collect_into_vec(&mut observed);
             let observations = observed.into_iter().collect::<Result<Vec<_>, _>>()?;
@@ -965,6 +1040,9 @@ impl Pipeline {
             )
         };
         let mut plan = plan;
+        let mut notes = notes.into_inner().unwrap_or_else(|p| p.into_inner());
+        notes.sort();
+        plan.notes.extend(notes);
         if matches!(st.spec.transform, Transform::Command(_)) && !st.spec.observe {
             plan.notes.push(format!(
                 "stage `{name}`: observe = false, so its recipe is declared only: a change to a file its command reads is seen only if `recipe.files` lists it"
@@ -985,6 +1063,9 @@ impl Pipeline {
     /// digest), with the input of each: the cross-stage check of a shared
     /// run, which does not observe every stage before the first one runs.
     fn rendered_outputs(&self, st: &Stage) -> Result<Vec<(String, String)>, FilesError> {
+        if let Some(src) = &st.items {
+            return self.rendered_items(st, src.as_ref());
+        }
         let name = &st.spec.name;
         let found: Vec<Found> = match &st.input_place {
             Some(place) => {
@@ -1595,13 +1676,19 @@ impl Pipeline {
             "deleted": report.deleted,
             "failed": report.failed.len(),
             "reasons": report.reasons,
+            "held": report.held,
             "declared_in": st.spec.declared_in,
             // What the recipe id stands for, kept in the state beside the
             // run, so that the next plan can name which part changed (a
             // Python stage's code components, issue 22).
             "recipe": {"id": st.settings.recipe, "config": st.spec.recipe.config},
         });
-        let exit = if report.failed.is_empty() { 0 } else { 1 };
+        let held = report.held.iter().any(|h| !h.waiting);
+        let exit = if report.failed.is_empty() && !held {
+            0
+        } else {
+            1
+        };
         store.finish_run(run_id, now_ns(), &summary, exit)?;
         Ok(())
     }
@@ -1647,6 +1734,13 @@ impl Pipeline {
             on_write: None,
             reports_reads: false,
         }
+    }
+
+    /// The relpath of `item` as discovered, or "".
+    fn relpath_of<'o>(&self, o: &'o Observed, item: &str) -> &'o str {
+        o.found
+            .binary_search_by(|f| f.item.as_str().cmp(item))
+            .map_or("", |i| o.found[i].relpath())
     }
 
     /// Makes one item's output durable and visible, or says why not.
@@ -1698,7 +1792,14 @@ impl Pipeline {
         } else {
             None
         };
+        // A stage over windows (issue 49): `{files}` are the item's
+        // current data files, found as it runs.
+        let files = match &st.items {
+            Some(src) => Some(src.files(relpath)?),
+            None => None,
+        };
         let input: Option<String> = match (&st.input_place, aggregate) {
+            _ if files.is_some() => None,
             (_, true) => None,
             (None, false) => Some(item.to_string()),
             (Some(place), false) => {
@@ -1717,7 +1818,11 @@ impl Pipeline {
             args: &st.args,
             input: input.as_deref(),
             // A per-item job's `{inputs}` is its one input (see `exec`).
-            inputs: if aggregate { inputs } else { &[] },
+            inputs: match &files {
+                Some(f) => f,
+                None if aggregate => inputs,
+                None => &[],
+            },
             relpath,
             observe: st.observes(),
             on_write,
@@ -1852,7 +1957,20 @@ impl Pipeline {
                     let temp = scratch
                         .join(format!("item-{n}"))
                         .join(Path::new(&e.output).file_name().unwrap_or_default());
-                    let outcome = match exec::run_transform(&self.job(st, &e.item, &o), &temp) {
+                    // A stage over windows: the item's data files now.
+                    let files = match &st.items {
+                        Some(src) => src.files(self.relpath_of(&o, &e.item)).map(Some),
+                        None => Ok(None),
+                    };
+                    let run = files.and_then(|files| {
+                        let mut job = self.job(st, &e.item, &o);
+                        if let Some(f) = &files {
+                            job.input = None;
+                            job.inputs = f;
+                        }
+                        exec::run_transform(&job, &temp)
+                    });
+                    let outcome = match run {
                         Err(error) => VerifyOutcome::Failed { error },
                         Ok(_) => compare_files(&temp, &self.root.join(&e.output)),
                     };
@@ -1962,6 +2080,12 @@ impl Pipeline {
                 "entries": entries.items.len(),
                 "ok": entries.items.len() - failed.len(),
                 "failed": failed,
+                // Items the last run held back (issue 49), as it said.
+                "held": runs
+                    .iter()
+                    .find(|r| r.stage == name)
+                    .and_then(|r| r.summary["held"].as_array().cloned())
+                    .unwrap_or_default(),
                 "last_run": last,
             }))
         };

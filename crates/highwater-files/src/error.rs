@@ -42,6 +42,12 @@ pub enum FilesError {
     },
     #[error("stage `{stage}`: {message}")]
     Places { stage: String, message: String },
+    /// A stage over another kind of input than globs (issue 49) that
+    /// cannot be read: its source unknown, its windows unreadable.
+    #[error("stage `{stage}`: {message}")]
+    Inputs { stage: String, message: String },
+    #[error("stage `{stage}`: compare: {message}")]
+    Compare { stage: String, message: String },
     #[error("stage `{stage}`: input glob `{pattern}` is invalid: {message}")]
     Glob {
         stage: String,

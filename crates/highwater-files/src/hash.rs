@@ -19,6 +19,9 @@ pub fn digest_file(path: &Path, algo: Algo) -> io::Result<Digest> {
         Algo::Blake3 => blake3_file(path),
         Algo::Fingerprint1 => fingerprint_file(path),
         Algo::Set1 => Err(io::Error::other("a set digest is not a file digest")),
+        Algo::Data1 => Err(io::Error::other(
+            "a data digest is computed by compare::data1_file",
+        )),
     }
 }
 

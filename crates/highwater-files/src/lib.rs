@@ -16,7 +16,11 @@
 //! - [`declared`]: stages a Python pipeline declared, as it recorded them
 //!   beside the state for the CLI (issue 48).
 //! - [`discover`]: glob walking and stat, and the output-root listing.
+//! - [`inputs`]: the other kinds of item discovery behind one trait, one
+//!   file per kind (`windows`: a source's landed windows, issue 49).
 //! - [`hash`]: BLAKE3 digests and fingerprints of files.
+//! - [`compare`]: containers compared as data (issue 49), one module per
+//!   format behind the [`compare::DataDigest`] trait.
 //! - [`stat`]: many stats, fast, one open folder at a time (`fstatat`).
 //! - [`recipe`]: gathers recipe parts (code files, tool versions).
 //! - [`exec`]: runs one item into a temp file and publishes it atomically,
@@ -25,6 +29,7 @@
 //! - [`engine`]: plan, run, adopt, verify, export, status.
 //! - [`error`]: the error type.
 
+pub mod compare;
 pub mod config;
 pub mod declared;
 pub mod deps;
@@ -33,6 +38,7 @@ pub mod engine;
 pub mod error;
 pub mod exec;
 pub mod hash;
+pub mod inputs;
 pub mod recipe;
 pub mod spec;
 pub mod stat;

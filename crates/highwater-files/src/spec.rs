@@ -100,6 +100,10 @@ pub struct StageSpec {
     /// `deps::DROPPINGS`): caches of other dependencies and editor and OS
     /// droppings are never dependencies.
     pub observe_ignore_defaults: bool,
+    /// Set when the stage's items are not files from globs but another
+    /// kind of input (issue 49: a source's landed windows); `inputs` is
+    /// then empty.
+    pub items: Option<crate::inputs::InputsSpec>,
     /// Where the stage was declared ("highwater.toml", "python:pipeline.py"):
     /// recorded with each run, so that `status` and `serve` can show a stage
     /// that another program declared and ran on the same state (issue 22).
@@ -109,6 +113,9 @@ pub struct StageSpec {
     /// the item's dependencies, with the same evidence, racy rule and
     /// noise rules as an observed command's.
     pub reports_reads: bool,
+    /// How an input whose bytes changed is compared (issue 49): by bytes,
+    /// or read as data by its format.
+    pub compare: crate::compare::CompareSpec,
 }
 
 impl StageSpec {
@@ -130,8 +137,10 @@ impl StageSpec {
             observe: true,
             observe_ignore: Vec::new(),
             observe_ignore_defaults: true,
+            items: None,
             declared_in: "highwater.toml".to_string(),
             reports_reads: false,
+            compare: Default::default(),
         }
     }
 
@@ -180,6 +189,9 @@ pub struct PipelineSpec {
     pub sources: std::collections::BTreeMap<String, toml::Value>,
     /// The `[osm]` table, left raw: `highwater-osm` reads it.
     pub osm: Option<toml::Value>,
+    /// What item sources other than globs read through (issue 49: the
+    /// landed windows of `[sources]`, which the binary provides).
+    pub providers: crate::inputs::Providers,
     /// Other places the config names (the config file itself, the OSM
     /// store, MBTiles files, search indexes), each with what it is: no two
     /// places, and no place and an output root, may overlap.
@@ -197,6 +209,7 @@ impl PipelineSpec {
             stages: Vec::new(),
             sources: Default::default(),
             osm: None,
+            providers: Default::default(),
             places: Vec::new(),
         }
     }

@@ -17,6 +17,8 @@
 //!   grid; `checks`: the checks a window passes before it is published;
 //!   `shared`: windows shared by many processes on PostgreSQL state.
 //! - [`periods`]: `compact`: which periods, under the source lease.
+//! - [`landed`]: what a downstream reader of the windows may ask (issue
+//!   49): each window's standing and row digest, its current files.
 //! - `warehouse`: the loads a run owes; [`load`]: the warehouse client,
 //!   one transaction per window.
 //! - `format`: the `TableFormat` trait and its registration, one line per
@@ -42,6 +44,7 @@ pub mod error;
 mod failpoints;
 mod folders;
 mod format;
+pub mod landed;
 pub mod load;
 pub mod periods;
 pub mod pg;

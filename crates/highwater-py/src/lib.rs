@@ -168,13 +168,25 @@ fn spec(
     if let Some(s) = state {
         p.state = PathBuf::from(s);
     }
-    for v in stages
+    let list = stages
         .as_array()
-        .ok_or_else(|| bad("stage declarations must be a list".into()))?
-    {
+        .ok_or_else(|| bad("stage declarations must be a list".into()))?;
+    for v in list {
         let name = v["name"].as_str().unwrap_or_default();
         p.stages
             .push(highwater_files::declared::stage_from_json(v, make(name)).map_err(bad)?);
+    }
+    // Stages over a source's windows (issue 49) name the config that
+    // declares the source: its [sources] and [storage] are read from it.
+    if let Some(cfg) = list.iter().find_map(|v| v["sources_from"].as_str()) {
+        let root = PathBuf::from(root);
+        let path = root.join(cfg);
+        let c = highwater_files::config::load(&path).map_err(err)?;
+        p.sources = c.sources;
+        p.storage = c.storage;
+        p.providers.landed = Some(Arc::new(highwater_cli::landed::IngestLanded::new(
+            &p, &path, &root,
+        )));
     }
     Pipeline::open(p).map_err(err)
 }
@@ -256,6 +268,12 @@ fn plan<'py>(
                     // None for a deleted item): Dagster's data version of
                     // the stage's inputs (issue 48).
                     "digests": c.observation.as_ref().map(|o| o.digests.to_vec()),
+                    "detail": s.details.get(&c.item),
+                })).collect::<Vec<_>>(),
+                "held": s.held,
+                // Unchanged: bytes changed, data did not (issue 49).
+                "layout": s.layout.iter().map(|i| serde_json::json!({
+                    "input": i, "reason": "layout",
                 })).collect::<Vec<_>>(),
             })
         })

@@ -77,6 +77,17 @@ fn stages(s: &Value) -> Markup {
                     @for f in &failed {
                         tr { td {} td colspan="6" class="bad" { code { (text(&f["input"])) } ": " (text(&f["error"])) } }
                     }
+                    // Items the last run held back (issue 49): a window
+                    // they cover is not ready; waiting ones are only early.
+                    @for h in st["held"].as_array().cloned().unwrap_or_default() {
+                        tr class="held" {
+                            td {}
+                            td colspan="6" class=(if h["waiting"] == true { "missing" } else { "bad" }) {
+                                (if h["waiting"] == true { "waiting " } else { "held " })
+                                code { (text(&h["item"])) } ": " (text(&h["why"]))
+                            }
+                        }
+                    }
                 }
             }
         }

@@ -254,6 +254,11 @@ impl TableFormat for Folders {
     }
 
     fn window_files(&self, w: &Window, r: &WindowRecord) -> Result<WindowFiles, String> {
+        if self.t.spec.output_place.is_none() {
+            if let Some(period) = r.extra["compacted"]["path"].as_str() {
+                return self.period_files(w, r, period);
+            }
+        }
         let (from, m) = if self.t.spec.output_place.is_some() {
             let (m, prefix) = self
                 .bucket_window_for_load(w)
@@ -305,6 +310,56 @@ impl TableFormat for Folders {
             from,
             files,
             rows: Rows::Manifest(m["rows"].as_u64().unwrap_or(0)),
+        })
+    }
+}
+
+impl Folders {
+    /// The files of the compacted period (`path`, relative) that holds
+    /// window `w` (record `r`): the period's files hold its other windows'
+    /// rows too, the window's at its offset (issue 49: `{files}`).
+    fn period_files(
+        &self,
+        w: &Window,
+        r: &WindowRecord,
+        path: &str,
+    ) -> Result<WindowFiles, String> {
+        if !Path::new(path)
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)))
+        {
+            return Err(format!(
+                "the record's period path `{path}` is not a relative path"
+            ));
+        }
+        let dir = self.t.root.join(path);
+        let m = crate::compact::read_manifest(&dir).ok_or_else(|| {
+            format!(
+                "{}/_manifest.json is not a compacted period's manifest; `highwater ingest {}` lands window {w} again",
+                dir.display(),
+                self.t.spec.name
+            )
+        })?;
+        if r.extra["compacted"]["token"].as_str() != Some(m.token.as_str()) {
+            return Err(format!("the period {} is of another compaction than window {w}'s record; the next `highwater ingest {}` or `compact` settles it", dir.display(), self.t.spec.name));
+        }
+        let rows = m
+            .windows
+            .iter()
+            .find(|pw| pw.start_us == w.start_us)
+            .map(|pw| pw.rows)
+            .ok_or_else(|| format!("the period {} does not hold window {w}", dir.display()))?;
+        let files: Vec<String> = m.files.into_iter().map(|f| f.path).collect();
+        if files.iter().any(|f| f.contains('/') || f.starts_with('.')) {
+            return Err(format!(
+                "the manifest of {} lists a file outside the period's folder",
+                dir.display()
+            ));
+        }
+        Ok(WindowFiles {
+            from: LoadFrom::Local(dir),
+            files,
+            rows: Rows::Manifest(rows),
         })
     }
 }

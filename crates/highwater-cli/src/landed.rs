@@ -1,0 +1,169 @@
+//! The landed windows of `[sources]` as file stages read them (issue 49):
+//! `highwater_files::inputs::windows::Landed` over `highwater-ingest`'s
+//! public `landed` API. Here, and only here, the two crates meet: the file
+//! stages name no ingestion type, and ingestion knows no stage.
+
+use highwater_files::inputs::windows::{Landed, LandedGrid, LandedWindow, WindowState};
+use highwater_ingest::landed::{DataFile, Standing};
+use highwater_ingest::{Ingestor, SourceSpec};
+use highwater_objects::{Objects, StorageSpec};
+use highwater_store::{StateLocation, WindowRecord};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+/// The sources of one config, each opened on first use.
+pub struct IngestLanded {
+    config: PathBuf,
+    root: PathBuf,
+    state: StateLocation,
+    sources: BTreeMap<String, toml::Value>,
+    storage: BTreeMap<String, StorageSpec>,
+    open: Mutex<BTreeMap<String, Arc<Ingestor>>>,
+    /// Each source's records as the last plan read them: an item's files
+    /// are found from them, not from a load of every record per window (a
+    /// record replaced since is refused by its format, and the item fails
+    /// to run again, never runs on other rows than planned).
+    records: Mutex<BTreeMap<String, Arc<BTreeMap<i64, WindowRecord>>>>,
+}
+
+impl IngestLanded {
+    /// Over the `[sources]` of `spec`, read from `config`, whose state is
+    /// where the pipeline's is.
+    pub fn new(spec: &highwater_files::PipelineSpec, config: &Path, root: &Path) -> IngestLanded {
+        let state = match &spec.state_url_env {
+            Some(var) => StateLocation::Postgres { var: var.clone() },
+            None => StateLocation::Sqlite(if spec.state.is_absolute() {
+                spec.state.clone()
+            } else {
+                root.join(&spec.state)
+            }),
+        };
+        IngestLanded {
+            config: config.to_path_buf(),
+            root: root.to_path_buf(),
+            state,
+            sources: spec.sources.clone(),
+            storage: spec.storage.clone(),
+            open: Mutex::new(BTreeMap::new()),
+            records: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    fn ingestor(&self, name: &str) -> Result<Arc<Ingestor>, String> {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = open.get(name) {
+            return Ok(i.clone());
+        }
+        let Some(value) = self.sources.get(name) else {
+            return Err(format!(
+                "the config has no [sources.{name}]{}",
+                if self.sources.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        " (defined: {})",
+                        self.sources.keys().cloned().collect::<Vec<_>>().join(", ")
+                    )
+                }
+            ));
+        };
+        let spec =
+            SourceSpec::parse(name, value, &self.config, &self.root).map_err(|e| e.to_string())?;
+        let place = spec.output_place.clone();
+        let mut ing = Ingestor::new(&self.root, self.state.clone(), spec);
+        if let Some(p) = place {
+            let storage = self.storage.get(&p).ok_or_else(|| {
+                format!(
+                    "[sources.{name}] output names storage `{p}`, which the config does not define"
+                )
+            })?;
+            ing = ing.with_objects(Arc::new(
+                Objects::open(&p, storage).map_err(|e| e.to_string())?,
+            ));
+        }
+        let ing = Arc::new(ing);
+        open.insert(name.to_string(), ing.clone());
+        Ok(ing)
+    }
+}
+
+impl Landed for IngestLanded {
+    fn grid(&self, source: &str) -> Result<LandedGrid, String> {
+        let ing = self.ingestor(source)?;
+        let (start_us, interval_us) = ing.grid_start_interval();
+        Ok(LandedGrid {
+            start_us,
+            interval_us,
+            root: ing.local_output_root(),
+        })
+    }
+
+    fn windows(&self, source: &str) -> Result<Vec<LandedWindow>, String> {
+        let ing = self.ingestor(source)?;
+        let records = ing.window_records().map_err(|e| e.to_string())?;
+        let landed = ing.landed_windows(&records);
+        self.records
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(
+                source.to_string(),
+                Arc::new(records.into_iter().map(|r| (r.start_us, r)).collect()),
+            );
+        Ok(landed
+            .into_iter()
+            .map(|w| LandedWindow {
+                start_us: w.start_us,
+                end_us: w.end_us,
+                state: match w.standing {
+                    Standing::Ready { digest } => WindowState::Ready { digest },
+                    Standing::NotReady(why) => WindowState::NotReady(why),
+                },
+            })
+            .collect())
+    }
+
+    fn files(&self, source: &str, start_us: i64, end_us: i64) -> Result<Vec<String>, String> {
+        let ing = self.ingestor(source)?;
+        let cached = self
+            .records
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(source)
+            .cloned();
+        let records = match cached {
+            Some(r) => r,
+            None => {
+                let all = ing.window_records().map_err(|e| e.to_string())?;
+                let r = Arc::new(all.into_iter().map(|r| (r.start_us, r)).collect());
+                self.records
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(source.to_string(), Arc::clone(&r));
+                r
+            }
+        };
+        let r = records
+            .get(&start_us)
+            .filter(|r| r.end_us == end_us)
+            .ok_or_else(|| {
+                format!(
+                    "source `{source}` has no record of window {}",
+                    highwater_core::window::format_rfc3339(start_us)
+                )
+            })?;
+        ing.window_data_files(r)?
+            .into_iter()
+            .map(|f| match f {
+                DataFile::Local(p) => Ok(p.to_string_lossy().into_owned()),
+                // A command reads an object by its URL (pyarrow, DuckDB,
+                // Polars and the AWS CLI all take `s3://BUCKET/KEY`).
+                DataFile::Object { place, key } => self
+                    .storage
+                    .get(&place)
+                    .map(|s| format!("s3://{}/{key}", s.bucket))
+                    .ok_or_else(|| format!("storage `{place}` is not defined")),
+            })
+            .collect()
+    }
+}

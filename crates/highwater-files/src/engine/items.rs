@@ -1,0 +1,282 @@
+//! Planning a stage whose items come from an [`ItemSource`] rather than
+//! globs (issue 49): the same plan as over files, with each item's
+//! evidence the digest of its parts, held items kept out of the plan, and
+//! each changed item's parts compared with those its output was made from.
+//!
+//! What an output is made from is kept as one member entry per part
+//! (`kind = member`, the part's key, the BLAKE3 of its digest, `output`
+//! naming the item), refreshed with the plan that runs the item: a run
+//! makes each item from the parts its plan saw, as it records the item's
+//! evidence from that plan. They are read only for a changed item, so a
+//! no-change plan pays one load of small rows for them, and they stay out
+//! of the dependency sets, which the items of a stage share.
+
+use super::{Names, Observed, Pipeline, Stage};
+use crate::discover::{self, Found, OutputScan};
+use crate::error::FilesError;
+use crate::inputs::{self, Discovered, ItemSource, Part};
+use crate::now_ns;
+use highwater_core::evidence::{Algo, Digest};
+use highwater_core::plan::{plan_items_with_deps, Held, Observation, Reason, StagePlan};
+use highwater_core::{Entries, Entry, EntryKind, Stat, Status};
+use highwater_store::StageEntries;
+use std::collections::{HashMap, HashSet};
+
+impl Pipeline {
+    /// Discovery, evidence and the plan of a stage over an item source.
+    /// Reads the source's records; writes nothing.
+    pub(super) fn observe_items(
+        &self,
+        st: &Stage,
+        src: &dyn ItemSource,
+        rehash: bool,
+        prev: Option<StageEntries>,
+    ) -> Result<Observed, FilesError> {
+        let name = &st.spec.name;
+        let load = || -> Result<StageEntries, FilesError> {
+            match prev {
+                Some(p) => Ok(p),
+                None => Ok(self.open_store()?.load(name)?),
+            }
+        };
+        let at = now_ns();
+        let (prev, found) = rayon::join(load, || src.discover());
+        let (prev, found) = (prev?, found?);
+        let mut settings = st.settings.clone();
+        settings.rehash |= rehash;
+        let changed_deps = self.changed_deps(st, &prev, &settings)?;
+        let dep = |item: &str| changed_deps.get(item).cloned();
+        let outputs = found
+            .iter()
+            .map(|d| self.render_item(st, &d.relpath))
+            .collect::<Result<Vec<_>, _>>()?;
+        check_distinct(name, &found, &outputs)?;
+        let (listing, output_dirs) = self.scan_item_outputs(st, &prev, &outputs, &settings)?;
+        let rendered = outputs
+            .iter()
+            .zip(&found)
+            .map(|(o, d)| (o.clone(), d.item.clone()))
+            .collect();
+        // A held item is neither run nor deleted: it leaves the plan, its
+        // entry (if any) with it, and is reported apart.
+        let mut held = Vec::new();
+        let mut observations = Vec::with_capacity(found.len());
+        let mut parts = HashMap::new();
+        let mut found_items = Vec::with_capacity(found.len());
+        for (d, out) in found.into_iter().zip(outputs) {
+            found_items.push(Found::new(d.item.clone(), &d.relpath));
+            if let Some(h) = d.hold {
+                held.push(Held {
+                    item: d.item,
+                    output: out,
+                    why: h.why,
+                    waiting: h.waiting,
+                });
+                continue;
+            }
+            let recorded = prev.items.get(&d.item).is_some_and(|e| e.output == out);
+            observations.push(Observation {
+                item: d.item.clone(),
+                stat: Stat::default(),
+                digests: std::iter::once(inputs::evidence(&d.parts)).collect(),
+                observed_at_ns: at,
+                output_exists: listing.exists(&out, recorded),
+                output: out,
+            });
+            parts.insert(d.item, d.parts);
+        }
+        let entries = without_held(&prev.items, &held);
+        let mut plan = plan_items_with_deps(
+            name,
+            entries.as_ref().unwrap_or(&prev.items),
+            observations,
+            &settings,
+            &dep,
+        );
+        for c in plan.changed.iter().filter(|c| c.reason == Reason::Content) {
+            let now: Vec<Part> = parts
+                .get(&c.item)
+                .map_or(&[][..], Vec::as_slice)
+                .iter()
+                .map(hashed)
+                .collect();
+            if let Some(why) = src.explain(&recorded_parts(&prev.members, &c.item), &now) {
+                plan.details.insert(c.item.clone(), why);
+            }
+        }
+        record_parts(&mut plan, &prev.members, &parts, &found_items, &held, at);
+        plan.total += held.len();
+        plan.held = held;
+        Ok(Observed {
+            plan,
+            listing,
+            output_dirs,
+            prev,
+            found: found_items,
+            inputs: Vec::new(),
+            rendered,
+        })
+    }
+
+    /// Every output the stage renders now, with its item.
+    pub(super) fn rendered_items(
+        &self,
+        st: &Stage,
+        src: &dyn ItemSource,
+    ) -> Result<Vec<(String, String)>, FilesError> {
+        src.discover()?
+            .into_iter()
+            .map(|d| Ok((self.render_item(st, &d.relpath)?, d.item)))
+            .collect()
+    }
+
+    fn render_item(&self, st: &Stage, relpath: &str) -> Result<String, FilesError> {
+        let out = st
+            .template
+            .render(relpath)
+            .map_err(|source| FilesError::Template {
+                stage: st.spec.name.clone(),
+                source,
+            })?;
+        Ok(match &st.output_place {
+            Some(p) => format!("{p}:{out}"),
+            None => out,
+        })
+    }
+
+    /// The stage's outputs as they are: one listing of the template's
+    /// root in object storage, else the output-folder cache.
+    fn scan_item_outputs(
+        &self,
+        st: &Stage,
+        prev: &StageEntries,
+        outputs: &[String],
+        settings: &highwater_core::plan::PlanSettings,
+    ) -> Result<(OutputScan, Vec<String>), FilesError> {
+        let name = &st.spec.name;
+        match &st.output_place {
+            Some(p) => Ok((
+                discover::scan_objects(&*self.objects(name, p)?, p, name, st.template.root())?,
+                Vec::new(),
+            )),
+            None => {
+                let dirs = discover::output_dirs(outputs.iter().map(String::as_str));
+                Ok((
+                    discover::scan_output_dirs(
+                        &self.root,
+                        &dirs,
+                        &prev.dirs,
+                        settings.granularity_ns,
+                    )?,
+                    dirs,
+                ))
+            }
+        }
+    }
+}
+
+/// Two items rendering to one output would overwrite each other.
+fn check_distinct(stage: &str, found: &[Discovered], outputs: &[String]) -> Result<(), FilesError> {
+    let names = Names(outputs, |o: &String| o.as_str());
+    if names.strictly_rising() {
+        return Ok(());
+    }
+    let mut order: Vec<usize> = (0..outputs.len()).collect();
+    order.sort_unstable_by(|&a, &b| outputs[a].cmp(&outputs[b]));
+    match order.windows(2).find(|w| outputs[w[0]] == outputs[w[1]]) {
+        Some(w) => Err(FilesError::OutputCollision {
+            stage: stage.to_string(),
+            output: outputs[w[0]].clone(),
+            first: found[w[0].min(w[1])].item.clone(),
+            second: found[w[0].max(w[1])].item.clone(),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The entries without those of held items, when any held item has one.
+fn without_held(items: &Entries, held: &[Held]) -> Option<Entries> {
+    if !held.iter().any(|h| items.contains_key(&h.item)) {
+        return None;
+    }
+    let keep: Vec<Entry> = items
+        .values()
+        .filter(|e| held.binary_search_by(|h| h.item.cmp(&e.item)).is_err())
+        .cloned()
+        .collect();
+    Some(Entries::from_sorted(keep))
+}
+
+/// A part as its member entry keeps it: the BLAKE3 of its digest.
+fn hashed(p: &Part) -> Part {
+    Part {
+        key: p.key.clone(),
+        digest: member_digest(p).to_string(),
+    }
+}
+
+fn member_digest(p: &Part) -> Digest {
+    Digest::new(Algo::Set1, &blake3::hash(p.digest.as_bytes()))
+}
+
+/// The parts `item`'s output was made from, as its member entries say.
+fn recorded_parts(members: &Entries, item: &str) -> Vec<Part> {
+    members
+        .values()
+        .filter(|m| m.output == item)
+        .filter_map(|m| {
+            Some(Part {
+                key: m.item.clone(),
+                digest: m.digest?.to_string(),
+            })
+        })
+        .collect()
+}
+
+/// Adds to the plan's own writes the member entries of the parts each
+/// changed item is made from (those that differ from the record), and
+/// prunes those of items no longer found.
+fn record_parts(
+    plan: &mut StagePlan,
+    members: &Entries,
+    parts: &HashMap<String, Vec<Part>>,
+    found: &[Found],
+    held: &[Held],
+    at: i64,
+) {
+    for c in plan.changed.iter().filter(|c| c.reason != Reason::Deleted) {
+        for p in parts.get(&c.item).map_or(&[][..], Vec::as_slice) {
+            let digest = member_digest(p);
+            let recorded = members.get(&p.key);
+            if recorded.is_some_and(|m| m.digest == Some(digest) && m.output == c.item) {
+                continue;
+            }
+            plan.refresh.push(Entry {
+                kind: EntryKind::Member,
+                item: p.key.clone(),
+                digest: Some(digest),
+                stat: Stat::default(),
+                observed_at_ns: at,
+                recipe: String::new(),
+                output: c.item.clone(),
+                status: Status::Ok,
+                error: None,
+                processed_at_ns: 0,
+                duration_ms: 0,
+            });
+        }
+    }
+    if members.is_empty() {
+        return;
+    }
+    let live: HashSet<&str> = found
+        .iter()
+        .map(|f| f.item.as_str())
+        .chain(held.iter().map(|h| h.item.as_str()))
+        .collect();
+    plan.prune_members = members
+        .values()
+        .filter(|m| !live.contains(m.output.as_str()))
+        .map(|m| m.item.clone())
+        .collect();
+}
