@@ -261,7 +261,7 @@ class Pipeline:
         guard_items_min: int | None = None,
         on_delete: str = "remove",
         in_process: bool = False,
-        compare: str | dict[str, Any] | None = None,
+        compare: str | dict[str, str] | None = None,
     ) -> Callable[[Callable], Callable]:
         """Declares `fn(input, output)` (each a pathlib.Path) as a stage.
 
