@@ -1495,9 +1495,14 @@ mod linux {
             let acc = flags & libc::O_ACCMODE as u64;
             if acc != libc::O_RDONLY as u64 || flags & (libc::O_CREAT | libc::O_TRUNC) as u64 != 0 {
                 // An existing file kept (no O_TRUNC, no O_EXCL that would
-                // fail) can be read through the descriptor: a read, and a
-                // write only if its stat changes (see `finish`).
-                let keeps = flags & (libc::O_TRUNC | libc::O_EXCL) as u64 == 0;
+                // fail) and opened readable can be read through the
+                // descriptor: a read, and a write only with evidence (see
+                // `finish`). Opened write-only (`touch`, `>>`), it cannot
+                // be read through it: the command's own write, as before
+                // issue 47 (a `touch` of an existing file writes only its
+                // times, a call the filter lets run).
+                let readable = acc != libc::O_WRONLY as u64;
+                let keeps = readable && flags & (libc::O_TRUNC | libc::O_EXCL) as u64 == 0;
                 if keeps && matches!(look(&path), Looked::Other(_)) {
                     if let Some(s) = crate::Stamp::of(&path) {
                         seen.read.push((path.clone(), (s.dev, s.ino)));

@@ -126,9 +126,10 @@ fn issue11_three_processes_one_killed_record_each_item_once() {
     // lease after the kill) sweeps the temp outputs the killed process
     // left: they may not be a live process's.
     std::thread::sleep(Duration::from_millis(2_100));
+    let (_, plan, _) = finish(spawn(&p, &url, &["plan", "--json"]));
     let (code, json, stderr) = finish(spawn(&p, &url, &["run", "--json"]));
     assert_eq!(code, 0, "{stderr}");
-    assert_eq!(json["stages"][0]["unchanged"], 500);
+    assert_eq!(json["stages"][0]["unchanged"], 500, "{plan}");
     assert_eq!(json["stages"][0]["processed"], 0);
     // Outputs equal a single-process rebuild with SQLite state.
     assert_eq!(contents(&p.tree("out")), rebuild(500));

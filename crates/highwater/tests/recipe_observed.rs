@@ -2267,3 +2267,31 @@ proptest! {
         }
     }
 }
+
+/// Issue 47, found by the fleet's takeover test: a `touch` of a file that
+/// already exists opens it write-only and changes only its times (a call
+/// the filter lets run). It cannot be read through that descriptor, so it
+/// is the command's own write, never a read that changed during the run
+/// (which re-ran its item at every plan, forever).
+#[test]
+fn a_touch_of_an_existing_file_is_the_commands_own_write() {
+    let p = Project::new(&config(r#"["sh", "t.sh", "{input}", "{output}"]"#, ""));
+    p.write(
+        "t.sh",
+        "set -eu\ntouch stamp.txt\necho x >> log.txt\ncat \"$1\" > \"$2\"\n",
+    );
+    p.write("stamp.txt", "");
+    p.write("log.txt", "");
+    for i in 0..3 {
+        p.write(&format!("data/f{i}.txt"), "abc");
+    }
+    std::thread::sleep(Duration::from_millis(30));
+    hw(&p, &["run"], 0);
+    assert!(plan_of(&p, "t").is_empty());
+    p.write("data/f0.txt", "abcd");
+    hw(&p, &["run"], 0);
+    assert!(
+        plan_of(&p, "t").is_empty(),
+        "the second touch is no racy read"
+    );
+}
