@@ -816,6 +816,12 @@ fn load_with_python(config: &std::path::Path) -> Result<Pipeline> {
         );
         spec.stages.push(stage);
     }
+    // Stages over landed windows (issue 49) read them through ingestion,
+    // as in `load_config`.
+    let root = std::path::absolute(&spec.root)?;
+    spec.providers.landed = Some(std::sync::Arc::new(landed::IngestLanded::new(
+        &spec, config, &root,
+    )));
     Ok(Pipeline::open(spec)?)
 }
 
