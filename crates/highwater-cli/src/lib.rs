@@ -767,12 +767,21 @@ fn load_config(
         spec.places.extend(cfg.paths());
     }
     spec.places.extend(source_outputs(&spec, config, &root)?);
-    // Stages over landed windows (issue 49) read them through ingestion.
-    spec.providers.landed = Some(std::sync::Arc::new(landed::IngestLanded::new(
-        &spec, config, &root,
-    )));
+    read_landed_windows(&mut spec, config, &root);
     let pipeline = Pipeline::open(spec.clone())?;
     Ok((pipeline, cfg, spec))
+}
+
+/// Stages over landed windows (issue 49) read them through ingestion:
+/// every way the CLI opens a pipeline gives it this port.
+fn read_landed_windows(
+    spec: &mut highwater_files::PipelineSpec,
+    config: &std::path::Path,
+    root: &std::path::Path,
+) {
+    spec.providers.landed = Some(std::sync::Arc::new(landed::IngestLanded::new(
+        spec, config, root,
+    )));
 }
 
 /// The pipeline of `config` with the stages a Python pipeline recorded
@@ -816,12 +825,8 @@ fn load_with_python(config: &std::path::Path) -> Result<Pipeline> {
         );
         spec.stages.push(stage);
     }
-    // Stages over landed windows (issue 49) read them through ingestion,
-    // as in `load_config`.
     let root = std::path::absolute(&spec.root)?;
-    spec.providers.landed = Some(std::sync::Arc::new(landed::IngestLanded::new(
-        &spec, config, &root,
-    )));
+    read_landed_windows(&mut spec, config, &root);
     Ok(Pipeline::open(spec)?)
 }
 
