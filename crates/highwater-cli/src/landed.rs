@@ -20,10 +20,13 @@ pub struct IngestLanded {
     sources: BTreeMap<String, toml::Value>,
     storage: BTreeMap<String, StorageSpec>,
     open: Mutex<BTreeMap<String, Arc<Ingestor>>>,
-    /// Each source's records as the last plan read them: an item's files
-    /// are found from them, not from a load of every record per window (a
-    /// record replaced since is refused by its format, and the item fails
-    /// to run again, never runs on other rows than planned).
+    /// Each source's window tokens as the last plan read them (window
+    /// start → token): an item whose window was landed again since its
+    /// plan fails and runs at the next run, never on other rows than
+    /// planned.
+    planned: Mutex<BTreeMap<String, Arc<BTreeMap<i64, String>>>>,
+    /// Each source's whole records, read once at the first item that asks
+    /// for its files (a plan reads only the records' heads).
     records: Mutex<BTreeMap<String, Arc<BTreeMap<i64, WindowRecord>>>>,
 }
 
@@ -46,6 +49,7 @@ impl IngestLanded {
             sources: spec.sources.clone(),
             storage: spec.storage.clone(),
             open: Mutex::new(BTreeMap::new()),
+            planned: Mutex::new(BTreeMap::new()),
             records: Mutex::new(BTreeMap::new()),
         }
     }
@@ -101,14 +105,14 @@ impl Landed for IngestLanded {
 
     fn windows(&self, source: &str) -> Result<Vec<LandedWindow>, String> {
         let ing = self.ingestor(source)?;
-        let records = ing.window_records().map_err(|e| e.to_string())?;
-        let landed = ing.landed_windows(&records);
-        self.records
+        let heads = ing.window_heads().map_err(|e| e.to_string())?;
+        let landed = ing.landed_windows(&heads);
+        self.planned
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(
                 source.to_string(),
-                Arc::new(records.into_iter().map(|r| (r.start_us, r)).collect()),
+                Arc::new(heads.into_iter().map(|r| (r.start_us, r.token)).collect()),
             );
         Ok(landed
             .into_iter()
@@ -125,17 +129,32 @@ impl Landed for IngestLanded {
 
     fn files(&self, source: &str, start_us: i64, end_us: i64) -> Result<Vec<String>, String> {
         let ing = self.ingestor(source)?;
+        let planned = self
+            .planned
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(source)
+            .and_then(|p| p.get(&start_us).cloned());
         let cached = self
             .records
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(source)
             .cloned();
+        // The records as read at this run's first item; read again when
+        // the plan is newer than them (a later stage planned after a
+        // re-land), never to stand in for what the plan saw.
+        let stale = |records: &BTreeMap<i64, WindowRecord>| {
+            planned
+                .as_ref()
+                .is_some_and(|t| records.get(&start_us).is_some_and(|r| &r.token != t))
+        };
         let records = match cached {
-            Some(r) => r,
-            None => {
+            Some(r) if !stale(&r) => r,
+            _ => {
                 let all = ing.window_records().map_err(|e| e.to_string())?;
-                let r = Arc::new(all.into_iter().map(|r| (r.start_us, r)).collect());
+                let r: Arc<BTreeMap<i64, WindowRecord>> =
+                    Arc::new(all.into_iter().map(|r| (r.start_us, r)).collect());
                 self.records
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
@@ -152,6 +171,13 @@ impl Landed for IngestLanded {
                     highwater_core::window::format_rfc3339(start_us)
                 )
             })?;
+        if stale(&records) {
+            return Err(format!(
+                "window {} of source `{source}` was landed again since this run planned it; \
+                 it runs at the next run, on the rows landed then",
+                highwater_core::window::format_rfc3339(start_us)
+            ));
+        }
         ing.window_data_files(r)?
             .into_iter()
             .map(|f| match f {

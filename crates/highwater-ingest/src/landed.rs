@@ -42,6 +42,9 @@ pub enum DataFile {
     },
 }
 
+/// How many windows one thread of `landed_windows` checks at a time.
+const LANDED_CHUNK_WINDOWS: usize = 128;
+
 impl Ingestor {
     /// The grid's first window start and its interval.
     pub fn grid_start_interval(&self) -> (i64, i64) {
@@ -63,15 +66,32 @@ impl Ingestor {
         Ok(self.state.open()?.windows(&self.t.spec.name)?)
     }
 
+    /// The source's window records with only what `landed_windows` reads
+    /// (`StateStore::window_heads`): not for `window_data_files`.
+    pub fn window_heads(&self) -> Result<Vec<WindowRecord>, IngestError> {
+        Ok(self.state.open()?.window_heads(&self.t.spec.name)?)
+    }
+
     /// Where each window of `records` stands.
+    ///
+    /// In chunks on rayon's threads: each published window's folder is
+    /// looked for (a `stat`), and a plan over 1,000 windows waited on
+    /// those one after another (issue 49). A compacted period's manifest is
+    /// read once per chunk.
     pub fn landed_windows(&self, records: &[WindowRecord]) -> Vec<LandedWindow> {
-        let mut periods = BTreeMap::new();
+        use rayon::prelude::*;
         records
-            .iter()
-            .map(|r| LandedWindow {
-                start_us: r.start_us,
-                end_us: r.end_us,
-                standing: self.standing(r, &mut periods),
+            .par_chunks(LANDED_CHUNK_WINDOWS)
+            .flat_map_iter(|chunk| {
+                let mut periods = BTreeMap::new();
+                chunk
+                    .iter()
+                    .map(|r| LandedWindow {
+                        start_us: r.start_us,
+                        end_us: r.end_us,
+                        standing: self.standing(r, &mut periods),
+                    })
+                    .collect::<Vec<_>>()
             })
             .collect()
     }

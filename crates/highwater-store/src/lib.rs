@@ -460,6 +460,13 @@ pub trait StateStore: Send {
     fn bookmark(&self, source: &str) -> Result<Option<Bookmark>, StoreError>;
     /// Every window record of a source, by start.
     fn windows(&self, source: &str) -> Result<Vec<WindowRecord>, StoreError>;
+    /// Every window record of a source, by start, with only what says
+    /// where each stands: `files` may be empty and `extra` may hold only
+    /// `digest`, `path` and `compacted.path` (what a plan over landed
+    /// windows reads, issue 49). By default, the whole records.
+    fn window_heads(&self, source: &str) -> Result<Vec<WindowRecord>, StoreError> {
+        self.windows(source)
+    }
     /// In one transaction, if the fence still holds: writes the window
     /// record, and when `advance` is given, moves the bookmark from the
     /// expected end (`None`: no bookmark yet) to the new one by

@@ -91,6 +91,20 @@ const MIGRATIONS: &[&str] = &[
     crate::DEPS_SQL,
     // 6 -> 7: manifest tokens, which validate manifest snapshots (issue 22).
     MANIFEST_TOKENS_SQL,
+    // 7 -> 8: each window's head (issue 49): what a plan over landed
+    // windows reads of `extra` (`digest`, `path`, `compacted`), kept apart
+    // so that a plan parses 100 bytes a window, not the schema and recipe;
+    // and an index holding every column `window_heads` reads, so that the
+    // plan reads the index's small rows, never the records' pages of file
+    // lists and schemas (SQLite keeps it on every write: no writer can
+    // forget it).
+    "ALTER TABLE windows ADD COLUMN head TEXT;
+     UPDATE windows SET head = json_object(
+        'digest', json_extract(extra, '$.digest'),
+        'path', json_extract(extra, '$.path'),
+        'compacted', json(json_extract(extra, '$.compacted')));
+     CREATE INDEX windows_heads ON windows(source, start_us, end_us, status, rows,
+        duration_ms, token, recipe, updated_at_ns, error, head);",
 ];
 
 /// Each stage's manifest token: a random number replaced, by a trigger in
@@ -185,7 +199,115 @@ pub struct SqliteStore {
 const ENTRY_COLUMNS: &str = "kind, item, digest, size, mtime_ns, ctime_ns, ino, dev, \
      observed_at_ns, recipe, output, error, status, processed_at_ns, duration_ms";
 
+/// What `window_heads` keeps of a window record's `extra`: these three
+/// as they are, whatever their type (readers decide), the rest skipped.
+#[derive(serde::Deserialize)]
+struct ExtraHead {
+    digest: Option<serde_json::Value>,
+    path: Option<serde_json::Value>,
+    compacted: Option<serde_json::Value>,
+}
+
+impl ExtraHead {
+    fn into_value(self) -> serde_json::Value {
+        let mut extra = serde_json::Map::new();
+        for (k, v) in [
+            ("digest", self.digest),
+            ("path", self.path),
+            ("compacted", self.compacted),
+        ] {
+            if let Some(v) = v {
+                extra.insert(k.into(), v);
+            }
+        }
+        serde_json::Value::Object(extra)
+    }
+}
+
 impl SqliteStore {
+    /// Every window record of `source`, by start; with `heads`, `files`
+    /// is empty and `extra` holds only `digest`, `path` and `compacted`
+    /// (from the `head` column `put_window` writes beside it): a no-change
+    /// plan over 1,000 windows spent more on parsing each record's file
+    /// list and schema into `serde_json::Value`s than on the plan itself
+    /// (issue 49, bench/windows_plan.sh).
+    fn load_windows(&self, source: &str, heads: bool) -> Result<Vec<WindowRecord>, StoreError> {
+        let sql = if heads {
+            "SELECT start_us, end_us, status, rows, duration_ms, token, recipe, updated_at_ns,
+                    error, NULL, head
+             FROM windows INDEXED BY windows_heads WHERE source = ?1 ORDER BY start_us"
+        } else {
+            "SELECT start_us, end_us, status, rows, duration_ms, token, recipe, updated_at_ns,
+                    error, files, extra
+             FROM windows WHERE source = ?1 ORDER BY start_us"
+        };
+        let mut stmt = self.conn.prepare_cached(sql).map_err(|e| self.err(e))?;
+        let mut rows = stmt.query([source]).map_err(|e| self.err(e))?;
+        let mut out = Vec::new();
+        while let Some(r) = rows.next().map_err(|e| self.err(e))? {
+            let row = (|| -> rusqlite::Result<_> {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, i64>(3)?,
+                    r.get::<_, i64>(4)?,
+                    r.get::<_, String>(5)?,
+                    r.get::<_, String>(6)?,
+                    r.get::<_, i64>(7)?,
+                    r.get::<_, Option<String>>(8)?,
+                ))
+            })()
+            .map_err(|e| self.err(e))?;
+            let (start_us, end_us, status, nrows, duration_ms, token, recipe, updated, error) = row;
+            let corrupt = |what: String| StoreError::Corrupt {
+                path: self.path.clone(),
+                stage: source.to_string(),
+                item: format!("window starting {start_us}"),
+                what,
+            };
+            let text = |i: usize| -> Result<&str, StoreError> {
+                match r.get_ref(i).map_err(|e| self.err(e))? {
+                    rusqlite::types::ValueRef::Text(t) => std::str::from_utf8(t)
+                        .map_err(|e| corrupt(format!("column {i} is not UTF-8: {e}"))),
+                    other => Err(corrupt(format!(
+                        "column {i} holds {:?}, not JSON text",
+                        other.data_type()
+                    ))),
+                }
+            };
+            let (files, extra) = if heads {
+                let h: ExtraHead =
+                    serde_json::from_str(text(10)?).map_err(|e| corrupt(e.to_string()))?;
+                (serde_json::json!([]), h.into_value())
+            } else {
+                let parse = |i: usize| -> Result<serde_json::Value, StoreError> {
+                    serde_json::from_str(text(i)?).map_err(|e| corrupt(e.to_string()))
+                };
+                (parse(9)?, parse(10)?)
+            };
+            let status = WindowStatus::parse(status.as_str())
+                .ok_or_else(|| corrupt(format!("unknown window status `{}`", status.as_str())))?;
+            if end_us <= start_us {
+                return Err(corrupt("window end is not after its start".into()));
+            }
+            out.push(WindowRecord {
+                source: source.to_string(),
+                start_us,
+                end_us,
+                status,
+                rows: nrows,
+                files,
+                duration_ms,
+                token,
+                recipe,
+                updated_at_ns: updated,
+                error,
+                extra,
+            });
+        }
+        Ok(out)
+    }
     /// Opens (creating if needed) the store at `path` and migrates it forward.
     pub fn open(path: &Path) -> Result<SqliteStore, StoreError> {
         Self::open_at(path, SCHEMA_VERSION)
@@ -787,73 +909,11 @@ impl StateStore for SqliteStore {
     }
 
     fn windows(&self, source: &str) -> Result<Vec<WindowRecord>, StoreError> {
-        let mut stmt = self
-            .conn
-            .prepare_cached(
-                "SELECT start_us, end_us, status, rows, files, duration_ms, token, recipe,
-                        updated_at_ns, error, extra
-                 FROM windows WHERE source = ?1 ORDER BY start_us",
-            )
-            .map_err(|e| self.err(e))?;
-        let rows = stmt
-            .query_map([source], |r| {
-                Ok((
-                    r.get::<_, i64>(0)?,
-                    r.get::<_, i64>(1)?,
-                    r.get::<_, String>(2)?,
-                    r.get::<_, i64>(3)?,
-                    r.get::<_, String>(4)?,
-                    r.get::<_, i64>(5)?,
-                    r.get::<_, String>(6)?,
-                    r.get::<_, String>(7)?,
-                    r.get::<_, i64>(8)?,
-                    r.get::<_, Option<String>>(9)?,
-                    r.get::<_, String>(10)?,
-                ))
-            })
-            .map_err(|e| self.err(e))?;
-        let mut out = Vec::new();
-        for row in rows {
-            let (
-                start_us,
-                end_us,
-                status,
-                nrows,
-                files,
-                duration_ms,
-                token,
-                recipe,
-                updated,
-                error,
-                extra,
-            ) = row.map_err(|e| self.err(e))?;
-            let corrupt = |what: String| StoreError::Corrupt {
-                path: self.path.clone(),
-                stage: source.to_string(),
-                item: format!("window starting {start_us}"),
-                what,
-            };
-            let status = WindowStatus::parse(status.as_str())
-                .ok_or_else(|| corrupt(format!("unknown window status `{}`", status.as_str())))?;
-            if end_us <= start_us {
-                return Err(corrupt("window end is not after its start".into()));
-            }
-            out.push(WindowRecord {
-                source: source.to_string(),
-                start_us,
-                end_us,
-                status,
-                rows: nrows,
-                files: serde_json::from_str(&files).map_err(|e| corrupt(e.to_string()))?,
-                duration_ms,
-                token,
-                recipe,
-                updated_at_ns: updated,
-                error,
-                extra: serde_json::from_str(&extra).map_err(|e| corrupt(e.to_string()))?,
-            });
-        }
-        Ok(out)
+        self.load_windows(source, false)
+    }
+
+    fn window_heads(&self, source: &str) -> Result<Vec<WindowRecord>, StoreError> {
+        self.load_windows(source, true)
     }
 
     fn commit_window(
@@ -1065,10 +1125,15 @@ pub fn ensure_wal(conn: &Connection, wait: std::time::Duration) -> rusqlite::Res
 }
 
 fn put_window(tx: &rusqlite::Transaction<'_>, record: &WindowRecord) -> rusqlite::Result<usize> {
+    let head = serde_json::json!({
+        "digest": record.extra.get("digest"),
+        "path": record.extra.get("path"),
+        "compacted": record.extra.get("compacted"),
+    });
     tx.execute(
         "INSERT OR REPLACE INTO windows(source, start_us, end_us, status, rows, files,
-            duration_ms, token, recipe, updated_at_ns, error, extra)
-         VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+            duration_ms, token, recipe, updated_at_ns, error, extra, head)
+         VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
         params![
             record.source,
             record.start_us,
@@ -1082,6 +1147,7 @@ fn put_window(tx: &rusqlite::Transaction<'_>, record: &WindowRecord) -> rusqlite
             record.updated_at_ns,
             record.error,
             record.extra.to_string(),
+            head.to_string(),
         ],
     )
 }
@@ -1376,6 +1442,68 @@ mod tests {
             error: None,
             extra: serde_json::json!({}),
         }
+    }
+
+    /// Issue 49: a plan reads each window's head; after a migration from
+    /// a store whose windows have no head column, and after every write,
+    /// the heads say what the whole records say.
+    #[test]
+    fn window_heads_agree_with_whole_records_before_and_after_migration() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let extras = [
+            serde_json::json!({"digest": "rd1:3:ab", "path": "raw/a", "schema": [{"name": "id"}],
+                               "recipe_parts": {"kind": "Sqlite"}}),
+            serde_json::json!({"digest": "rd1:4:cd", "compacted": {"path": "raw/p", "token": "x"}}),
+            serde_json::json!({}),
+        ];
+        {
+            let s = SqliteStore::open_at(&path, 7).unwrap();
+            for (i, extra) in extras.iter().enumerate() {
+                s.conn
+                    .execute(
+                        "INSERT INTO windows(source, start_us, end_us, status, rows, files,
+                            duration_ms, token, recipe, updated_at_ns, error, extra)
+                         VALUES('orders', ?1, ?2, 'published', 3, '[{\"path\":\"part-0.parquet\"}]',
+                                1, 't', 'r', 0, NULL, ?3)",
+                        params![i as i64 * 10, i as i64 * 10 + 10, extra.to_string()],
+                    )
+                    .unwrap();
+            }
+        }
+        let mut s = SqliteStore::open(&path).unwrap();
+        let check = |s: &SqliteStore| {
+            let whole = s.windows("orders").unwrap();
+            let heads = s.window_heads("orders").unwrap();
+            assert_eq!(whole.len(), heads.len());
+            for (w, h) in whole.iter().zip(&heads) {
+                assert_eq!(
+                    (w.start_us, w.end_us, w.status, &w.token),
+                    (h.start_us, h.end_us, h.status, &h.token)
+                );
+                for key in ["digest", "path", "compacted"] {
+                    assert_eq!(w.extra[key], h.extra[key], "{key} of window {}", w.start_us);
+                }
+                assert!(h.extra.get("schema").is_none());
+            }
+        };
+        check(&s);
+        let mut w = window(100, WindowStatus::Published);
+        w.extra = serde_json::json!({"digest": "rd1:9:ef", "path": "raw/b", "schema": []});
+        let LeaseOutcome::Acquired(lease) = s.acquire_lease("orders", "a", "h", 1, 0, 100).unwrap()
+        else {
+            panic!("free lease")
+        };
+        let fence = Fence {
+            name: "orders".into(),
+            token: lease.token,
+        };
+        assert_eq!(
+            s.commit_window(&w, None, &fence).unwrap(),
+            WindowCommit::Done
+        );
+        check(&s);
+        assert_eq!(s.window_heads("orders").unwrap().len(), 4);
     }
 
     #[test]

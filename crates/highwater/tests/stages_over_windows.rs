@@ -386,3 +386,68 @@ fn stage_over_windows_on_postgres_state() {
     let (p, c) = project(SOURCE, "[state]\nurl_env = \"HIGHWATER_STATE_URL\"\n");
     first_run_and_changed_row(&p, &c, Some(&url));
 }
+
+/// Issue 49: a plan reads only the windows' heads, and an item's data
+/// files are read as it runs. A window landed again between the plan and
+/// the item (here by the run's own first item, as another process would)
+/// fails that item with the window named; it never runs on rows other than
+/// planned, and the next run does it, making what a rebuild makes.
+#[test]
+fn a_window_landed_again_during_the_run_fails_its_day_and_runs_next_time() {
+    // Row 150 is 2026-03-02T02:10 (day 2, hour 2).
+    let relander = format!(
+        r#"
+if [ "$1" = "2026-03-01T00:00:00Z" ] && [ ! -f relanded ]; then
+  touch relanded
+  "{py}" -c "import sqlite3; c = sqlite3.connect('src.db'); c.execute('UPDATE orders SET amount = 1000 WHERE id = 150'); c.commit()"
+  "{hw}" ingest orders --now {NOW} --window 2026-03-02T02:00:00Z/2026-03-02T03:00:00Z >/dev/null || exit 9
+fi
+exec "{py}" rollup.py "$@"
+"#,
+        py = python(),
+        hw = bin(),
+    );
+    let p = Project::new(&format!(
+        r#"
+[stages.daily_totals]
+inputs = {{ source = "orders", by = "day" }}
+output = "marts/daily_totals/{{day}}.json"
+command = ["sh", "relander.sh", "{{window_start}}", "{{window_end}}", "{{output}}", "{{files}}"]
+observe = false
+{SOURCE}"#
+    ));
+    p.write("rollup.py", ROLLUP);
+    p.write("relander.sh", &relander);
+    let c = rusqlite::Connection::open(p.path("src.db")).unwrap();
+    c.execute_batch("CREATE TABLE orders(id INTEGER, amount INTEGER, updated_at TEXT NOT NULL);")
+        .unwrap();
+    fill(&c, 1, 2);
+    ingest(&p, None, NOW, None, 0);
+    let r = hw(&p, None, &["run", "--jobs", "1", "--json"], 1);
+    let s = stage_of(&r, "daily_totals");
+    assert_eq!(s["processed"], 1, "{r}");
+    let failed = s["failed"].as_array().unwrap();
+    assert_eq!(failed.len(), 1, "{r}");
+    assert_eq!(failed[0]["input"], D2, "{r}");
+    // Refused by the window's record (read before the re-land) against
+    // its folder now, or by the plan's token against the record: either
+    // way the item names the window and never runs on the new rows.
+    let why = failed[0]["error"].as_str().unwrap();
+    assert!(
+        why.contains("date=2026-03-02/hour=02") && why.contains("another attempt")
+            || why.contains("2026-03-02T02:00:00Z")
+                && why.contains("landed again since this run planned it"),
+        "{why}"
+    );
+    assert!(!p.exists("marts/daily_totals/2026-03-02.json"));
+    // The next run does the day on the rows landed now.
+    assert_eq!(run(&p, None, 0).0, 1);
+    let incremental = (day(&p, "2026-03-01"), day(&p, "2026-03-02"));
+    assert!(incremental.1["ids"]
+        .as_array()
+        .unwrap()
+        .contains(&serde_json::json!([150, 1000])));
+    std::fs::remove_dir_all(p.path("marts")).unwrap();
+    assert_eq!(run(&p, None, 0).0, 2);
+    assert_eq!((day(&p, "2026-03-01"), day(&p, "2026-03-02")), incremental);
+}
