@@ -448,6 +448,7 @@ class Pipeline:
         force: bool = False,
         in_process: bool = False,
         raise_on_failure: bool = True,
+        items: Iterable[str] | None = None,
     ) -> Result:
         """Runs the changed items; a failing function fails its item only.
 
@@ -458,7 +459,9 @@ class Pipeline:
         kills them), records what finished and raises KeyboardInterrupt.
         `in_process=True` runs every item in this process, on the engine's
         threads (for debugging; the default is a pool of spawned
-        processes)."""
+        processes). `items` runs only those of the changed items (their
+        inputs, as the plan names them: a Dagster partition); the stage's
+        other changes stay pending for a later run."""
         from highwater.runner import Runner
 
         _not_bootstrapping()
@@ -476,7 +479,15 @@ class Pipeline:
         decl = self._declarations(recipes)
         raw, interrupted = _run_engine(
             lambda cancel: _core.run(
-                self.root, self.state, decl, runner.dispatch, jobs, force, stage, cancel
+                self.root,
+                self.state,
+                decl,
+                runner.dispatch,
+                jobs,
+                force,
+                stage,
+                cancel,
+                None if items is None else sorted(set(items)),
             ),
             runner,
         )

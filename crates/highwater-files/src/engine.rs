@@ -92,6 +92,10 @@ pub struct RunOptions {
     pub force: bool,
     /// Read every byte, ignoring the stat cache.
     pub rehash: bool,
+    /// Run only these items of the selected stage(s) (a Dagster partition,
+    /// issue 48); the stage's other changes stay pending for a later run.
+    /// `None`: every changed item.
+    pub items: Option<std::collections::BTreeSet<String>>,
 }
 
 impl Default for RunOptions {
@@ -101,6 +105,7 @@ impl Default for RunOptions {
             jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
             force: false,
             rehash: false,
+            items: None,
         }
     }
 }
@@ -295,6 +300,14 @@ pub struct DepRow {
 }
 
 /// What discovery and evidence found for a stage, with its plan.
+/// Keeps only the changes of `items` (a run of some items: a Dagster
+/// partition, issue 48). The others are not recorded, so they stay changed
+/// and the next run does them; the counts say what this run does.
+fn restrict(plan: &mut StagePlan, items: Option<&std::collections::BTreeSet<String>>) {
+    let Some(items) = items else { return };
+    plan.changed.retain(|c| items.contains(&c.item));
+}
+
 struct Observed {
     plan: StagePlan,
     listing: OutputScan,
@@ -1274,6 +1287,14 @@ impl Pipeline {
     /// Runs every (or one) stage in dependency order.
     pub fn run(&self, opts: &RunOptions, progress: &dyn Progress) -> Result<RunReport, FilesError> {
         if self.is_shared() {
+            if opts.items.is_some() {
+                return Err(FilesError::Inputs {
+                    stage: opts.stage.clone().unwrap_or_default(),
+                    message: "a run of chosen items (a Dagster partition) is not supported with \
+                              shared state (a fleet claims items itself); run the whole stage"
+                        .into(),
+                });
+            }
             return self.run_fleet(opts, progress);
         }
         let _lock = self.lock()?;
@@ -1284,7 +1305,8 @@ impl Pipeline {
         let mut observed = Vec::with_capacity(selected.len());
         let mut refusals: Vec<Refusal> = Vec::new();
         for st in &selected {
-            let o = self.observe(st, opts.rehash, None)?;
+            let mut o = self.observe(st, opts.rehash, None)?;
+            restrict(&mut o.plan, opts.items.as_ref());
             if let Err(r) = guard::check(
                 &o.plan,
                 st.spec.guard,
@@ -1349,7 +1371,8 @@ impl Pipeline {
                     }
                 }
                 let o = if upstream_worked {
-                    let o = self.observe(st, opts.rehash, None)?;
+                    let mut o = self.observe(st, opts.rehash, None)?;
+                    restrict(&mut o.plan, opts.items.as_ref());
                     // Its inputs may be new, and so may every other
                     // stage's: checked again against all of them as they
                     // render now, before it runs.

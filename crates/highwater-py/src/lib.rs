@@ -358,7 +358,7 @@ impl highwater_files::Progress for Stop {
 /// relpath)` runs one item and returns None, or the error (the traceback)
 /// as a string. Returns the run report.
 #[pyfunction]
-#[pyo3(signature = (root, state, stages, dispatch, jobs, force=false, only=None, cancel=None))]
+#[pyo3(signature = (root, state, stages, dispatch, jobs, force=false, only=None, cancel=None, items=None))]
 #[allow(clippy::too_many_arguments)]
 fn run<'py>(
     py: Python<'py>,
@@ -370,6 +370,7 @@ fn run<'py>(
     force: bool,
     only: Option<String>,
     cancel: Option<&Bound<'_, Cancel>>,
+    items: Option<Vec<String>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let stop = Stop {
         flag: cancel.map(|c| c.get().flag.clone()),
@@ -438,6 +439,7 @@ fn run<'py>(
         jobs: jobs.clamp(1, JOBS_MAX),
         force,
         rehash: false,
+        items: items.map(|v| v.into_iter().collect()),
     };
     let report = py.detach(|| p.run(&opts, &stop)).map_err(err)?;
     record(&p, stages)?;
