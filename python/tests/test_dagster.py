@@ -48,9 +48,11 @@ if __name__ == "__main__":
 '''
 
 
-def dagster(project, what):
+def dagster(project, what, *args):
+    """Runs the project's defs.py with `what`, the Dagster home and `args`
+    in a fresh interpreter; what it printed last, as JSON."""
     r = subprocess.run(
-        [sys.executable, "defs.py", what, str(project.root / "dagster-home")],
+        [sys.executable, "defs.py", what, str(project.root / "dagster-home"), *args],
         cwd=project.root,
         capture_output=True,
         text=True,

@@ -5,11 +5,9 @@ added); materialising a partition runs only its items. A stage over
 landed days (`marts/{day}.json`) is partitioned by day on its own."""
 
 import json
-import os
 import sqlite3
-import subprocess
-import sys
 
+from test_dagster import dagster
 from test_stages_over_windows import TOML, ingest
 
 DEFS = '''
@@ -54,19 +52,6 @@ p = hw.Pipeline(".")
 def tidy(input, output):
     output.write_text(input.read_text().strip())
 '''
-
-
-def dagster(project, *args):
-    r = subprocess.run(
-        [sys.executable, "defs.py", args[0], str(project.root / "dagster-home"), *args[1:]],
-        cwd=project.root,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "DAGSTER_HOME": str(project.root / "dagster-home")},
-    )
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def test_each_item_is_a_partition_and_only_the_edited_one_goes_stale(project):
