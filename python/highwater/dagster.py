@@ -51,12 +51,14 @@ import dagster as dg
 from highwater.pipeline import Pipeline
 
 
-def data_version(pipeline: Pipeline, stage: str) -> str:
-    """A digest of what the manifest holds for the stage: every item's
-    input digest, recipe, output and status."""
+def data_version(pipeline: Pipeline, stage: str, items: set[str] | None = None) -> str:
+    """A digest of what the manifest holds for the stage (or for `items`
+    of it, one partition): every item's input digest, recipe, output and
+    status."""
     rows = sorted(
         (e["input"], json.dumps(e["digest"]), e["recipe"], e["output"], e["status"])
         for e in pipeline.entries(stage)
+        if items is None or e["input"] in items
     )
     return hashlib.blake2b(json.dumps(rows).encode(), digest_size=16).hexdigest()
 
@@ -300,14 +302,11 @@ def asset(
                 + (f"; {st.blocked}" if st.blocked else ""),
                 metadata={"failed": dg.MetadataValue.json([f.input for f in st.failed])},
             )
-        version = (
-            data_version(pipeline, stage)
-            if items is None
-            else _items_data_version(pipeline, stage, set(items))
-        )
         return dg.Output(
             None,
-            data_version=dg.DataVersion(version),
+            data_version=dg.DataVersion(
+                data_version(pipeline, stage, None if items is None else set(items))
+            ),
             metadata={
                 "processed": st.processed,
                 "unchanged": st.unchanged,
@@ -318,16 +317,6 @@ def asset(
         )
 
     return _materialize
-
-
-def _items_data_version(pipeline: Pipeline, stage: str, items: set[str]) -> str:
-    """`data_version` of some items only (one partition)."""
-    rows = sorted(
-        (e["input"], json.dumps(e["digest"]), e["recipe"], e["output"], e["status"])
-        for e in pipeline.entries(stage)
-        if e["input"] in items
-    )
-    return hashlib.blake2b(json.dumps(rows).encode(), digest_size=16).hexdigest()
 
 
 def assets(pipeline: Pipeline, stage: str, partitioned: bool | None = None) -> list[Any]:
