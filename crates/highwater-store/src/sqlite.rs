@@ -1444,6 +1444,19 @@ mod tests {
         }
     }
 
+    /// The fence of `owner`'s fresh lease on source `orders` (free).
+    fn fence_of(s: &mut SqliteStore, owner: &str) -> Fence {
+        let LeaseOutcome::Acquired(lease) =
+            s.acquire_lease("orders", owner, "h", 1, 0, 100).unwrap()
+        else {
+            panic!("free lease")
+        };
+        Fence {
+            name: "orders".into(),
+            token: lease.token,
+        }
+    }
+
     /// Issue 49: a plan reads each window's head; after a migration from
     /// a store whose windows have no head column, and after every write,
     /// the heads say what the whole records say.
@@ -1490,14 +1503,7 @@ mod tests {
         check(&s);
         let mut w = window(100, WindowStatus::Published);
         w.extra = serde_json::json!({"digest": "rd1:9:ef", "path": "raw/b", "schema": []});
-        let LeaseOutcome::Acquired(lease) = s.acquire_lease("orders", "a", "h", 1, 0, 100).unwrap()
-        else {
-            panic!("free lease")
-        };
-        let fence = Fence {
-            name: "orders".into(),
-            token: lease.token,
-        };
+        let fence = fence_of(&mut s, "a");
         assert_eq!(
             s.commit_window(&w, None, &fence).unwrap(),
             WindowCommit::Done
@@ -1510,14 +1516,7 @@ mod tests {
     fn bookmarks_move_by_compare_and_set_under_a_fence() {
         let dir = tempfile::tempdir().unwrap();
         let mut s = SqliteStore::open(&dir.path().join("s.db")).unwrap();
-        let LeaseOutcome::Acquired(a) = s.acquire_lease("orders", "a", "h", 1, 0, 100).unwrap()
-        else {
-            panic!("free lease")
-        };
-        let fa = Fence {
-            name: "orders".into(),
-            token: a.token,
-        };
+        let fa = fence_of(&mut s, "a");
         let b10 = Bookmark {
             source: "orders".into(),
             last_end_us: 10,
@@ -1556,7 +1555,7 @@ mod tests {
         else {
             panic!("expired lease")
         };
-        assert!(b.token > a.token);
+        assert!(b.token > fa.token);
         // The old owner is fenced: it can neither publish nor advance.
         assert_eq!(
             s.commit_window(
