@@ -447,23 +447,99 @@ def _is_stdlib(modname: str) -> bool:
 
 
 _DISTS: dict[str, list[str]] | None = None
+_LISTINGS: dict[str, list[str]] = {}
+
+
+def _normalized(name: str) -> str:
+    # The name rule of importlib.metadata's search (PEP 503, runs of `-_.`
+    # as one `_`), without importing `re` for it.
+    out: list[str] = []
+    for ch in name.lower():
+        if ch in "-_.":
+            if not out or out[-1] != "_":
+                out.append("_")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def _listing(folder: str) -> list[str]:
+    found = _LISTINGS.get(folder)
+    if found is None:
+        try:
+            found = sorted(os.listdir(folder or "."))
+        except OSError:
+            found = []
+        _LISTINGS[folder] = found
+    return found
+
+
+def _read_name_version(dist_info: str) -> str | None:
+    """`Name==Version` from a `.dist-info` folder's METADATA headers, as
+    `importlib.metadata` reports them; `None` when they are not plain."""
+    try:
+        with open(os.path.join(dist_info, "METADATA"), encoding="utf-8") as fh:
+            head: dict[str, str] = {}
+            for line in fh:
+                if not line.strip():
+                    break
+                if line[0] in " \t":
+                    # A folded header: leave it to importlib.metadata.
+                    return None
+                key, _, value = line.partition(":")
+                head.setdefault(key.strip().lower(), value.strip())
+    except (OSError, UnicodeDecodeError):
+        return None
+    name, version = head.get("name"), head.get("version")
+    return f"{name}=={version}" if name and version else None
+
+
+def _distribution_by_name(top: str) -> list[str] | None:
+    """The distribution named `top`, found as `importlib.metadata.distribution`
+    finds it (the first `sys.path` folder holding a matching `.dist-info`)
+    without importing `importlib.metadata`: that import alone was 35 ms of a
+    40 ms no-change plan's recipe for a stage that uses highwater itself
+    (issue 48, bench/python_interleaved.sh). `None`: ask importlib.metadata
+    (an egg, two candidates in one folder, headers it must parse)."""
+    want = _normalized(top)
+    for folder in sys.path:
+        if not isinstance(folder, str):
+            return None
+        hits = []
+        for child in _listing(folder):
+            low = child.lower()
+            if low.endswith(".egg-info") or low.endswith(".egg"):
+                if _normalized(child[: low.rindex(".egg")].partition("-")[0]) == want:
+                    return None
+            if low.endswith(".dist-info") and _normalized(child[: -len(".dist-info")].partition("-")[0]) == want:
+                hits.append(child)
+        if len(hits) > 1:
+            return None
+        if hits:
+            found = _read_name_version(os.path.join(folder, hits[0]))
+            return [found] if found else None
+    return []
 
 
 def _distributions(top: str) -> list[str]:
-    # Imported here: most stages use no library, and importing it is a
-    # quarter of this package's import.
+    # Most distributions are named as the module they install; asking for
+    # that one is cheap, and cheaper still without importing
+    # importlib.metadata (see `_distribution_by_name`). The full map reads
+    # every installed distribution's file list (160 ms in a venv with
+    # Dagster), so it is read only for a module whose distribution is named
+    # otherwise (yaml: PyYAML).
+    by_name = _distribution_by_name(top)
+    if by_name:
+        return by_name
     import importlib.metadata
 
     global _DISTS
-    # Most distributions are named as the module they install; asking for
-    # that one is cheap. The full map reads every installed distribution's
-    # file list (160 ms in a venv with Dagster), so it is read only for a
-    # module whose distribution is named otherwise (yaml: PyYAML).
-    try:
-        d = importlib.metadata.distribution(top)
-        return [f"{d.metadata['Name']}=={d.version}"]
-    except importlib.metadata.PackageNotFoundError:
-        pass
+    if by_name is None:
+        try:
+            d = importlib.metadata.distribution(top)
+            return [f"{d.metadata['Name']}=={d.version}"]
+        except importlib.metadata.PackageNotFoundError:
+            pass
     found = _declared_top_level(top)
     if found:
         return found
@@ -488,11 +564,7 @@ def _declared_top_level(top: str) -> list[str]:
         return []
     site = os.path.dirname(os.path.dirname(f)) if f.endswith("__init__.py") else os.path.dirname(f)
     out = []
-    try:
-        names = os.listdir(site)
-    except OSError:
-        return []
-    for n in names:
+    for n in _listing(site):
         if not n.endswith(".dist-info"):
             continue
         try:
@@ -501,10 +573,13 @@ def _declared_top_level(top: str) -> list[str]:
                     continue
         except OSError:
             continue
-        import importlib.metadata
+        found = _read_name_version(os.path.join(site, n))
+        if found is None:
+            import importlib.metadata
 
-        d = importlib.metadata.Distribution.at(os.path.join(site, n))
-        out.append(f"{d.metadata['Name']}=={d.version}")
+            d = importlib.metadata.Distribution.at(os.path.join(site, n))
+            found = f"{d.metadata['Name']}=={d.version}"
+        out.append(found)
     return sorted(out)
 
 
