@@ -78,6 +78,30 @@ def test_a_file_read_at_import_is_a_dependency_of_every_item(project):
     assert changed(project) == []
 
 
+def test_a_tree_removed_before_the_run_names_no_dependency(project):
+    # shutil.rmtree opens each folder relative to its parent's descriptor;
+    # the audit event does not say so, and those names once became absent
+    # files at the root that every item depended on (issue 48: a script
+    # that removed a cache folder first made its run six times as long).
+    setup(project)
+    project.write(
+        "pipeline.py",
+        PIPELINE + "import os, shutil\n"
+        "for d in ('sub1', 'sub2/deeper'):\n"
+        "    os.makedirs(os.path.join('cache', d), exist_ok=True)\n"
+        "    open(os.path.join('cache', d, 'entry.bin'), 'w').close()\n"
+        "shutil.rmtree('cache')\n"
+        "list(os.fwalk('data'))\n",
+    )
+    assert project.run()["tidy"]["processed"] == 2
+    for name in ("sub1", "sub2", "deeper", "data"):
+        (project.root / name).mkdir(exist_ok=True) if name == "data" else project.write(name, "x\n")
+    assert changed(project) == []
+    # What the function reads still counts.
+    project.write("lookup/a.txt", "changed\n")
+    assert changed(project) == [("data/a.txt", "dependency", "lookup/a.txt")]
+
+
 C_READER = '''
 import sqlite3
 import highwater as hw
