@@ -794,6 +794,8 @@ impl Pipeline {
         // same rule as a file's stat), into a scratch file that goes after.
         let mut _scratch = None;
         let abs = match (&st.input_place, needed.is_empty()) {
+            // Nothing to read: no path to build (a no-change plan).
+            (_, true) => PathBuf::new(),
             (Some(place), false) => {
                 let key = &f.item[place.len() + 1..];
                 let sc = exec::Scratch::new().map_err(unreadable)?;
