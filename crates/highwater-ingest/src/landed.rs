@@ -10,7 +10,6 @@ use crate::error::IngestError;
 use crate::format::LoadFrom;
 use highwater_core::window::Window;
 use highwater_store::{WindowRecord, WindowStatus};
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 /// Where one window with a record stands, for a reader of its rows.
@@ -83,24 +82,20 @@ impl Ingestor {
         records
             .par_chunks(LANDED_CHUNK_WINDOWS)
             .flat_map_iter(|chunk| {
-                let mut periods = BTreeMap::new();
+                let mut probe = crate::format::WindowProbe::default();
                 chunk
                     .iter()
                     .map(|r| LandedWindow {
                         start_us: r.start_us,
                         end_us: r.end_us,
-                        standing: self.standing(r, &mut periods),
+                        standing: self.standing(r, &mut probe),
                     })
                     .collect::<Vec<_>>()
             })
             .collect()
     }
 
-    fn standing(
-        &self,
-        r: &WindowRecord,
-        periods: &mut BTreeMap<String, Option<crate::compact::PeriodManifest>>,
-    ) -> Standing {
+    fn standing(&self, r: &WindowRecord, probe: &mut crate::format::WindowProbe) -> Standing {
         let not = |s: String| Standing::NotReady(s);
         match r.status {
             WindowStatus::Failed => not(format!(
@@ -111,7 +106,7 @@ impl Ingestor {
             WindowStatus::Published if r.recipe != self.t.recipe => {
                 not("stale (landed under another recipe of the source)".into())
             }
-            WindowStatus::Published if !self.format.has_window(r, periods) => {
+            WindowStatus::Published if !self.format.has_window(r, probe) => {
                 not("gone from the output".into())
             }
             WindowStatus::Published => match r.extra["digest"].as_str() {

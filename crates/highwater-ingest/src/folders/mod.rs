@@ -40,11 +40,7 @@ impl Folders {
     /// `windows` does not show it as published and `ingest` lands it again.
     /// Windows in object storage are not checked (that would be a request
     /// per window); `compact` checks every window it reads.
-    fn has_window_folder(
-        &self,
-        r: &WindowRecord,
-        periods: &mut BTreeMap<String, Option<crate::compact::PeriodManifest>>,
-    ) -> bool {
+    fn has_window_folder(&self, r: &WindowRecord, probe: &mut crate::format::WindowProbe) -> bool {
         if self.t.spec.output_place.is_some() {
             return true;
         }
@@ -54,7 +50,8 @@ impl Folders {
                 .all(|c| matches!(c, std::path::Component::Normal(_)))
         };
         if let Some(period) = r.extra["compacted"]["path"].as_str().filter(|p| safe(p)) {
-            let m = periods
+            let m = probe
+                .periods
                 .entry(period.to_string())
                 .or_insert_with(|| crate::compact::read_manifest(&self.t.root.join(period)));
             return m
@@ -72,7 +69,15 @@ impl Folders {
                     .0
             }
         };
-        self.t.root.join(rel).join("_manifest.json").is_file()
+        // From the folder's parent, opened once per probe: most windows of
+        // a day share it.
+        let (parent, leaf) = rel.rsplit_once('/').unwrap_or(("", rel.as_str()));
+        let dir = probe
+            .parents
+            .entry(self.t.root.join(parent))
+            .or_insert_with_key(|p| std::fs::File::open(p).ok());
+        dir.as_ref()
+            .is_some_and(|d| publish::is_file_at(d, &format!("{leaf}/_manifest.json")))
     }
 
     /// The schema rule for window folders (issue 21), before any window
@@ -164,12 +169,8 @@ impl TableFormat for Folders {
         Ok(())
     }
 
-    fn has_window(
-        &self,
-        r: &WindowRecord,
-        periods: &mut BTreeMap<String, Option<crate::compact::PeriodManifest>>,
-    ) -> bool {
-        self.has_window_folder(r, periods)
+    fn has_window(&self, r: &WindowRecord, probe: &mut crate::format::WindowProbe) -> bool {
+        self.has_window_folder(r, probe)
     }
 
     fn on_disk(&self, w: &Window, abs: &Path) -> Result<Option<OnDisk>, IngestError> {
