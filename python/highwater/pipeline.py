@@ -458,7 +458,7 @@ class Pipeline:
         starting more items, lets the running ones finish (a second Ctrl-C
         kills them), records what finished and raises KeyboardInterrupt.
         `in_process=True` runs every item in this process, on the engine's
-        threads (for debugging; the default is a pool of spawned
+        threads (for debugging; the default is spawned worker
         processes). `items` runs only those of the changed items (their
         inputs, as the plan names them: a Dagster partition); the stage's
         other changes stay pending for a later run."""
