@@ -447,7 +447,10 @@ def _is_stdlib(modname: str) -> bool:
 
 
 _DISTS: dict[str, list[str]] | None = None
-_LISTINGS: dict[str, list[str]] = {}
+# Per sys.path folder: its `.dist-info` folders by normalized name, and
+# whether an egg claims the name (then importlib.metadata decides).
+_INDEX: dict[str, dict[str, list[str]]] = {}
+_BY_NAME: dict[str, list[str] | None] = {}
 
 
 def _normalized(name: str) -> str:
@@ -464,13 +467,25 @@ def _normalized(name: str) -> str:
 
 
 def _listing(folder: str) -> list[str]:
-    found = _LISTINGS.get(folder)
+    try:
+        return sorted(os.listdir(folder or "."))
+    except OSError:
+        return []
+
+
+def _index(folder: str) -> dict[str, list[str]]:
+    """`folder`'s distributions by normalized name: `.dist-info` folders as
+    they are, an egg as `None` (one listing per folder and process)."""
+    found = _INDEX.get(folder)
     if found is None:
-        try:
-            found = sorted(os.listdir(folder or "."))
-        except OSError:
-            found = []
-        _LISTINGS[folder] = found
+        found = {}
+        for child in _listing(folder):
+            low = child.lower()
+            if low.endswith(".dist-info"):
+                found.setdefault(_normalized(child[: -len(".dist-info")].partition("-")[0]), []).append(child)
+            elif low.endswith(".egg-info") or low.endswith(".egg"):
+                found.setdefault(_normalized(child[: low.rindex(".egg")].partition("-")[0]), []).append(None)
+        _INDEX[folder] = found
     return found
 
 
@@ -501,24 +516,25 @@ def _distribution_by_name(top: str) -> list[str] | None:
     40 ms no-change plan's recipe for a stage that uses highwater itself
     (issue 48, bench/python_interleaved.sh). `None`: ask importlib.metadata
     (an egg, two candidates in one folder, headers it must parse)."""
+    if top in _BY_NAME:
+        return _BY_NAME[top]
     want = _normalized(top)
+    found: list[str] | None = []
     for folder in sys.path:
         if not isinstance(folder, str):
-            return None
-        hits = []
-        for child in _listing(folder):
-            low = child.lower()
-            if low.endswith(".egg-info") or low.endswith(".egg"):
-                if _normalized(child[: low.rindex(".egg")].partition("-")[0]) == want:
-                    return None
-            if low.endswith(".dist-info") and _normalized(child[: -len(".dist-info")].partition("-")[0]) == want:
-                hits.append(child)
-        if len(hits) > 1:
-            return None
-        if hits:
-            found = _read_name_version(os.path.join(folder, hits[0]))
-            return [found] if found else None
-    return []
+            found = None
+            break
+        hits = _index(folder).get(want)
+        if not hits:
+            continue
+        if len(hits) > 1 or hits[0] is None:
+            found = None
+        else:
+            one = _read_name_version(os.path.join(folder, hits[0]))
+            found = [one] if one else None
+        break
+    _BY_NAME[top] = found
+    return found
 
 
 def _distributions(top: str) -> list[str]:
