@@ -455,15 +455,12 @@ _BY_NAME: dict[str, list[str] | None] = {}
 
 def _normalized(name: str) -> str:
     # The name rule of importlib.metadata's search (PEP 503, runs of `-_.`
-    # as one `_`), without importing `re` for it.
-    out: list[str] = []
-    for ch in name.lower():
-        if ch in "-_.":
-            if not out or out[-1] != "_":
-                out.append("_")
-        else:
-            out.append(ch)
-    return "".join(out)
+    # as one `_`), in string methods rather than `re` or a loop per
+    # character (it runs for every `.dist-info` folder of a venv).
+    out = name.lower().replace("-", "_").replace(".", "_")
+    while "__" in out:
+        out = out.replace("__", "_")
+    return out
 
 
 def _listing(folder: str) -> list[str]:
