@@ -381,11 +381,11 @@ impl Ingestor {
     /// The published windows, under the current recipe, that are gone
     /// from the output ([`TableFormat::has_window`]), oldest first.
     fn gone_windows(&self, records: &BTreeMap<i64, WindowRecord>) -> Vec<i64> {
-        let mut probe = crate::format::WindowProbe::default();
+        let mut periods = BTreeMap::new();
         records
             .iter()
             .filter(|(_, r)| r.status == WindowStatus::Published && r.recipe == self.t.recipe)
-            .filter(|(_, r)| !self.format.has_window(r, &mut probe))
+            .filter(|(_, r)| !self.format.has_window(r, &mut periods))
             .map(|(k, _)| *k)
             .collect()
     }
@@ -1765,7 +1765,7 @@ impl Ingestor {
         let mut file_sizes = Vec::new();
         let mut files_per_window = Vec::new();
         let mut periods: BTreeMap<String, CompactedPeriod> = BTreeMap::new();
-        let mut probe = crate::format::WindowProbe::default();
+        let mut manifests = BTreeMap::new();
         let rows = (from..closed)
             .map(|k| {
                 let w = g.window(k);
@@ -1773,7 +1773,7 @@ impl Ingestor {
                 // Published, but gone from disk: shown as missing, as the
                 // next ingest sees it.
                 let gone = r.filter(|r| {
-                    r.status == WindowStatus::Published && !self.format.has_window(r, &mut probe)
+                    r.status == WindowStatus::Published && !self.format.has_window(r, &mut manifests)
                 });
                 let note = gone.map(|r| {
                     format!(

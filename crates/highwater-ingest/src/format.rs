@@ -91,18 +91,6 @@ pub(crate) struct OnDisk {
     pub(crate) compacted: Option<Value>,
 }
 
-/// What [`TableFormat::has_window`] keeps between the windows one thread
-/// checks: each compacted period's manifest, read once, and each window
-/// folder's parent, opened once, so that a window's `_manifest.json` is
-/// looked up from there (`fstatat`) rather than from `/` (a plan over
-/// 1,000 windows spent a ninth of its time walking those paths in the
-/// kernel; issue 49, bench/windows_plan.sh).
-#[derive(Default)]
-pub struct WindowProbe {
-    pub(crate) periods: BTreeMap<String, Option<crate::compact::PeriodManifest>>,
-    pub(crate) parents: BTreeMap<PathBuf, Option<std::fs::File>>,
-}
-
 /// One table format. Every method takes what the engine knows (window,
 /// records, columns) and the format reads or writes its own output.
 pub(crate) trait TableFormat: Send + Sync {
@@ -141,7 +129,11 @@ pub(crate) trait TableFormat: Send + Sync {
     /// Whether the window a published record names is still in the
     /// output (cheaply: a format that cannot tell without a request per
     /// window says yes, and `compact` checks what it reads).
-    fn has_window(&self, r: &WindowRecord, probe: &mut WindowProbe) -> bool;
+    fn has_window(
+        &self,
+        r: &WindowRecord,
+        periods: &mut BTreeMap<String, Option<crate::compact::PeriodManifest>>,
+    ) -> bool;
 
     /// The attempt of window `w` the output holds now, if any; `abs` is
     /// the window's local folder.

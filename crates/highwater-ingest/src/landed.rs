@@ -10,6 +10,7 @@ use crate::error::IngestError;
 use crate::format::LoadFrom;
 use highwater_core::window::Window;
 use highwater_store::{WindowRecord, WindowStatus};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 /// Where one window with a record stands, for a reader of its rows.
@@ -82,20 +83,24 @@ impl Ingestor {
         records
             .par_chunks(LANDED_CHUNK_WINDOWS)
             .flat_map_iter(|chunk| {
-                let mut probe = crate::format::WindowProbe::default();
+                let mut periods = BTreeMap::new();
                 chunk
                     .iter()
                     .map(|r| LandedWindow {
                         start_us: r.start_us,
                         end_us: r.end_us,
-                        standing: self.standing(r, &mut probe),
+                        standing: self.standing(r, &mut periods),
                     })
                     .collect::<Vec<_>>()
             })
             .collect()
     }
 
-    fn standing(&self, r: &WindowRecord, probe: &mut crate::format::WindowProbe) -> Standing {
+    fn standing(
+        &self,
+        r: &WindowRecord,
+        periods: &mut BTreeMap<String, Option<crate::compact::PeriodManifest>>,
+    ) -> Standing {
         let not = |s: String| Standing::NotReady(s);
         match r.status {
             WindowStatus::Failed => not(format!(
@@ -106,7 +111,7 @@ impl Ingestor {
             WindowStatus::Published if r.recipe != self.t.recipe => {
                 not("stale (landed under another recipe of the source)".into())
             }
-            WindowStatus::Published if !self.format.has_window(r, probe) => {
+            WindowStatus::Published if !self.format.has_window(r, periods) => {
                 not("gone from the output".into())
             }
             WindowStatus::Published => match r.extra["digest"].as_str() {

@@ -71,21 +71,6 @@ pub fn swap_in(staging: &Path, final_path: &Path) -> Result<(), IngestError> {
     Ok(())
 }
 
-/// Whether `rel` (relative, no NUL) names a regular file from the open
-/// folder `dir`, following symlinks as `Path::is_file` does.
-pub fn is_file_at(dir: &std::fs::File, rel: &str) -> bool {
-    use std::os::fd::AsRawFd;
-    let Ok(c) = CString::new(rel) else {
-        return false;
-    };
-    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
-    // SAFETY: `dir` is an open descriptor, `c` is NUL-terminated and `st`
-    // is valid for one `libc::stat`.
-    let r = unsafe { libc::fstatat(dir.as_raw_fd(), c.as_ptr(), st.as_mut_ptr(), 0) };
-    // SAFETY: fstatat returned 0, so it filled `st`.
-    r == 0 && unsafe { st.assume_init() }.st_mode & libc::S_IFMT == libc::S_IFREG
-}
-
 /// The token in a published window's `_manifest.json`, if any.
 pub fn published_token(final_path: &Path) -> Option<String> {
     let text = std::fs::read(final_path.join("_manifest.json")).ok()?;

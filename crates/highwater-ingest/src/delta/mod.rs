@@ -1205,7 +1205,11 @@ impl TableFormat for Delta {
     }
 
     /// A window is in the table's log, not a folder of its own.
-    fn has_window(&self, _r: &WindowRecord, _probe: &mut crate::format::WindowProbe) -> bool {
+    fn has_window(
+        &self,
+        _r: &WindowRecord,
+        _periods: &mut BTreeMap<String, Option<crate::compact::PeriodManifest>>,
+    ) -> bool {
         true
     }
 

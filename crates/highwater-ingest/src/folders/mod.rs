@@ -40,7 +40,11 @@ impl Folders {
     /// `windows` does not show it as published and `ingest` lands it again.
     /// Windows in object storage are not checked (that would be a request
     /// per window); `compact` checks every window it reads.
-    fn has_window_folder(&self, r: &WindowRecord, probe: &mut crate::format::WindowProbe) -> bool {
+    fn has_window_folder(
+        &self,
+        r: &WindowRecord,
+        periods: &mut BTreeMap<String, Option<crate::compact::PeriodManifest>>,
+    ) -> bool {
         if self.t.spec.output_place.is_some() {
             return true;
         }
@@ -50,8 +54,7 @@ impl Folders {
                 .all(|c| matches!(c, std::path::Component::Normal(_)))
         };
         if let Some(period) = r.extra["compacted"]["path"].as_str().filter(|p| safe(p)) {
-            let m = probe
-                .periods
+            let m = periods
                 .entry(period.to_string())
                 .or_insert_with(|| crate::compact::read_manifest(&self.t.root.join(period)));
             return m
@@ -69,15 +72,7 @@ impl Folders {
                     .0
             }
         };
-        // From the folder's parent, opened once per probe: most windows of
-        // a day share it.
-        let (parent, leaf) = rel.rsplit_once('/').unwrap_or(("", rel.as_str()));
-        let dir = probe
-            .parents
-            .entry(self.t.root.join(parent))
-            .or_insert_with_key(|p| std::fs::File::open(p).ok());
-        dir.as_ref()
-            .is_some_and(|d| publish::is_file_at(d, &format!("{leaf}/_manifest.json")))
+        self.t.root.join(rel).join("_manifest.json").is_file()
     }
 
     /// The schema rule for window folders (issue 21), before any window
@@ -169,8 +164,12 @@ impl TableFormat for Folders {
         Ok(())
     }
 
-    fn has_window(&self, r: &WindowRecord, probe: &mut crate::format::WindowProbe) -> bool {
-        self.has_window_folder(r, probe)
+    fn has_window(
+        &self,
+        r: &WindowRecord,
+        periods: &mut BTreeMap<String, Option<crate::compact::PeriodManifest>>,
+    ) -> bool {
+        self.has_window_folder(r, periods)
     }
 
     fn on_disk(&self, w: &Window, abs: &Path) -> Result<Option<OnDisk>, IngestError> {
