@@ -449,7 +449,7 @@ def _is_stdlib(modname: str) -> bool:
 _DISTS: dict[str, list[str]] | None = None
 # Per sys.path folder: its `.dist-info` folders by normalized name, and
 # whether an egg claims the name (then importlib.metadata decides).
-_INDEX: dict[str, dict[str, list[str]]] = {}
+_INDEX: dict[str, dict[str, list[str]] | None] = {}
 _BY_NAME: dict[str, list[str] | None] = {}
 
 
@@ -470,11 +470,15 @@ def _listing(folder: str) -> list[str]:
         return []
 
 
-def _index(folder: str) -> dict[str, list[str]]:
+def _index(folder: str) -> dict[str, list[str]] | None:
     """`folder`'s distributions by normalized name: `.dist-info` folders as
-    they are, an egg as `None` (one listing per folder and process)."""
-    found = _INDEX.get(folder)
-    if found is None:
+    they are, an egg as `None` (one listing per folder and process). `None`
+    for a `sys.path` entry that is a file (a zip archive, which
+    importlib.metadata reads inside)."""
+    if folder in _INDEX:
+        return _INDEX[folder]
+    found: dict[str, list[str]] | None = None
+    if not os.path.isfile(folder):
         found = {}
         for child in _listing(folder):
             low = child.lower()
@@ -482,7 +486,7 @@ def _index(folder: str) -> dict[str, list[str]]:
                 found.setdefault(_normalized(child[: -len(".dist-info")].partition("-")[0]), []).append(child)
             elif low.endswith(".egg-info") or low.endswith(".egg"):
                 found.setdefault(_normalized(child[: low.rindex(".egg")].partition("-")[0]), []).append(None)
-        _INDEX[folder] = found
+    _INDEX[folder] = found
     return found
 
 
@@ -521,7 +525,11 @@ def _distribution_by_name(top: str) -> list[str] | None:
         if not isinstance(folder, str):
             found = None
             break
-        hits = _index(folder).get(want)
+        index = _index(folder)
+        if index is None:
+            found = None
+            break
+        hits = index.get(want)
         if not hits:
             continue
         if len(hits) > 1 or hits[0] is None:

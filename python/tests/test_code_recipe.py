@@ -181,6 +181,22 @@ def test_library_versions_are_what_importlib_metadata_says():
     assert recipe._distributions("highwater") == [f"highwater=={highwater.__version__}"]
 
 
+def test_a_distribution_inside_a_zip_on_sys_path_is_importlib_metadatas(tmp_path, monkeypatch):
+    # A zip archive on sys.path is read inside by importlib.metadata; the
+    # folder lookup defers to it rather than calling the library unversioned.
+    import zipfile
+
+    from highwater import recipe
+
+    archive = tmp_path / "bundle.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("zipped_lib/__init__.py", "")
+        z.writestr("zipped_lib-1.2.dist-info/METADATA", "Metadata-Version: 2.1\nName: zipped-lib\nVersion: 1.2\n")
+    monkeypatch.syspath_prepend(str(archive))
+    assert recipe._distribution_by_name("zipped_lib") is None
+    assert recipe._distributions("zipped_lib") == ["zipped-lib==1.2"]
+
+
 def test_kept_module_facts_never_vouch_for_an_edited_file(project):
     # A plan keeps what it read of each module's syntax tree in the state
     # folder, keyed by the file's stat, so that an unchanged module is not
