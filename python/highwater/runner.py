@@ -121,9 +121,14 @@ class _Worker:
         self.proc = ctx.Process(target=_serve, args=(child, import_reads, root), daemon=True)
         self.proc.start()
         child.close()
-        # EOFError here: it died as it started (importing the script).
-        if self.conn.recv() != "ready":
-            raise EOFError("the worker answered its start with something else")
+        # EOFError here: it died as it started (importing the script); its
+        # pipe and process are let go before the caller hears of it.
+        try:
+            if self.conn.recv() != "ready":
+                raise EOFError("the worker answered its start with something else")
+        except BaseException:
+            self.stop(wait=False)
+            raise
 
     def call(self, job: tuple) -> tuple[str | None, list[str], list[str]]:
         # Pickled whole before anything is written: an unpicklable job
