@@ -404,6 +404,7 @@ impl ArgTemplate {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
     use proptest::prelude::*;
 
     proptest! {
@@ -418,11 +419,9 @@ mod tests {
                 && !path.ends_with('/')
                 && !path.ends_with("/.")
                 && path != ".";
-            prop_assert_eq!(super::is_normal(&path), searches);
+            prop_assert_eq!(is_normal(&path), searches);
         }
     }
-
-    use super::*;
 
     #[test]
     fn renders_placeholders() {
