@@ -10,6 +10,8 @@
 //! - [`sqlite`]: the SQLite implementation and its forward-only migrations.
 //! - [`snapshot`]: one stage's manifest as one file, used by the SQLite
 //!   store while the stage's manifest token says it is current.
+//! - [`heads`]: one source's window heads as one file, the same way, at
+//!   the source's window token.
 //! - [`lease`]: leases with fencing tokens on any SQLite database, the
 //!   acquisition loop and the heartbeat (ingestion and the OSM writer).
 //!
@@ -48,6 +50,7 @@ macro_rules! work_sql {
     };
 }
 
+pub mod heads;
 pub mod lease;
 pub mod pg;
 pub mod snapshot;

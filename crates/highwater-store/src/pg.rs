@@ -115,6 +115,9 @@ const MIGRATIONS: &[&str] = &[
     // reads the whole records (the trait's default), its plans being few
     // beside its runs.
     "SELECT 1;",
+    // 8 -> 9: nothing. SQLite's window tokens validate snapshots of window
+    // heads in a local file; a shared store keeps none (as 6 -> 7).
+    "SELECT 1;",
 ];
 
 /// The schema version this highwater writes; equal to SQLite's.

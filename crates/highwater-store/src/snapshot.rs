@@ -33,10 +33,16 @@ const ENTRY_BYTES_MIN: usize = 1 + 4 + 1 + 8 * 8 + 4 + 4 + 1 + 1;
 /// The file that holds `stage`'s snapshot, beside the state store `db`:
 /// `<db>.manifest/<hash of the stage name>` (a name may hold any character).
 pub fn path_for(db: &Path, stage: &str) -> PathBuf {
+    path_in(db, ".manifest", stage)
+}
+
+/// `<db><suffix>/<hash of name>`: the folder beside the store holding one
+/// kind of cache file, one per name.
+pub(crate) fn path_in(db: &Path, suffix: &str, name: &str) -> PathBuf {
     let mut dir = db.as_os_str().to_os_string();
-    dir.push(".manifest");
+    dir.push(suffix);
     let mut h = twox_hash::XxHash64::with_seed(0);
-    h.write(stage.as_bytes());
+    h.write(name.as_bytes());
     PathBuf::from(dir).join(format!("{:016x}", h.finish()))
 }
 
@@ -44,7 +50,11 @@ pub fn path_for(db: &Path, stage: &str) -> PathBuf {
 /// renamed into place, so a reader sees a whole file or the previous one.
 /// Not synced: after a power loss a torn file fails its checksum.
 pub fn write(path: &Path, token: i64, stage: &str, entries: &StageEntries) -> std::io::Result<()> {
-    let bytes = encode(token, stage, entries);
+    write_file(path, &encode(token, stage, entries))
+}
+
+/// `bytes` at `path`, through a temporary file renamed into place.
+pub(crate) fn write_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let dir = path.parent().expect("a snapshot path has a folder");
     std::fs::create_dir_all(dir)?;
     // Unique per process and call: two writers never share a temporary.
@@ -52,7 +62,7 @@ pub fn write(path: &Path, token: i64, stage: &str, entries: &StageEntries) -> st
     let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let tmp = dir.join(format!(".tmp-{}-{seq}", std::process::id()));
     let res = std::fs::File::create(&tmp)
-        .and_then(|mut f| f.write_all(&bytes))
+        .and_then(|mut f| f.write_all(bytes))
         .and_then(|()| std::fs::rename(&tmp, path));
     if res.is_err() {
         let _ = std::fs::remove_file(&tmp);
@@ -176,13 +186,13 @@ pub fn decode(bytes: &[u8], token: i64, stage: &str) -> Option<StageEntries> {
     })
 }
 
-fn checksum(b: &[u8]) -> u64 {
+pub(crate) fn checksum(b: &[u8]) -> u64 {
     let mut h = twox_hash::XxHash64::with_seed(0x6877_6d61_6e69);
     h.write(b);
     h.finish()
 }
 
-fn put_len(w: &mut Vec<u8>, n: usize) {
+pub(crate) fn put_len(w: &mut Vec<u8>, n: usize) {
     w.extend_from_slice(
         &u32::try_from(n)
             .expect("fewer than 2^32 rows")
@@ -190,7 +200,7 @@ fn put_len(w: &mut Vec<u8>, n: usize) {
     );
 }
 
-fn put_str(w: &mut Vec<u8>, s: &str) {
+pub(crate) fn put_str(w: &mut Vec<u8>, s: &str) {
     put_len(w, s.len());
     w.extend_from_slice(s.as_bytes());
 }
@@ -236,35 +246,35 @@ fn put_entry(w: &mut Vec<u8>, e: &Entry) {
 }
 
 /// Reads the layout back; `None` at the first byte out of place.
-struct Reader<'a> {
-    b: &'a [u8],
+pub(crate) struct Reader<'a> {
+    pub(crate) b: &'a [u8],
 }
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+    pub(crate) fn take(&mut self, n: usize) -> Option<&'a [u8]> {
         let (head, rest) = self.b.split_at_checked(n)?;
         self.b = rest;
         Some(head)
     }
-    fn u8(&mut self) -> Option<u8> {
+    pub(crate) fn u8(&mut self) -> Option<u8> {
         Some(self.take(1)?[0])
     }
-    fn u32(&mut self) -> Option<u32> {
+    pub(crate) fn u32(&mut self) -> Option<u32> {
         Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
     }
-    fn u64(&mut self) -> Option<u64> {
+    pub(crate) fn u64(&mut self) -> Option<u64> {
         Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
     }
-    fn i64(&mut self) -> Option<i64> {
+    pub(crate) fn i64(&mut self) -> Option<i64> {
         Some(i64::from_le_bytes(self.take(8)?.try_into().ok()?))
     }
     /// A count of records of at least `min_bytes` each: never more than the
     /// bytes left could hold, so a bad count cannot reserve gigabytes.
-    fn len(&mut self, min_bytes: usize) -> Option<usize> {
+    pub(crate) fn len(&mut self, min_bytes: usize) -> Option<usize> {
         let n = self.u32()? as usize;
         (n.checked_mul(min_bytes)? <= self.b.len()).then_some(n)
     }
-    fn str(&mut self) -> Option<&'a str> {
+    pub(crate) fn str(&mut self) -> Option<&'a str> {
         let n = self.u32()? as usize;
         std::str::from_utf8(self.take(n)?).ok()
     }
