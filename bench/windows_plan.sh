@@ -75,13 +75,14 @@ done
 (cd "$W" && "$HW" plan | grep -q "discovered $N, 0 changed") || { echo "window plan is not a no-change plan of $N items"; exit 1; }
 (cd "$F" && "$HW" plan | grep -q "discovered $N, 0 changed") || { echo "file plan is not a no-change plan of $N items"; exit 1; }
 
-ms() { local t0 t1; t0=$(date +%s%N); (cd "$1" && "$HW" plan >/dev/null); t1=$(date +%s%N); echo $(( (t1 - t0) / 1000000 )); }
+# Microseconds of one plan, the subshell's fork included (the same for both).
+us() { local t0 t1; t0=$(date +%s%N); (cd "$1" && "$HW" plan >/dev/null); t1=$(date +%s%N); echo $(( (t1 - t0) / 1000 )); }
 ws=(); fs=()
 for _ in $(seq "$REPEAT"); do
-    ws+=("$(ms "$W")")
-    fs+=("$(ms "$F")")
+    ws+=("$(us "$W")")
+    fs+=("$(us "$F")")
 done
-stats() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {printf "best %d ms, median %d ms", a[1], a[int((NR+1)/2)]}'; }
+stats() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {printf "best %.1f ms, median %.1f ms", a[1] / 1000, a[int((NR+1)/2)] / 1000}'; }
 best() { printf '%s\n' "$@" | sort -n | head -1; }
 med() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 echo "# no-change plan, $N items, $REPEAT interleaved rounds ($(nproc) cores, load $(cut -d' ' -f1 /proc/loadavg))"

@@ -7,7 +7,7 @@ use highwater_files::inputs::windows::{Landed, LandedGrid, LandedWindow, WindowS
 use highwater_ingest::landed::{DataFile, Standing};
 use highwater_ingest::{Ingestor, SourceSpec};
 use highwater_objects::{Objects, StorageSpec};
-use highwater_store::{StateLocation, WindowRecord};
+use highwater_store::{StateLocation, StateStore, WindowRecord};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -20,11 +20,11 @@ pub struct IngestLanded {
     sources: BTreeMap<String, toml::Value>,
     storage: BTreeMap<String, StorageSpec>,
     open: Mutex<BTreeMap<String, Arc<Ingestor>>>,
-    /// Each source's window tokens as the last plan read them (window
-    /// start → token): an item whose window was landed again since its
-    /// plan fails and runs at the next run, never on other rows than
+    /// Each source's window heads as the last plan read them, by start:
+    /// an item whose window was landed again since its plan (another
+    /// token) fails and runs at the next run, never on other rows than
     /// planned.
-    planned: Mutex<BTreeMap<String, Arc<BTreeMap<i64, String>>>>,
+    planned: Mutex<BTreeMap<String, Arc<Vec<WindowRecord>>>>,
     /// Each source's whole records, read once at the first item that asks
     /// for its files (a plan reads only the records' heads).
     records: Mutex<BTreeMap<String, Arc<BTreeMap<i64, WindowRecord>>>>,
@@ -103,17 +103,14 @@ impl Landed for IngestLanded {
         })
     }
 
-    fn windows(&self, source: &str) -> Result<Vec<LandedWindow>, String> {
+    fn windows(&self, source: &str, store: &dyn StateStore) -> Result<Vec<LandedWindow>, String> {
         let ing = self.ingestor(source)?;
-        let heads = ing.window_heads().map_err(|e| e.to_string())?;
+        let heads = ing.window_heads(store).map_err(|e| e.to_string())?;
         let landed = ing.landed_windows(&heads);
         self.planned
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(
-                source.to_string(),
-                Arc::new(heads.into_iter().map(|r| (r.start_us, r.token)).collect()),
-            );
+            .insert(source.to_string(), Arc::new(heads));
         Ok(landed
             .into_iter()
             .map(|w| LandedWindow {
@@ -127,6 +124,21 @@ impl Landed for IngestLanded {
             .collect())
     }
 
+    fn gone(&self, source: &str, starts: &[i64]) -> Result<Vec<(i64, String)>, String> {
+        let ing = self.ingestor(source)?;
+        let Some(heads) = self
+            .planned
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(source)
+            .cloned()
+        else {
+            return Err(format!("source `{source}`'s windows were not read yet"));
+        };
+        let records: Vec<&WindowRecord> = starts.iter().filter_map(|&s| head(&heads, s)).collect();
+        Ok(ing.windows_without_files(&records))
+    }
+
     fn files(&self, source: &str, start_us: i64, end_us: i64) -> Result<Vec<String>, String> {
         let ing = self.ingestor(source)?;
         let planned = self
@@ -134,7 +146,7 @@ impl Landed for IngestLanded {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(source)
-            .and_then(|p| p.get(&start_us).cloned());
+            .and_then(|p| head(p, start_us).map(|r| r.token.clone()));
         let cached = self
             .records
             .lock()
@@ -192,4 +204,12 @@ impl Landed for IngestLanded {
             })
             .collect()
     }
+}
+
+/// The head of the window starting at `start_us` among `heads` (by start).
+fn head(heads: &[WindowRecord], start_us: i64) -> Option<&WindowRecord> {
+    heads
+        .binary_search_by_key(&start_us, |r| r.start_us)
+        .ok()
+        .map(|i| &heads[i])
 }

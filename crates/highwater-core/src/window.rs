@@ -199,37 +199,52 @@ pub fn civil(us: i64) -> Civil {
 /// window by its bounds, and `format!` made that a fifth of a no-change
 /// plan over 1,000 windows (issue 49, bench/windows_plan.sh).
 pub fn format_rfc3339(us: i64) -> String {
+    let mut s = String::with_capacity(27);
+    push_rfc3339(&mut s, us);
+    s
+}
+
+/// [`format_rfc3339`] appended to `out`: names built of several bounds
+/// (`orders/2026-03-14T09:00:00Z/2026-03-14T10:00:00Z`) in one buffer.
+pub fn push_rfc3339(out: &mut String, us: i64) {
     let c = civil(us);
     if !(0..=9999).contains(&c.year) {
-        let mut s = format!(
+        use std::fmt::Write;
+        let _ = write!(
+            out,
             "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}",
             c.year, c.month, c.day, c.hour, c.minute, c.second
         );
         if c.micro != 0 {
-            s.push_str(&format!(".{:06}", c.micro));
+            let _ = write!(out, ".{:06}", c.micro);
         }
-        s.push('Z');
-        return s;
+        out.push('Z');
+        return;
     }
-    let mut b = Vec::with_capacity(27);
-    push_digits(&mut b, c.year as u32, 4);
+    let mut b = [0u8; 27];
+    let mut n = 0;
+    push_digits(&mut b, &mut n, c.year as u32, 4);
     let fields = [c.month, c.day, c.hour, c.minute, c.second];
     for (v, sep) in fields.into_iter().zip([b'-', b'-', b'T', b':', b':']) {
-        b.push(sep);
-        push_digits(&mut b, v, 2);
+        b[n] = sep;
+        n += 1;
+        push_digits(&mut b, &mut n, v, 2);
     }
     if c.micro != 0 {
-        b.push(b'.');
-        push_digits(&mut b, c.micro, 6);
+        b[n] = b'.';
+        n += 1;
+        push_digits(&mut b, &mut n, c.micro, 6);
     }
-    b.push(b'Z');
-    String::from_utf8(b).expect("ASCII digits and separators")
+    b[n] = b'Z';
+    n += 1;
+    out.push_str(std::str::from_utf8(&b[..n]).expect("ASCII digits and separators"));
 }
 
 /// `n`'s last `width` decimal digits, zero-padded.
-fn push_digits(b: &mut Vec<u8>, n: u32, width: u32) {
+fn push_digits(b: &mut [u8], at: &mut usize, n: u32, width: u32) {
     for i in (0..width).rev() {
-        b.push(b'0' + (n / 10u32.pow(i) % 10) as u8);
+        b[*at] = b'0' + (n / 10u32.pow(i) % 10) as u8;
+        *at += 1;
     }
 }
 

@@ -848,8 +848,21 @@ impl Pipeline {
         rehash: bool,
         prev: Option<StageEntries>,
     ) -> Result<Observed, FilesError> {
+        self.observe_in(st, rehash, prev, None)
+    }
+
+    /// [`Self::observe`], reading through `open` where a stage reads its
+    /// state on this thread (a stage over an item source): the caller's
+    /// open connection, with no transaction of its own.
+    fn observe_in(
+        &self,
+        st: &Stage,
+        rehash: bool,
+        prev: Option<StageEntries>,
+        open: Option<&dyn StateStore>,
+    ) -> Result<Observed, FilesError> {
         if let Some(src) = &st.items {
-            return self.observe_items(st, src.as_ref(), rehash, prev);
+            return self.observe_items(st, src.as_ref(), rehash, prev, open);
         }
         let name = &st.spec.name;
         let load = || -> Result<StageEntries, FilesError> {
@@ -1196,14 +1209,19 @@ impl Pipeline {
     /// output is touched. A stage downstream of a changed stage is planned
     /// against the files as they are now, before upstream runs.
     pub fn plan(&self, only: Option<&str>, rehash: bool) -> Result<Vec<StagePlan>, FilesError> {
-        // Opened once so that a first plan creates and migrates the store.
+        // Opened once so that a first plan creates and migrates the store,
+        // and held to the end: while one connection is open, SQLite keeps
+        // the WAL and its index, which the plan's later opens would
+        // otherwise create again after each close removed them.
         let store = self.open_store()?;
         let selected = self.select(only)?;
         self.check_declarations(store.as_ref(), &selected)?;
-        drop(store);
         let mut observed = Vec::new();
         for st in selected {
-            observed.push((st.spec.name.as_str(), self.observe(st, rehash, None)?));
+            observed.push((
+                st.spec.name.as_str(),
+                self.observe_in(st, rehash, None, Some(store.as_ref()))?,
+            ));
         }
         self.check_against_all(
             &observed

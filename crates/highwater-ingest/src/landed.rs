@@ -9,7 +9,7 @@ use crate::engine::Ingestor;
 use crate::error::IngestError;
 use crate::format::LoadFrom;
 use highwater_core::window::Window;
-use highwater_store::{WindowRecord, WindowStatus};
+use highwater_store::{StateStore, WindowRecord, WindowStatus};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -66,41 +66,29 @@ impl Ingestor {
         Ok(self.state.open()?.windows(&self.t.spec.name)?)
     }
 
-    /// The source's window records with only what `landed_windows` reads
+    /// The source's window records in `store` (the state the source's
+    /// own runs write: a reader passes its open connection) with only what
+    /// `landed_windows` and `windows_without_files` read
     /// (`StateStore::window_heads`): not for `window_data_files`.
-    pub fn window_heads(&self) -> Result<Vec<WindowRecord>, IngestError> {
-        Ok(self.state.open()?.window_heads(&self.t.spec.name)?)
+    pub fn window_heads(&self, store: &dyn StateStore) -> Result<Vec<WindowRecord>, IngestError> {
+        Ok(store.window_heads(&self.t.spec.name)?)
     }
 
-    /// Where each window of `records` stands.
-    ///
-    /// In chunks on rayon's threads: each published window's folder is
-    /// looked for (a `stat`), and a plan over 1,000 windows waited on
-    /// those one after another (issue 49). A compacted period's manifest is
-    /// read once per chunk.
+    /// Where each window of `records` stands, as its record says: a
+    /// published window's files are not looked for here (see
+    /// [`Self::windows_without_files`]).
     pub fn landed_windows(&self, records: &[WindowRecord]) -> Vec<LandedWindow> {
-        use rayon::prelude::*;
         records
-            .par_chunks(LANDED_CHUNK_WINDOWS)
-            .flat_map_iter(|chunk| {
-                let mut periods = BTreeMap::new();
-                chunk
-                    .iter()
-                    .map(|r| LandedWindow {
-                        start_us: r.start_us,
-                        end_us: r.end_us,
-                        standing: self.standing(r, &mut periods),
-                    })
-                    .collect::<Vec<_>>()
+            .iter()
+            .map(|r| LandedWindow {
+                start_us: r.start_us,
+                end_us: r.end_us,
+                standing: self.standing(r),
             })
             .collect()
     }
 
-    fn standing(
-        &self,
-        r: &WindowRecord,
-        periods: &mut BTreeMap<String, Option<crate::compact::PeriodManifest>>,
-    ) -> Standing {
+    fn standing(&self, r: &WindowRecord) -> Standing {
         let not = |s: String| Standing::NotReady(s);
         match r.status {
             WindowStatus::Failed => not(format!(
@@ -111,9 +99,6 @@ impl Ingestor {
             WindowStatus::Published if r.recipe != self.t.recipe => {
                 not("stale (landed under another recipe of the source)".into())
             }
-            WindowStatus::Published if !self.format.has_window(r, periods) => {
-                not("gone from the output".into())
-            }
             WindowStatus::Published => match r.extra["digest"].as_str() {
                 Some(d) => Standing::Ready {
                     digest: d.to_string(),
@@ -121,6 +106,27 @@ impl Ingestor {
                 None => not("published without a digest of its rows".into()),
             },
         }
+    }
+
+    /// The starts of the published windows of `records` whose files are
+    /// gone from the output, with why. Asked for the windows a reader is
+    /// about to read only: each is a lookup on disk (a `stat`), in chunks
+    /// on rayon's threads, a compacted period's manifest read once per
+    /// chunk.
+    pub fn windows_without_files(&self, records: &[&WindowRecord]) -> Vec<(i64, String)> {
+        use rayon::prelude::*;
+        records
+            .par_chunks(LANDED_CHUNK_WINDOWS)
+            .flat_map_iter(|chunk| {
+                let mut periods = BTreeMap::new();
+                chunk
+                    .iter()
+                    .filter(|r| r.status == WindowStatus::Published)
+                    .filter(|r| !self.format.has_window(r, &mut periods))
+                    .map(|r| (r.start_us, "gone from the output".to_string()))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
     }
 
     /// The current data files holding the rows of published window

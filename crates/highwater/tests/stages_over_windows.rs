@@ -344,6 +344,54 @@ fn a_day_still_landing_waits_without_failing_the_run() {
     assert_eq!(run(&p, None, 0), (1, vec![]));
 }
 
+/// A window whose files are gone (a hand's `rm`, a retention sweep)
+/// holds the items that would read it, and only those: a plan looks for
+/// the files of the windows it would run, never of up-to-date ones, whose
+/// outputs were made when the files were there (issue 49: those lookups
+/// were a third of a no-change plan over 1,000 windows).
+#[test]
+fn a_window_gone_from_disk_holds_only_the_items_that_would_read_it() {
+    let (p, c) = project(SOURCE, "");
+    fill(&c, 1, 2);
+    ingest(&p, None, NOW, None, 0);
+    assert_eq!(run(&p, None, 0), (2, vec![]));
+    std::fs::remove_dir_all(p.path("raw/orders/date=2026-03-01/hour=07")).unwrap();
+    std::fs::remove_dir_all(p.path("raw/orders/date=2026-03-02/hour=03")).unwrap();
+    // Up to date: nothing to run, nothing held.
+    let pl = plan(&p, None);
+    assert_eq!(pl["changed"], serde_json::json!([]), "{pl}");
+    assert_eq!(pl["held"], serde_json::json!([]), "{pl}");
+    assert_eq!(run(&p, None, 0).0, 0);
+    // Day 1's output removed: it would run, and its files are not there.
+    std::fs::remove_file(p.path("marts/daily_totals/2026-03-01.json")).unwrap();
+    let pl = plan(&p, None);
+    assert_eq!(pl["changed"], serde_json::json!([]), "{pl}");
+    let held = pl["held"].as_array().unwrap();
+    assert_eq!(held.len(), 1, "{pl}");
+    assert_eq!(held[0]["item"], D1);
+    assert_eq!(held[0]["waiting"], false);
+    assert!(
+        held[0]["why"]
+            .as_str()
+            .unwrap()
+            .contains("2026-03-01T07 gone from the output"),
+        "{pl}"
+    );
+    let (n, held) = run(&p, None, 1);
+    assert_eq!((n, held.len()), (0, 1));
+    assert!(!p.exists("marts/daily_totals/2026-03-01.json"));
+    // Landed again, the day runs; day 2, still up to date, does not.
+    ingest(
+        &p,
+        None,
+        NOW,
+        Some("2026-03-01T07:00:00Z/2026-03-01T08:00:00Z"),
+        0,
+    );
+    assert_eq!(run(&p, None, 0), (1, vec![]));
+    assert_eq!(day(&p, "2026-03-01")["rows"], 72);
+}
+
 /// A Delta table another engine (deltalake) OPTIMIZEs: the files change,
 /// the rows do not, and nothing re-runs; a rebuild from the new files
 /// makes the same outputs.

@@ -19,7 +19,7 @@ use crate::now_ns;
 use highwater_core::evidence::{Algo, Digest};
 use highwater_core::plan::{plan_items_with_deps, Held, Observation, Reason, StagePlan};
 use highwater_core::{Entries, Entry, EntryKind, Stat, Status};
-use highwater_store::StageEntries;
+use highwater_store::{StageEntries, StateStore};
 use std::collections::{HashMap, HashSet};
 
 impl Pipeline {
@@ -31,17 +31,27 @@ impl Pipeline {
         src: &dyn ItemSource,
         rehash: bool,
         prev: Option<StageEntries>,
+        open: Option<&dyn StateStore>,
     ) -> Result<Observed, FilesError> {
         let name = &st.spec.name;
-        let load = || -> Result<StageEntries, FilesError> {
-            match prev {
-                Some(p) => Ok(p),
-                None => Ok(self.open_store()?.load(name)?),
+        // One connection, in turn (the caller's when it holds one open):
+        // the items' records live beside the entries, and two connections
+        // opened at once waited on each other longer than the two reads
+        // take (issue 49).
+        let opened;
+        let store = match open {
+            Some(s) => s,
+            None => {
+                opened = self.open_store()?;
+                opened.as_ref()
             }
         };
+        let prev = match prev {
+            Some(p) => p,
+            None => store.load(name)?,
+        };
         let at = now_ns();
-        let (prev, found) = rayon::join(load, || src.discover());
-        let (prev, found) = (prev?, found?);
+        let mut found = src.discover(store)?;
         let mut settings = st.settings.clone();
         settings.rehash |= rehash;
         let changed_deps = self.changed_deps(st, &prev, &settings)?;
@@ -57,46 +67,44 @@ impl Pipeline {
             .zip(&found)
             .map(|(o, d)| (o.clone(), d.item.clone()))
             .collect();
-        // A held item is neither run nor deleted: it leaves the plan, its
-        // entry (if any) with it, and is reported apart.
-        let mut held = Vec::new();
-        let mut observations = Vec::with_capacity(found.len());
-        let mut parts = HashMap::new();
-        let mut found_items = Vec::with_capacity(found.len());
-        for (d, out) in found.into_iter().zip(outputs) {
-            found_items.push(Found::new(d.item.clone(), &d.relpath));
-            if let Some(h) = d.hold {
-                held.push(Held {
-                    item: d.item,
-                    output: out,
-                    why: h.why,
-                    waiting: h.waiting,
-                });
-                continue;
-            }
-            let recorded = prev.items.get(&d.item).is_some_and(|e| e.output == out);
-            observations.push(Observation {
-                item: d.item.clone(),
-                stat: Stat::default(),
-                digests: std::iter::once(inputs::evidence(&d.parts)).collect(),
-                observed_at_ns: at,
-                output_exists: listing.exists(&out, recorded),
-                output: out,
-            });
-            parts.insert(d.item, d.parts);
+        let plan_now = |found: &[Discovered]| {
+            let (observations, held) = observations(found, &outputs, &prev, &listing, at);
+            let entries = without_held(&prev.items, &held);
+            let plan = plan_items_with_deps(
+                name,
+                entries.as_ref().unwrap_or(&prev.items),
+                observations,
+                &settings,
+                &dep,
+            );
+            (plan, held)
+        };
+        let (mut plan, mut held) = plan_now(&found);
+        // What is too costly to check for every item at every plan (a
+        // window's files on disk) is checked for the items this plan would
+        // run only; one that fails is held, and the stage planned again.
+        if self.confirm_to_run(src, &plan, &mut found)? {
+            (plan, held) = plan_now(&found);
         }
-        let entries = without_held(&prev.items, &held);
-        let mut plan = plan_items_with_deps(
-            name,
-            entries.as_ref().unwrap_or(&prev.items),
-            observations,
-            &settings,
-            &dep,
-        );
+        // The parts of the items that run (a no-change plan has none).
+        let parts: HashMap<&str, &[Part]> = if plan.changed.is_empty() {
+            HashMap::new()
+        } else {
+            found
+                .iter()
+                .filter(|d| d.hold.is_none())
+                .map(|d| (d.item.as_str(), d.parts.as_slice()))
+                .collect()
+        };
+        let found_items: Vec<Found> = found
+            .iter()
+            .map(|d| Found::new(d.item.clone(), &d.relpath))
+            .collect();
         for c in plan.changed.iter().filter(|c| c.reason == Reason::Content) {
             let now: Vec<Part> = parts
-                .get(&c.item)
-                .map_or(&[][..], Vec::as_slice)
+                .get(c.item.as_str())
+                .copied()
+                .unwrap_or_default()
                 .iter()
                 .map(hashed)
                 .collect();
@@ -118,13 +126,48 @@ impl Pipeline {
         })
     }
 
+    /// Asks `src` to confirm the found items `plan` would run (not those
+    /// deleted or unchanged) and holds those it refuses; true when any was.
+    fn confirm_to_run(
+        &self,
+        src: &dyn ItemSource,
+        plan: &StagePlan,
+        found: &mut [Discovered],
+    ) -> Result<bool, FilesError> {
+        if plan.changed.iter().all(|c| c.reason == Reason::Deleted) {
+            return Ok(false);
+        }
+        let index: HashMap<&str, usize> = found
+            .iter()
+            .enumerate()
+            .map(|(i, d)| (d.item.as_str(), i))
+            .collect();
+        let to_run: Vec<usize> = plan
+            .changed
+            .iter()
+            .filter(|c| c.reason != Reason::Deleted)
+            .filter_map(|c| index.get(c.item.as_str()).copied())
+            .collect();
+        drop(index);
+        let asked: Vec<&Discovered> = to_run.iter().map(|&i| &found[i]).collect();
+        let holds = src.confirm(&asked)?;
+        let mut any = false;
+        for (i, h) in to_run.into_iter().zip(holds) {
+            if let Some(h) = h {
+                found[i].hold = Some(h);
+                any = true;
+            }
+        }
+        Ok(any)
+    }
+
     /// Every output the stage renders now, with its item.
     pub(super) fn rendered_items(
         &self,
         st: &Stage,
         src: &dyn ItemSource,
     ) -> Result<Vec<(String, String)>, FilesError> {
-        src.discover()?
+        src.discover(self.open_store()?.as_ref())?
             .into_iter()
             .map(|d| Ok((self.render_item(st, &d.relpath)?, d.item)))
             .collect()
@@ -173,6 +216,42 @@ impl Pipeline {
             }
         }
     }
+}
+
+/// The observations of the found items that are not held, and the held
+/// ones apart (sorted by item, as `found` is).
+fn observations(
+    found: &[Discovered],
+    outputs: &[String],
+    prev: &StageEntries,
+    listing: &OutputScan,
+    at: i64,
+) -> (Vec<Observation>, Vec<Held>) {
+    let mut held = Vec::new();
+    let mut observations = Vec::with_capacity(found.len());
+    for (d, out) in found.iter().zip(outputs) {
+        // A held item is neither run nor deleted: it leaves the plan, its
+        // entry (if any) with it, and is reported apart.
+        if let Some(h) = &d.hold {
+            held.push(Held {
+                item: d.item.clone(),
+                output: out.clone(),
+                why: h.why.clone(),
+                waiting: h.waiting,
+            });
+            continue;
+        }
+        let recorded = prev.items.get(&d.item).is_some_and(|e| &e.output == out);
+        observations.push(Observation {
+            item: d.item.clone(),
+            stat: Stat::default(),
+            digests: std::iter::once(inputs::evidence(&d.parts)).collect(),
+            observed_at_ns: at,
+            output_exists: listing.exists(out, recorded),
+            output: out.clone(),
+        });
+    }
+    (observations, held)
 }
 
 /// Two items rendering to one output would overwrite each other.
@@ -239,13 +318,13 @@ fn recorded_parts(members: &Entries, item: &str) -> Vec<Part> {
 fn record_parts(
     plan: &mut StagePlan,
     members: &Entries,
-    parts: &HashMap<String, Vec<Part>>,
+    parts: &HashMap<&str, &[Part]>,
     found: &[Found],
     held: &[Held],
     at: i64,
 ) {
     for c in plan.changed.iter().filter(|c| c.reason != Reason::Deleted) {
-        for p in parts.get(&c.item).map_or(&[][..], Vec::as_slice) {
+        for p in parts.get(c.item.as_str()).copied().unwrap_or_default() {
             let digest = member_digest(p);
             let recorded = members.get(&p.key);
             if recorded.is_some_and(|m| m.digest == Some(digest) && m.output == c.item) {

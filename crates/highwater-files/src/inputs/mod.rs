@@ -16,6 +16,7 @@ pub mod windows;
 use crate::error::FilesError;
 use highwater_core::evidence::{Algo, Digest};
 use highwater_core::template::Vars;
+use highwater_store::StateStore;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
@@ -124,8 +125,18 @@ pub trait ItemSource: Send + Sync {
     /// and leaves the rows).
     fn input_globs(&self) -> Vec<String>;
 
-    /// The stage's items now, sorted by item.
-    fn discover(&self) -> Result<Vec<Discovered>, FilesError>;
+    /// The stage's items now, sorted by item, read where they are
+    /// recorded: `store` is the pipeline's state store, open (a plan reads
+    /// its entries and the items through one connection, issue 49).
+    fn discover(&self, store: &dyn StateStore) -> Result<Vec<Discovered>, FilesError>;
+
+    /// Of `items` (found by the last `discover`), which a plan would run,
+    /// the hold of each that may not run after all, in their order: checks
+    /// too costly to make for every item at every plan (a window's files
+    /// on disk) are made here, for the items that would run only. An item
+    /// that will not run needs none: its output is already made from what
+    /// its evidence says.
+    fn confirm(&self, items: &[&Discovered]) -> Result<Vec<Option<Hold>>, FilesError>;
 
     /// What `{files}` stands for when the item with `relpath` runs.
     fn files(&self, relpath: &str) -> Result<Vec<String>, String>;
@@ -138,12 +149,46 @@ pub trait ItemSource: Send + Sync {
 /// The evidence of an item: BLAKE3 over its parts' keys and digests, in
 /// their order. A set digest (`set1:`), as an aggregate's.
 pub fn evidence(parts: &[Part]) -> Digest {
-    let mut h = blake3::Hasher::new();
+    // One buffer hashed at once: a `blake3::Hasher` per item cost more
+    // than the hash of its few bytes (issue 49's 1,000-window plan).
+    let len = parts.iter().map(|p| p.key.len() + p.digest.len() + 2).sum();
+    let mut buf = Vec::with_capacity(len);
     for p in parts {
-        h.update(p.key.as_bytes());
-        h.update(b"\0");
-        h.update(p.digest.as_bytes());
-        h.update(b"\n");
+        buf.extend_from_slice(p.key.as_bytes());
+        buf.push(b'\0');
+        buf.extend_from_slice(p.digest.as_bytes());
+        buf.push(b'\n');
     }
-    Digest::new(Algo::Set1, &h.finalize())
+    Digest::new(Algo::Set1, &blake3::hash(&buf))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The one-shot hash is the digest states already hold: BLAKE3 fed
+    /// each part's key, NUL, digest and newline in turn.
+    #[test]
+    fn evidence_is_the_incremental_hash_of_the_parts() {
+        let parts: Vec<Part> = (0..40)
+            .map(|i| Part {
+                key: format!("orders@2026-01-01T{:02}:00:00Z", i % 24),
+                digest: "rd1:3:".repeat(i % 7),
+            })
+            .collect();
+        for n in [0, 1, 2, 24, 40] {
+            let mut h = blake3::Hasher::new();
+            for p in &parts[..n] {
+                h.update(p.key.as_bytes());
+                h.update(b"\0");
+                h.update(p.digest.as_bytes());
+                h.update(b"\n");
+            }
+            assert_eq!(
+                evidence(&parts[..n]),
+                Digest::new(Algo::Set1, &h.finalize()),
+                "{n} parts"
+            );
+        }
+    }
 }

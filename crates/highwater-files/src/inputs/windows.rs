@@ -20,7 +20,8 @@ use super::{Discovered, Hold, ItemSource, Part, Providers};
 use crate::error::FilesError;
 use highwater_core::template::Vars;
 use highwater_core::time::{civil_from_days, days_from_civil};
-use highwater_core::window::format_rfc3339;
+use highwater_core::window::{format_rfc3339, push_rfc3339};
+use highwater_store::StateStore;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -128,8 +129,13 @@ pub trait Landed: Send + Sync {
     /// The grid of source `source`; `Err`: no such source, or its table
     /// does not parse (the message says which and what to do).
     fn grid(&self, source: &str) -> Result<LandedGrid, String>;
-    /// Every window `source` has a record of, by start.
-    fn windows(&self, source: &str) -> Result<Vec<LandedWindow>, String>;
+    /// Every window `source` has a record of, by start, as its record in
+    /// `store` (where the source's state is) says it stands; a published
+    /// window's files are not looked for.
+    fn windows(&self, source: &str, store: &dyn StateStore) -> Result<Vec<LandedWindow>, String>;
+    /// Of the windows starting at `starts`, ready by the last `windows`,
+    /// those whose files are gone from the output, with why.
+    fn gone(&self, source: &str, starts: &[i64]) -> Result<Vec<(i64, String)>, String>;
     /// The current data files holding the rows of window `[start, end)`:
     /// local paths (absolute) or URLs, one per file.
     fn files(&self, source: &str, start_us: i64, end_us: i64) -> Result<Vec<String>, String>;
@@ -221,8 +227,24 @@ impl Windows {
             .take_while(move |(s, _)| *s < to)
     }
 
+    /// The hold of an item some of whose windows are not ready.
+    fn held(&self, problems: Vec<String>) -> Hold {
+        Hold {
+            why: format!(
+                "held: window {} (of source `{}`); it runs once every window it covers is published and current",
+                named(problems),
+                self.spec.source
+            ),
+            waiting: false,
+        }
+    }
+
     fn key(&self, start_us: i64) -> String {
-        format!("{}@{}", self.spec.source, format_rfc3339(start_us))
+        let mut k = String::with_capacity(self.spec.source.len() + 21);
+        k.push_str(&self.spec.source);
+        k.push('@');
+        push_rfc3339(&mut k, start_us);
+        k
     }
 }
 
@@ -256,20 +278,27 @@ impl ItemSource for Windows {
         }
     }
 
-    fn discover(&self) -> Result<Vec<Discovered>, FilesError> {
-        let records =
-            self.landed
-                .windows(&self.spec.source)
-                .map_err(|message| FilesError::Inputs {
-                    stage: self.stage.clone(),
-                    message: format!("the windows of source `{}`: {message}", self.spec.source),
-                })?;
+    fn discover(&self, store: &dyn StateStore) -> Result<Vec<Discovered>, FilesError> {
+        let records = self
+            .landed
+            .windows(&self.spec.source, store)
+            .map_err(|message| FilesError::Inputs {
+                stage: self.stage.clone(),
+                message: format!("the windows of source `{}`: {message}", self.spec.source),
+            })?;
         // The newest landed window: windows after it are not landed yet.
         let Some(frontier) = records.iter().map(|r| r.end_us).max() else {
             return Ok(Vec::new());
         };
-        let by_start: BTreeMap<i64, &LandedWindow> =
-            records.iter().map(|r| (r.start_us, r)).collect();
+        // Records come by start, and buckets rise: one cursor finds each.
+        debug_assert!(records.windows(2).all(|w| w[0].start_us < w[1].start_us));
+        let mut cursor = 0;
+        let mut record_at = |ws: i64| -> Option<&LandedWindow> {
+            while records.get(cursor).is_some_and(|r| r.start_us < ws) {
+                cursor += 1;
+            }
+            records.get(cursor).filter(|r| r.start_us == ws)
+        };
         let mut out = Vec::new();
         let mut at = self.grid.start_us;
         while at < frontier {
@@ -278,7 +307,7 @@ impl ItemSource for Windows {
             let mut problems = Vec::new();
             let mut waiting = Vec::new();
             for (ws, _) in self.grid_windows(bs, be) {
-                match by_start.get(&ws).map(|r| &r.state) {
+                match record_at(ws).map(|r| &r.state) {
                     Some(WindowState::Ready { digest }) => parts.push(Part {
                         key: self.key(ws),
                         digest: digest.clone(),
@@ -293,14 +322,7 @@ impl ItemSource for Windows {
                 }
             }
             let hold = if !problems.is_empty() {
-                Some(Hold {
-                    why: format!(
-                        "held: window {} (of source `{}`); it runs once every window it covers is published and current",
-                        named(problems),
-                        self.spec.source
-                    ),
-                    waiting: false,
-                })
+                Some(self.held(problems))
             } else if !waiting.is_empty() {
                 Some(Hold {
                     why: format!(
@@ -314,10 +336,16 @@ impl ItemSource for Windows {
             } else {
                 None
             };
-            let relpath = format!("{}/{}", format_rfc3339(bs), format_rfc3339(be));
+            let source = &self.spec.source;
+            let mut item = String::with_capacity(source.len() + 42);
+            item.push_str(source);
+            item.push('/');
+            push_rfc3339(&mut item, bs);
+            item.push('/');
+            push_rfc3339(&mut item, be);
             out.push(Discovered {
-                item: format!("{}/{relpath}", self.spec.source),
-                relpath,
+                relpath: item[source.len() + 1..].to_string(),
+                item,
                 parts,
                 hold,
             });
@@ -330,6 +358,43 @@ impl ItemSource for Windows {
             }
         }
         Ok(out)
+    }
+
+    /// A window recorded as published may have lost its files since (a
+    /// hand's `rm`, a retention sweep): looked for here, for the items a
+    /// plan would run, and never for up-to-date ones, whose outputs were
+    /// made when the files were there. A no-change plan over 1,000 windows
+    /// spent a third of its time on those lookups (issue 49).
+    fn confirm(&self, items: &[&Discovered]) -> Result<Vec<Option<Hold>>, FilesError> {
+        let start = |p: &Part| {
+            let t = p.key.split_once('@').map_or(p.key.as_str(), |(_, t)| t);
+            highwater_core::window::parse_rfc3339(t).ok()
+        };
+        let starts: Vec<i64> = items
+            .iter()
+            .flat_map(|d| d.parts.iter().filter_map(start))
+            .collect();
+        let gone: BTreeMap<i64, String> = self
+            .landed
+            .gone(&self.spec.source, &starts)
+            .map_err(|message| FilesError::Inputs {
+                stage: self.stage.clone(),
+                message: format!("the windows of source `{}`: {message}", self.spec.source),
+            })?
+            .into_iter()
+            .collect();
+        Ok(items
+            .iter()
+            .map(|d| {
+                let problems: Vec<String> = d
+                    .parts
+                    .iter()
+                    .filter_map(|p| Some((p, gone.get(&start(p)?)?)))
+                    .map(|(p, why)| format!("{} {why}", short(&p.key)))
+                    .collect();
+                (!problems.is_empty()).then(|| self.held(problems))
+            })
+            .collect())
     }
 
     fn files(&self, relpath: &str) -> Result<Vec<String>, String> {
@@ -381,8 +446,9 @@ mod tests {
     use super::*;
     use std::sync::Mutex;
 
-    /// Landed windows held in memory.
-    struct Fake(Mutex<Vec<LandedWindow>>);
+    /// Landed windows held in memory, and the starts of those whose files
+    /// are gone.
+    struct Fake(Mutex<Vec<LandedWindow>>, Vec<i64>);
 
     impl Landed for Fake {
         fn grid(&self, _: &str) -> Result<LandedGrid, String> {
@@ -392,15 +458,31 @@ mod tests {
                 root: Some("raw".into()),
             })
         }
-        fn windows(&self, _: &str) -> Result<Vec<LandedWindow>, String> {
+        fn windows(&self, _: &str, _: &dyn StateStore) -> Result<Vec<LandedWindow>, String> {
             Ok(self.0.lock().unwrap().clone())
+        }
+        fn gone(&self, _: &str, starts: &[i64]) -> Result<Vec<(i64, String)>, String> {
+            Ok(starts
+                .iter()
+                .filter(|s| self.1.contains(s))
+                .map(|&s| (s, "gone from the output".to_string()))
+                .collect())
         }
         fn files(&self, _: &str, s: i64, _: i64) -> Result<Vec<String>, String> {
             Ok(vec![format!("/raw/{s}.parquet")])
         }
     }
 
+    /// A state store the fake does not read: the windows are in memory.
+    fn store() -> highwater_store::sqlite::SqliteStore {
+        highwater_store::sqlite::SqliteStore::open(std::path::Path::new(":memory:")).unwrap()
+    }
+
     fn source(by: By, hours: i64, bad: &[(i64, &str)]) -> Windows {
+        source_with_gone(by, hours, bad, &[])
+    }
+
+    fn source_with_gone(by: By, hours: i64, bad: &[(i64, &str)], gone: &[i64]) -> Windows {
         let ws = (0..hours)
             .filter_map(|h| {
                 let state = match bad.iter().find(|(b, _)| *b == h) {
@@ -418,7 +500,10 @@ mod tests {
             })
             .collect();
         let providers = Providers {
-            landed: Some(Arc::new(Fake(Mutex::new(ws)))),
+            landed: Some(Arc::new(Fake(
+                Mutex::new(ws),
+                gone.iter().map(|h| h * 3_600_000_000).collect(),
+            ))),
         };
         Windows::open(
             "s",
@@ -434,7 +519,7 @@ mod tests {
     #[test]
     fn days_cover_their_windows_and_hold_on_any_not_ready() {
         let items = source(By::Day, 48, &[(30, "failed: unique key")])
-            .discover()
+            .discover(&store())
             .unwrap();
         assert_eq!(items.len(), 2);
         assert_eq!(
@@ -451,8 +536,27 @@ mod tests {
     }
 
     #[test]
+    fn confirm_holds_exactly_the_items_whose_files_are_gone() {
+        let w = source_with_gone(By::Day, 72, &[], &[30, 31]);
+        let items = w.discover(&store()).unwrap();
+        assert!(items.iter().all(|d| d.hold.is_none()), "{items:?}");
+        let holds = w.confirm(&items.iter().collect::<Vec<_>>()).unwrap();
+        assert!(holds[0].is_none() && holds[2].is_none(), "{holds:?}");
+        let h = holds[1].as_ref().unwrap();
+        assert!(
+            !h.waiting
+                && h.why.contains("1970-01-02T06 gone from the output")
+                && h.why.contains("1970-01-02T07 gone"),
+            "{h:?}"
+        );
+        assert_eq!(w.confirm(&[]).unwrap(), Vec::<Option<Hold>>::new());
+    }
+
+    #[test]
     fn a_gap_holds_and_the_frontier_waits() {
-        let items = source(By::Day, 30, &[(3, "missing")]).discover().unwrap();
+        let items = source(By::Day, 30, &[(3, "missing")])
+            .discover(&store())
+            .unwrap();
         assert!(items[0].hold.as_ref().unwrap().why.contains("T03 missing"));
         let h = items[1].hold.as_ref().unwrap();
         assert!(h.waiting && h.why.contains("18 window(s)"), "{h:?}");
@@ -460,10 +564,10 @@ mod tests {
 
     #[test]
     fn months_and_windows() {
-        let items = source(By::Month, 24 * 40, &[]).discover().unwrap();
+        let items = source(By::Month, 24 * 40, &[]).discover(&store()).unwrap();
         assert_eq!(items.len(), 2);
         assert_eq!(items[0].parts.len(), 31 * 24);
-        let items = source(By::Window, 5, &[]).discover().unwrap();
+        let items = source(By::Window, 5, &[]).discover(&store()).unwrap();
         assert_eq!(items.len(), 5);
         assert_eq!(
             items[4].relpath,
