@@ -65,7 +65,7 @@ fn an_older_schema_migrates_and_nothing_looks_changed() {
         let db = rusqlite::Connection::open(p.path(".highwater/state.db")).unwrap();
         db.execute_batch(
             "DROP TRIGGER entries_token_ins; DROP TRIGGER entries_token_upd; DROP TRIGGER entries_token_del; DROP TABLE manifest_tokens;
-             DROP TABLE runs; DROP TABLE output_dirs; DROP TABLE bookmarks; DROP TABLE windows; DROP TABLE leases; DROP TABLE work; DROP TABLE processes; DROP TABLE dep_sets; DROP TABLE item_deps; ALTER TABLE entries DROP COLUMN duration_ms;
+             DROP TABLE runs; DROP TABLE output_dirs; DROP TABLE bookmarks; DROP TABLE windows; DROP TABLE leases; DROP TABLE work; DROP TABLE processes; DROP TABLE dep_sets; DROP TABLE item_deps; DROP TABLE window_tokens; ALTER TABLE entries DROP COLUMN duration_ms;
              UPDATE meta SET value = '1' WHERE key = 'schema_version';",
         )
         .unwrap();
