@@ -392,6 +392,92 @@ fn a_window_gone_from_disk_holds_only_the_items_that_would_read_it() {
     assert_eq!(day(&p, "2026-03-01")["rows"], 72);
 }
 
+/// By window, an item is one window: its evidence names the window and
+/// the digest of its rows, so no member entry is kept beside it (they
+/// doubled what each plan loaded, issue 49), and a re-land with a changed
+/// row still names the window. A state that kept members (an earlier
+/// highwater) has them pruned by the next run.
+#[test]
+fn a_stage_by_window_names_the_relanded_window_without_member_entries() {
+    let p = Project::new(&format!(
+        r#"
+[stages.hourly]
+inputs = {{ source = "orders", by = "window" }}
+output = "marts/hourly/{{window_start}}.json"
+command = ["{}", "rollup.py", "{{window_start}}", "{{window_end}}", "{{output}}", "{{files}}"]
+{SOURCE}"#,
+        python()
+    ));
+    p.write("rollup.py", ROLLUP);
+    let c = rusqlite::Connection::open(p.path("src.db")).unwrap();
+    c.execute_batch("CREATE TABLE orders(id INTEGER, amount INTEGER, updated_at TEXT NOT NULL);")
+        .unwrap();
+    fill(&c, 1, 1);
+    let now = "2026-03-02T00:30:00Z";
+    ingest(&p, None, now, None, 0);
+    let ran =
+        |code| stage_of(&hw(&p, None, &["run", "--json"], code), "hourly")["processed"].clone();
+    assert_eq!(ran(0), 24);
+    let state = rusqlite::Connection::open(p.path(".highwater/state.db")).unwrap();
+    let members = || -> i64 {
+        state
+            .query_row(
+                "SELECT count(*) FROM entries WHERE stage = 'hourly' AND kind = 'member'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap()
+    };
+    assert_eq!(members(), 0);
+
+    // As an earlier highwater left it: a member beside an unchanged item.
+    state
+        .execute(
+            "INSERT INTO entries(stage, kind, item, digest, size, mtime_ns, ctime_ns, ino, dev,
+                 observed_at_ns, recipe, output, error, status, processed_at_ns, duration_ms)
+             VALUES('hourly', 'member', 'orders@2026-03-01T10:00:00Z', NULL, 0, 0, 0, 0, 0, 0, '',
+                 'orders/2026-03-01T10:00:00Z/2026-03-01T11:00:00Z', NULL, 'ok', 0, 0)",
+            [],
+        )
+        .unwrap();
+    c.execute(
+        "UPDATE orders SET amount = 1000 WHERE id = ?1",
+        [(24 + 9) * 3 + 1],
+    )
+    .unwrap();
+    ingest(
+        &p,
+        None,
+        now,
+        Some("2026-03-01T09:00:00Z/2026-03-01T10:00:00Z"),
+        0,
+    );
+    let pl = stage_of(&hw(&p, None, &["plan", "--json"], 0), "hourly").clone();
+    let changed = pl["changed"].as_array().unwrap();
+    assert_eq!(changed.len(), 1, "{pl}");
+    assert_eq!(
+        changed[0]["input"],
+        "orders/2026-03-01T09:00:00Z/2026-03-01T10:00:00Z"
+    );
+    assert_eq!(
+        changed[0]["detail"], "re-landed 2026-03-01T09 (rows changed)",
+        "{pl}"
+    );
+    assert_eq!(ran(0), 1);
+    assert_eq!(members(), 0, "the earlier member is pruned");
+    let h9: Value =
+        serde_json::from_str(&p.read("marts/hourly/2026-03-01T09:00:00Z.json")).unwrap();
+    assert!(h9["ids"]
+        .as_array()
+        .unwrap()
+        .contains(&serde_json::json!([(24 + 9) * 3 + 1, 1000])));
+    // A full rebuild makes the same outputs.
+    let made = contents(&p.tree("marts"));
+    std::fs::remove_dir_all(p.path("marts")).unwrap();
+    assert_eq!(ran(0), 24);
+    assert_eq!(contents(&p.tree("marts")), made);
+}
+
 /// A Delta table another engine (deltalake) OPTIMIZEs: the files change,
 /// the rows do not, and nothing re-runs; a rebuild from the new files
 /// makes the same outputs.

@@ -20,7 +20,8 @@ use highwater_core::evidence::{Algo, Digest};
 use highwater_core::plan::{plan_items_with_deps, Held, Observation, Reason, StagePlan};
 use highwater_core::{Entries, Entry, EntryKind, Stat, Status};
 use highwater_store::{StageEntries, StateStore};
-use std::collections::{HashMap, HashSet};
+use rayon::prelude::*;
+use std::collections::HashMap;
 
 impl Pipeline {
     /// Discovery, evidence and the plan of a stage over an item source.
@@ -56,10 +57,16 @@ impl Pipeline {
         settings.rehash |= rehash;
         let changed_deps = self.changed_deps(st, &prev, &settings)?;
         let dep = |item: &str| changed_deps.get(item).cloned();
+        // Rendered and hashed on every thread: a no-change plan over 1,000
+        // windows reads no file per item, so these are most of its work.
         let outputs = found
-            .iter()
+            .par_iter()
             .map(|d| self.render_item(st, &d.relpath))
             .collect::<Result<Vec<_>, _>>()?;
+        let evidence: Vec<Digest> = found
+            .par_iter()
+            .map(|d| inputs::evidence(&d.parts))
+            .collect();
         check_distinct(name, &found, &outputs)?;
         let (listing, output_dirs) = self.scan_item_outputs(st, &prev, &outputs, &settings)?;
         let rendered = outputs
@@ -68,7 +75,8 @@ impl Pipeline {
             .map(|(o, d)| (o.clone(), d.item.clone()))
             .collect();
         let plan_now = |found: &[Discovered]| {
-            let (observations, held) = observations(found, &outputs, &prev, &listing, at);
+            let (observations, held) =
+                observations(found, &outputs, &evidence, &prev, &listing, at);
             let entries = without_held(&prev.items, &held);
             let plan = plan_items_with_deps(
                 name,
@@ -96,10 +104,6 @@ impl Pipeline {
                 .map(|d| (d.item.as_str(), d.parts.as_slice()))
                 .collect()
         };
-        let found_items: Vec<Found> = found
-            .iter()
-            .map(|d| Found::new(d.item.clone(), &d.relpath))
-            .collect();
         for c in plan.changed.iter().filter(|c| c.reason == Reason::Content) {
             let now: Vec<Part> = parts
                 .get(c.item.as_str())
@@ -112,9 +116,13 @@ impl Pipeline {
                 plan.details.insert(c.item.clone(), why);
             }
         }
-        record_parts(&mut plan, &prev.members, &parts, &found_items, &held, at);
+        record_parts(&mut plan, &prev.members, &parts, &found, &held, at);
         plan.total += held.len();
         plan.held = held;
+        let found_items: Vec<Found> = found
+            .iter()
+            .map(|d| Found::new(d.item.clone(), &d.relpath))
+            .collect();
         Ok(Observed {
             plan,
             listing,
@@ -223,13 +231,14 @@ impl Pipeline {
 fn observations(
     found: &[Discovered],
     outputs: &[String],
+    evidence: &[Digest],
     prev: &StageEntries,
     listing: &OutputScan,
     at: i64,
 ) -> (Vec<Observation>, Vec<Held>) {
     let mut held = Vec::new();
     let mut observations = Vec::with_capacity(found.len());
-    for (d, out) in found.iter().zip(outputs) {
+    for ((d, out), ev) in found.iter().zip(outputs).zip(evidence) {
         // A held item is neither run nor deleted: it leaves the plan, its
         // entry (if any) with it, and is reported apart.
         if let Some(h) = &d.hold {
@@ -245,7 +254,7 @@ fn observations(
         observations.push(Observation {
             item: d.item.clone(),
             stat: Stat::default(),
-            digests: std::iter::once(inputs::evidence(&d.parts)).collect(),
+            digests: std::iter::once(*ev).collect(),
             observed_at_ns: at,
             output_exists: listing.exists(out, recorded),
             output: out.clone(),
@@ -315,16 +324,26 @@ fn recorded_parts(members: &Entries, item: &str) -> Vec<Part> {
 /// Adds to the plan's own writes the member entries of the parts each
 /// changed item is made from (those that differ from the record), and
 /// prunes those of items no longer found.
+///
+/// An item of one part keeps none: its evidence already names its one
+/// part and that part's digest, so a change of it is a change of that part
+/// ([`ItemSource::explain`] is told so by an empty record). A stage over
+/// windows by window kept a member per item, which doubled what every
+/// plan loaded (issue 49); a store that has them prunes them.
 fn record_parts(
     plan: &mut StagePlan,
     members: &Entries,
     parts: &HashMap<&str, &[Part]>,
-    found: &[Found],
+    found: &[Discovered],
     held: &[Held],
     at: i64,
 ) {
     for c in plan.changed.iter().filter(|c| c.reason != Reason::Deleted) {
-        for p in parts.get(c.item.as_str()).copied().unwrap_or_default() {
+        let item_parts = parts.get(c.item.as_str()).copied().unwrap_or_default();
+        if item_parts.len() == 1 {
+            continue;
+        }
+        for p in item_parts {
             let digest = member_digest(p);
             let recorded = members.get(&p.key);
             if recorded.is_some_and(|m| m.digest == Some(digest) && m.output == c.item) {
@@ -348,14 +367,25 @@ fn record_parts(
     if members.is_empty() {
         return;
     }
-    let live: HashSet<&str> = found
+    // Searched, not hashed: items come sorted, and a set of every item
+    // was a third of this at every plan. `None`: held, kept whatever it
+    // covers (its entry stays as it was).
+    let mut live: Vec<(&str, Option<usize>)> = found
         .iter()
-        .map(|f| f.item.as_str())
-        .chain(held.iter().map(|h| h.item.as_str()))
+        .filter(|d| d.hold.is_none())
+        .map(|d| (d.item.as_str(), Some(d.parts.len())))
+        .chain(held.iter().map(|h| (h.item.as_str(), None)))
         .collect();
+    if !live.is_sorted_by(|a, b| a.0 <= b.0) {
+        live.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    }
+    let kept = |output: &str| match live.binary_search_by(|l| l.0.cmp(output)) {
+        Ok(i) => live[i].1 != Some(1),
+        Err(_) => false,
+    };
     plan.prune_members = members
         .values()
-        .filter(|m| !live.contains(m.output.as_str()))
+        .filter(|m| !kept(m.output.as_str()))
         .map(|m| m.item.clone())
         .collect();
 }

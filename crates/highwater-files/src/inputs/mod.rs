@@ -143,6 +143,8 @@ pub trait ItemSource: Send + Sync {
 
     /// What changed among an item's parts since its output was made
     /// (`recorded`), in words; `None` when nothing that can be named did.
+    /// An item of one part keeps no record of it (its evidence names it):
+    /// `recorded` is then empty, and the one part of `now` is what changed.
     fn explain(&self, recorded: &[Part], now: &[Part]) -> Option<String>;
 }
 

@@ -279,7 +279,7 @@ impl ItemSource for Windows {
     }
 
     fn discover(&self, store: &dyn StateStore) -> Result<Vec<Discovered>, FilesError> {
-        let records = self
+        let mut records = self
             .landed
             .windows(&self.spec.source, store)
             .map_err(|message| FilesError::Inputs {
@@ -290,35 +290,53 @@ impl ItemSource for Windows {
         let Some(frontier) = records.iter().map(|r| r.end_us).max() else {
             return Ok(Vec::new());
         };
-        // Records come by start, and buckets rise: one cursor finds each.
+        // Records come by start, and buckets rise: one cursor finds each,
+        // and each window is in one bucket, so its digest is taken, not
+        // copied.
         debug_assert!(records.windows(2).all(|w| w[0].start_us < w[1].start_us));
         let mut cursor = 0;
-        let mut record_at = |ws: i64| -> Option<&LandedWindow> {
-            while records.get(cursor).is_some_and(|r| r.start_us < ws) {
-                cursor += 1;
-            }
-            records.get(cursor).filter(|r| r.start_us == ws)
-        };
+        let source = &self.spec.source;
         let mut out = Vec::new();
         let mut at = self.grid.start_us;
         while at < frontier {
             let (bs, be) = self.bucket(at, at + self.grid.interval_us);
+            // `SOURCE/START/END`, whose END begins at `mid`.
+            let mut item = String::with_capacity(source.len() + 42);
+            item.push_str(source);
+            item.push('/');
+            push_rfc3339(&mut item, bs);
+            let mid = item.len() + 1;
+            item.push('/');
+            push_rfc3339(&mut item, be);
             let mut parts = Vec::new();
             let mut problems = Vec::new();
             let mut waiting = Vec::new();
             for (ws, _) in self.grid_windows(bs, be) {
-                match record_at(ws).map(|r| &r.state) {
+                let key = if ws == bs {
+                    // The bucket's first window: its start is written.
+                    let start = &item[source.len() + 1..mid - 1];
+                    let mut k = String::with_capacity(source.len() + 1 + start.len());
+                    k.push_str(source);
+                    k.push('@');
+                    k.push_str(start);
+                    k
+                } else {
+                    self.key(ws)
+                };
+                while records.get(cursor).is_some_and(|r| r.start_us < ws) {
+                    cursor += 1;
+                }
+                let record = records.get_mut(cursor).filter(|r| r.start_us == ws);
+                match record.map(|r| &mut r.state) {
                     Some(WindowState::Ready { digest }) => parts.push(Part {
-                        key: self.key(ws),
-                        digest: digest.clone(),
+                        key,
+                        digest: std::mem::take(digest),
                     }),
                     Some(WindowState::NotReady(why)) => {
-                        problems.push(format!("{} {why}", short(&self.key(ws))))
+                        problems.push(format!("{} {why}", short(&key)))
                     }
-                    None if ws < frontier => {
-                        problems.push(format!("{} missing", short(&self.key(ws))))
-                    }
-                    None => waiting.push(short(&self.key(ws)).to_string()),
+                    None if ws < frontier => problems.push(format!("{} missing", short(&key))),
+                    None => waiting.push(short(&key).to_string()),
                 }
             }
             let hold = if !problems.is_empty() {
@@ -336,13 +354,6 @@ impl ItemSource for Windows {
             } else {
                 None
             };
-            let source = &self.spec.source;
-            let mut item = String::with_capacity(source.len() + 42);
-            item.push_str(source);
-            item.push('/');
-            push_rfc3339(&mut item, bs);
-            item.push('/');
-            push_rfc3339(&mut item, be);
             out.push(Discovered {
                 relpath: item[source.len() + 1..].to_string(),
                 item,
@@ -416,6 +427,9 @@ impl ItemSource for Windows {
     }
 
     fn explain(&self, recorded: &[Part], now: &[Part]) -> Option<String> {
+        if let ([], [p]) = (recorded, now) {
+            return Some(format!("re-landed {} (rows changed)", short(&p.key)));
+        }
         let then: BTreeMap<&str, &str> = recorded
             .iter()
             .map(|p| (p.key.as_str(), p.digest.as_str()))
@@ -587,6 +601,11 @@ mod tests {
             .unwrap();
         assert_eq!(s, "re-landed 1970-01-01T09 (rows changed)");
         assert_eq!(w.explain(&[p(8, "a")], &[p(8, "a")]), None);
+        // An item of one part keeps no record: its one part changed.
+        assert_eq!(
+            w.explain(&[], &[p(9, "c")]).as_deref(),
+            Some("re-landed 1970-01-01T09 (rows changed)")
+        );
         let files = w
             .files("1970-01-01T00:00:00Z/1970-01-01T02:00:00Z")
             .unwrap();
