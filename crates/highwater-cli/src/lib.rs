@@ -593,6 +593,21 @@ pub fn write_man_pages(dir: &std::path::Path) -> Result<Vec<PathBuf>> {
     Ok(written)
 }
 
+/// Ends the process with `code` once stdout and stderr are flushed,
+/// without the exit handlers: the allocator's (mimalloc) returns every
+/// freed page to the system page by page before the process goes, which
+/// the system does at once anyway. That was 74 `madvise` calls, a tenth
+/// of a no-change plan over 1,000 landed windows (issue 49). Nothing of
+/// ours runs at exit: files are closed and synced where they are written.
+pub fn exit(code: i32) -> ! {
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    // SAFETY: `_exit` takes an int and does not return; nothing is left
+    // half done in this process that an exit handler would complete.
+    unsafe { libc::_exit(code) }
+}
+
 /// Runs the command line and returns the exit code.
 pub fn main() -> i32 {
     main_from(std::env::args_os())

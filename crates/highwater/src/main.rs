@@ -5,5 +5,5 @@
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
-    std::process::exit(highwater_cli::main());
+    highwater_cli::exit(highwater_cli::main());
 }
