@@ -8,8 +8,11 @@
 #
 # The window project: a SQLite source with N hourly windows of 3 rows,
 # landed; a stage over them by window. The file project: N small files and
-# the same stage over them. Both ran once, so the plans find nothing to do.
-# Target: the window plan no slower than the file plan (ratio <= 1.0).
+# the same stage over them. A third, for scale: a file stage over the
+# landed windows' own N Parquet files (one folder each), what a user wrote
+# before stages over windows. All ran once, so the plans find nothing to
+# do. Target: the window plan no slower than the flat file plan (ratio <=
+# 1.0).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${N:-1000}
@@ -20,9 +23,10 @@ if [ -z "${HW:-}" ]; then
     HW="$PWD/target/release/highwater"
 fi
 rm -rf "$BENCH_DIR"
-mkdir -p "$BENCH_DIR/w" "$BENCH_DIR/f/data"
+mkdir -p "$BENCH_DIR/w" "$BENCH_DIR/f/data" "$BENCH_DIR/g"
 W="$BENCH_DIR/w"
 F="$BENCH_DIR/f"
+G="$BENCH_DIR/g"
 CMD='command = ["sh", "-c", "cat \"$@\" > \"$0\"", "{output}", "{files}"]'
 
 cat > "$W/highwater.toml" <<TOML
@@ -71,22 +75,36 @@ for _ in $(seq $(( N / 720 + 1 ))); do
 done
 (cd "$W" && "$HW" run >/dev/null)
 (cd "$F" && "$HW" run >/dev/null)
+cp -r "$W/raw" "$G/raw"
+cat > "$G/highwater.toml" <<TOML
+[stages.per_file]
+inputs = ["raw/orders/**/*.parquet"]
+output = "out/{relpath}.txt"
+command = ["sh", "-c", "cat \"\$1\" > \"\$0\"", "{output}", "{input}"]
+TOML
+(cd "$G" && "$HW" run >/dev/null)
 # Both plans must find nothing to do, or the comparison means nothing.
 (cd "$W" && "$HW" plan | grep -q "discovered $N, 0 changed") || { echo "window plan is not a no-change plan of $N items"; exit 1; }
 (cd "$F" && "$HW" plan | grep -q "discovered $N, 0 changed") || { echo "file plan is not a no-change plan of $N items"; exit 1; }
+(cd "$G" && "$HW" plan | grep -q "discovered $N, 0 changed") || { echo "landed-files plan is not a no-change plan of $N items"; exit 1; }
 
-# Microseconds of one plan, the subshell's fork included (the same for both).
-us() { local t0 t1; t0=$(date +%s%N); (cd "$1" && "$HW" plan >/dev/null); t1=$(date +%s%N); echo $(( (t1 - t0) / 1000 )); }
-ws=(); fs=()
-for _ in $(seq "$REPEAT"); do
-    ws+=("$(us "$W")")
-    fs+=("$(us "$F")")
-done
-stats() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {printf "best %.1f ms, median %.1f ms", a[1] / 1000, a[int((NR+1)/2)] / 1000}'; }
-best() { printf '%s\n' "$@" | sort -n | head -1; }
-med() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
-echo "# no-change plan, $N items, $REPEAT interleaved rounds ($(nproc) cores, load $(cut -d' ' -f1 /proc/loadavg))"
-echo "windows (by window): $(stats "${ws[@]}")"
-echo "files:               $(stats "${fs[@]}")"
-awk -v a="$(best "${ws[@]}")" -v b="$(best "${fs[@]}")" -v c="$(med "${ws[@]}")" -v d="$(med "${fs[@]}")" \
-    'BEGIN { printf "ratio windows/files: best %.2f, median %.2f\n", a / b, c / d }'
+# Interleaved rounds (windows, files, landed files, ...), each plan timed
+# from Python around the process (its spawn included, the same for all).
+python3 - "$HW" "$REPEAT" "$N" "$W" "$F" "$G" <<'PY'
+import os, statistics, subprocess, sys, time
+hw, rounds, n_items, dirs = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
+names = ["windows (by window)", "files", "landed files"]
+t = {n: [] for n in names}
+for _ in range(rounds):
+    for n, d in zip(names, dirs):
+        a = time.perf_counter()
+        subprocess.run([hw, "plan"], cwd=d, stdout=subprocess.DEVNULL, check=True)
+        t[n].append((time.perf_counter() - a) * 1e3)
+load = os.getloadavg()[0]
+print(f"# no-change plan, {n_items} items, {rounds} interleaved rounds ({os.cpu_count()} cores, load {load:.2f})")
+for n in names:
+    print(f"{n + ':':21s}best {min(t[n]):.2f} ms, median {statistics.median(t[n]):.2f} ms")
+w = t[names[0]]
+for n in names[1:]:
+    print(f"ratio windows/{n}: best {min(w) / min(t[n]):.3f}, median {statistics.median(w) / statistics.median(t[n]):.3f}")
+PY
