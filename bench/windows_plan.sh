@@ -88,15 +88,20 @@ TOML
 (cd "$F" && "$HW" plan | grep -q "discovered $N, 0 changed") || { echo "file plan is not a no-change plan of $N items"; exit 1; }
 (cd "$G" && "$HW" plan | grep -q "discovered $N, 0 changed") || { echo "landed-files plan is not a no-change plan of $N items"; exit 1; }
 
-# Interleaved rounds (windows, files, landed files, ...), each plan timed
+# Interleaved rounds (windows, files, landed files, shuffled), each plan timed
 # from Python around the process (its spawn included, the same for all).
 python3 - "$HW" "$REPEAT" "$N" "$W" "$F" "$G" <<'PY'
-import os, statistics, subprocess, sys, time
+import os, random, statistics, subprocess, sys, time
 hw, rounds, n_items, dirs = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
 names = ["windows (by window)", "files", "landed files"]
 t = {n: [] for n in names}
+order = list(zip(names, dirs))
+rng = random.Random(49)
 for _ in range(rounds):
-    for n, d in zip(names, dirs):
+    # Each round in another order: whatever runs just before a plan (the
+    # landed files' 17 ms of stats) falls on each alike.
+    rng.shuffle(order)
+    for n, d in order:
         a = time.perf_counter()
         subprocess.run([hw, "plan"], cwd=d, stdout=subprocess.DEVNULL, check=True)
         t[n].append((time.perf_counter() - a) * 1e3)

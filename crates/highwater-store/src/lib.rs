@@ -438,6 +438,14 @@ pub enum WindowCommit {
 pub trait StateStore: Send {
     /// All entries of a stage.
     fn load(&self, stage: &str) -> Result<StageEntries, StoreError>;
+    /// The stage's current manifest snapshot, to be read and decoded
+    /// later, off this connection (on another thread, while this one reads
+    /// something else), when the store keeps one; `None`: call `load`.
+    /// A snapshot that turns out not to be current reads as `None` then,
+    /// and the caller calls `load`.
+    fn snapshot_later(&self, _stage: &str) -> Result<Option<snapshot::Later>, StoreError> {
+        Ok(None)
+    }
     /// Applies upserts and deletes in one transaction.
     fn commit(&mut self, batch: &Batch) -> Result<(), StoreError>;
     /// Records the start of a run; returns its id.

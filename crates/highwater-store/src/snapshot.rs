@@ -70,6 +70,23 @@ pub(crate) fn write_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     res
 }
 
+/// A stage's snapshot as of a manifest token read in a transaction: read
+/// and decoded later by [`Later::read`], on any thread.
+#[derive(Clone, Debug)]
+pub struct Later {
+    pub(crate) path: PathBuf,
+    pub(crate) token: i64,
+    pub(crate) stage: String,
+}
+
+impl Later {
+    /// The entries, if the file is whole and still at the token; `None`
+    /// otherwise (never another state's entries).
+    pub fn read(&self) -> Option<StageEntries> {
+        read(&self.path, self.token, &self.stage)
+    }
+}
+
 /// Reads `stage`'s snapshot if it is whole and at `token`.
 pub fn read(path: &Path, token: i64, stage: &str) -> Option<StageEntries> {
     let bytes = std::fs::read(path).ok()?;

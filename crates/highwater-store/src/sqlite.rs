@@ -829,6 +829,19 @@ impl StateStore for SqliteStore {
         Ok(entries)
     }
 
+    fn snapshot_later(&self, stage: &str) -> Result<Option<crate::snapshot::Later>, StoreError> {
+        let token: Option<i64> = self
+            .conn
+            .prepare_cached("SELECT token FROM manifest_tokens WHERE stage = ?1")
+            .and_then(|mut s| s.query_row([stage], |r| r.get(0)).optional())
+            .map_err(|e| self.err(e))?;
+        Ok(token.map(|token| crate::snapshot::Later {
+            path: crate::snapshot::path_for(&self.path, stage),
+            token,
+            stage: stage.to_string(),
+        }))
+    }
+
     fn commit(&mut self, batch: &Batch) -> Result<(), StoreError> {
         if batch.is_empty() {
             return Ok(());

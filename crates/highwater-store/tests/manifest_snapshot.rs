@@ -160,12 +160,18 @@ fn check(ops: &[Op]) {
     for op in ops {
         apply(&mut s, &db, op);
         for stage in STAGES {
+            // Taken before the loads: a snapshot read later, off the
+            // connection, is the rows' or nothing (issue 49).
+            let later = s.snapshot_later(stage).unwrap();
             for again in [false, true] {
                 match (s.load(stage), s.load_rows(stage)) {
                     (Ok(a), Ok(b)) => assert_eq!(a, b, "after {op:?}, stage {stage}, {again}"),
                     (Err(_), Err(_)) => {}
                     (a, b) => panic!("after {op:?}, stage {stage}: {a:?} against the rows' {b:?}"),
                 }
+            }
+            if let Some(entries) = later.and_then(|l| l.read()) {
+                assert_eq!(Ok(entries), s.load_rows(stage).map_err(|e| e.to_string()));
             }
         }
     }
@@ -299,6 +305,9 @@ fn a_snapshot_is_used_only_at_its_token() {
     let rows = s.load("tidy").unwrap();
     let path = snapshot::path_for(&db, "tidy");
     assert!(path.exists(), "a load from the rows leaves a snapshot");
+    // Read later, off the connection, it is the same (issue 49)...
+    let later = s.snapshot_later("tidy").unwrap().expect("a token");
+    assert_eq!(later.read(), Some(rows.clone()));
     // A different manifest written at the current token is believed...
     let mut other = rows.clone();
     other.dirs.clear();
@@ -311,6 +320,8 @@ fn a_snapshot_is_used_only_at_its_token() {
     s.commit(&b).unwrap();
     assert_eq!(s.load("tidy").unwrap(), s.load_rows("tidy").unwrap());
     assert_eq!(s.load("tidy").unwrap().dirs, rows.dirs);
+    // ...and one taken before the write reads nothing after it.
+    assert_eq!(later.read(), None);
 }
 
 /// Whatever is in the file, a load equals the rows: junk of every kind, a

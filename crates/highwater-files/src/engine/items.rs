@@ -47,15 +47,17 @@ impl Pipeline {
                 opened.as_ref()
             }
         };
-        let prev = match prev {
-            Some(p) => p,
-            None => store.load(name)?,
-        };
-        let at = now_ns();
-        let mut found = src.discover(store)?;
         let mut settings = st.settings.clone();
         settings.rehash |= rehash;
-        let changed_deps = self.changed_deps(st, &prev, &settings)?;
+        let deps_of = |entries: &StageEntries| self.changed_deps(st, entries, &settings);
+        let at = now_ns();
+        let ((prev, changed_deps), mut found) = match prev {
+            Some(p) => {
+                let deps = deps_of(&p)?;
+                ((p, deps), src.discover(store)?)
+            }
+            None => self.load_beside(store, name, deps_of, || src.discover(store))?,
+        };
         let dep = |item: &str| changed_deps.get(item).cloned();
         // Rendered and hashed on every thread: a no-change plan over 1,000
         // windows reads no file per item, so these are most of its work.
@@ -132,6 +134,39 @@ impl Pipeline {
             inputs: Vec::new(),
             rendered,
         })
+    }
+
+    /// The stage's entries with what `after` makes of them (which of the
+    /// items' dependencies changed), and what `read` returns, at once: the
+    /// entries' snapshot is decoded, and `after` run, on a pool thread
+    /// while `read` uses the connection on this one (a no-change plan over
+    /// 1,000 windows did one and then the other, issue 49). Without a
+    /// current snapshot, the entries are loaded after `read`.
+    fn load_beside<D: Send, T>(
+        &self,
+        store: &dyn StateStore,
+        name: &str,
+        after: impl Fn(&StageEntries) -> Result<D, FilesError> + Sync,
+        read: impl FnOnce() -> Result<T, FilesError>,
+    ) -> Result<((StageEntries, D), T), FilesError> {
+        let loaded = |e: StageEntries| -> Result<(StageEntries, D), FilesError> {
+            let d = after(&e)?;
+            Ok((e, d))
+        };
+        let Some(later) = store.snapshot_later(name)? else {
+            let entries = loaded(store.load(name)?)?;
+            return Ok((entries, read()?));
+        };
+        let mut beside = None;
+        let got = rayon::in_place_scope(|s| {
+            s.spawn(|_| beside = later.read().map(&loaded));
+            read()
+        })?;
+        let entries = match beside {
+            Some(done) => done?,
+            None => loaded(store.load(name)?)?,
+        };
+        Ok((entries, got))
     }
 
     /// Asks `src` to confirm the found items `plan` would run (not those
