@@ -99,14 +99,7 @@ pub fn encode(token: i64, source: &str, heads: &[WindowRecord]) -> Vec<u8> {
 }
 
 pub fn decode(bytes: &[u8], token: i64, source: &str) -> Option<Vec<WindowRecord>> {
-    let (body, sum) = bytes.split_at_checked(bytes.len().checked_sub(8)?)?;
-    if checksum(body) != u64::from_le_bytes(sum.try_into().ok()?) {
-        return None;
-    }
-    let mut r = Reader { b: body };
-    if r.take(8)? != MAGIC || r.i64()? != token || r.str()? != source {
-        return None;
-    }
+    let mut r = crate::snapshot::body(bytes, MAGIC, token, source)?;
     let n = r.len(HEAD_BYTES_MIN)?;
     let mut heads = Vec::with_capacity(n);
     for _ in 0..n {

@@ -140,14 +140,7 @@ pub fn encode(token: i64, stage: &str, e: &StageEntries) -> Vec<u8> {
 }
 
 pub fn decode(bytes: &[u8], token: i64, stage: &str) -> Option<StageEntries> {
-    let (body, sum) = bytes.split_at_checked(bytes.len().checked_sub(8)?)?;
-    if checksum(body) != u64::from_le_bytes(sum.try_into().ok()?) {
-        return None;
-    }
-    let mut r = Reader { b: body };
-    if r.take(8)? != MAGIC || r.i64()? != token || r.str()? != stage {
-        return None;
-    }
+    let mut r = body(bytes, MAGIC, token, stage)?;
     let mut lists = [Vec::new(), Vec::new()];
     for (list, kind) in lists.iter_mut().zip([EntryKind::Item, EntryKind::Member]) {
         let n = r.len(ENTRY_BYTES_MIN)?;
@@ -201,6 +194,22 @@ pub fn decode(bytes: &[u8], token: i64, stage: &str) -> Option<StageEntries> {
         item_sets,
         dep_sets,
     })
+}
+
+/// The body of a cache file of format `magic` for `name` at `token`,
+/// after its head, once its checksum holds; `None` for anything else.
+pub(crate) fn body<'a>(
+    bytes: &'a [u8],
+    magic: &[u8; 8],
+    token: i64,
+    name: &str,
+) -> Option<Reader<'a>> {
+    let (body, sum) = bytes.split_at_checked(bytes.len().checked_sub(8)?)?;
+    if checksum(body) != u64::from_le_bytes(sum.try_into().ok()?) {
+        return None;
+    }
+    let mut r = Reader { b: body };
+    (r.take(8)? == magic && r.i64()? == token && r.str()? == name).then_some(r)
 }
 
 pub(crate) fn checksum(b: &[u8]) -> u64 {

@@ -789,16 +789,52 @@ impl SqliteStore {
     /// Leaves `stage`'s snapshot at its current token: only the file's head
     /// is read when it is.
     pub fn refresh_snapshot(&self, stage: &str) -> Result<(), StoreError> {
-        let token: Option<i64> = self
-            .conn
-            .prepare_cached("SELECT token FROM manifest_tokens WHERE stage = ?1")
-            .and_then(|mut s| s.query_row([stage], |r| r.get(0)).optional())
-            .map_err(|e| self.err(e))?;
+        let token = self.token(MANIFEST_TOKEN_SQL, stage)?;
         let path = crate::snapshot::path_for(&self.path, stage);
         match token {
             Some(t) if !crate::snapshot::is_current(&path, t, stage) => self.load(stage).map(drop),
             _ => Ok(()),
         }
+    }
+}
+
+/// A stage's manifest token (see `MANIFEST_TOKENS_SQL`).
+const MANIFEST_TOKEN_SQL: &str = "SELECT token FROM manifest_tokens WHERE stage = ?1";
+/// A source's window token (see `WINDOW_TOKENS_SQL`).
+const WINDOW_TOKEN_SQL: &str = "SELECT token FROM window_tokens WHERE source = ?1";
+
+impl SqliteStore {
+    /// The token `sql` reads for `key`, if it has one.
+    fn token(&self, sql: &str, key: &str) -> Result<Option<i64>, StoreError> {
+        self.conn
+            .prepare_cached(sql)
+            .and_then(|mut s| s.query_row([key], |r| r.get(0)).optional())
+            .map_err(|e| self.err(e))
+    }
+
+    /// What a cache file holds at `key`'s current token (`sql` reads it),
+    /// else what the rows hold, then cached at that token. The token and
+    /// the rows are read in one transaction, so a cache file is never
+    /// tagged with a token its rows are not of.
+    fn through_cache<T>(
+        &self,
+        sql: &str,
+        key: &str,
+        cached: impl FnOnce(i64) -> Option<T>,
+        rows: impl FnOnce() -> Result<T, StoreError>,
+        cache: impl FnOnce(i64, &T),
+    ) -> Result<T, StoreError> {
+        let tx = self.conn.unchecked_transaction().map_err(|e| self.err(e))?;
+        let token = self.token(sql, key)?;
+        if let Some(hit) = token.and_then(cached) {
+            return Ok(hit);
+        }
+        let read = rows()?;
+        tx.finish().map_err(|e| self.err(e))?;
+        if let Some(t) = token {
+            cache(t, &read);
+        }
+        Ok(read)
     }
 }
 
@@ -808,38 +844,26 @@ impl StateStore for SqliteStore {
     /// load (issue 22). The token and the rows are read in one transaction,
     /// so a snapshot is never tagged with a token its rows are not of.
     fn load(&self, stage: &str) -> Result<StageEntries, StoreError> {
-        let tx = self.conn.unchecked_transaction().map_err(|e| self.err(e))?;
-        let token: Option<i64> = tx
-            .prepare_cached("SELECT token FROM manifest_tokens WHERE stage = ?1")
-            .and_then(|mut s| s.query_row([stage], |r| r.get(0)).optional())
-            .map_err(|e| self.err(e))?;
         let snap = crate::snapshot::path_for(&self.path, stage);
-        if let Some(t) = token {
-            if let Some(entries) = crate::snapshot::read(&snap, t, stage) {
-                return Ok(entries);
-            }
-        }
-        let entries = self.load_rows(stage)?;
-        tx.finish().map_err(|e| self.err(e))?;
-        if let Some(t) = token {
+        self.through_cache(
+            MANIFEST_TOKEN_SQL,
+            stage,
+            |t| crate::snapshot::read(&snap, t, stage),
+            || self.load_rows(stage),
             // A cache: a folder we may not write (a read-only mount for
             // `serve`) costs the next load its speed, never its answer.
-            let _ = crate::snapshot::write(&snap, t, stage, &entries);
-        }
-        Ok(entries)
+            |t, entries| drop(crate::snapshot::write(&snap, t, stage, entries)),
+        )
     }
 
     fn snapshot_later(&self, stage: &str) -> Result<Option<crate::snapshot::Later>, StoreError> {
-        let token: Option<i64> = self
-            .conn
-            .prepare_cached("SELECT token FROM manifest_tokens WHERE stage = ?1")
-            .and_then(|mut s| s.query_row([stage], |r| r.get(0)).optional())
-            .map_err(|e| self.err(e))?;
-        Ok(token.map(|token| crate::snapshot::Later {
-            path: crate::snapshot::path_for(&self.path, stage),
-            token,
-            stage: stage.to_string(),
-        }))
+        Ok(self
+            .token(MANIFEST_TOKEN_SQL, stage)?
+            .map(|token| crate::snapshot::Later {
+                path: crate::snapshot::path_for(&self.path, stage),
+                token,
+                stage: stage.to_string(),
+            }))
     }
 
     fn commit(&mut self, batch: &Batch) -> Result<(), StoreError> {
@@ -1034,24 +1058,14 @@ impl StateStore for SqliteStore {
     /// token, else from the rows, leaving a snapshot at that token for the
     /// next read; token and rows read in one transaction, as in `load`.
     fn window_heads(&self, source: &str) -> Result<Vec<WindowRecord>, StoreError> {
-        let tx = self.conn.unchecked_transaction().map_err(|e| self.err(e))?;
-        let token: Option<i64> = tx
-            .prepare_cached("SELECT token FROM window_tokens WHERE source = ?1")
-            .and_then(|mut s| s.query_row([source], |r| r.get(0)).optional())
-            .map_err(|e| self.err(e))?;
         let snap = crate::heads::path_for(&self.path, source);
-        if let Some(t) = token {
-            if let Some(heads) = crate::heads::read(&snap, t, source) {
-                return Ok(heads);
-            }
-        }
-        let heads = self.load_windows(source, true)?;
-        tx.finish().map_err(|e| self.err(e))?;
-        if let Some(t) = token {
-            // A cache: a folder we may not write costs speed, never the answer.
-            let _ = crate::heads::write(&snap, t, source, &heads);
-        }
-        Ok(heads)
+        self.through_cache(
+            WINDOW_TOKEN_SQL,
+            source,
+            |t| crate::heads::read(&snap, t, source),
+            || self.load_windows(source, true),
+            |t, heads| drop(crate::heads::write(&snap, t, source, heads)),
+        )
     }
 
     fn commit_window(
