@@ -52,8 +52,16 @@ fn extra_strings(extra: &serde_json::Value) -> [Option<&str>; 3] {
     ]
 }
 
-/// A head's `extra` from its three strings, as the SQLite store builds it.
-pub(crate) fn extra_of(
+/// What a head keeps of a record's `extra` (or of the `head` column, which
+/// has its shape): the three strings, any other type as absent, as
+/// `as_str` reads it.
+pub(crate) fn kept_extra(extra: &serde_json::Value) -> serde_json::Value {
+    let [digest, path, compacted] = extra_strings(extra).map(|s| s.map(str::to_string));
+    extra_of(digest, path, compacted)
+}
+
+/// A head's `extra` from its three strings.
+fn extra_of(
     digest: Option<String>,
     path: Option<String>,
     compacted: Option<String>,

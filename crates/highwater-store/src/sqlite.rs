@@ -7,7 +7,6 @@ use crate::{
 use highwater_core::evidence::Digest;
 use highwater_core::{Entries, Entry, EntryKind, Stat, Status};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
-use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
 /// The migrations, in order. Migration `i` takes the schema from version `i`
@@ -226,113 +225,11 @@ pub struct SqliteStore {
 const ENTRY_COLUMNS: &str = "kind, item, digest, size, mtime_ns, ctime_ns, ino, dev, \
      observed_at_ns, recipe, output, error, status, processed_at_ns, duration_ms";
 
-/// What `window_heads` keeps of a window record's `extra`: the strings
-/// readers take from a whole record's (`digest`, `path`,
-/// `compacted.path`), borrowed from the head's text; any other type reads
-/// as absent, as `as_str` reads it. Parsing each head into
-/// `serde_json::Value`s was a third of the reading of 1,000 heads
-/// (issue 49).
-#[derive(serde::Deserialize)]
-struct ExtraHead<'a> {
-    #[serde(borrow, default, deserialize_with = "text_or_none")]
-    digest: Option<Cow<'a, str>>,
-    #[serde(borrow, default, deserialize_with = "text_or_none")]
-    path: Option<Cow<'a, str>>,
-    #[serde(borrow, default, deserialize_with = "compacted_path")]
-    compacted: Option<Cow<'a, str>>,
-}
-
-/// `compacted.path` when `compacted` is an object with a string `path`.
-fn compacted_path<'de, D>(d: D) -> Result<Option<Cow<'de, str>>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-{
-    d.deserialize_any(TextOrNone {
-        field: Some("path"),
-    })
-}
-
-/// A string as itself; any other JSON value as absent.
-fn text_or_none<'de, D>(d: D) -> Result<Option<Cow<'de, str>>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-{
-    d.deserialize_any(TextOrNone { field: None })
-}
-
-/// A string (or with `field`, the string under that key of an object) as
-/// itself; anything else as absent.
-struct TextOrNone {
-    field: Option<&'static str>,
-}
-
-impl<'de> serde::de::DeserializeSeed<'de> for TextOrNone {
-    type Value = Option<Cow<'de, str>>;
-
-    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> serde::de::Visitor<'de> for TextOrNone {
-    type Value = Option<Cow<'de, str>>;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("any JSON value")
-    }
-    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
-        Ok(self.field.is_none().then_some(Cow::Borrowed(v)))
-    }
-    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
-        Ok(self.field.is_none().then(|| Cow::Owned(v.to_string())))
-    }
-    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-    fn visit_unit<E>(self) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut a: A) -> Result<Self::Value, A::Error> {
-        while a.next_element::<serde::de::IgnoredAny>()?.is_some() {}
-        Ok(None)
-    }
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut a: A) -> Result<Self::Value, A::Error> {
-        let mut found = None;
-        while let Some(k) = a.next_key::<Cow<'de, str>>()? {
-            match self.field {
-                Some(f) if k == f => found = a.next_value_seed(TextOrNone { field: None })?,
-                _ => {
-                    a.next_value::<serde::de::IgnoredAny>()?;
-                }
-            }
-        }
-        Ok(found)
-    }
-}
-
-impl ExtraHead<'_> {
-    fn into_value(self) -> serde_json::Value {
-        crate::heads::extra_of(
-            self.digest.map(Cow::into_owned),
-            self.path.map(Cow::into_owned),
-            self.compacted.map(Cow::into_owned),
-        )
-    }
-}
-
 impl SqliteStore {
     /// Every window record of `source`, by start; with `heads`, `files`
-    /// is empty and `extra` holds only `digest`, `path` and `compacted`
-    /// (from the `head` column `put_window` writes beside it): a no-change
+    /// is empty and `extra` holds only the strings `digest`, `path` and
+    /// `compacted.path` (from the `head` column `put_window` writes beside
+    /// it, see [`crate::heads::kept_extra`]): a no-change
     /// plan over 1,000 windows spent more on parsing each record's file
     /// list and schema into `serde_json::Value`s than on the plan itself
     /// (issue 49, bench/windows_plan.sh).
@@ -382,9 +279,9 @@ impl SqliteStore {
                 }
             };
             let (files, extra) = if heads {
-                let h: ExtraHead =
+                let h: serde_json::Value =
                     serde_json::from_str(text(10)?).map_err(|e| corrupt(e.to_string()))?;
-                (serde_json::json!([]), h.into_value())
+                (serde_json::json!([]), crate::heads::kept_extra(&h))
             } else {
                 let parse = |i: usize| -> Result<serde_json::Value, StoreError> {
                     serde_json::from_str(text(i)?).map_err(|e| corrupt(e.to_string()))
