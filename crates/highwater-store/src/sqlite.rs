@@ -110,29 +110,6 @@ const MIGRATIONS: &[&str] = &[
     WINDOW_TOKENS_SQL,
 ];
 
-/// Each source's window token: a random number replaced, by a trigger in
-/// the writing transaction, whenever any of the source's `windows` rows is
-/// inserted, updated or deleted. A heads snapshot is used only at its
-/// source's token (see [`crate::heads`]). Sources with windows get a token
-/// now.
-const WINDOW_TOKENS_SQL: &str = "CREATE TABLE window_tokens(
-        source TEXT PRIMARY KEY,
-        token INTEGER NOT NULL
-     ) WITHOUT ROWID;
-     INSERT INTO window_tokens(source, token)
-        SELECT source, random() FROM (SELECT DISTINCT source FROM windows);
-     CREATE TRIGGER windows_token_ins AFTER INSERT ON windows BEGIN
-        INSERT INTO window_tokens(source, token) VALUES(NEW.source, random())
-            ON CONFLICT(source) DO UPDATE SET token = excluded.token; END;
-     CREATE TRIGGER windows_token_upd AFTER UPDATE ON windows BEGIN
-        INSERT INTO window_tokens(source, token) VALUES(OLD.source, random())
-            ON CONFLICT(source) DO UPDATE SET token = excluded.token;
-        INSERT INTO window_tokens(source, token) VALUES(NEW.source, random())
-            ON CONFLICT(source) DO UPDATE SET token = excluded.token; END;
-     CREATE TRIGGER windows_token_del AFTER DELETE ON windows BEGIN
-        INSERT INTO window_tokens(source, token) VALUES(OLD.source, random())
-            ON CONFLICT(source) DO UPDATE SET token = excluded.token; END;";
-
 /// Each stage's manifest token: a random number replaced, by a trigger in
 /// the writing transaction, whenever any row a load of that stage returns
 /// is inserted, updated or deleted (a dependency set's body renews the
@@ -141,42 +118,52 @@ const WINDOW_TOKENS_SQL: &str = "CREATE TABLE window_tokens(
 /// rows no longer match: the invariant lives in the schema, not in each
 /// writer. Stages with rows get a token now, so an upgraded store
 /// snapshots from its first plan.
-/// Renews the token of `$row`'s stage (`NEW` or `OLD`), creating it.
+/// Renews the token in `$tokens` of `$row`'s `$key` (`NEW` or `OLD`),
+/// creating it.
 macro_rules! renew_token {
-    ($row:literal) => {
+    ($tokens:literal, $key:literal, $row:literal) => {
         concat!(
-            "INSERT INTO manifest_tokens(stage, token) VALUES(",
+            "INSERT INTO ",
+            $tokens,
+            "(",
+            $key,
+            ", token) VALUES(",
             $row,
-            ".stage, random()) ON CONFLICT(stage) DO UPDATE SET token = excluded.token;"
+            ".",
+            $key,
+            ", random()) ON CONFLICT(",
+            $key,
+            ") DO UPDATE SET token = excluded.token;"
         )
     };
 }
 
-/// The three triggers of a table with a `stage` column.
+/// The three triggers that renew `$tokens`' token of a `$table` row's
+/// `$key` on every insert, update and delete.
 macro_rules! token_triggers {
-    ($table:literal) => {
+    ($tokens:literal, $key:literal, $table:literal) => {
         concat!(
             "CREATE TRIGGER ",
             $table,
             "_token_ins AFTER INSERT ON ",
             $table,
             " BEGIN ",
-            renew_token!("NEW"),
+            renew_token!($tokens, $key, "NEW"),
             " END;\n",
             "CREATE TRIGGER ",
             $table,
             "_token_upd AFTER UPDATE ON ",
             $table,
             " BEGIN ",
-            renew_token!("OLD"),
-            renew_token!("NEW"),
+            renew_token!($tokens, $key, "OLD"),
+            renew_token!($tokens, $key, "NEW"),
             " END;\n",
             "CREATE TRIGGER ",
             $table,
             "_token_del AFTER DELETE ON ",
             $table,
             " BEGIN ",
-            renew_token!("OLD"),
+            renew_token!($tokens, $key, "OLD"),
             " END;\n",
         )
     };
@@ -190,15 +177,30 @@ const MANIFEST_TOKENS_SQL: &str = concat!(
      INSERT INTO manifest_tokens(stage, token)
         SELECT stage, random() FROM (SELECT stage FROM entries UNION SELECT stage FROM output_dirs
                                      UNION SELECT stage FROM item_deps);\n",
-    token_triggers!("entries"),
-    token_triggers!("output_dirs"),
-    token_triggers!("item_deps"),
+    token_triggers!("manifest_tokens", "stage", "entries"),
+    token_triggers!("manifest_tokens", "stage", "output_dirs"),
+    token_triggers!("manifest_tokens", "stage", "item_deps"),
     "CREATE TRIGGER dep_sets_token_upd AFTER UPDATE ON dep_sets BEGIN
         UPDATE manifest_tokens SET token = random() WHERE stage IN
             (SELECT stage FROM item_deps WHERE set_id IN (OLD.id, NEW.id)); END;
      CREATE TRIGGER dep_sets_token_del AFTER DELETE ON dep_sets BEGIN
         UPDATE manifest_tokens SET token = random() WHERE stage IN
             (SELECT stage FROM item_deps WHERE set_id = OLD.id); END;"
+);
+
+/// Each source's window token: a random number replaced, by a trigger in
+/// the writing transaction, whenever any of the source's `windows` rows is
+/// inserted, updated or deleted. A heads snapshot is used only at its
+/// source's token (see [`crate::heads`]). Sources with windows get a token
+/// now.
+const WINDOW_TOKENS_SQL: &str = concat!(
+    "CREATE TABLE window_tokens(
+        source TEXT PRIMARY KEY,
+        token INTEGER NOT NULL
+     ) WITHOUT ROWID;
+     INSERT INTO window_tokens(source, token)
+        SELECT source, random() FROM (SELECT DISTINCT source FROM windows);\n",
+    token_triggers!("window_tokens", "source", "windows"),
 );
 
 /// How much of the database file SQLite may map into memory for reads.
