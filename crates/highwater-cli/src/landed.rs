@@ -136,7 +136,11 @@ impl Landed for IngestLanded {
             return Err(format!("source `{source}`'s windows were not read yet"));
         };
         let records: Vec<&WindowRecord> = starts.iter().filter_map(|&s| head(&heads, s)).collect();
-        Ok(ing.windows_without_files(&records))
+        Ok(ing
+            .windows_without_files(&records)
+            .into_iter()
+            .map(|i| (records[i].start_us, "gone from the output".to_string()))
+            .collect())
     }
 
     fn files(&self, source: &str, start_us: i64, end_us: i64) -> Result<Vec<String>, String> {

@@ -381,12 +381,14 @@ impl Ingestor {
     /// The published windows, under the current recipe, that are gone
     /// from the output ([`TableFormat::has_window`]), oldest first.
     fn gone_windows(&self, records: &BTreeMap<i64, WindowRecord>) -> Vec<i64> {
-        let mut periods = BTreeMap::new();
-        records
+        let (keys, current): (Vec<i64>, Vec<&WindowRecord>) = records
             .iter()
-            .filter(|(_, r)| r.status == WindowStatus::Published && r.recipe == self.t.recipe)
-            .filter(|(_, r)| !self.format.has_window(r, &mut periods))
-            .map(|(k, _)| *k)
+            .filter(|(_, r)| r.recipe == self.t.recipe)
+            .map(|(k, r)| (*k, r))
+            .unzip();
+        self.windows_without_files(&current)
+            .into_iter()
+            .map(|i| keys[i])
             .collect()
     }
 

@@ -108,22 +108,26 @@ impl Ingestor {
         }
     }
 
-    /// The starts of the published windows of `records` whose files are
-    /// gone from the output, with why. Asked for the windows a reader is
-    /// about to read only: each is a lookup on disk (a `stat`), in chunks
-    /// on rayon's threads, a compacted period's manifest read once per
-    /// chunk.
-    pub fn windows_without_files(&self, records: &[&WindowRecord]) -> Vec<(i64, String)> {
+    /// The positions in `records` of the published windows whose files are
+    /// gone from the output ([`TableFormat::has_window`]), rising. Asked
+    /// for the windows about to be read or landed again only: each is a
+    /// lookup on disk (a `stat`), in chunks on rayon's threads, a compacted
+    /// period's manifest read once per chunk.
+    ///
+    /// [`TableFormat::has_window`]: crate::format::TableFormat::has_window
+    pub fn windows_without_files(&self, records: &[&WindowRecord]) -> Vec<usize> {
         use rayon::prelude::*;
         records
             .par_chunks(LANDED_CHUNK_WINDOWS)
-            .flat_map_iter(|chunk| {
+            .enumerate()
+            .flat_map_iter(|(c, chunk)| {
                 let mut periods = BTreeMap::new();
                 chunk
                     .iter()
-                    .filter(|r| r.status == WindowStatus::Published)
-                    .filter(|r| !self.format.has_window(r, &mut periods))
-                    .map(|r| (r.start_us, "gone from the output".to_string()))
+                    .enumerate()
+                    .filter(|(_, r)| r.status == WindowStatus::Published)
+                    .filter(|(_, r)| !self.format.has_window(r, &mut periods))
+                    .map(|(i, _)| c * LANDED_CHUNK_WINDOWS + i)
                     .collect::<Vec<_>>()
             })
             .collect()
