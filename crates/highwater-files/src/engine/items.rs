@@ -191,7 +191,6 @@ impl Pipeline {
             .filter(|c| c.reason != Reason::Deleted)
             .filter_map(|c| index.get(c.item.as_str()).copied())
             .collect();
-        drop(index);
         let asked: Vec<&Discovered> = to_run.iter().map(|&i| &found[i]).collect();
         let holds = src.confirm(&asked)?;
         let mut any = false;
